@@ -1,0 +1,55 @@
+"""The base class every API model derives from.
+
+camelCase on the wire (the CRD and trainer.json), snake_case in Python. ``strict`` mode on purpose:
+the API server rejects ``"8"`` for an integer and ``1.0`` for an integer, so the pydantic models must
+too, or the hypothesis test that keeps the two in step would find them disagreeing.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+from pydantic import BaseModel, ConfigDict
+from pydantic.alias_generators import to_camel
+
+
+class CelRule:
+    """One ``x-kubernetes-validations`` entry; its pydantic twin is a validator on the same model.
+
+    ``field_path`` (relative, e.g. ``.tensorParallelSize``) makes the API server report the error at
+    that field instead of at the object that holds the rule.
+    """
+
+    __slots__ = ("field_path", "message", "rule")
+
+    def __init__(self, rule: str, message: str, field_path: str | None = None) -> None:
+        self.rule = rule
+        self.message = message
+        self.field_path = field_path
+
+    def to_schema(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"rule": self.rule, "message": self.message}
+        if self.field_path:
+            out["fieldPath"] = self.field_path
+        return out
+
+
+class ApiModel(BaseModel):
+    """camelCase aliases, unknown fields rejected, strict types (see the module docstring)."""
+
+    model_config = ConfigDict(
+        alias_generator=to_camel,
+        validate_by_name=True,
+        validate_by_alias=True,
+        serialize_by_alias=True,
+        extra="forbid",
+        strict=True,
+    )
+
+    # CEL rules the CRD generator attaches to this object's schema. Each is mirrored by a pydantic
+    # validator on the same class; tests/unit/test_api_* and the hypothesis test keep them in step.
+    cel_rules: ClassVar[tuple[CelRule, ...]] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        """The wire form: camelCase keys, unset optional fields left out (the API server prunes nulls)."""
+        return self.model_dump(mode="json", by_alias=True, exclude_none=True)

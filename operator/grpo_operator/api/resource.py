@@ -1,0 +1,96 @@
+"""The GRPOJob resource as a whole: identity constants, the top-level model and cost arithmetic."""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from grpo_operator.api.base import ApiModel, CelRule
+from grpo_operator.api.spec import GRPOJobSpec
+from grpo_operator.api.status import GRPOJobStatus
+
+GROUP = "grpo.dev"
+VERSION = "v1alpha1"
+API_VERSION = f"{GROUP}/{VERSION}"
+KIND = "GRPOJob"
+PLURAL = "grpojobs"
+SINGULAR = "grpojob"
+SHORT_NAMES = ("grpo",)
+CATEGORIES = ("all", "grpo", "ml")
+
+# Child objects append suffixes such as "-trainer-<attempt>-<rank>" to the job name; 40 characters
+# keeps every child name within the 63-character label limit.
+MAX_JOB_NAME_LENGTH = 40
+DNS1035_LABEL_PATTERN = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
+
+NAME_RULES: tuple[CelRule, ...] = (
+    CelRule(
+        f"self.metadata.name.size() <= {MAX_JOB_NAME_LENGTH}",
+        f"metadata.name must be at most {MAX_JOB_NAME_LENGTH} characters (child object names append "
+        "suffixes to it): choose a shorter name",
+    ),
+    CelRule(
+        f"self.metadata.name.matches('{DNS1035_LABEL_PATTERN}')",
+        "metadata.name must be a DNS-1035 label (lowercase letters, digits and '-', starting with a letter, "
+        "ending with a letter or digit): rename the job",
+    ),
+)
+
+
+class ObjectMeta(BaseModel):
+    """The metadata fields the API models look at; everything else is kept as is."""
+
+    model_config = ConfigDict(extra="allow")
+
+    name: str | None = None
+    namespace: str | None = None
+    uid: str | None = None
+    generation: int | None = None
+
+    @field_validator("name")
+    @classmethod
+    def _check_name(cls, name: str | None) -> str | None:
+        if name is not None:
+            if len(name) > MAX_JOB_NAME_LENGTH:
+                raise ValueError(NAME_RULES[0].message)
+            if not re.fullmatch(DNS1035_LABEL_PATTERN, name):
+                raise ValueError(NAME_RULES[1].message)
+        return name
+
+
+class GRPOJob(ApiModel):
+    """A whole GRPOJob object (manifest or API response)."""
+
+    model_config = ConfigDict(extra="allow", strict=False)
+
+    api_version: Literal["grpo.dev/v1alpha1"] = Field(default="grpo.dev/v1alpha1")
+    kind: Literal["GRPOJob"] = Field(default="GRPOJob")
+    metadata: ObjectMeta = Field(default_factory=ObjectMeta)
+    spec: GRPOJobSpec
+    status: GRPOJobStatus | None = None
+
+    @classmethod
+    def from_object(cls, obj: dict[str, Any]) -> GRPOJob:
+        """Parse an object as read from the API server or a YAML manifest."""
+        return cls.model_validate(obj)
+
+
+def compute_rollouts(spec: GRPOJobSpec) -> int:
+    """R = S * B * G: completions the run generates, and metric calls it makes for training."""
+    return spec.grpo.steps * spec.grpo.prompts_per_step * spec.grpo.group_size
+
+
+def compute_validation_calls(spec: GRPOJobSpec) -> int:
+    """Upper bound on validation completions scored: one per prompt, maxPrompts per run, a run every
+    everySteps steps (floor(S / everySteps) runs). The validation set may hold fewer prompts."""
+    every = spec.grpo.validation.every_steps
+    if every == 0:
+        return 0
+    return (spec.grpo.steps // every) * spec.grpo.validation.max_prompts
+
+
+def compute_metric_calls(spec: GRPOJobSpec) -> int:
+    """Completions the metric service scores over the run: R plus validation (upper bound)."""
+    return compute_rollouts(spec) + compute_validation_calls(spec)

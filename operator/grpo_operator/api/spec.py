@@ -1,0 +1,642 @@
+"""``GRPOJob.spec``: the single source of truth for the CRD schema and docs/api.md.
+
+Every constraint is stated twice on purpose, in the two languages that enforce it: pydantic
+(``Field`` bounds and validators, used by the operator, the trainer and the unit tests) and the
+API server (OpenAPI bounds generated from the same ``Field`` bounds, plus the CEL rules in
+``cel_rules``). The CEL rules and the validators next to them must say the same thing;
+``tests/integration/test_crd_property.py`` checks it with random specs against a real API server.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, ClassVar, Literal
+
+from pydantic import AfterValidator, Field, WithJsonSchema, field_validator, model_validator
+
+from grpo_operator.api.base import ApiModel, CelRule
+from grpo_operator.api.dataset_uri import (
+    DATASET_URI_HELP,
+    DATASET_URI_PATTERN,
+    DatasetURIError,
+    parse_dataset_uri,
+)
+
+# GPUs one Kubernetes node offers at most (an 8-GPU HGX/DGX box); per-pod GPU counts above it could
+# never be scheduled.
+MAX_GPUS_PER_NODE = 8
+
+# Characters a container image reference or model id never contains. Spelled out rather than \s
+# because RE2 (API server) and Rust regex (pydantic) disagree on what \s covers beyond ASCII.
+NO_SPACE_PATTERN = r"^[^ \t\r\n]+$"
+# Kubernetes resource.Quantity without a sign (requests are never negative).
+QUANTITY_PATTERN = (
+    r"^(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))"
+    r"(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$"
+)
+# DNS-1123 subdomain (PVC, StorageClass and PriorityClass names).
+DNS1123_SUBDOMAIN_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+# DNS-1123 label (Kueue LocalQueue names end up in a label value, so they must be label-safe).
+DNS1123_LABEL_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+# Environment variable names as Kubernetes accepts them.
+ENV_NAME_PATTERN = r"^[-._a-zA-Z][-._a-zA-Z0-9]*$"
+
+
+def _quantity_to_str(value: int | str) -> str:
+    # Builders put quantities into manifests as strings; "2" and 2 mean the same to Kubernetes.
+    return str(value)
+
+
+# A Kubernetes quantity written as a string ("500m", "16Gi") or a non-negative integer (2).
+Quantity = Annotated[
+    Annotated[int, Field(ge=0)] | Annotated[str, Field(pattern=QUANTITY_PATTERN, max_length=64)],
+    AfterValidator(_quantity_to_str),
+    WithJsonSchema(
+        {"x-kubernetes-int-or-string": True, "pattern": QUANTITY_PATTERN, "maxLength": 64, "minimum": 0}
+    ),
+]
+
+DEFAULT_VLLM_IMAGE = "vllm/vllm-openai:v0.31.0"
+DEFAULT_TRAINER_IMAGE = "ghcr.io/grpo-operator/trainer:0.1.0"
+
+
+class ModelSpec(ApiModel):
+    """The policy model to fine-tune."""
+
+    name: str = Field(
+        min_length=1,
+        max_length=512,
+        pattern=NO_SPACE_PATTERN,
+        description="Hugging Face model id (org/name) or an absolute path to a model directory in the "
+        "trainer image or on the job's volume.",
+    )
+    revision: str = Field(
+        default="main",
+        min_length=1,
+        max_length=255,
+        pattern=NO_SPACE_PATTERN,
+        description="Model revision on the Hub: a branch, tag or commit hash.",
+    )
+    dtype: Literal["bfloat16", "float16", "float32"] = Field(
+        default="bfloat16", description="Weight dtype for training and generation."
+    )
+
+
+def _dataset_uri_field(description: str, *, required: bool) -> Any:
+    extra: dict[str, Any] = {
+        "x-kubernetes-validations": [
+            CelRule(
+                f"self.matches(r'{DATASET_URI_PATTERN}')",
+                f"dataset URI has an unsupported scheme or is malformed: {DATASET_URI_HELP}",
+            ).to_schema()
+        ]
+    }
+    if required:
+        return Field(max_length=2048, description=description, json_schema_extra=extra)
+    return Field(default=None, max_length=2048, description=description, json_schema_extra=extra)
+
+
+class DatasetSpec(ApiModel):
+    """Where the prompts come from. See "Dataset URIs" in docs/api.md for the accepted schemes."""
+
+    train: str = _dataset_uri_field(
+        "Training prompts: hf://<org>/<name>[:<config>][@<revision>][#<split>] or "
+        "file:///<absolute path>.jsonl|.json|.parquet.",
+        required=True,
+    )
+    validation: str | None = _dataset_uri_field(
+        "Held-out prompts scored every grpo.validation.everySteps steps; same URI schemes as train.",
+        required=False,
+    )
+    prompt_field: str = Field(
+        default="prompt", min_length=1, max_length=253, description="Dataset column holding the prompt."
+    )
+    answer_field: str = Field(
+        default="answer",
+        min_length=1,
+        max_length=253,
+        description="Dataset column holding the reference answer; the metric gets it with the other columns.",
+    )
+
+    @field_validator("train", "validation")
+    @classmethod
+    def _check_uri(cls, value: str | None) -> str | None:
+        if value is not None:
+            try:
+                parse_dataset_uri(value)
+            except DatasetURIError as exc:
+                raise ValueError(str(exc)) from None
+        return value
+
+
+class LoraSpec(ApiModel):
+    """Low-rank adapters instead of full fine-tuning: far less GPU memory, adapters only in checkpoints."""
+
+    enabled: bool = Field(default=False, description="Train LoRA adapters instead of all weights.")
+    r: int = Field(default=16, ge=1, le=1024, description="Adapter rank.")
+    alpha: int = Field(default=32, ge=1, le=4096, description="LoRA scaling numerator (lora_alpha).")
+    dropout: float = Field(default=0.05, ge=0.0, lt=1.0, description="Dropout on the adapter input.")
+    target_modules: list[Annotated[str, Field(min_length=1, max_length=128)]] = Field(
+        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"],
+        min_length=1,
+        max_length=64,
+        description="Names of the modules that get adapters.",
+    )
+
+
+class ValidationSpec(ApiModel):
+    """Periodic scoring of held-out prompts: the honest view of whether training helps."""
+
+    every_steps: int = Field(
+        default=0, ge=0, le=1_000_000, description="Validate every N steps; 0 turns validation off."
+    )
+    max_prompts: int = Field(
+        default=64, ge=1, le=100_000, description="Validation prompts scored per run (one completion each)."
+    )
+
+
+class GRPOSpec(ApiModel):
+    """GRPO itself: group size G, prompts per step B, steps S, and the optimisation knobs."""
+
+    cel_rules: ClassVar[tuple[CelRule, ...]] = (
+        CelRule(
+            "self.formatFailureScore < self.failureScore",
+            "spec.grpo.formatFailureScore must be strictly below spec.grpo.failureScore "
+            "(unparseable output must score worse than a wrong answer): lower formatFailureScore",
+            ".formatFailureScore",
+        ),
+        CelRule(
+            "!has(self.epsilonHigh) || self.epsilonHigh >= self.epsilon",
+            "spec.grpo.epsilonHigh must be >= spec.grpo.epsilon (it is the upper clip bound): "
+            "raise epsilonHigh or leave it unset",
+            ".epsilonHigh",
+        ),
+    )
+
+    group_size: int = Field(
+        ge=2,
+        le=256,
+        description="G: completions sampled per prompt; advantages compare them, so G >= 2 (8 is typical).",
+    )
+    prompts_per_step: int = Field(ge=1, le=4096, description="B: prompts per optimisation step.")
+    steps: int = Field(ge=1, le=1_000_000, description="S: optimisation steps; the run costs S*B*G rollouts.")
+    learning_rate: float = Field(default=1e-6, gt=0.0, le=1.0, description="AdamW learning rate.")
+    temperature: float = Field(
+        default=1.0, gt=0.0, le=100.0, description="Sampling temperature; > 0 so a group's answers differ."
+    )
+    top_p: float = Field(default=1.0, gt=0.0, le=1.0, description="Nucleus sampling probability mass.")
+    max_prompt_length: int = Field(
+        default=512, ge=1, le=1_048_576, description="Prompts are truncated to this many tokens."
+    )
+    max_completion_length: int = Field(
+        default=256, ge=1, le=1_048_576, description="Maximum tokens generated per completion."
+    )
+    beta: float = Field(
+        default=0.0, ge=0.0, le=100.0, description="KL coefficient against the reference model; 0 skips it."
+    )
+    epsilon: float = Field(default=0.2, gt=0.0, le=1.0, description="Lower (and default upper) ratio clip.")
+    epsilon_high: float | None = Field(
+        default=None,
+        gt=0.0,
+        le=1.0,
+        description="Upper ratio clip (DAPO clip-higher, e.g. 0.28); unset means epsilon.",
+    )
+    loss_type: Literal["grpo", "bnpo", "dr_grpo", "dapo"] = Field(
+        default="dapo", description="Loss aggregation (TRL loss_type); dapo is TRL 1.16's default."
+    )
+    scale_rewards: Literal["group", "batch", "none"] = Field(
+        default="group",
+        description="Divide advantages by the group's population std (group), the batch std (batch), "
+        "or not at all (none).",
+    )
+    format_failure_score: float = Field(
+        default=-1.0,
+        ge=-1e6,
+        le=1e6,
+        description="Reward for unparseable output; must be below failureScore.",
+    )
+    failure_score: float = Field(
+        default=0.0, ge=-1e6, le=1e6, description="Reward the metric gives a parseable but wrong answer."
+    )
+    dynamic_sampling: bool = Field(
+        default=False,
+        description="Drop groups whose rewards are all equal and sample new prompts to refill (DAPO).",
+    )
+    seed: int = Field(default=42, ge=0, le=2**31 - 1, description="Seed for data order, sampling and init.")
+    lora: LoraSpec = Field(default_factory=LoraSpec, description="LoRA adapters instead of full fine-tuning.")
+    validation: ValidationSpec = Field(default_factory=ValidationSpec, description="Periodic validation.")
+
+    @model_validator(mode="after")
+    def _cross_field(self) -> GRPOSpec:
+        if not self.format_failure_score < self.failure_score:
+            raise ValueError(self.cel_rules[0].message)
+        if self.epsilon_high is not None and self.epsilon_high < self.epsilon:
+            raise ValueError(self.cel_rules[1].message)
+        return self
+
+
+class EnvVar(ApiModel):
+    """An environment variable for a container."""
+
+    name: str = Field(min_length=1, max_length=256, pattern=ENV_NAME_PATTERN, description="Variable name.")
+    value: str = Field(default="", max_length=32768, description="Variable value.")
+
+
+def _unique_env_names(env: list[EnvVar]) -> list[EnvVar]:
+    seen: set[str] = set()
+    for var in env:
+        if var.name in seen:
+            raise ValueError(f"environment variable {var.name!r} is listed twice: keep one entry per name")
+        seen.add(var.name)
+    return env
+
+
+EnvList = Annotated[
+    list[EnvVar],
+    Field(max_length=64),
+    AfterValidator(_unique_env_names),
+]
+# Lists whose items are keyed by name: the API server rejects duplicate names itself.
+_ENV_LIST_SCHEMA: dict[str, Any] = {"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]}
+
+
+class ResourceRequirements(ApiModel):
+    """Container resources as in a Pod: requests and limits keyed by resource name."""
+
+    requests: dict[str, Quantity] = Field(
+        default_factory=dict, max_length=16, description="Minimum resources, e.g. {cpu: 500m, memory: 1Gi}."
+    )
+    limits: dict[str, Quantity] = Field(
+        default_factory=dict, max_length=16, description="Maximum resources, e.g. {memory: 2Gi}."
+    )
+
+
+class MetricSpec(ApiModel):
+    """The user's reward service: an HTTP server (GET /healthz, POST /score) built from their image."""
+
+    image: str = Field(
+        min_length=1, max_length=512, pattern=NO_SPACE_PATTERN, description="Metric service container image."
+    )
+    port: int = Field(default=8080, ge=1, le=65535, description="Port the metric server listens on.")
+    replicas: int = Field(default=1, ge=1, le=64, description="Metric server replicas behind one Service.")
+    batch_size: int = Field(default=32, ge=1, le=4096, description="Completions sent per POST /score.")
+    concurrency: int = Field(default=4, ge=1, le=256, description="POST /score requests in flight at once.")
+    timeout_seconds: int = Field(default=30, ge=1, le=3600, description="Timeout for one POST /score.")
+    max_retries: int = Field(default=3, ge=0, le=20, description="Retries (with backoff) of a failed batch.")
+    error_budget: float = Field(
+        default=0.05,
+        ge=0.0,
+        le=1.0,
+        description="Fraction of rollouts in a sliding window of steps that may be metric errors before the "
+        "run fails.",
+    )
+    env: EnvList = Field(
+        default_factory=list, json_schema_extra=_ENV_LIST_SCHEMA, description="Extra environment variables."
+    )
+    resources: ResourceRequirements = Field(
+        default_factory=ResourceRequirements, description="CPU/memory for each metric server pod."
+    )
+
+
+class GenerationSpec(ApiModel):
+    """The vLLM server that samples completions (server mode; weights synced from trainer rank 0)."""
+
+    cel_rules: ClassVar[tuple[CelRule, ...]] = (
+        CelRule(
+            "self.gpus % self.tensorParallelSize == 0",
+            "spec.generation.tensorParallelSize must divide spec.generation.gpus: "
+            "set gpus to a multiple of tensorParallelSize",
+            ".tensorParallelSize",
+        ),
+    )
+
+    gpus: int = Field(default=1, ge=1, le=MAX_GPUS_PER_NODE, description="GPUs for vLLM (one pod, one node).")
+    tensor_parallel_size: int = Field(
+        default=1, ge=1, le=MAX_GPUS_PER_NODE, description="vLLM tensor-parallel size; must divide gpus."
+    )
+    image: str = Field(
+        default=DEFAULT_VLLM_IMAGE,
+        min_length=1,
+        max_length=512,
+        pattern=NO_SPACE_PATTERN,
+        description="vLLM server image; its vLLM version must match the trainer image's.",
+    )
+    gpu_memory_utilization: float = Field(
+        default=0.9, gt=0.0, le=1.0, description="Fraction of each GPU's memory vLLM may use."
+    )
+    max_model_len: int | None = Field(
+        default=None,
+        ge=1,
+        le=1_048_576,
+        description="vLLM context length; unset means the model's (prompt + completion must fit).",
+    )
+    resources: ResourceRequirements = Field(
+        default_factory=ResourceRequirements,
+        description="CPU/memory for the vLLM pod (GPUs come from gpus).",
+    )
+
+    @model_validator(mode="after")
+    def _tp_divides_gpus(self) -> GenerationSpec:
+        if self.gpus % self.tensor_parallel_size != 0:
+            raise ValueError(self.cel_rules[0].message)
+        return self
+
+
+class TrainerSpec(ApiModel):
+    """The trainer gang: nodes x gpusPerNode processes, data parallel."""
+
+    nodes: int = Field(default=1, ge=1, le=64, description="Trainer pods (one per node).")
+    gpus_per_node: int = Field(
+        default=1, ge=1, le=MAX_GPUS_PER_NODE, description="GPUs (and training processes) per trainer pod."
+    )
+    per_device_batch_size: int = Field(
+        default=1,
+        ge=1,
+        le=1024,
+        description="Completions per GPU per micro-step (gradient accumulation fills B*G).",
+    )
+    image: str = Field(
+        default=DEFAULT_TRAINER_IMAGE,
+        min_length=1,
+        max_length=512,
+        pattern=NO_SPACE_PATTERN,
+        description="Trainer image (grpo_trainer).",
+    )
+    resources: ResourceRequirements = Field(
+        default_factory=ResourceRequirements,
+        description="CPU/memory for each trainer pod (GPUs come from gpusPerNode).",
+    )
+    env: EnvList = Field(
+        default_factory=list, json_schema_extra=_ENV_LIST_SCHEMA, description="Extra environment variables."
+    )
+
+
+class VolumeSpec(ApiModel):
+    """The checkpoint volume, mounted at /workspace in trainer pods."""
+
+    existing_claim: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=253,
+        pattern=DNS1123_SUBDOMAIN_PATTERN,
+        description="Use this PVC instead of creating <job>-ckpt; the operator never deletes it.",
+    )
+    size: str = Field(
+        default="50Gi",
+        max_length=64,
+        pattern=QUANTITY_PATTERN,
+        description="Size of the PVC the operator creates.",
+    )
+    storage_class_name: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=253,
+        pattern=DNS1123_SUBDOMAIN_PATTERN,
+        description="StorageClass of the created PVC; unset means the cluster default.",
+    )
+    access_mode: Literal["ReadWriteOnce", "ReadWriteMany"] = Field(
+        default="ReadWriteOnce",
+        description="Access mode of the created PVC; ReadWriteMany is required when trainer.nodes > 1.",
+    )
+
+
+class CheckpointsSpec(ApiModel):
+    """When checkpoints are written and what happens to them."""
+
+    every_steps: int = Field(default=50, ge=1, le=1_000_000, description="Checkpoint every N steps.")
+    keep_last: int = Field(default=3, ge=1, le=1000, description="Checkpoints kept on the volume.")
+    retention: Literal["Retain", "Delete"] = Field(
+        default="Retain",
+        description="Retain keeps the created PVC after the job is deleted; Delete removes it.",
+    )
+    volume: VolumeSpec = Field(default_factory=VolumeSpec, description="The checkpoint volume.")
+
+
+class Toleration(ApiModel):
+    """A Kubernetes toleration (as in a Pod spec)."""
+
+    cel_rules: ClassVar[tuple[CelRule, ...]] = (
+        CelRule(
+            "!has(self.operator) || self.operator != 'Exists' || !has(self.value) || self.value == ''",
+            "a toleration with operator Exists must not set value: remove value or use operator Equal",
+            ".value",
+        ),
+        CelRule(
+            "!has(self.tolerationSeconds) || (has(self.effect) && self.effect == 'NoExecute')",
+            "tolerationSeconds only applies to effect NoExecute: "
+            "set effect NoExecute or remove tolerationSeconds",
+            ".tolerationSeconds",
+        ),
+    )
+
+    key: str | None = Field(
+        default=None, max_length=316, description="Taint key; empty with Exists matches all."
+    )
+    operator: Literal["Exists", "Equal"] | None = Field(
+        default=None, description="Exists or Equal (default)."
+    )
+    value: str | None = Field(default=None, max_length=63, description="Taint value for operator Equal.")
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = Field(
+        default=None, description="Taint effect to tolerate; empty matches all."
+    )
+    toleration_seconds: int | None = Field(
+        default=None, ge=0, le=2**31 - 1, description="How long a NoExecute taint is tolerated."
+    )
+
+    @model_validator(mode="after")
+    def _k8s_rules(self) -> Toleration:
+        if self.operator == "Exists" and self.value:
+            raise ValueError(self.cel_rules[0].message)
+        if self.toleration_seconds is not None and self.effect != "NoExecute":
+            raise ValueError(self.cel_rules[1].message)
+        return self
+
+
+# A passthrough Kubernetes affinity term: kept as written, validated by the API server when the
+# operator creates pods from it. The only place the schema preserves unknown fields.
+_PassthroughObject = Annotated[
+    dict[str, Any],
+    WithJsonSchema({"type": "object", "x-kubernetes-preserve-unknown-fields": True}),
+]
+
+
+class Affinity(ApiModel):
+    """Kubernetes pod affinity, passed through to every pod of the job."""
+
+    node_affinity: _PassthroughObject | None = Field(default=None, description="core/v1 NodeAffinity.")
+    pod_affinity: _PassthroughObject | None = Field(default=None, description="core/v1 PodAffinity.")
+    pod_anti_affinity: _PassthroughObject | None = Field(default=None, description="core/v1 PodAntiAffinity.")
+
+
+class SchedulingSpec(ApiModel):
+    """Where the job's pods may run and how they queue."""
+
+    node_selector: dict[str, Annotated[str, Field(max_length=63)]] = Field(
+        default_factory=dict, max_length=32, description="Node labels every pod of the job requires."
+    )
+    tolerations: list[Toleration] = Field(
+        default_factory=list,
+        max_length=32,
+        description="Tolerations added to every pod (the NVIDIA GPU taint is tolerated already).",
+    )
+    affinity: Affinity | None = Field(default=None, description="Affinity added to every pod.")
+    priority_class_name: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=253,
+        pattern=DNS1123_SUBDOMAIN_PATTERN,
+        description="PriorityClass of the job's pods.",
+    )
+    queue_name: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=63,
+        pattern=DNS1123_LABEL_PATTERN,
+        description="Kueue LocalQueue; the pods are admitted by Kueue as one group (see docs/kueue.md).",
+    )
+
+
+class RunPolicySpec(ApiModel):
+    """Restarts and deadlines."""
+
+    backoff_limit: int = Field(
+        default=3,
+        ge=0,
+        le=1000,
+        description="Trainer gang restarts (failures, stalls) before the job fails; evictions do not count.",
+    )
+    startup_deadline_seconds: int = Field(
+        default=1800, ge=1, le=31_536_000, description="Fail a start or restart not Running within this time."
+    )
+    active_deadline_seconds: int | None = Field(
+        default=None, ge=1, le=31_536_000 * 10, description="Fail the job after this long in total."
+    )
+    progress_deadline_seconds: int = Field(
+        default=1800,
+        ge=1,
+        le=31_536_000,
+        description="Running with no step advance for this long is a stall: the gang restarts (counted).",
+    )
+    ttl_seconds_after_finished: int | None = Field(
+        default=None, ge=0, le=31_536_000 * 10, description="Delete the finished job after this long."
+    )
+
+
+class GRPOJobSpec(ApiModel):
+    """Desired state of a GRPOJob."""
+
+    cel_rules: ClassVar[tuple[CelRule, ...]] = (
+        CelRule(
+            "(self.grpo.promptsPerStep * self.grpo.groupSize) % "
+            "(self.trainer.nodes * self.trainer.gpusPerNode * self.trainer.perDeviceBatchSize) == 0",
+            "spec.grpo.promptsPerStep * spec.grpo.groupSize (B*G completions per step) must be divisible "
+            "by spec.trainer.nodes * spec.trainer.gpusPerNode * spec.trainer.perDeviceBatchSize "
+            "(the data-parallel batch): change B or G, or the trainer's GPUs or perDeviceBatchSize",
+            ".grpo.promptsPerStep",
+        ),
+        CelRule(
+            "self.grpo.validation.everySteps == 0 || has(self.dataset.validation)",
+            "spec.grpo.validation.everySteps > 0 needs spec.dataset.validation: set a validation dataset URI "
+            "or set everySteps to 0",
+            ".grpo.validation.everySteps",
+        ),
+        CelRule(
+            "self.trainer.nodes == 1 || has(self.checkpoints.volume.existingClaim) || "
+            "self.checkpoints.volume.accessMode == 'ReadWriteMany'",
+            "spec.checkpoints.volume.accessMode must be ReadWriteMany when spec.trainer.nodes > 1 "
+            "(trainer pods on several nodes share the volume): set accessMode: ReadWriteMany "
+            "or use an existingClaim",
+            ".checkpoints.volume.accessMode",
+        ),
+    )
+
+    model: ModelSpec = Field(
+        description="The model to fine-tune. Immutable.",
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                CelRule(
+                    "self == oldSelf",
+                    "spec.model is immutable: delete the job and create a new one to train another model",
+                ).to_schema()
+            ]
+        },
+    )
+    dataset: DatasetSpec = Field(description="Training (and optional validation) prompts.")
+    grpo: GRPOSpec = Field(description="GRPO hyper-parameters; groupSize and promptsPerStep are immutable.")
+    metric: MetricSpec = Field(description="The reward (metric) service.")
+    generation: GenerationSpec = Field(
+        default_factory=GenerationSpec, description="The vLLM generation server."
+    )
+    trainer: TrainerSpec = Field(
+        default_factory=TrainerSpec, description="The trainer pods; topology is immutable."
+    )
+    checkpoints: CheckpointsSpec = Field(default_factory=CheckpointsSpec, description="Checkpointing.")
+    scheduling: SchedulingSpec = Field(default_factory=SchedulingSpec, description="Placement and queueing.")
+    run_policy: RunPolicySpec = Field(default_factory=RunPolicySpec, description="Restarts and deadlines.")
+    suspend: bool = Field(
+        default=False,
+        description="true stops all pods (keeping the volume and status); false resumes from the last "
+        "checkpoint.",
+    )
+
+    @model_validator(mode="after")
+    def _cross_object(self) -> GRPOJobSpec:
+        if (self.grpo.prompts_per_step * self.grpo.group_size) % self.trainer_data_parallel_batch() != 0:
+            raise ValueError(self.cel_rules[0].message)
+        if self.grpo.validation.every_steps > 0 and self.dataset.validation is None:
+            raise ValueError(self.cel_rules[1].message)
+        if (
+            self.trainer.nodes > 1
+            and self.checkpoints.volume.existing_claim is None
+            and self.checkpoints.volume.access_mode != "ReadWriteMany"
+        ):
+            raise ValueError(self.cel_rules[2].message)
+        return self
+
+    def trainer_world_size(self) -> int:
+        """Training processes across the gang (one per trainer GPU)."""
+        return self.trainer.nodes * self.trainer.gpus_per_node
+
+    def trainer_data_parallel_batch(self) -> int:
+        """Completions processed per micro-step across the gang; B*G is a multiple of it."""
+        return self.trainer_world_size() * self.trainer.per_device_batch_size
+
+    def gradient_accumulation_steps(self) -> int:
+        """Micro-steps per optimisation step: B*G / (world size * perDeviceBatchSize)."""
+        return (self.grpo.prompts_per_step * self.grpo.group_size) // self.trainer_data_parallel_batch()
+
+
+# Transition rules (self == oldSelf) for the immutable parts of the spec, keyed by the object they sit
+# on. The generator attaches them; check_immutable below is their pydantic twin.
+IMMUTABLE_FIELDS: dict[str, tuple[str, ...]] = {
+    "grpo": ("groupSize", "promptsPerStep"),
+    "trainer": ("nodes", "gpusPerNode", "perDeviceBatchSize"),
+}
+
+
+def immutability_rules() -> dict[str, list[CelRule]]:
+    """CEL transition rules per object under spec (spec.model's whole-object rule sits on the field)."""
+    return {
+        obj: [
+            CelRule(
+                f"self.{name} == oldSelf.{name}",
+                f"spec.{obj}.{name} is immutable while the job exists: delete the job and create a new one "
+                "to change it",
+                f".{name}",
+            )
+            for name in names
+        ]
+        for obj, names in IMMUTABLE_FIELDS.items()
+    }
+
+
+def check_immutable(old: GRPOJobSpec, new: GRPOJobSpec) -> list[str]:
+    """Messages for every immutable field ``new`` changes relative to ``old`` (empty: update is fine)."""
+    errors: list[str] = []
+    if old.model != new.model:
+        errors.append("spec.model is immutable: delete the job and create a new one to train another model")
+    old_d, new_d = old.to_dict(), new.to_dict()
+    for obj, rules in immutability_rules().items():
+        for name, rule in zip(IMMUTABLE_FIELDS[obj], rules, strict=True):
+            if old_d[obj][name] != new_d[obj][name]:
+                errors.append(rule.message)
+    return errors

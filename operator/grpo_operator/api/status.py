@@ -1,0 +1,138 @@
+"""``GRPOJob.status``: written by the operator (phase, conditions, restarts, ...) and by trainer rank 0
+(progress, rewards, checkpoint). Every field is optional; writers merge-patch only their own fields.
+
+Status models are not strict: timestamps arrive as RFC 3339 strings from the API server and become
+``datetime`` objects here.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Literal
+
+from pydantic import ConfigDict, Field, model_validator
+
+from grpo_operator.api.base import ApiModel
+
+Phase = Literal["Pending", "Initializing", "Running", "Restarting", "Suspended", "Succeeded", "Failed"]
+PHASES: tuple[Phase, ...] = (
+    "Pending",
+    "Initializing",
+    "Running",
+    "Restarting",
+    "Suspended",
+    "Succeeded",
+    "Failed",
+)
+TERMINAL_PHASES: frozenset[str] = frozenset({"Succeeded", "Failed"})
+
+# metav1.Condition's reason format, so conditions look like the built-in ones.
+CONDITION_REASON_PATTERN = r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$"
+
+
+class _StatusModel(ApiModel):
+    model_config = ConfigDict(strict=False)
+
+
+class Condition(_StatusModel):
+    """A condition in the style of metav1.Condition."""
+
+    type: str = Field(min_length=1, max_length=316, description="Condition type, e.g. Ready, Progressing.")
+    status: Literal["True", "False", "Unknown"] = Field(description="True, False or Unknown.")
+    reason: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=1024,
+        pattern=CONDITION_REASON_PATTERN,
+        description="CamelCase reason for the last transition.",
+    )
+    message: str | None = Field(default=None, max_length=32768, description="Human-readable details.")
+    last_transition_time: datetime | None = Field(default=None, description="When status last changed.")
+    observed_generation: int | None = Field(
+        default=None, ge=0, description="metadata.generation the condition was computed from."
+    )
+
+
+def progress_display(step: int, total_steps: int | None) -> str:
+    """The ``Step`` printer column text, e.g. ``12/500``."""
+    return f"{step}/{total_steps}" if total_steps is not None else str(step)
+
+
+class ProgressStatus(_StatusModel):
+    """Training progress, written by trainer rank 0."""
+
+    step: int | None = Field(default=None, ge=0, description="Optimisation steps completed.")
+    total_steps: int | None = Field(default=None, ge=0, description="S, the steps the run will take.")
+    display: str | None = Field(
+        default=None,
+        max_length=64,
+        description="step/totalSteps as text for the Step printer column (a column shows one field only).",
+    )
+    last_step_time: datetime | None = Field(default=None, description="When the last step finished.")
+    step_duration_seconds: float | None = Field(default=None, ge=0, description="Duration of the last step.")
+
+    @model_validator(mode="after")
+    def _fill_display(self) -> ProgressStatus:
+        # Writers that set step/totalSteps get the printer-column text for free, and it never disagrees.
+        if self.step is not None:
+            self.display = progress_display(self.step, self.total_steps)
+        return self
+
+
+class RewardsStatus(_StatusModel):
+    """Reward statistics of the last step (and the last validation), written by trainer rank 0."""
+
+    mean: float | None = Field(default=None, description="Mean reward of the last step's scored completions.")
+    std: float | None = Field(default=None, ge=0, description="Std of those rewards.")
+    format_failure_ratio: float | None = Field(
+        default=None, ge=0, le=1, description="Fraction of the last step's completions that were unparseable."
+    )
+    zero_std_group_ratio: float | None = Field(
+        default=None, ge=0, le=1, description="Fraction of groups whose rewards were all equal (no signal)."
+    )
+    metric_error_ratio: float | None = Field(
+        default=None, ge=0, le=1, description="Fraction of completions the metric service failed to score."
+    )
+    validation_mean: float | None = Field(default=None, description="Mean reward of the last validation run.")
+    validation_step: int | None = Field(default=None, ge=0, description="Step of the last validation run.")
+
+
+class CheckpointStatus(_StatusModel):
+    """The newest complete checkpoint (named by latest.json); restarts resume from it."""
+
+    last_step: int | None = Field(default=None, ge=0, description="Step of the checkpoint.")
+    path: str | None = Field(default=None, max_length=4096, description="Checkpoint directory on the volume.")
+    time: datetime | None = Field(default=None, description="When it was written.")
+
+
+class GRPOJobStatus(_StatusModel):
+    """Observed state of a GRPOJob."""
+
+    phase: Phase | None = Field(default=None, description="Lifecycle phase.")
+    conditions: list[Condition] | None = Field(
+        default=None,
+        max_length=32,
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
+        description="Conditions with reasons and messages.",
+    )
+    progress: ProgressStatus | None = Field(default=None, description="Training progress (trainer).")
+    rewards: RewardsStatus | None = Field(default=None, description="Reward statistics (trainer).")
+    checkpoint: CheckpointStatus | None = Field(
+        default=None, description="Last complete checkpoint (trainer)."
+    )
+    restarts: int | None = Field(
+        default=None, ge=0, description="Trainer gang restarts counted against backoffLimit."
+    )
+    rollouts: int | None = Field(
+        default=None, ge=0, description="R = S*B*G completions the run generates and scores."
+    )
+    trainer_attempt: int | None = Field(
+        default=None, ge=0, description="Current trainer gang incarnation; part of the pod names."
+    )
+    start_time: datetime | None = Field(default=None, description="When the job was first started.")
+    completion_time: datetime | None = Field(default=None, description="When the job succeeded or failed.")
+    observed_generation: int | None = Field(
+        default=None, ge=0, description="metadata.generation the operator last acted on."
+    )
+    reason: str | None = Field(default=None, max_length=1024, description="Short reason for the phase.")
+    message: str | None = Field(default=None, max_length=32768, description="Details for the phase.")

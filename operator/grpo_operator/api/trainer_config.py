@@ -1,0 +1,170 @@
+"""``TrainerConfig``: what the operator renders into ConfigMap ``<job>-config`` key ``trainer.json``
+(mounted at /etc/grpo/trainer.json, env GRPO_CONFIG) and the trainer reads.
+
+It reuses the spec's ``model``, ``dataset`` and ``grpo`` models unchanged, so a knob added to the spec
+reaches the trainer without a second definition. Load with ``TrainerConfig.load(path)`` or
+``TrainerConfig.model_validate_json(text)``; write with ``config.dump_json()``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import ConfigDict, Field
+
+from grpo_operator.api.base import ApiModel
+from grpo_operator.api.spec import DatasetSpec, GRPOJobSpec, GRPOSpec, ModelSpec
+
+CONFIG_MAP_KEY = "trainer.json"
+CONFIG_MOUNT_DIR = "/etc/grpo"
+CONFIG_PATH = f"{CONFIG_MOUNT_DIR}/{CONFIG_MAP_KEY}"
+CONFIG_ENV = "GRPO_CONFIG"
+VOLUME_MOUNT_PATH = "/workspace"
+DEFAULT_CHECKPOINT_DIR = f"{VOLUME_MOUNT_PATH}/checkpoints"
+DEFAULT_OUTPUT_DIR = f"{VOLUME_MOUNT_PATH}/output"
+VLLM_SERVER_PORT = 8000
+# TRL's vllm_group_port default: the weight-sync rendezvous, bound on trainer rank 0.
+WEIGHT_SYNC_PORT = 51216
+TRAINER_METRICS_PORT = 9090
+
+
+class _ConfigModel(ApiModel):
+    # Lax on purpose: trainer.json is also written by hand for local runs, where 10 for 10.0 is fine.
+    # The spec models embedded in it (model, dataset, grpo) keep their own strict config.
+    model_config = ConfigDict(strict=False)
+
+
+class JobRef(_ConfigModel):
+    """The GRPOJob this trainer belongs to (status patches go there)."""
+
+    namespace: str = Field(min_length=1, description="Namespace of the GRPOJob.")
+    name: str = Field(min_length=1, description="Name of the GRPOJob.")
+    uid: str | None = Field(
+        default=None, description="metadata.uid, to refuse patching a recreated namesake."
+    )
+
+
+class TrainerTopology(_ConfigModel):
+    """The gang layout; the trainer checks it against the actual world size."""
+
+    nodes: int = Field(default=1, ge=1, description="Trainer pods.")
+    gpus_per_node: int = Field(default=1, ge=1, description="Processes per pod.")
+    per_device_batch_size: int = Field(default=1, ge=1, description="Completions per process per micro-step.")
+
+
+class GenerationConfig(_ConfigModel):
+    """How completions are generated."""
+
+    backend: Literal["vllm-server", "transformers"] = Field(
+        default="vllm-server",
+        description="vllm-server: the job's vLLM server (cluster); transformers: in-process (CPU, tests).",
+    )
+    server_host: str | None = Field(
+        default=None, description="vLLM server host, e.g. <job>-gen.<namespace>.svc."
+    )
+    server_port: int = Field(default=VLLM_SERVER_PORT, ge=1, le=65535, description="vLLM HTTP port.")
+    weight_sync_port: int = Field(
+        default=WEIGHT_SYNC_PORT, ge=1, le=65535, description="NCCL weight-sync port on trainer rank 0."
+    )
+    request_timeout_seconds: float = Field(
+        default=600.0, gt=0, description="How long to wait for the vLLM server (start-up and requests)."
+    )
+
+
+class MetricClientConfig(_ConfigModel):
+    """How the trainer calls the metric service."""
+
+    url: str = Field(min_length=1, description="Base URL, e.g. http://<job>-metric:8080.")
+    batch_size: int = Field(default=32, ge=1, description="Completions per POST /score.")
+    concurrency: int = Field(default=4, ge=1, description="Requests in flight at once.")
+    timeout_seconds: float = Field(default=30.0, gt=0, description="Timeout of one request.")
+    max_retries: int = Field(default=3, ge=0, description="Retries of a failed batch.")
+    error_budget: float = Field(default=0.05, ge=0, le=1, description="Tolerated metric-error fraction.")
+
+
+class CheckpointConfig(_ConfigModel):
+    """Where and how often checkpoints are written."""
+
+    dir: str = Field(default=DEFAULT_CHECKPOINT_DIR, min_length=1, description="Checkpoint root directory.")
+    every_steps: int = Field(default=50, ge=1, description="Checkpoint every N steps.")
+    keep_last: int = Field(default=3, ge=1, description="Checkpoints kept.")
+
+
+class TrainerConfig(_ConfigModel):
+    """The trainer's whole configuration (trainer.json)."""
+
+    api_version: Literal["grpo.dev/v1alpha1"] = Field(default="grpo.dev/v1alpha1")
+    kind: Literal["TrainerConfig"] = Field(default="TrainerConfig")
+    job: JobRef
+    model: ModelSpec
+    dataset: DatasetSpec
+    grpo: GRPOSpec
+    trainer: TrainerTopology = Field(default_factory=TrainerTopology)
+    generation: GenerationConfig = Field(default_factory=GenerationConfig)
+    metric: MetricClientConfig
+    checkpoints: CheckpointConfig = Field(default_factory=CheckpointConfig)
+    output_dir: str = Field(
+        default=DEFAULT_OUTPUT_DIR, min_length=1, description="samples.jsonl and metrics.jsonl go here."
+    )
+    metrics_port: int = Field(
+        default=TRAINER_METRICS_PORT, ge=1, le=65535, description="Prometheus /metrics port on rank 0."
+    )
+    status_patch_interval_seconds: float = Field(
+        default=10.0,
+        gt=0,
+        description="Minimum time between status patches (checkpoints and the end always patch).",
+    )
+
+    @classmethod
+    def from_spec(
+        cls,
+        namespace: str,
+        name: str,
+        uid: str | None,
+        spec: GRPOJobSpec,
+        *,
+        metric_url: str,
+        generation_host: str | None,
+        backend: Literal["vllm-server", "transformers"] = "vllm-server",
+        checkpoint_dir: str = DEFAULT_CHECKPOINT_DIR,
+        output_dir: str = DEFAULT_OUTPUT_DIR,
+    ) -> TrainerConfig:
+        """Render the trainer config for a job (pure: same inputs, same config)."""
+        if backend == "vllm-server" and not generation_host:
+            raise ValueError("backend vllm-server needs generation_host (the <job>-gen Service's DNS name)")
+        return cls(
+            job=JobRef(namespace=namespace, name=name, uid=uid),
+            model=spec.model.model_copy(deep=True),
+            dataset=spec.dataset.model_copy(deep=True),
+            grpo=spec.grpo.model_copy(deep=True),
+            trainer=TrainerTopology(
+                nodes=spec.trainer.nodes,
+                gpus_per_node=spec.trainer.gpus_per_node,
+                per_device_batch_size=spec.trainer.per_device_batch_size,
+            ),
+            generation=GenerationConfig(backend=backend, server_host=generation_host),
+            metric=MetricClientConfig(
+                url=metric_url,
+                batch_size=spec.metric.batch_size,
+                concurrency=spec.metric.concurrency,
+                timeout_seconds=float(spec.metric.timeout_seconds),
+                max_retries=spec.metric.max_retries,
+                error_budget=spec.metric.error_budget,
+            ),
+            checkpoints=CheckpointConfig(
+                dir=checkpoint_dir,
+                every_steps=spec.checkpoints.every_steps,
+                keep_last=spec.checkpoints.keep_last,
+            ),
+            output_dir=output_dir,
+        )
+
+    def dump_json(self) -> str:
+        """trainer.json text: camelCase keys, unset optionals omitted, stable key order."""
+        return self.model_dump_json(by_alias=True, exclude_none=True, indent=2)
+
+    @classmethod
+    def load(cls, path: str | Path) -> TrainerConfig:
+        """Read trainer.json; a malformed file raises pydantic.ValidationError naming the bad fields."""
+        return cls.model_validate_json(Path(path).read_text(encoding="utf-8"))
