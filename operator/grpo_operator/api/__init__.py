@@ -1,7 +1,7 @@
 """The GRPOJob API: pydantic models that are the single source of truth for the CRD, the docs and
 the trainer's config. Importable without kopf or kubernetes (the trainer image uses it too)."""
 
-from grpo_operator.api.base import ApiModel, CelRule
+from grpo_operator.api.base import ApiModel, CelRule, describe_validation_error
 from grpo_operator.api.dataset_uri import DatasetSource, DatasetURIError, parse_dataset_uri
 from grpo_operator.api.resource import (
     API_VERSION,
@@ -96,6 +96,7 @@ __all__ = [
     "compute_metric_calls",
     "compute_rollouts",
     "compute_validation_calls",
+    "describe_validation_error",
     "parse_dataset_uri",
     "progress_display",
 ]

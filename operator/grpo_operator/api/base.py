@@ -9,8 +9,16 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, ValidationError
 from pydantic.alias_generators import to_camel
+
+
+class RuleViolation(ValueError):
+    """A broken cross-field rule; ``field_path`` (relative, like a CEL ``fieldPath``) names the field."""
+
+    def __init__(self, message: str, field_path: str | None) -> None:
+        super().__init__(message)
+        self.field_path = field_path
 
 
 class CelRule:
@@ -26,6 +34,10 @@ class CelRule:
         self.rule = rule
         self.message = message
         self.field_path = field_path
+
+    def violation(self) -> RuleViolation:
+        """The pydantic-side error for this rule, reported at the same field as the API server's."""
+        return RuleViolation(self.message, self.field_path)
 
     def to_schema(self) -> dict[str, Any]:
         out: dict[str, Any] = {"rule": self.rule, "message": self.message}
@@ -53,3 +65,31 @@ class ApiModel(BaseModel):
     def to_dict(self) -> dict[str, Any]:
         """The wire form: camelCase keys, unset optional fields left out (the API server prunes nulls)."""
         return self.model_dump(mode="json", by_alias=True, exclude_none=True)
+
+
+def _loc_path(loc: tuple[int | str, ...]) -> str:
+    path = ""
+    for part in loc:
+        if isinstance(part, int):
+            path += f"[{part}]"
+        else:
+            path += ("." if path else "") + part
+    return path
+
+
+def describe_validation_error(exc: ValidationError, prefix: str = "") -> list[str]:
+    """One ``<field path>: <message>`` line per error, with camelCase paths as in the manifest.
+
+    ``prefix`` (e.g. ``"spec"``) is put in front when the model validated is not the whole object.
+    """
+    lines = []
+    for err in exc.errors():
+        path = _loc_path(tuple(err["loc"]))
+        cause = (err.get("ctx") or {}).get("error")
+        if isinstance(cause, RuleViolation) and cause.field_path:
+            path += cause.field_path
+        if prefix:
+            path = f"{prefix}.{path}" if path else prefix
+        message = err["msg"].removeprefix("Value error, ")
+        lines.append(f"{path}: {message}" if path else message)
+    return lines

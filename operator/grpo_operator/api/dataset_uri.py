@@ -69,7 +69,7 @@ class DatasetURIError(ValueError):
 
 def parse_dataset_uri(uri: str) -> DatasetSource:
     """Parse ``uri`` or raise :class:`DatasetURIError` saying what is wrong and what to write instead."""
-    m = _HF_RE.match(uri)
+    m = _HF_RE.fullmatch(uri)
     if m:
         return DatasetSource(
             scheme="hf",
@@ -78,7 +78,7 @@ def parse_dataset_uri(uri: str) -> DatasetSource:
             config=m["config"],
             split=m["split"] or "train",
         )
-    m = _FILE_RE.match(uri)
+    m = _FILE_RE.fullmatch(uri)
     if m:
         path = m["path"]
         ext = path.rsplit(".", 1)[1]

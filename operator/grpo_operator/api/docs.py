@@ -7,6 +7,7 @@ to the models appears in the docs on the next ``make generate``; the prose aroun
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 from grpo_operator.api.crd import build_crd
@@ -34,10 +35,13 @@ _DATASET_SCHEMES = "\n".join(
 )
 
 
+_TAG_START = re.compile(r"<(?=[A-Za-z/!?])")
+
+
 def _cell(text: str) -> str:
     # Outside code spans "<org>" would be read as an HTML tag and vanish.
     parts = text.split("`")
-    parts[::2] = [p.replace("<", "&lt;") for p in parts[::2]]
+    parts[::2] = [_TAG_START.sub("&lt;", p) for p in parts[::2]]
     return "`".join(parts).replace("|", "\\|").replace("\n", " ")
 
 

@@ -9,6 +9,7 @@ API server (OpenAPI bounds generated from the same ``Field`` bounds, plus the CE
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import AfterValidator, Field, WithJsonSchema, field_validator, model_validator
@@ -41,14 +42,23 @@ DNS1123_LABEL_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 ENV_NAME_PATTERN = r"^[-._a-zA-Z][-._a-zA-Z0-9]*$"
 
 
+_QUANTITY_RE = re.compile(QUANTITY_PATTERN)
+
+
 def _quantity_to_str(value: int | str) -> str:
+    # One check for both forms, so a bad value gets one clear error rather than one per union branch.
     # Builders put quantities into manifests as strings; "2" and 2 mean the same to Kubernetes.
-    return str(value)
+    text = str(value)
+    if (isinstance(value, int) and value < 0) or len(text) > 64 or not _QUANTITY_RE.fullmatch(text):
+        raise ValueError(
+            f"{text!r} is not a non-negative Kubernetes quantity: write e.g. 500m, 2, 1.5 or 16Gi"
+        )
+    return text
 
 
 # A Kubernetes quantity written as a string ("500m", "16Gi") or a non-negative integer (2).
 Quantity = Annotated[
-    Annotated[int, Field(ge=0)] | Annotated[str, Field(pattern=QUANTITY_PATTERN, max_length=64)],
+    int | str,
     AfterValidator(_quantity_to_str),
     WithJsonSchema(
         {"x-kubernetes-int-or-string": True, "pattern": QUANTITY_PATTERN, "maxLength": 64, "minimum": 0}
@@ -228,9 +238,9 @@ class GRPOSpec(ApiModel):
     @model_validator(mode="after")
     def _cross_field(self) -> GRPOSpec:
         if not self.format_failure_score < self.failure_score:
-            raise ValueError(self.cel_rules[0].message)
+            raise self.cel_rules[0].violation()
         if self.epsilon_high is not None and self.epsilon_high < self.epsilon:
-            raise ValueError(self.cel_rules[1].message)
+            raise self.cel_rules[1].violation()
         return self
 
 
@@ -337,7 +347,7 @@ class GenerationSpec(ApiModel):
     @model_validator(mode="after")
     def _tp_divides_gpus(self) -> GenerationSpec:
         if self.gpus % self.tensor_parallel_size != 0:
-            raise ValueError(self.cel_rules[0].message)
+            raise self.cel_rules[0].violation()
         return self
 
 
@@ -445,9 +455,9 @@ class Toleration(ApiModel):
     @model_validator(mode="after")
     def _k8s_rules(self) -> Toleration:
         if self.operator == "Exists" and self.value:
-            raise ValueError(self.cel_rules[0].message)
+            raise self.cel_rules[0].violation()
         if self.toleration_seconds is not None and self.effect != "NoExecute":
-            raise ValueError(self.cel_rules[1].message)
+            raise self.cel_rules[1].violation()
         return self
 
 
@@ -581,15 +591,15 @@ class GRPOJobSpec(ApiModel):
     @model_validator(mode="after")
     def _cross_object(self) -> GRPOJobSpec:
         if (self.grpo.prompts_per_step * self.grpo.group_size) % self.trainer_data_parallel_batch() != 0:
-            raise ValueError(self.cel_rules[0].message)
+            raise self.cel_rules[0].violation()
         if self.grpo.validation.every_steps > 0 and self.dataset.validation is None:
-            raise ValueError(self.cel_rules[1].message)
+            raise self.cel_rules[1].violation()
         if (
             self.trainer.nodes > 1
             and self.checkpoints.volume.existing_claim is None
             and self.checkpoints.volume.access_mode != "ReadWriteMany"
         ):
-            raise ValueError(self.cel_rules[2].message)
+            raise self.cel_rules[2].violation()
         return self
 
     def trainer_world_size(self) -> int:
