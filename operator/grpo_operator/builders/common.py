@@ -1,0 +1,183 @@
+"""Names, labels, owner references and hashes shared by every builder (pure functions)."""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from grpo_operator.api.resource import API_VERSION, GROUP, KIND
+from grpo_operator.api.spec import GRPOJobSpec
+from grpo_operator.api.trainer_config import CONFIG_MAP_KEY, CONFIG_MOUNT_DIR, CONFIG_PATH, VOLUME_MOUNT_PATH
+
+Manifest = dict[str, Any]
+Role = Literal["trainer", "generation", "metric"]
+
+PART_OF = "grpo-operator"
+LABEL_NAME = "app.kubernetes.io/name"
+LABEL_INSTANCE = "app.kubernetes.io/instance"
+LABEL_COMPONENT = "app.kubernetes.io/component"
+LABEL_PART_OF = "app.kubernetes.io/part-of"
+LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
+LABEL_JOB = f"{GROUP}/job"
+LABEL_ROLE = f"{GROUP}/role"
+LABEL_ATTEMPT = f"{GROUP}/attempt"
+LABEL_NODE_RANK = f"{GROUP}/node-rank"
+
+# Hash of the manifest the operator meant to create; a child whose hash differs from the current
+# desired one has drifted from the spec (the spec changed) and is updated or, for pods, replaced.
+ANNOTATION_HASH = f"{GROUP}/spec-hash"
+# Hash of trainer.json; trainer and vLLM pods carry it so that a config change reaches their hash.
+ANNOTATION_CONFIG_HASH = f"{GROUP}/config-hash"
+# The checkpoint a trainer pod resumes from, readable without parsing env (kubectl describe).
+ANNOTATION_RESUME_FROM = f"{GROUP}/resume-from"
+
+APP_NAMES: dict[Role, str] = {"trainer": "grpo-trainer", "generation": "vllm", "metric": "grpo-metric"}
+
+# Kueue's plain-pod integration (see docs/kueue.md).
+KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+KUEUE_GROUP_LABEL = "kueue.x-k8s.io/pod-group-name"
+KUEUE_GROUP_COUNT_ANNOTATION = "kueue.x-k8s.io/pod-group-total-count"
+
+CONFIG_KEY = CONFIG_MAP_KEY
+CONFIG_DIR = CONFIG_MOUNT_DIR
+CONFIG_FILE = CONFIG_PATH
+WORKSPACE = VOLUME_MOUNT_PATH
+# The Hugging Face cache (model weights, datasets) lives on the job's volume, so a restart does not
+# download the model again.
+HF_CACHE = f"{WORKSPACE}/hf-cache"
+
+
+@dataclass(frozen=True)
+class Job:
+    """The parts of a GRPOJob the builders need: identity and the validated spec."""
+
+    name: str
+    namespace: str
+    uid: str
+    spec: GRPOJobSpec
+
+
+# --- names: fixed by the project's conventions (docs/operations.md lists them) -------------------------
+
+
+def config_map_name(job: Job) -> str:
+    return f"{job.name}-config"
+
+
+def created_pvc_name(job: Job) -> str:
+    return f"{job.name}-ckpt"
+
+
+def pvc_claim_name(job: Job) -> str:
+    """The claim trainer pods mount: the user's existing claim, or the one the operator creates."""
+    return job.spec.checkpoints.volume.existing_claim or created_pvc_name(job)
+
+
+def metric_name(job: Job) -> str:
+    return f"{job.name}-metric"
+
+
+def generation_service_name(job: Job) -> str:
+    # Never "vllm": Kubernetes would inject VLLM_PORT=tcp://... into every pod of the namespace and
+    # vLLM refuses to start with a URI there (grpo-trainer.md §0.8). enableServiceLinks=false guards too.
+    return f"{job.name}-gen"
+
+
+def trainer_service_name(job: Job) -> str:
+    return f"{job.name}-trainer"
+
+
+def trainer_rbac_name(job: Job) -> str:
+    return f"{job.name}-trainer"
+
+
+def generation_policy_name(job: Job) -> str:
+    return f"{job.name}-gen"
+
+
+def metric_policy_name(job: Job) -> str:
+    return f"{job.name}-metric"
+
+
+def trainer_pod_name(job: Job, attempt: int, rank: int) -> str:
+    return f"{job.name}-trainer-{attempt}-{rank}"
+
+
+def generation_pod_name(job: Job, attempt: int, index: int) -> str:
+    return f"{job.name}-gen-{attempt}-{index}"
+
+
+def metric_url(job: Job) -> str:
+    return f"http://{metric_name(job)}.{job.namespace}.svc:{job.spec.metric.port}"
+
+
+def generation_host(job: Job) -> str:
+    return f"{generation_service_name(job)}.{job.namespace}.svc"
+
+
+def master_addr(job: Job, attempt: int) -> str:
+    """DNS name of trainer rank 0 through the headless Service (hostname.subdomain.namespace.svc)."""
+    return f"{trainer_pod_name(job, attempt, 0)}.{trainer_service_name(job)}.{job.namespace}.svc"
+
+
+# --- metadata -------------------------------------------------------------------------------------------
+
+
+def selector_labels(job: Job, role: Role) -> dict[str, str]:
+    """The labels Services, NetworkPolicies and the Deployment select on (stable for the job's life)."""
+    return {LABEL_JOB: job.name, LABEL_ROLE: role}
+
+
+def labels(job: Job, role: Role) -> dict[str, str]:
+    return {
+        LABEL_NAME: APP_NAMES[role],
+        LABEL_INSTANCE: job.name,
+        LABEL_COMPONENT: role,
+        LABEL_PART_OF: PART_OF,
+        LABEL_MANAGED_BY: PART_OF,
+        **selector_labels(job, role),
+    }
+
+
+def owner_reference(job: Job) -> dict[str, Any]:
+    # controller=True: the job is the managing controller; blockOwnerDeletion: foreground deletion of
+    # the job waits for its children.
+    return {
+        "apiVersion": API_VERSION,
+        "kind": KIND,
+        "name": job.name,
+        "uid": job.uid,
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
+
+
+def metadata(job: Job, name: str, role: Role, *, owned: bool = True) -> dict[str, Any]:
+    meta: dict[str, Any] = {"name": name, "namespace": job.namespace, "labels": labels(job, role)}
+    if owned:
+        meta["ownerReferences"] = [owner_reference(job)]
+    return meta
+
+
+def content_hash(value: Any) -> str:
+    """Short, stable hash of a JSON-serialisable value."""
+    blob = json.dumps(value, sort_keys=True, separators=(",", ":")).encode()
+    return hashlib.sha256(blob).hexdigest()[:16]
+
+
+def with_hash(manifest: Manifest) -> Manifest:
+    """Returns the manifest with ANNOTATION_HASH set to the hash of everything else in it."""
+    out = copy.deepcopy(manifest)
+    annotations = out.setdefault("metadata", {}).setdefault("annotations", {})
+    annotations.pop(ANNOTATION_HASH, None)
+    annotations[ANNOTATION_HASH] = content_hash(out)
+    return out
+
+
+def quantity_map(values: Mapping[str, object]) -> dict[str, str]:
+    """Resource quantities as strings, the form Kubernetes returns them in (2 and "2" are equal)."""
+    return {key: str(value) for key, value in values.items()}

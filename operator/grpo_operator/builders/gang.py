@@ -1,0 +1,389 @@
+"""The gang: vLLM generation pod + Service `<job>-gen`, trainer pods + headless Service `<job>-trainer`.
+
+Pods are managed directly (not through Deployments or Jobs) so the operator decides what a failure
+means: any failure restarts the whole gang — vLLM and trainers — under a new attempt number, because
+TRL's NCCL weight-sync group is formed once between trainer rank 0 and the vLLM workers and cannot be
+re-joined by either side (grpo-trainer.md §4.4-4.5). Every pod therefore has restartPolicy Never.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from grpo_operator.api.trainer_config import CONFIG_ENV
+from grpo_operator.builders.common import (
+    ANNOTATION_CONFIG_HASH,
+    ANNOTATION_HASH,
+    ANNOTATION_RESUME_FROM,
+    CONFIG_DIR,
+    CONFIG_FILE,
+    HF_CACHE,
+    LABEL_ATTEMPT,
+    LABEL_NODE_RANK,
+    WORKSPACE,
+    Job,
+    Manifest,
+    Role,
+    config_map_name,
+    content_hash,
+    generation_pod_name,
+    generation_service_name,
+    master_addr,
+    metadata,
+    pvc_claim_name,
+    quantity_map,
+    selector_labels,
+    trainer_pod_name,
+    trainer_rbac_name,
+    trainer_service_name,
+    with_hash,
+)
+from grpo_operator.builders.config import config_hash, trainer_config_text
+from grpo_operator.builders.scheduling import kueue_labels, pod_placement
+from grpo_operator.settings import OperatorSettings
+
+# Environment the trainer contract fixes (docs/operations.md); a spec.trainer.env entry with one of
+# these names is ignored, because the operator must control rank, topology and resume point.
+RESERVED_TRAINER_ENV = frozenset(
+    {
+        CONFIG_ENV,
+        "RESUME_FROM",
+        "RANK",
+        "WORLD_SIZE",
+        "NODE_RANK",
+        "NNODES",
+        "NPROC_PER_NODE",
+        "MASTER_ADDR",
+        "MASTER_PORT",
+        "GRPO_JOB_NAMESPACE",
+        "GRPO_JOB_NAME",
+        "GRPO_TRAINER_ATTEMPT",
+        "VLLM_HOST_IP",
+        "POD_NAME",
+    }
+)
+
+# torchrun expands nothing itself: Kubernetes substitutes $(VAR) from the container's env, so the
+# command needs no shell in the image.
+TRAINER_COMMAND = ["torchrun"]
+TRAINER_ARGS = [
+    "--nnodes=$(NNODES)",
+    "--nproc-per-node=$(NPROC_PER_NODE)",
+    "--node-rank=$(NODE_RANK)",
+    "--master-addr=$(MASTER_ADDR)",
+    "--master-port=$(MASTER_PORT)",
+    "-m",
+    "grpo_trainer",
+]
+
+
+def gang_hash(job: Job) -> str:
+    """Hash of everything in the spec that shapes the gang's pods.
+
+    Deliberately built from the spec, not from the rendered pods: an operator upgrade that renders
+    pods a little differently must not restart every running training job; a spec change must.
+    """
+    spec = job.spec
+    return content_hash(
+        {
+            "config": trainer_config_text(job),
+            "generation": spec.generation.to_dict(),
+            "trainer": spec.trainer.to_dict(),
+            "scheduling": spec.scheduling.to_dict(),
+            "volume": spec.checkpoints.volume.to_dict(),
+        }
+    )
+
+
+def _resources(
+    requests: Mapping[str, object],
+    limits: Mapping[str, object],
+    defaults: Mapping[str, str],
+    gpu_resource: str,
+    gpus: int,
+) -> dict[str, Any]:
+    req = quantity_map(requests) if requests else dict(defaults)
+    lim = quantity_map(limits)
+    # Extended resources cannot be overcommitted: requests must equal limits.
+    req[gpu_resource] = str(gpus)
+    lim[gpu_resource] = str(gpus)
+    return {"requests": req, "limits": lim}
+
+
+def _shm_volume(settings: OperatorSettings) -> dict[str, Any]:
+    return {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": settings.shm_size}}
+
+
+def _pod_metadata(
+    job: Job, name: str, role: Role, attempt: int, extra_labels: dict[str, str], annotations: dict[str, str]
+) -> dict[str, Any]:
+    meta = metadata(job, name, role)
+    kueue_lbls, kueue_annotations = kueue_labels(job, attempt)
+    meta["labels"].update({LABEL_ATTEMPT: str(attempt), **extra_labels, **kueue_lbls})
+    meta["annotations"] = {
+        ANNOTATION_HASH: gang_hash(job),
+        ANNOTATION_CONFIG_HASH: config_hash(job),
+        **annotations,
+        **kueue_annotations,
+    }
+    return meta
+
+
+def volume_shared_with_generation(job: Job) -> bool:
+    """vLLM mounts the job's volume (shared model cache) only when it can: a ReadWriteOnce claim
+    attaches to one node, and the vLLM pod usually runs on another node than the trainers."""
+    volume = job.spec.checkpoints.volume
+    return volume.existing_claim is None and volume.access_mode == "ReadWriteMany"
+
+
+def generation_pod(job: Job, settings: OperatorSettings, attempt: int, index: int = 0) -> Manifest:
+    """The vLLM server, started the way TRL 1.16 needs it in server mode.
+
+    TRL's own `trl vllm-serve` only exec's `vllm serve` with these additions (grpo-trainer.md §4.1,
+    TRL scripts/vllm_serve.py:266-293): `--weight-transfer-config '{"backend":"nccl"}'` (else
+    init_communicator raises), `--logprobs-mode processed_logprobs` (else the importance-sampling
+    correction is biased), `--max-logprobs -1`, and `VLLM_SERVER_DEV_MODE=1` (else /server_info and the
+    weight-update routes return 404). So the pod needs no TRL, only the vLLM image.
+    """
+    spec = job.spec
+    gen = spec.generation
+    args = [
+        spec.model.name,
+        "--revision",
+        spec.model.revision,
+        "--host",
+        "0.0.0.0",
+        "--port",
+        str(settings.vllm_port),
+        "--tensor-parallel-size",
+        str(gen.tensor_parallel_size),
+        "--gpu-memory-utilization",
+        str(gen.gpu_memory_utilization),
+        "--dtype",
+        spec.model.dtype,
+        "--seed",
+        str(spec.grpo.seed),
+        "--weight-transfer-config",
+        '{"backend":"nccl"}',
+        "--logprobs-mode",
+        "processed_logprobs",
+        "--max-logprobs",
+        "-1",
+    ]
+    data_parallel = gen.gpus // gen.tensor_parallel_size
+    if data_parallel > 1:
+        # TRL 1.16 supports data parallelism > 1 only for MoE models (scripts/vllm_serve.py:38-40).
+        args += ["--data-parallel-size", str(data_parallel)]
+    if gen.max_model_len is not None:
+        args += ["--max-model-len", str(gen.max_model_len)]
+
+    shared = volume_shared_with_generation(job)
+    hf_home = HF_CACHE if shared else "/cache/huggingface"
+    mounts: list[dict[str, Any]] = [{"name": "dshm", "mountPath": "/dev/shm"}]
+    volumes: list[dict[str, Any]] = [_shm_volume(settings)]
+    if shared:
+        mounts.append({"name": "workspace", "mountPath": WORKSPACE})
+        volumes.append({"name": "workspace", "persistentVolumeClaim": {"claimName": pvc_claim_name(job)}})
+    else:
+        mounts.append({"name": "cache", "mountPath": "/cache"})
+        volumes.append({"name": "cache", "emptyDir": {}})
+
+    container: dict[str, Any] = {
+        "name": "vllm",
+        "image": gen.image,
+        "imagePullPolicy": settings.image_pull_policy,
+        "command": ["vllm", "serve"],
+        "args": args,
+        "env": [
+            {"name": "VLLM_SERVER_DEV_MODE", "value": "1"},
+            {"name": "VLLM_NO_USAGE_STATS", "value": "1"},
+            {"name": "HF_HOME", "value": hf_home},
+            {"name": "HF_HUB_DISABLE_TELEMETRY", "value": "1"},
+        ],
+        "ports": [{"name": "http", "containerPort": settings.vllm_port, "protocol": "TCP"}],
+        "readinessProbe": {
+            "httpGet": {"path": "/health", "port": "http"},
+            "periodSeconds": 10,
+            "failureThreshold": 3,
+        },
+        "resources": _resources(
+            gen.resources.requests,
+            gen.resources.limits,
+            settings.default_generation_requests,
+            settings.gpu_resource,
+            gen.gpus,
+        ),
+        "volumeMounts": mounts,
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+    }
+    pod_spec: dict[str, Any] = {
+        "restartPolicy": "Never",
+        "enableServiceLinks": False,
+        "automountServiceAccountToken": False,
+        "containers": [container],
+        "volumes": volumes,
+        **pod_placement(job, settings, gpu=True),
+    }
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": _pod_metadata(
+            job, generation_pod_name(job, attempt, index), "generation", attempt, {}, {}
+        ),
+        "spec": pod_spec,
+    }
+
+
+def generation_service(job: Job, settings: OperatorSettings) -> Manifest:
+    # Selects by role only, not by attempt: the Service stays put while the pod behind it changes.
+    # The weight-sync port is not here on purpose: trainer rank 0 binds it and vLLM connects to it
+    # (grpo-trainer.md §4.4), so it is published on the trainer Service.
+    return with_hash(
+        {
+            "apiVersion": "v1",
+            "kind": "Service",
+            "metadata": metadata(job, generation_service_name(job), "generation"),
+            "spec": {
+                "type": "ClusterIP",
+                "selector": selector_labels(job, "generation"),
+                "ports": [
+                    {"name": "http", "port": settings.vllm_port, "targetPort": "http", "protocol": "TCP"}
+                ],
+            },
+        }
+    )
+
+
+def trainer_env(
+    job: Job, settings: OperatorSettings, attempt: int, rank: int, resume_from: str
+) -> list[dict[str, Any]]:
+    spec = job.spec
+    nproc = spec.trainer.gpus_per_node
+    defaults = {
+        "HF_HOME": HF_CACHE,
+        "HF_HUB_DISABLE_TELEMETRY": "1",
+        "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True",
+        "NCCL_DEBUG": "WARN",
+    }
+    user = {var.name: var.value for var in spec.trainer.env if var.name not in RESERVED_TRAINER_ENV}
+    env: list[dict[str, Any]] = [{"name": k, "value": v} for k, v in {**defaults, **user}.items()]
+    env += [
+        {"name": CONFIG_ENV, "value": CONFIG_FILE},
+        {"name": "RESUME_FROM", "value": resume_from},
+        # torchrun overrides RANK and WORLD_SIZE per process; the pod-level values describe the pod's
+        # first process, so `python -m grpo_trainer` without torchrun sees a consistent layout too.
+        {"name": "RANK", "value": str(rank * nproc)},
+        {"name": "WORLD_SIZE", "value": str(spec.trainer.nodes * nproc)},
+        {"name": "NODE_RANK", "value": str(rank)},
+        {"name": "NNODES", "value": str(spec.trainer.nodes)},
+        {"name": "NPROC_PER_NODE", "value": str(nproc)},
+        {"name": "MASTER_ADDR", "value": master_addr(job, attempt)},
+        {"name": "MASTER_PORT", "value": str(settings.master_port)},
+        {"name": "GRPO_JOB_NAMESPACE", "value": job.namespace},
+        {"name": "GRPO_JOB_NAME", "value": job.name},
+        {"name": "GRPO_TRAINER_ATTEMPT", "value": str(attempt)},
+        # vLLM workers connect back to trainer rank 0 at this address for weight sync; without it
+        # vLLM guesses the address from a route to 8.8.8.8 (grpo-trainer.md §4.4).
+        {"name": "VLLM_HOST_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+        {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+    ]
+    return env
+
+
+def trainer_pod(job: Job, settings: OperatorSettings, attempt: int, rank: int, resume_from: str) -> Manifest:
+    """Trainer pod for node rank `rank` of gang incarnation `attempt`."""
+    spec = job.spec
+    name = trainer_pod_name(job, attempt, rank)
+    ports = [{"name": "rendezvous", "containerPort": settings.master_port, "protocol": "TCP"}]
+    annotations = {ANNOTATION_RESUME_FROM: resume_from}
+    if rank == 0:
+        ports += [
+            {"name": "weight-sync", "containerPort": settings.weight_sync_port, "protocol": "TCP"},
+            {"name": "metrics", "containerPort": settings.trainer_metrics_port, "protocol": "TCP"},
+        ]
+        annotations.update(
+            {
+                "prometheus.io/scrape": "true",
+                "prometheus.io/port": str(settings.trainer_metrics_port),
+                "prometheus.io/path": "/metrics",
+            }
+        )
+    container: dict[str, Any] = {
+        "name": "trainer",
+        "image": spec.trainer.image,
+        "imagePullPolicy": settings.image_pull_policy,
+        "command": TRAINER_COMMAND,
+        "args": TRAINER_ARGS,
+        "env": trainer_env(job, settings, attempt, rank, resume_from),
+        "ports": ports,
+        "resources": _resources(
+            spec.trainer.resources.requests,
+            spec.trainer.resources.limits,
+            settings.default_trainer_requests,
+            settings.gpu_resource,
+            spec.trainer.gpus_per_node,
+        ),
+        "volumeMounts": [
+            {"name": "config", "mountPath": CONFIG_DIR, "readOnly": True},
+            {"name": "workspace", "mountPath": WORKSPACE},
+            {"name": "dshm", "mountPath": "/dev/shm"},
+        ],
+        # The trainer writes a one-line failure reason here; the operator shows it in status.message.
+        "terminationMessagePath": "/dev/termination-log",
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+        "securityContext": {"allowPrivilegeEscalation": False},
+    }
+    pod_spec: dict[str, Any] = {
+        "restartPolicy": "Never",
+        "enableServiceLinks": False,
+        "serviceAccountName": trainer_rbac_name(job),
+        "automountServiceAccountToken": True,
+        # Stable DNS through the headless Service: <pod>.<job>-trainer.<namespace>.svc (MASTER_ADDR).
+        "hostname": name,
+        "subdomain": trainer_service_name(job),
+        # Time for the trainer to write a checkpoint after SIGTERM (suspend, eviction, preemption).
+        "terminationGracePeriodSeconds": settings.trainer_termination_grace_seconds,
+        "containers": [container],
+        "volumes": [
+            {"name": "config", "configMap": {"name": config_map_name(job)}},
+            {"name": "workspace", "persistentVolumeClaim": {"claimName": pvc_claim_name(job)}},
+            _shm_volume(settings),
+        ],
+        **pod_placement(job, settings, gpu=True),
+    }
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": _pod_metadata(job, name, "trainer", attempt, {LABEL_NODE_RANK: str(rank)}, annotations),
+        "spec": pod_spec,
+    }
+
+
+def trainer_service(job: Job, settings: OperatorSettings) -> Manifest:
+    # Headless, and publishing not-ready pods: torch.distributed must resolve rank 0 before anything
+    # in the trainer is "ready".
+    return with_hash(
+        {
+            "apiVersion": "v1",
+            "kind": "Service",
+            "metadata": metadata(job, trainer_service_name(job), "trainer"),
+            "spec": {
+                "clusterIP": "None",
+                "publishNotReadyAddresses": True,
+                "selector": selector_labels(job, "trainer"),
+                "ports": [
+                    {"name": "rendezvous", "port": settings.master_port, "protocol": "TCP"},
+                    {"name": "weight-sync", "port": settings.weight_sync_port, "protocol": "TCP"},
+                    {"name": "metrics", "port": settings.trainer_metrics_port, "protocol": "TCP"},
+                ],
+            },
+        }
+    )
+
+
+def gang_pods(job: Job, settings: OperatorSettings, attempt: int, resume_from: str) -> list[Manifest]:
+    """Every pod of one gang incarnation: the vLLM server first, then trainer ranks 0..nodes-1."""
+    pods = [generation_pod(job, settings, attempt, 0)]
+    pods += [trainer_pod(job, settings, attempt, rank, resume_from) for rank in range(job.spec.trainer.nodes)]
+    return pods

@@ -1,0 +1,103 @@
+"""The user's metric service: Deployment + Service `<job>-metric`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from grpo_operator.builders.common import (
+    Job,
+    Manifest,
+    labels,
+    metadata,
+    metric_name,
+    quantity_map,
+    selector_labels,
+    with_hash,
+)
+from grpo_operator.builders.scheduling import pod_placement
+from grpo_operator.settings import OperatorSettings
+
+METRIC_PORT_NAME = "http"
+# The SDK's serve() and most servers read the port from here; the contract's port is spec.metric.port.
+METRIC_PORT_ENV = "GRPO_METRIC_PORT"
+
+
+def metric_resources(job: Job, settings: OperatorSettings) -> dict[str, Any]:
+    res = job.spec.metric.resources
+    requests = quantity_map(res.requests) if res.requests else dict(settings.default_metric_requests)
+    out: dict[str, Any] = {"requests": requests}
+    if res.limits:
+        out["limits"] = quantity_map(res.limits)
+    return out
+
+
+def metric_deployment(job: Job, settings: OperatorSettings) -> Manifest:
+    spec = job.spec.metric
+    port = spec.port
+    env = [{"name": METRIC_PORT_ENV, "value": str(port)}]
+    env += [var.to_dict() for var in spec.env if var.name != METRIC_PORT_ENV]
+    env = [{"name": e["name"], "value": e.get("value", "")} for e in env]
+    container: dict[str, Any] = {
+        "name": "metric",
+        "image": spec.image,
+        "imagePullPolicy": settings.image_pull_policy,
+        "ports": [{"name": METRIC_PORT_NAME, "containerPort": port, "protocol": "TCP"}],
+        "env": env,
+        "resources": metric_resources(job, settings),
+        "readinessProbe": {
+            "httpGet": {"path": "/healthz", "port": METRIC_PORT_NAME},
+            "periodSeconds": 5,
+            "failureThreshold": 3,
+        },
+        # A wedged metric server is restarted by the kubelet; scoring errors in between are counted
+        # by the trainer against metric.errorBudget rather than failing the run.
+        "livenessProbe": {
+            "httpGet": {"path": "/healthz", "port": METRIC_PORT_NAME},
+            "initialDelaySeconds": 10,
+            "periodSeconds": 10,
+            "failureThreshold": 6,
+        },
+        "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}},
+    }
+    pod_spec: dict[str, Any] = {
+        # User code: no Kubernetes API credentials and no service-link environment.
+        "automountServiceAccountToken": False,
+        "enableServiceLinks": False,
+        "securityContext": {"seccompProfile": {"type": "RuntimeDefault"}},
+        "containers": [container],
+        **pod_placement(job, settings, gpu=False),
+    }
+    return with_hash(
+        {
+            "apiVersion": "apps/v1",
+            "kind": "Deployment",
+            "metadata": metadata(job, metric_name(job), "metric"),
+            "spec": {
+                "replicas": spec.replicas,
+                "selector": {"matchLabels": selector_labels(job, "metric")},
+                "template": {"metadata": {"labels": labels(job, "metric")}, "spec": pod_spec},
+            },
+        }
+    )
+
+
+def metric_service(job: Job) -> Manifest:
+    return with_hash(
+        {
+            "apiVersion": "v1",
+            "kind": "Service",
+            "metadata": metadata(job, metric_name(job), "metric"),
+            "spec": {
+                "type": "ClusterIP",
+                "selector": selector_labels(job, "metric"),
+                "ports": [
+                    {
+                        "name": METRIC_PORT_NAME,
+                        "port": job.spec.metric.port,
+                        "targetPort": METRIC_PORT_NAME,
+                        "protocol": "TCP",
+                    }
+                ],
+            },
+        }
+    )

@@ -1,0 +1,55 @@
+"""NetworkPolicies: the vLLM server and the metric service accept traffic only from the job's trainers.
+
+vLLM in dev mode serves /collective_rpc, /sleep and weight-update routes (grpo-trainer.md §4.2): anyone
+who can reach it can change the model being trained. The metric service runs user code. Both are
+closed to everything but this job's trainer pods.
+"""
+
+from __future__ import annotations
+
+from grpo_operator.builders.common import (
+    Job,
+    Manifest,
+    generation_policy_name,
+    metadata,
+    metric_policy_name,
+    selector_labels,
+    with_hash,
+)
+
+
+def generation_network_policy(job: Job) -> Manifest:
+    # All ports: besides HTTP on 8000, NCCL weight transfer opens ephemeral ports in both directions
+    # between trainer rank 0 and the vLLM workers, and NCCL cannot be pinned to a port range.
+    return with_hash(
+        {
+            "apiVersion": "networking.k8s.io/v1",
+            "kind": "NetworkPolicy",
+            "metadata": metadata(job, generation_policy_name(job), "generation"),
+            "spec": {
+                "podSelector": {"matchLabels": selector_labels(job, "generation")},
+                "policyTypes": ["Ingress"],
+                "ingress": [{"from": [{"podSelector": {"matchLabels": selector_labels(job, "trainer")}}]}],
+            },
+        }
+    )
+
+
+def metric_network_policy(job: Job) -> Manifest:
+    return with_hash(
+        {
+            "apiVersion": "networking.k8s.io/v1",
+            "kind": "NetworkPolicy",
+            "metadata": metadata(job, metric_policy_name(job), "metric"),
+            "spec": {
+                "podSelector": {"matchLabels": selector_labels(job, "metric")},
+                "policyTypes": ["Ingress"],
+                "ingress": [
+                    {
+                        "from": [{"podSelector": {"matchLabels": selector_labels(job, "trainer")}}],
+                        "ports": [{"protocol": "TCP", "port": job.spec.metric.port}],
+                    }
+                ],
+            },
+        }
+    )

@@ -1,0 +1,63 @@
+"""Placement of the job's pods: the spec's scheduling passthrough, GPU node selection, Kueue labels."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from grpo_operator.builders.common import (
+    KUEUE_GROUP_COUNT_ANNOTATION,
+    KUEUE_GROUP_LABEL,
+    KUEUE_QUEUE_LABEL,
+    Job,
+)
+from grpo_operator.settings import OperatorSettings
+
+
+def pod_placement(job: Job, settings: OperatorSettings, *, gpu: bool) -> dict[str, Any]:
+    """nodeSelector, tolerations, affinity and priorityClassName for one pod spec.
+
+    GPU pods also get the GPU node selector and toleration from the operator settings; the user's
+    entries come on top (a user selector for the same key wins, so a user can pin a GPU product).
+    """
+    sched = job.spec.scheduling
+    node_selector: dict[str, str] = dict(settings.gpu_node_selector) if gpu else {}
+    node_selector.update(sched.node_selector)
+    tolerations: list[dict[str, Any]] = [dict(t) for t in settings.gpu_tolerations] if gpu else []
+    for toleration in sched.tolerations:
+        entry = toleration.to_dict()
+        if entry not in tolerations:
+            tolerations.append(entry)
+    out: dict[str, Any] = {}
+    if node_selector:
+        out["nodeSelector"] = node_selector
+    if tolerations:
+        out["tolerations"] = tolerations
+    if sched.affinity is not None:
+        affinity = sched.affinity.to_dict()
+        if affinity:
+            out["affinity"] = affinity
+    if sched.priority_class_name:
+        out["priorityClassName"] = sched.priority_class_name
+    return out
+
+
+def gang_size(job: Job) -> int:
+    """Pods Kueue must admit together: every trainer pod plus the vLLM server."""
+    return job.spec.trainer.nodes + 1
+
+
+def kueue_group_name(job: Job, attempt: int) -> str:
+    # One Kueue workload per gang incarnation: a restarted gang is a new group, so Kueue never waits
+    # for the deleted pods of the previous attempt to come back.
+    return f"{job.name}-a{attempt}"
+
+
+def kueue_labels(job: Job, attempt: int) -> tuple[dict[str, str], dict[str, str]]:
+    """(labels, annotations) that make Kueue admit the gang's pods as one pod group, or empty."""
+    queue = job.spec.scheduling.queue_name
+    if not queue:
+        return {}, {}
+    return (
+        {KUEUE_QUEUE_LABEL: queue, KUEUE_GROUP_LABEL: kueue_group_name(job, attempt)},
+        {KUEUE_GROUP_COUNT_ANNOTATION: str(gang_size(job))},
+    )

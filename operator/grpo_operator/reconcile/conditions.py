@@ -1,0 +1,60 @@
+"""Status conditions in the metav1.Condition style, and timestamps as the API writes them."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+# Condition types the operator maintains (docs/operations.md explains each).
+SCHEDULED = "Scheduled"
+RUNNING = "Running"
+SUSPENDED = "Suspended"
+SUCCEEDED = "Succeeded"
+FAILED = "Failed"
+CONDITION_ORDER = (SCHEDULED, RUNNING, SUSPENDED, SUCCEEDED, FAILED)
+
+MAX_MESSAGE = 4096
+
+
+def format_time(moment: datetime) -> str:
+    """RFC 3339 in UTC with second precision, the way the API server writes metav1.Time."""
+    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def truncate(message: str, limit: int = MAX_MESSAGE) -> str:
+    return message if len(message) <= limit else message[: limit - 3] + "..."
+
+
+def set_condition(
+    conditions: list[dict[str, Any]],
+    type_: str,
+    status: str,
+    reason: str,
+    message: str,
+    now: datetime,
+    generation: int | None,
+) -> list[dict[str, Any]]:
+    """A new list with condition ``type_`` set; lastTransitionTime moves only when status changes."""
+    previous = next((c for c in conditions if c.get("type") == type_), None)
+    transition = (
+        previous["lastTransitionTime"]
+        if previous is not None and previous.get("status") == status and previous.get("lastTransitionTime")
+        else format_time(now)
+    )
+    updated: dict[str, Any] = {
+        "type": type_,
+        "status": status,
+        "reason": reason,
+        "message": truncate(message),
+        "lastTransitionTime": transition,
+    }
+    if generation is not None:
+        updated["observedGeneration"] = generation
+    others = [c for c in conditions if c.get("type") != type_]
+    merged = [*others, updated]
+    order = {t: i for i, t in enumerate(CONDITION_ORDER)}
+    return sorted(merged, key=lambda c: order.get(str(c.get("type")), len(order)))
+
+
+def get_condition(conditions: list[dict[str, Any]], type_: str) -> dict[str, Any] | None:
+    return next((c for c in conditions if c.get("type") == type_), None)

@@ -1,0 +1,584 @@
+"""The one reconcile function: (job, observed children, now, settings) -> Plan. Pure and level-based.
+
+It never remembers anything between calls: every decision is derived from the job object (spec and
+the operator's own status fields) and the children as they are now. Running it again on the result
+of its own plan yields an empty plan, and an operator killed half-way through executing a plan
+reaches the same decisions after a restart, so children are never duplicated (deterministic names).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from pydantic import ValidationError
+
+from grpo_operator.api.resource import compute_rollouts
+from grpo_operator.api.status import TERMINAL_PHASES
+from grpo_operator.builders import Job, Manifest, gang_hash, gang_pods, infrastructure, job_from_object
+from grpo_operator.builders.children import metric_workload
+from grpo_operator.builders.common import ANNOTATION_HASH, generation_pod_name, metric_name, trainer_pod_name
+from grpo_operator.reconcile.conditions import (
+    FAILED,
+    RUNNING,
+    SCHEDULED,
+    SUCCEEDED,
+    SUSPENDED,
+    format_time,
+    get_condition,
+    set_condition,
+    truncate,
+)
+from grpo_operator.reconcile.observed import Observed, PodView, parse_time
+from grpo_operator.reconcile.plan import ChildRef, Event, Plan, Restart
+from grpo_operator.settings import OperatorSettings
+
+# Status fields the operator owns. The trainer owns progress, rewards and checkpoint; the operator
+# reads them but never writes them (its status patch never names them).
+OWNED_STATUS_FIELDS = (
+    "phase",
+    "reason",
+    "message",
+    "conditions",
+    "restarts",
+    "trainerAttempt",
+    "rollouts",
+    "startTime",
+    "completionTime",
+    "observedGeneration",
+)
+
+GANG_ROLES = ("trainer", "generation")
+
+# DisruptionTarget / pod status reasons -> the restart reason the operator reports.
+_DISRUPTION_REASONS = {
+    "EvictionByEvictionAPI": "Evicted",
+    "Evicted": "Evicted",
+    "PreemptionByScheduler": "Preempted",
+    "PreemptionByKubeScheduler": "Preempted",
+    "Preempted": "Preempted",
+    "Preempting": "Preempted",
+    "DeletionByTaintManager": "NodeLost",
+    "DeletionByPodGC": "NodeLost",
+    "NodeLost": "NodeLost",
+    "TerminationByKubelet": "NodeShutdown",
+    "Shutdown": "NodeShutdown",
+    "NodeShutdown": "NodeShutdown",
+    "Terminated": "NodeShutdown",
+    "PodDeleted": "PodDeleted",
+}
+
+_MIN_REQUEUE = 1.0
+
+
+@dataclass
+class _Step:
+    """Mutable working state of one reconcile: the job's status as it was and as it will be."""
+
+    obj: dict[str, Any]
+    now: datetime
+    settings: OperatorSettings
+    old: dict[str, Any]
+    new: dict[str, Any]
+    plan: Plan = field(default_factory=Plan)
+    requeue: list[float] = field(default_factory=list)
+
+    @property
+    def generation(self) -> int | None:
+        value = (self.obj.get("metadata") or {}).get("generation")
+        return int(value) if value is not None else None
+
+    @property
+    def old_phase(self) -> str | None:
+        phase = self.old.get("phase")
+        return str(phase) if phase else None
+
+    @property
+    def attempt(self) -> int:
+        return int(self.new.get("trainerAttempt") or 0)
+
+    @property
+    def restarts(self) -> int:
+        return int(self.new.get("restarts") or 0)
+
+    @property
+    def checkpoint_path(self) -> str:
+        checkpoint = self.old.get("checkpoint") or {}
+        return str(checkpoint.get("path") or "")
+
+    @property
+    def checkpoint_step(self) -> int | None:
+        step = (self.old.get("checkpoint") or {}).get("lastStep")
+        return int(step) if step is not None else None
+
+    def condition(self, type_: str, status: str, reason: str, message: str) -> None:
+        conditions = list(self.new.get("conditions") or [])
+        self.new["conditions"] = set_condition(
+            conditions, type_, status, reason, message, self.now, self.generation
+        )
+
+    def drop_condition(self, type_: str) -> None:
+        conditions = [c for c in self.new.get("conditions") or [] if c.get("type") != type_]
+        self.new["conditions"] = conditions
+
+    def set_phase(self, phase: str, reason: str, message: str) -> None:
+        self.new["phase"] = phase
+        self.new["reason"] = reason
+        self.new["message"] = truncate(message)
+
+    def event(self, type_: str, reason: str, message: str) -> None:
+        assert type_ in ("Normal", "Warning")
+        self.plan.events.append(Event(type_, reason, truncate(message, 1024)))  # type: ignore[arg-type]
+
+    def requeue_at(self, moment: datetime) -> None:
+        self.requeue.append(max(_MIN_REQUEUE, (moment - self.now).total_seconds()))
+
+    def finish(self) -> Plan:
+        patch = {k: self.new.get(k) for k in OWNED_STATUS_FIELDS if self.new.get(k) != self.old.get(k)}
+        self.plan.status = patch or None
+        self.plan.phase = self.new.get("phase")
+        if self.requeue:
+            self.plan.requeue_after = min(self.requeue)
+        return self.plan
+
+
+def reconcile(job_obj: dict[str, Any], observed: Observed, now: datetime, settings: OperatorSettings) -> Plan:
+    """Decide what to do for one GRPOJob. ``now`` is timezone-aware."""
+    old = dict(job_obj.get("status") or {})
+    new = {k: old[k] for k in OWNED_STATUS_FIELDS if k in old}
+    step = _Step(obj=job_obj, now=now, settings=settings, old=old, new=new)
+    if (job_obj.get("metadata") or {}).get("deletionTimestamp"):
+        # No finalizer: the garbage collector removes the children through their owner references.
+        step.plan.phase = step.old_phase
+        return step.plan
+
+    try:
+        job = job_from_object(job_obj)
+    except ValidationError as exc:
+        return _invalid_spec(step, exc)
+
+    step.new["observedGeneration"] = step.generation
+    step.new["rollouts"] = compute_rollouts(job.spec)
+
+    if step.old_phase in TERMINAL_PHASES:
+        _clean_up_finished(step, job, observed)
+        _ttl(step, job)
+        return step.finish()
+
+    _ensure(step, observed, infrastructure(job, settings))
+
+    if job.spec.suspend:
+        _suspend(step, job, observed)
+        return step.finish()
+
+    _ensure(step, observed, metric_workload(job, settings))
+
+    if step.old_phase == "Suspended":
+        _resume(step, job)
+    elif step.attempt == 0:
+        _start(step, job)
+
+    if _active_deadline(step, job, observed):
+        return step.finish()
+    _run_gang(step, job, observed)
+    return step.finish()
+
+
+# --- lifecycle steps --------------------------------------------------------------------------------------
+
+
+def _invalid_spec(step: _Step, exc: ValidationError) -> Plan:
+    errors = "; ".join(
+        f"spec.{'.'.join(str(p) for p in err['loc'])}: {err['msg']}" if err["loc"] else err["msg"]
+        for err in exc.errors()
+    )
+    message = (
+        f"the spec is invalid and cannot be run: {errors}. Fix the spec (kubectl edit) or recreate the job."
+    )
+    if step.old_phase != "Failed":
+        step.set_phase("Failed", "InvalidSpec", message)
+        step.new["completionTime"] = format_time(step.now)
+        step.condition(FAILED, "True", "InvalidSpec", message)
+        step.event("Warning", "InvalidSpec", message)
+    return step.finish()
+
+
+def _start(step: _Step, job: Job) -> None:
+    step.new["trainerAttempt"] = 1
+    step.new.setdefault("restarts", 0)
+    step.new["startTime"] = format_time(step.now)
+    trainers = job.spec.trainer.nodes
+    step.set_phase("Pending", "Creating", "creating the job's children and its first gang of pods")
+    step.event(
+        "Normal",
+        "Created",
+        f"created the job's children and gang attempt 1: 1 vLLM pod ({job.spec.generation.gpus} GPU) and "
+        f"{trainers} trainer pod{'s' if trainers > 1 else ''} ({job.spec.trainer.gpus_per_node} GPU each)",
+    )
+
+
+def _suspend(step: _Step, job: Job, observed: Observed) -> None:
+    _delete_pods(step, observed, lambda pod: pod.role in GANG_ROLES)
+    _delete_metric_workload(step, job, observed)
+    if step.old_phase != "Suspended":
+        message = (
+            "spec.suspend is true: all pods are stopped; the volume and status are kept. "
+            "Set spec.suspend to false to resume from the last checkpoint."
+        )
+        step.set_phase("Suspended", "Suspended", message)
+        step.condition(SUSPENDED, "True", "Suspended", message)
+        step.condition(RUNNING, "False", "Suspended", "the job is suspended")
+        step.drop_condition(SCHEDULED)
+        step.event("Normal", "Suspended", message)
+
+
+def _resume(step: _Step, job: Job) -> None:
+    attempt = step.attempt + 1
+    step.new["trainerAttempt"] = attempt
+    step.new.setdefault("restarts", 0)
+    # Like a Kubernetes Job: the active deadline counts from the last resume.
+    step.new["startTime"] = format_time(step.now)
+    where = _resume_point(step)
+    step.set_phase("Pending", "Resumed", f"resumed with gang attempt {attempt}, {where}")
+    step.condition(SUSPENDED, "False", "Resumed", f"resumed, {where}")
+    step.event("Normal", "Resumed", f"spec.suspend is false: starting gang attempt {attempt}, {where}")
+    if step.checkpoint_path:
+        step.event("Normal", "ResumedFromCheckpoint", f"gang attempt {attempt} {where}")
+
+
+def _resume_point(step: _Step) -> str:
+    if step.checkpoint_path:
+        at = f" (step {step.checkpoint_step})" if step.checkpoint_step is not None else ""
+        return f"resuming from checkpoint {step.checkpoint_path}{at}"
+    return "starting from scratch (no checkpoint yet)"
+
+
+def _active_deadline(step: _Step, job: Job, observed: Observed) -> bool:
+    limit = job.spec.run_policy.active_deadline_seconds
+    started = parse_time(step.new.get("startTime"))
+    if limit is None or started is None:
+        return False
+    deadline = started + timedelta(seconds=limit)
+    if step.now < deadline:
+        step.requeue_at(deadline)
+        return False
+    _fail(
+        step,
+        job,
+        observed,
+        "DeadlineExceeded",
+        f"the job ran longer than spec.runPolicy.activeDeadlineSeconds ({limit}s)",
+    )
+    return True
+
+
+def _run_gang(step: _Step, job: Job, observed: Observed) -> None:
+    """The gang of the current attempt: detect success, failures, disruptions, stalls and drift;
+    otherwise create what is missing and report how far the pods got."""
+    attempt = step.attempt
+    nodes = observed.nodes
+    gang = [p for p in observed.pods() if p.role in GANG_ROLES]
+    current = {p.name: p for p in gang if p.attempt == attempt}
+    expected = [generation_pod_name(job, attempt, 0)] + [
+        trainer_pod_name(job, attempt, rank) for rank in range(job.spec.trainer.nodes)
+    ]
+    was_running = step.old_phase == "Running"
+
+    rank0 = current.get(trainer_pod_name(job, attempt, 0))
+    if rank0 is not None and rank0.phase == "Succeeded" and rank0.disruption(nodes) is None:
+        _succeed(step, job, observed)
+        return
+
+    failures: list[PodView] = []
+    disruptions: list[tuple[str, str]] = []  # (reason, message)
+    for name in expected:
+        pod = current.get(name)
+        if pod is None:
+            if was_running:
+                disruptions.append(("PodDeleted", f"pod {name} disappeared while the gang was running"))
+            continue
+        why = pod.disruption(nodes)
+        if why is not None:
+            reason = _DISRUPTION_REASONS.get(why, why)
+            disruptions.append((reason, f"{pod.role} pod {name} was stopped from outside the job ({why})"))
+        elif pod.phase == "Failed" or (pod.phase == "Succeeded" and pod.role == "generation"):
+            failures.append(pod)
+
+    if failures:
+        first = failures[0]
+        summary = first.failure_summary()
+        reason = "TrainerFailed" if first.role == "trainer" else "GenerationFailed"
+        term = first.termination()
+        if first.role == "trainer" and term and term.exit_code in step.settings.permanent_exit_codes:
+            _fail(
+                step,
+                job,
+                observed,
+                "PermanentFailure",
+                f"{summary} (exit code {term.exit_code} means the configuration is invalid; retrying cannot "
+                "help: fix the spec and recreate the job)",
+            )
+            return
+        _restart_or_fail(step, job, observed, reason, summary, counted=True)
+        return
+    if disruptions:
+        reason, message = disruptions[0]
+        _restart_or_fail(step, job, observed, reason, message, counted=False)
+        return
+
+    desired_hash = gang_hash(job)
+    drifted = [p.name for p in current.values() if p.spec_hash != desired_hash]
+    if drifted:
+        _restart_or_fail(
+            step,
+            job,
+            observed,
+            "SpecChanged",
+            f"the spec changed; pods {', '.join(sorted(drifted))} no longer match it",
+            counted=False,
+        )
+        return
+
+    # Steady state: create missing pods, remove pods of earlier attempts, report progress.
+    resume_from = next(
+        (p.resume_from for p in current.values() if p.role == "trainer" and p.resume_from is not None),
+        step.checkpoint_path,
+    )
+    for manifest in gang_pods(job, step.settings, attempt, resume_from):
+        if manifest["metadata"]["name"] not in current:
+            step.plan.creates.append(manifest)
+    _delete_pods(step, observed, lambda pod: pod.role in GANG_ROLES and pod.attempt != attempt)
+
+    present = [current[name] for name in expected if name in current]
+    all_running = len(present) == len(expected) and all(p.phase == "Running" for p in present)
+    if all_running:
+        if _stalled(step, job, observed):
+            return
+        step.condition(SCHEDULED, "True", "AllPodsScheduled", f"all {len(expected)} pods are scheduled")
+        step.condition(
+            RUNNING, "True", "AllPodsRunning", f"all {len(expected)} pods of attempt {attempt} run"
+        )
+        _not_suspended(step)
+        if step.old_phase != "Running":
+            message = (
+                f"gang attempt {attempt} is running: 1 vLLM pod and {job.spec.trainer.nodes} trainer pod(s)"
+            )
+            step.set_phase("Running", "AllPodsRunning", message)
+            step.event("Normal", "Running", message)
+        return
+
+    _waiting(step, job, observed, expected, present)
+
+
+def _waiting(step: _Step, job: Job, observed: Observed, expected: list[str], present: list[PodView]) -> None:
+    """Pods exist (or are being created) but not all run: Pending, Initializing or Restarting."""
+    attempt = step.attempt
+    blocked = next(((p, p.unschedulable()) for p in present if p.unschedulable() is not None), None)
+    if blocked is not None:
+        pod, (why, detail) = blocked[0], blocked[1]  # type: ignore[misc]
+        if why == "SchedulingGated":
+            reason = "WaitingForAdmission"
+            message = f"pod {pod.name} is not yet admitted by its queue: {detail}"
+        else:
+            reason = "Unschedulable"
+            message = f"pod {pod.name} cannot be scheduled: {detail}"
+        step.condition(SCHEDULED, "False", reason, message)
+        step.condition(RUNNING, "False", "Pending", message)
+        if step.new.get("reason") != reason or step.old_phase != "Pending":
+            step.event("Warning", reason, message)
+        step.set_phase("Pending", reason, message)
+    else:
+        all_scheduled = len(present) == len(expected) and all(p.scheduled for p in present)
+        if all_scheduled:
+            step.condition(SCHEDULED, "True", "AllPodsScheduled", f"all {len(expected)} pods are scheduled")
+        else:
+            step.condition(SCHEDULED, "False", "Scheduling", "waiting for the scheduler to place the pods")
+        waiting = next(((p, p.waiting()) for p in present if p.waiting() is not None), None)
+        if step.old_phase == "Restarting":
+            phase, reason = "Restarting", str(step.new.get("reason") or "Restarting")
+            message = str(step.new.get("message") or "")
+        elif all_scheduled:
+            phase, reason = "Initializing", "ContainersStarting"
+            message = f"all pods of gang attempt {attempt} are scheduled; containers are starting"
+            if waiting is not None:
+                pod, (why, detail) = waiting[0], waiting[1]  # type: ignore[misc]
+                reason = why
+                message = f"pod {pod.name} is waiting: {why}{': ' + detail if detail else ''}"
+        else:
+            phase, reason = "Pending", "Scheduling"
+            message = f"gang attempt {attempt}: waiting for {len(expected)} pods to be created and scheduled"
+        step.condition(RUNNING, "False", phase, message)
+        step.set_phase(phase, reason, message)
+    _not_suspended(step)
+    _startup_deadline(step, job, observed, present)
+
+
+def _not_suspended(step: _Step) -> None:
+    suspended = get_condition(list(step.new.get("conditions") or []), SUSPENDED)
+    if suspended is not None and suspended.get("status") == "True":
+        step.condition(SUSPENDED, "False", "Resumed", "the job was resumed")
+
+
+def _startup_deadline(step: _Step, job: Job, observed: Observed, present: list[PodView]) -> None:
+    """No Running within runPolicy.startupDeadlineSeconds of the attempt's pods being created: fail."""
+    created = [p.created for p in present if p.created is not None]
+    if not created:
+        return
+    limit = job.spec.run_policy.startup_deadline_seconds
+    deadline = min(created) + timedelta(seconds=limit)
+    if step.now < deadline:
+        step.requeue_at(deadline)
+        return
+    why = str(step.new.get("message") or "")
+    # The Failed event says it all; a Pending/Unschedulable event from this same reconcile would repeat it.
+    step.plan.events = [e for e in step.plan.events if e.type == "Normal"]
+    _fail(
+        step,
+        job,
+        observed,
+        "StartupDeadlineExceeded",
+        f"gang attempt {step.attempt} was not running within spec.runPolicy.startupDeadlineSeconds "
+        f"({limit}s): {why}",
+    )
+
+
+def _stalled(step: _Step, job: Job, observed: Observed) -> bool:
+    """Running, but no step advance for runPolicy.progressDeadlineSeconds: a stall (counted restart)."""
+    limit = job.spec.run_policy.progress_deadline_seconds
+    running = get_condition(list(step.old.get("conditions") or []), RUNNING)
+    since = (
+        parse_time(running.get("lastTransitionTime"))
+        if running is not None and running.get("status") == "True" and step.old_phase == "Running"
+        else None
+    )
+    if since is None:
+        since = step.now  # the gang becomes Running with this reconcile: the clock starts now
+    last_step = parse_time((step.old.get("progress") or {}).get("lastStepTime"))
+    base = max(since, last_step) if last_step is not None else since
+    deadline = base + timedelta(seconds=limit)
+    if step.now < deadline:
+        step.requeue_at(deadline)
+        return False
+    step_no = (step.old.get("progress") or {}).get("step")
+    at = f" (last step {step_no})" if step_no is not None else " (no step completed yet)"
+    _restart_or_fail(
+        step,
+        job,
+        observed,
+        "ProgressDeadlineExceeded",
+        f"no training step completed for {limit}s{at}: the gang is considered stalled",
+        counted=True,
+    )
+    return True
+
+
+def _restart_or_fail(
+    step: _Step, job: Job, observed: Observed, reason: str, message: str, *, counted: bool
+) -> None:
+    limit = job.spec.run_policy.backoff_limit
+    if counted and step.restarts >= limit:
+        _fail(
+            step,
+            job,
+            observed,
+            "BackoffLimitExceeded",
+            f"{message}; spec.runPolicy.backoffLimit ({limit}) is exhausted after {step.restarts} restart(s)",
+        )
+        return
+    _restart(step, job, observed, reason, message, counted=counted)
+
+
+def _restart(step: _Step, job: Job, observed: Observed, reason: str, message: str, *, counted: bool) -> None:
+    """Replace the whole gang by a new attempt that resumes from the last verified checkpoint."""
+    attempt = step.attempt + 1
+    restarts = step.restarts + (1 if counted else 0)
+    limit = job.spec.run_policy.backoff_limit
+    budget = f"restart {restarts}/{limit}" if counted else "not counted against backoffLimit"
+    where = _resume_point(step)
+    step.new["trainerAttempt"] = attempt
+    step.new["restarts"] = restarts
+    full = f"{message}; restarting the gang as attempt {attempt} ({budget}), {where}"
+    step.set_phase("Restarting", reason, full)
+    step.condition(RUNNING, "False", "Restarting", full)
+    step.event("Warning", "Restarting", full)
+    if step.checkpoint_path:
+        step.event("Normal", "ResumedFromCheckpoint", f"gang attempt {attempt} {where}")
+    step.plan.restart = Restart(reason=reason, counted=counted, message=message)
+    _delete_pods(step, observed, lambda pod: pod.role in GANG_ROLES)
+    step.plan.creates.extend(gang_pods(job, step.settings, attempt, step.checkpoint_path))
+
+
+def _fail(step: _Step, job: Job, observed: Observed, reason: str, message: str) -> None:
+    step.set_phase("Failed", reason, message)
+    step.new["completionTime"] = format_time(step.now)
+    step.condition(FAILED, "True", reason, message)
+    step.condition(RUNNING, "False", "Failed", message)
+    step.event("Warning", "Failed", message)
+    _clean_up_finished(step, job, observed)
+    _ttl(step, job)
+
+
+def _succeed(step: _Step, job: Job, observed: Observed) -> None:
+    progress = step.old.get("progress") or {}
+    steps = progress.get("step")
+    done = f" after {steps}/{job.spec.grpo.steps} steps" if steps is not None else ""
+    message = f"training finished{done}: trainer rank 0 exited successfully"
+    step.set_phase("Succeeded", "Completed", message)
+    step.new["completionTime"] = format_time(step.now)
+    step.condition(SUCCEEDED, "True", "Completed", message)
+    step.condition(RUNNING, "False", "Succeeded", message)
+    step.event("Normal", "Succeeded", message)
+    _clean_up_finished(step, job, observed)
+    _ttl(step, job)
+
+
+def _clean_up_finished(step: _Step, job: Job, observed: Observed) -> None:
+    """A finished job keeps its config, volume, Services and terminated trainer pods (for logs); the vLLM
+    server, still-running pods and the metric service are stopped."""
+    _delete_pods(
+        step,
+        observed,
+        lambda pod: pod.role == "generation" or (pod.role == "trainer" and not pod.finished),
+    )
+    _delete_metric_workload(step, job, observed)
+
+
+def _ttl(step: _Step, job: Job) -> None:
+    ttl = job.spec.run_policy.ttl_seconds_after_finished
+    finished = parse_time(step.new.get("completionTime"))
+    if ttl is None or finished is None:
+        return
+    expiry = finished + timedelta(seconds=ttl)
+    if step.now >= expiry:
+        step.plan.delete_job = True
+    else:
+        step.requeue_at(expiry)
+
+
+# --- children -----------------------------------------------------------------------------------------------
+
+
+def _ensure(step: _Step, observed: Observed, desired: list[Manifest]) -> None:
+    """Apply every desired child that is missing or differs from the spec (by its spec-hash)."""
+    for manifest in desired:
+        current = observed.get(manifest["kind"], manifest["metadata"]["name"])
+        want = manifest["metadata"].get("annotations", {}).get(ANNOTATION_HASH)
+        have = ((current or {}).get("metadata") or {}).get("annotations", {}).get(ANNOTATION_HASH)
+        if current is None or have != want:
+            step.plan.applies.append(manifest)
+
+
+def _delete_pods(step: _Step, observed: Observed, which: Any) -> None:
+    for pod in observed.pods():
+        if which(pod) and not pod.terminating:
+            ref = ChildRef("v1", "Pod", pod.name)
+            if ref not in step.plan.deletes:
+                step.plan.deletes.append(ref)
+
+
+def _delete_metric_workload(step: _Step, job: Job, observed: Observed) -> None:
+    if observed.get("Deployment", metric_name(job)) is not None:
+        ref = ChildRef("apps/v1", "Deployment", metric_name(job))
+        if ref not in step.plan.deletes:
+            step.plan.deletes.append(ref)

@@ -1,0 +1,217 @@
+"""The job's children as read from the API server, and what a pod's status says about it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from grpo_operator.builders.common import (
+    ANNOTATION_HASH,
+    ANNOTATION_RESUME_FROM,
+    LABEL_ATTEMPT,
+    LABEL_NODE_RANK,
+    LABEL_ROLE,
+)
+
+Obj = dict[str, Any]
+
+# Pod status reasons set when a pod is stopped by the platform rather than by its own failure
+# (kubelet node-pressure eviction, preemption, graceful node shutdown, node loss).
+DISRUPTION_STATUS_REASONS = frozenset(
+    {"Evicted", "Preempted", "Preempting", "NodeLost", "Shutdown", "NodeShutdown", "Terminated"}
+)
+
+
+def parse_time(value: Any) -> datetime | None:
+    """An RFC 3339 timestamp from the API (always UTC, 'Z' suffix) as an aware datetime."""
+    if not isinstance(value, str) or not value:
+        return None
+    try:
+        return datetime.fromisoformat(value)
+    except ValueError:
+        return None
+
+
+@dataclass(frozen=True)
+class Observed:
+    """Every child of one job (objects labelled grpo.dev/job=<job> in its namespace), each with its
+    ``kind`` set, plus the names of the cluster's nodes when known (None: not checked)."""
+
+    objects: tuple[Obj, ...] = ()
+    nodes: frozenset[str] | None = None
+
+    def of_kind(self, kind: str) -> list[Obj]:
+        return [o for o in self.objects if o.get("kind") == kind]
+
+    def get(self, kind: str, name: str) -> Obj | None:
+        for obj in self.objects:
+            if obj.get("kind") == kind and (obj.get("metadata") or {}).get("name") == name:
+                return obj
+        return None
+
+    def pods(self) -> list[PodView]:
+        return [PodView(p) for p in self.of_kind("Pod")]
+
+
+@dataclass(frozen=True)
+class Termination:
+    """How a pod's main container ended."""
+
+    exit_code: int | None
+    reason: str
+    message: str
+
+
+class PodView:
+    """Read-only interpretation of one pod of the gang."""
+
+    def __init__(self, obj: Obj) -> None:
+        self.obj = obj
+        self.meta: Obj = obj.get("metadata") or {}
+        self.spec: Obj = obj.get("spec") or {}
+        self.status: Obj = obj.get("status") or {}
+
+    @property
+    def name(self) -> str:
+        return str(self.meta.get("name", ""))
+
+    @property
+    def labels(self) -> dict[str, str]:
+        return dict(self.meta.get("labels") or {})
+
+    @property
+    def annotations(self) -> dict[str, str]:
+        return dict(self.meta.get("annotations") or {})
+
+    @property
+    def role(self) -> str | None:
+        return self.labels.get(LABEL_ROLE)
+
+    @property
+    def attempt(self) -> int | None:
+        return _int(self.labels.get(LABEL_ATTEMPT))
+
+    @property
+    def node_rank(self) -> int | None:
+        return _int(self.labels.get(LABEL_NODE_RANK))
+
+    @property
+    def spec_hash(self) -> str | None:
+        return self.annotations.get(ANNOTATION_HASH)
+
+    @property
+    def resume_from(self) -> str | None:
+        return self.annotations.get(ANNOTATION_RESUME_FROM)
+
+    @property
+    def phase(self) -> str:
+        return str(self.status.get("phase") or "Pending")
+
+    @property
+    def finished(self) -> bool:
+        return self.phase in ("Succeeded", "Failed")
+
+    @property
+    def created(self) -> datetime | None:
+        return parse_time(self.meta.get("creationTimestamp"))
+
+    @property
+    def terminating(self) -> bool:
+        return bool(self.meta.get("deletionTimestamp"))
+
+    @property
+    def node_name(self) -> str | None:
+        value = self.spec.get("nodeName")
+        return str(value) if value else None
+
+    def condition(self, type_: str) -> Obj | None:
+        for cond in self.status.get("conditions") or []:
+            if cond.get("type") == type_:
+                return dict(cond)
+        return None
+
+    def disruption(self, nodes: frozenset[str] | None) -> str | None:
+        """Why the platform stopped this pod, or None if it was not stopped from outside.
+
+        Disruptions are not the job's fault and never count against backoffLimit: an eviction (API or
+        node pressure), a preemption, a taint-manager or pod-GC deletion, a node that disappeared, or
+        any deletion of a pod the operator did not delete itself.
+        """
+        target = self.condition("DisruptionTarget")
+        if target and target.get("status") == "True":
+            return str(target.get("reason") or "DisruptionTarget")
+        reason = self.status.get("reason")
+        if reason in DISRUPTION_STATUS_REASONS:
+            return str(reason)
+        if nodes is not None and self.node_name and self.node_name not in nodes:
+            return "NodeLost"
+        if self.terminating:
+            return "PodDeleted"
+        return None
+
+    def unschedulable(self) -> tuple[str, str] | None:
+        """(reason, scheduler message) when the scheduler could not place the pod (or it is gated)."""
+        cond = self.condition("PodScheduled")
+        if cond and cond.get("status") == "False":
+            return str(cond.get("reason") or "Unschedulable"), str(cond.get("message") or "")
+        if self.spec.get("schedulingGates"):
+            gates = ", ".join(str(g.get("name")) for g in self.spec["schedulingGates"])
+            return "SchedulingGated", f"waiting for scheduling gates to be removed: {gates}"
+        return None
+
+    @property
+    def scheduled(self) -> bool:
+        cond = self.condition("PodScheduled")
+        return bool(self.node_name) or bool(cond and cond.get("status") == "True")
+
+    def waiting(self) -> tuple[str, str] | None:
+        """(reason, message) of a container that waits, e.g. ImagePullBackOff."""
+        for status in self.status.get("containerStatuses") or []:
+            waiting = (status.get("state") or {}).get("waiting")
+            if waiting and waiting.get("reason"):
+                return str(waiting["reason"]), str(waiting.get("message") or "")
+        return None
+
+    def termination(self) -> Termination | None:
+        """How the pod's first terminated container ended (its termination message is the trainer's
+        one-line failure reason)."""
+        for status in self.status.get("containerStatuses") or []:
+            term = (status.get("state") or {}).get("terminated")
+            if term:
+                code = term.get("exitCode")
+                return Termination(
+                    exit_code=int(code) if code is not None else None,
+                    reason=str(term.get("reason") or ""),
+                    message=str(term.get("message") or "").strip(),
+                )
+        return None
+
+    def failure_summary(self) -> str:
+        """One line for status.message and events: which pod failed and why."""
+        term = self.termination()
+        what = f"{self.role or 'pod'} pod {self.name} failed"
+        if term is None:
+            reason = self.status.get("reason") or "unknown reason"
+            detail = self.status.get("message") or ""
+            return f"{what}: {reason}{': ' + str(detail) if detail else ''}"
+        parts = [f"exit code {term.exit_code}" if term.exit_code is not None else "no exit code"]
+        if term.reason and term.reason not in ("Error", "Completed"):
+            parts.append(term.reason)
+        if term.message:
+            parts.append(_one_line(term.message))
+        return f"{what}: {'; '.join(parts)}"
+
+
+def _int(value: Any) -> int | None:
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return None
+
+
+def _one_line(text: str, limit: int = 512) -> str:
+    # FallbackToLogsOnError can put a log tail here; the last non-empty line is the useful one.
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    line = lines[-1] if lines else ""
+    return line if len(line) <= limit else line[: limit - 3] + "..."

@@ -1,0 +1,67 @@
+"""What one reconcile decided: the actions for the handlers to carry out, in order."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+Manifest = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class ChildRef:
+    """A child object by kind and name (the namespace is the job's)."""
+
+    api_version: str
+    kind: str
+    name: str
+
+
+@dataclass(frozen=True)
+class Event:
+    """A Kubernetes Event on the GRPOJob."""
+
+    type: Literal["Normal", "Warning"]
+    reason: str
+    message: str
+
+
+@dataclass(frozen=True)
+class Restart:
+    """A gang restart the plan performs (for events and the operator's metrics)."""
+
+    reason: str
+    counted: bool
+    message: str
+
+
+@dataclass
+class Plan:
+    """The actions of one reconcile, executed by the handlers in this order:
+
+    1. ``status``: merge patch of the operator's status fields, conditional on the resourceVersion the
+       decision was made from. It goes first so that an operator killed half-way re-derives the same
+       decision (a restart bumps trainerAttempt before any pod of the new attempt exists, so the old
+       pods become stale and the new ones missing — never a second restart).
+    2. ``deletes`` then ``applies`` (server-side apply, create-or-update) then ``creates`` (pods;
+       409 AlreadyExists counts as done).
+    3. ``events``, ``delete_job`` (TTL after finishing).
+    """
+
+    status: dict[str, Any] | None = None
+    deletes: list[ChildRef] = field(default_factory=list)
+    applies: list[Manifest] = field(default_factory=list)
+    creates: list[Manifest] = field(default_factory=list)
+    events: list[Event] = field(default_factory=list)
+    delete_job: bool = False
+    # Reconcile again after this many seconds even without a watch event (deadlines, TTL).
+    requeue_after: float | None = None
+    # The phase the job has after this plan (for the operator's jobs-by-phase gauge).
+    phase: str | None = None
+    restart: Restart | None = None
+
+    def is_empty(self) -> bool:
+        """True when the plan changes nothing in the cluster."""
+        return not (
+            self.status or self.deletes or self.applies or self.creates or self.events or self.delete_job
+        )

@@ -1,0 +1,146 @@
+"""Operator-wide settings: what is the same for every GRPOJob this operator runs.
+
+Per-job choices live in the GRPOJob spec; these are the cluster facts (which resource name GPUs have,
+which taint GPU nodes carry, which ports the data plane uses) and the operator's own knobs (how often
+to resync, where to serve /metrics). Pure data, no I/O: builders and reconcile take it as an argument.
+
+Every field can be set from the environment as ``GRPO_OPERATOR_<FIELD NAME IN UPPER CASE>`` (the Helm
+chart does that) and the most common ones from ``grpo-operator run`` flags, which win over the
+environment.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+ENV_PREFIX = "GRPO_OPERATOR_"
+
+
+class SettingsError(ValueError):
+    """A setting from the environment or the command line cannot be used."""
+
+
+@dataclass(frozen=True)
+class OperatorSettings:
+    """Settings shared by every job; see the module docstring for how to set them."""
+
+    # --- where the operator looks and how it reacts ---------------------------------------------------
+    # Namespaces to watch; empty with all_namespaces=True means the whole cluster.
+    namespaces: tuple[str, ...] = ()
+    all_namespaces: bool = False
+    # Every known job is reconciled at least this often, even without any watch event: deadlines and
+    # stall detection are time-based, and a missed watch event must not leave a job unattended.
+    resync_seconds: float = 30.0
+    # Jobs reconciled in parallel. One job is never reconciled by two workers at once.
+    workers: int = 4
+    # Timeout of one Kubernetes API request made by the reconcile loop.
+    api_timeout_seconds: float = 30.0
+    # Port of the HTTP server with /metrics, /healthz and /readyz (0 picks a free port, for tests).
+    http_host: str = "0.0.0.0"
+    http_port: int = 8080
+
+    # --- GPU nodes --------------------------------------------------------------------------------------
+    # Extended resource name the NVIDIA device plugin advertises.
+    gpu_resource: str = "nvidia.com/gpu"
+    # Node labels every GPU pod requires (GPU feature discovery sets nvidia.com/gpu.present=true).
+    gpu_node_selector: Mapping[str, str] = field(default_factory=lambda: {"nvidia.com/gpu.present": "true"})
+    # Tolerations every GPU pod gets; the GPU operator's default taint is nvidia.com/gpu:NoSchedule.
+    gpu_tolerations: tuple[Mapping[str, Any], ...] = (
+        {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},
+    )
+
+    # --- data-plane ports (must match the trainer's config; TRL's defaults) -----------------------------
+    master_port: int = 29500  # torch.distributed rendezvous on trainer rank 0
+    vllm_port: int = 8000  # vLLM HTTP server (OpenAI API + TRL's dev-mode RL routes)
+    weight_sync_port: int = 51216  # TRL vllm_group_port: TCPStore bound by trainer rank 0, vLLM connects
+    trainer_metrics_port: int = 9090  # trainer rank 0 /metrics
+
+    # --- pods ---------------------------------------------------------------------------------------------
+    image_pull_policy: str = "IfNotPresent"
+    # Time a trainer gets between SIGTERM and SIGKILL: enough to write one checkpoint (suspend, eviction).
+    trainer_termination_grace_seconds: int = 300
+    # Size of the in-memory /dev/shm of trainer and vLLM pods (NCCL and the dataloader use shared memory).
+    shm_size: str = "16Gi"
+    # Requests used when the spec gives none: the scheduler needs them to place pods sensibly.
+    default_metric_requests: Mapping[str, str] = field(
+        default_factory=lambda: {"cpu": "250m", "memory": "256Mi"}
+    )
+    default_generation_requests: Mapping[str, str] = field(
+        default_factory=lambda: {"cpu": "4", "memory": "32Gi"}
+    )
+    default_trainer_requests: Mapping[str, str] = field(
+        default_factory=lambda: {"cpu": "8", "memory": "64Gi"}
+    )
+    # Trainer exit codes that mean "retrying cannot help" (the trainer's invalid-configuration code):
+    # the job fails at once instead of spending its backoffLimit.
+    permanent_exit_codes: tuple[int, ...] = (2,)
+
+    # --- identity -----------------------------------------------------------------------------------------
+    # Field manager and event source of everything the operator writes.
+    component: str = "grpo-operator"
+
+    def __post_init__(self) -> None:
+        if self.resync_seconds <= 0:
+            raise SettingsError(f"resync_seconds must be > 0, got {self.resync_seconds}: use e.g. 30")
+        if self.workers < 1:
+            raise SettingsError(f"workers must be >= 1, got {self.workers}")
+        if not 0 <= self.http_port <= 65535:
+            raise SettingsError(f"http_port must be 0..65535, got {self.http_port}")
+        if self.all_namespaces and self.namespaces:
+            raise SettingsError(
+                "watch either all namespaces or a list of namespaces, not both: "
+                "drop --all-namespaces or the --namespace flags"
+            )
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str], **overrides: Any) -> OperatorSettings:
+        """Settings from ``GRPO_OPERATOR_*`` variables, then ``overrides`` (command-line flags) on top."""
+        values: dict[str, Any] = {}
+        for f in dataclasses.fields(cls):
+            raw = environ.get(ENV_PREFIX + f.name.upper())
+            if raw is not None:
+                values[f.name] = _parse(f.name, f.type, raw)
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        return cls(**values)
+
+    @property
+    def clusterwide(self) -> bool:
+        return self.all_namespaces or not self.namespaces
+
+
+def _parse(name: str, type_name: Any, raw: str) -> Any:
+    """Parses one environment value by the field's annotation (a string under PEP 563)."""
+    text = str(type_name)
+    env = ENV_PREFIX + name.upper()
+    try:
+        if text == "bool":
+            if raw.lower() in ("1", "true", "yes", "on"):
+                return True
+            if raw.lower() in ("0", "false", "no", "off", ""):
+                return False
+            raise ValueError(raw)
+        if text == "int":
+            return int(raw)
+        if text == "float":
+            return float(raw)
+        if text == "str":
+            return raw
+        if text == "tuple[str, ...]":
+            return tuple(part.strip() for part in raw.split(",") if part.strip())
+        if text == "tuple[int, ...]":
+            return tuple(int(part) for part in raw.split(",") if part.strip())
+        # Mappings and lists of mappings are given as JSON.
+        parsed = json.loads(raw)
+        if text.startswith("tuple"):
+            if not isinstance(parsed, list):
+                raise ValueError("expected a JSON list")
+            return tuple(parsed)
+        if not isinstance(parsed, dict):
+            raise ValueError("expected a JSON object")
+        return parsed
+    except ValueError as exc:
+        raise SettingsError(f"{env}={raw!r} is not a valid {text} ({exc})") from None
