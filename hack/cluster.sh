@@ -1,0 +1,169 @@
+#!/usr/bin/env bash
+# Local Kubernetes control plane with simulated NVIDIA GPU nodes, built from the binaries that
+# hack/testbins.sh compiles. Real kube-apiserver, etcd, kube-controller-manager and kube-scheduler;
+# kwok simulates the kubelets (nodes, pod lifecycles). No Docker, no downloads.
+#
+#   hack/cluster.sh up        start (idempotent; a stale cluster from a killed run is replaced)
+#   hack/cluster.sh down      stop and remove all state
+#   hack/cluster.sh status    exit 0 if the cluster answers
+#   hack/cluster.sh env       print `export KUBECONFIG=...; export PATH=...`
+#
+# Environment: GRPO_CLUSTER_NAME (default grpo), GRPO_CLUSTER_HOME (default ~/.cache/grpo-cluster),
+# GPU_NODES (default 2), GPUS_PER_NODE (default 8), CPU_NODES (default 1), GRPO_TESTBINS.
+set -euo pipefail
+
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+REPO="$(cd "$HERE/.." && pwd)"
+# shellcheck source=hack/versions.env
+source "$HERE/versions.env"
+
+BINS="${GRPO_TESTBINS:-$HOME/.cache/grpo-testbins}"
+K8S_BIN="$BINS/k8s-$K8S_VERSION"
+ETCD_BIN="$BINS/etcd-$ETCD_VERSION"
+KWOK_BIN="$BINS/kwok-$KWOK_VERSION"
+HELM_BIN="$BINS/helm-$HELM_VERSION"
+NAME="${GRPO_CLUSTER_NAME:-grpo}"
+export KWOK_WORKDIR="${GRPO_CLUSTER_HOME:-$HOME/.cache/grpo-cluster}"
+STATE="$KWOK_WORKDIR/clusters/$NAME"
+KUBECONFIG_OUT="$KWOK_WORKDIR/$NAME.kubeconfig"
+EXTRA="$KWOK_WORKDIR/$NAME.extra"          # our own state beside kwokctl's: provisioner pid, volumes
+GPU_NODES="${GPU_NODES:-2}"
+GPUS_PER_NODE="${GPUS_PER_NODE:-8}"
+CPU_NODES="${CPU_NODES:-1}"
+export PATH="$K8S_BIN:$KWOK_BIN:$HELM_BIN:$PATH"   # kwokctl takes kubectl from PATH: ours first
+
+log() { printf '[cluster %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
+kc() { kubectl --kubeconfig "$KUBECONFIG_OUT" "$@"; }
+
+answers() {
+  [ -f "$KUBECONFIG_OUT" ] && kc --request-timeout=3s get --raw /readyz >/dev/null 2>&1
+}
+
+need_bins() {
+  local missing=0
+  for d in "$K8S_BIN" "$ETCD_BIN" "$KWOK_BIN"; do [ -f "$d/.ready" ] || missing=1; done
+  if [ "$missing" -eq 1 ]; then
+    log "control-plane binaries missing; building them (cold: tens of minutes, see docs/development.md)"
+    bash "$HERE/testbins.sh" etcd kwok k8s
+  fi
+}
+
+provisioner_running() {
+  [ -f "$EXTRA/provisioner.pid" ] && kill -0 "$(cat "$EXTRA/provisioner.pid")" 2>/dev/null
+}
+
+start_provisioner() {
+  provisioner_running && return 0
+  mkdir -p "$EXTRA/volumes"
+  local py="${PYTHON:-python3}"
+  [ -x "$REPO/.venv/bin/python" ] && py="$REPO/.venv/bin/python"
+  nohup "$py" "$HERE/cluster/provisioner.py" --kubeconfig "$KUBECONFIG_OUT" --root "$EXTRA/volumes" \
+    >"$EXTRA/provisioner.log" 2>&1 &
+  echo $! >"$EXTRA/provisioner.pid"
+  log "volume provisioner started (pid $(cat "$EXTRA/provisioner.pid"), log $EXTRA/provisioner.log)"
+}
+
+stop_provisioner() {
+  if provisioner_running; then kill "$(cat "$EXTRA/provisioner.pid")" 2>/dev/null || true; fi
+  rm -f "$EXTRA/provisioner.pid"
+}
+
+nodes_yaml() {
+  local i
+  for ((i = 0; i < GPU_NODES; i++)); do
+    cat <<YAML
+---
+apiVersion: v1
+kind: Node
+metadata:
+  name: gpu-node-$i
+  annotations: {node.alpha.kubernetes.io/ttl: "0", kwok.x-k8s.io/node: fake}
+  labels:
+    kubernetes.io/hostname: gpu-node-$i
+    kubernetes.io/os: linux
+    kubernetes.io/arch: amd64
+    node.kubernetes.io/instance-type: sim-8xh100
+    nvidia.com/gpu.present: "true"
+    nvidia.com/gpu.product: NVIDIA-H100-80GB-HBM3
+    nvidia.com/gpu.count: "$GPUS_PER_NODE"
+    nvidia.com/gpu.memory: "81559"
+    type: kwok
+spec:
+  taints: [{key: nvidia.com/gpu, value: present, effect: NoSchedule}]
+status:
+  capacity: {cpu: "192", memory: 2Ti, pods: "110", ephemeral-storage: 4Ti, nvidia.com/gpu: "$GPUS_PER_NODE"}
+  allocatable: {cpu: "192", memory: 2Ti, pods: "110", ephemeral-storage: 4Ti, nvidia.com/gpu: "$GPUS_PER_NODE"}
+YAML
+  done
+  for ((i = 0; i < CPU_NODES; i++)); do
+    cat <<YAML
+---
+apiVersion: v1
+kind: Node
+metadata:
+  name: cpu-node-$i
+  annotations: {node.alpha.kubernetes.io/ttl: "0", kwok.x-k8s.io/node: fake}
+  labels:
+    kubernetes.io/hostname: cpu-node-$i
+    kubernetes.io/os: linux
+    kubernetes.io/arch: amd64
+    type: kwok
+status:
+  capacity: {cpu: "64", memory: 256Gi, pods: "110", ephemeral-storage: 1Ti}
+  allocatable: {cpu: "64", memory: 256Gi, pods: "110", ephemeral-storage: 1Ti}
+YAML
+  done
+}
+
+up() {
+  local t0=$SECONDS
+  need_bins
+  if answers; then
+    log "cluster '$NAME' is already running"
+    start_provisioner
+    env_lines
+    return 0
+  fi
+  if [ -d "$STATE" ] || [ -f "$KUBECONFIG_OUT" ]; then
+    log "found a stale cluster '$NAME' (not answering); removing it first"
+    down
+  fi
+  log "starting cluster '$NAME' (kube $K8S_VERSION, etcd $ETCD_VERSION, kwok $KWOK_VERSION)"
+  mkdir -p "$EXTRA"
+  kwokctl create cluster --name "$NAME" --runtime binary \
+    --kube-apiserver-binary "$K8S_BIN/kube-apiserver" \
+    --kube-controller-manager-binary "$K8S_BIN/kube-controller-manager" \
+    --kube-scheduler-binary "$K8S_BIN/kube-scheduler" \
+    --etcd-binary "$ETCD_BIN/etcd" \
+    --kwok-controller-binary "$KWOK_BIN/kwok" \
+    --kubeconfig "$KUBECONFIG_OUT" \
+    --wait 120s >&2
+  nodes_yaml | kc apply -f - >/dev/null
+  kc apply -f "$HERE/cluster/storage.yaml" >/dev/null
+  start_provisioner
+  kc wait --for=condition=Ready node --all --timeout=60s >/dev/null
+  log "cluster '$NAME' up in $((SECONDS - t0))s: $GPU_NODES GPU node(s) x $GPUS_PER_NODE nvidia.com/gpu, $CPU_NODES CPU node(s)"
+  env_lines
+}
+
+down() {
+  stop_provisioner
+  if [ -d "$STATE" ]; then
+    kwokctl delete cluster --name "$NAME" --kubeconfig "$KUBECONFIG_OUT" >&2 || true
+  fi
+  rm -rf "$STATE" "$EXTRA" "$KUBECONFIG_OUT"
+  log "cluster '$NAME' removed"
+}
+
+env_lines() {
+  echo "export KUBECONFIG=$KUBECONFIG_OUT"
+  echo "export PATH=$K8S_BIN:$HELM_BIN:\$PATH"
+}
+
+case "${1:-}" in
+  up) up ;;
+  down) down ;;
+  status) answers ;;
+  env) env_lines ;;
+  *) echo "usage: $0 up|down|status|env" >&2; exit 2 ;;
+esac

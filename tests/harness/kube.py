@@ -1,0 +1,183 @@
+"""Access to the Kubernetes cluster the tests run against (test harness).
+
+``Cluster.connect()`` uses ``KUBECONFIG`` when it points at a cluster that answers, and otherwise
+starts the local control plane (hack/cluster.sh: real kube-apiserver, etcd, controller-manager and
+scheduler, kwok for simulated GPU nodes) and stops it again at the end of the session.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+import yaml
+from kubernetes import client, config
+
+REPO = Path(__file__).resolve().parents[2]
+HACK = REPO / "hack"
+T = TypeVar("T")
+
+
+def _versions() -> dict[str, str]:
+    out: dict[str, str] = {}
+    for line in (HACK / "versions.env").read_text().splitlines():
+        if "=" in line and not line.lstrip().startswith("#"):
+            key, _, value = line.partition("=")
+            # lines look like K8S_VERSION="${K8S_VERSION:-v1.36.3}"
+            default = value.strip('"').split(":-", 1)[-1].rstrip("}")
+            out[key.strip()] = os.environ.get(key.strip(), default)
+    return out
+
+
+def testbins_dir() -> Path:
+    return Path(os.environ.get("GRPO_TESTBINS", Path.home() / ".cache" / "grpo-testbins"))
+
+
+def kubectl_binary() -> str:
+    built = testbins_dir() / f"k8s-{_versions()['K8S_VERSION']}" / "kubectl"
+    if built.exists():
+        return str(built)
+    found = shutil.which("kubectl")
+    if not found:
+        raise RuntimeError("no kubectl: run `bash hack/testbins.sh k8s` to build the project's kubectl")
+    return found
+
+
+def helm_binary() -> str:
+    built = testbins_dir() / f"helm-{_versions()['HELM_VERSION']}" / "helm"
+    if not built.exists():
+        raise RuntimeError("no helm: run `bash hack/testbins.sh helm`")
+    return str(built)
+
+
+def wait_for(what: str, fn: Callable[[], T | None], timeout: float = 60.0, interval: float = 0.5) -> T:
+    """Polls ``fn`` until it returns something truthy; fails with ``what`` after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    last: T | None = None
+    while time.monotonic() < deadline:
+        last = fn()
+        if last:
+            return last
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what} (last value: {last!r})")
+
+
+@dataclass
+class Cluster:
+    kubeconfig: Path
+    started_here: bool = False
+    name: str = ""
+    _api: client.ApiClient | None = field(default=None, repr=False)
+
+    @classmethod
+    def connect(cls) -> Cluster:
+        env_cfg = os.environ.get("KUBECONFIG")
+        if env_cfg and Path(env_cfg).exists() and _answers(Path(env_cfg)):
+            return cls(kubeconfig=Path(env_cfg))
+        name = os.environ.get("GRPO_TEST_CLUSTER_NAME", "grpo-test")
+        env = {**os.environ, "GRPO_CLUSTER_NAME": name}
+        proc = subprocess.run(
+            ["bash", str(HACK / "cluster.sh"), "up"], env=env, capture_output=True, text=True, timeout=3600
+        )
+        if proc.returncode != 0:
+            raise RuntimeError(
+                f"could not start the local cluster (hack/cluster.sh up exited {proc.returncode}):\n"
+                f"{proc.stderr[-4000:]}"
+            )
+        kubeconfig = next(
+            line.split("=", 1)[1]
+            for line in proc.stdout.splitlines()
+            if line.startswith("export KUBECONFIG=")
+        )
+        return cls(kubeconfig=Path(kubeconfig), started_here=True, name=name)
+
+    def close(self) -> None:
+        if self.started_here and not os.environ.get("GRPO_KEEP_CLUSTER"):
+            env = {**os.environ, "GRPO_CLUSTER_NAME": self.name}
+            subprocess.run(
+                ["bash", str(HACK / "cluster.sh"), "down"], env=env, capture_output=True, timeout=120
+            )
+
+    def env(self) -> dict[str, str]:
+        """Environment for subprocesses that should talk to this cluster."""
+        return {**os.environ, "KUBECONFIG": str(self.kubeconfig)}
+
+    def kubectl(
+        self, *args: str, input: str | None = None, check: bool = True, timeout: float = 60
+    ) -> subprocess.CompletedProcess[str]:
+        proc = subprocess.run(
+            [kubectl_binary(), "--kubeconfig", str(self.kubeconfig), *args],
+            input=input,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+        if check and proc.returncode != 0:
+            raise AssertionError(f"kubectl {' '.join(args)} failed ({proc.returncode}):\n{proc.stderr}")
+        return proc
+
+    def apply(self, manifest: dict[str, Any] | list[dict[str, Any]], namespace: str | None = None) -> None:
+        docs = manifest if isinstance(manifest, list) else [manifest]
+        args = ["apply", "-f", "-"] + (["-n", namespace] if namespace else [])
+        self.kubectl(*args, input=yaml.safe_dump_all(docs))
+
+    def get(self, kind: str, name: str, namespace: str | None = None) -> dict[str, Any] | None:
+        args = ["get", kind, name, "-o", "json"] + (["-n", namespace] if namespace else [])
+        proc = self.kubectl(*args, check=False)
+        if proc.returncode != 0:
+            if "NotFound" in proc.stderr:
+                return None
+            raise AssertionError(f"kubectl get {kind} {name} failed: {proc.stderr}")
+        return yaml.safe_load(proc.stdout)  # type: ignore[no-any-return]
+
+    def api_client(self) -> client.ApiClient:
+        if self._api is None:
+            self._api = config.new_client_from_config(config_file=str(self.kubeconfig))
+        return self._api
+
+    def new_namespace(self, prefix: str = "t") -> str:
+        name = f"{prefix}-{uuid.uuid4().hex[:8]}"
+        self.kubectl("create", "namespace", name)
+        # The ServiceAccount admission plugin needs the namespace's default ServiceAccount, which the
+        # controller-manager creates asynchronously; pods created before it exists are refused.
+        wait_for(
+            f"default ServiceAccount in {name}",
+            lambda: self.get("serviceaccount", "default", name),
+            timeout=30,
+        )
+        return name
+
+    def apply_crds(self) -> None:
+        crd_dir = REPO / "crds"
+        files = sorted(crd_dir.glob("*.yaml")) if crd_dir.is_dir() else []
+        for f in files:
+            self.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(f))
+        if files:
+            self.kubectl("wait", "--for=condition=Established", "crd", "--all", "--timeout=60s")
+
+
+def _answers(kubeconfig: Path) -> bool:
+    try:
+        proc = subprocess.run(
+            [
+                kubectl_binary(),
+                "--kubeconfig",
+                str(kubeconfig),
+                "--request-timeout=5s",
+                "get",
+                "--raw",
+                "/readyz",
+            ],
+            capture_output=True,
+            timeout=15,
+        )
+    except (subprocess.TimeoutExpired, RuntimeError):
+        return False
+    return proc.returncode == 0
