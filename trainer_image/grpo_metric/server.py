@@ -1,0 +1,196 @@
+"""Turn ``def metric(example, completion) -> float`` into a server that speaks the metric protocol."""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import json
+import logging
+import math
+import os
+import threading
+from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from aiohttp import web
+
+from grpo_metric.protocol import (
+    HEALTH_PATH,
+    SCORE_PATH,
+    ProtocolError,
+    ScoreItem,
+    ScoreResult,
+    parse_score_request,
+)
+
+log = logging.getLogger("grpo_metric")
+
+MetricFn = Callable[[dict[str, Any], str], float] | Callable[[dict[str, Any], str], Awaitable[float]]
+
+DEFAULT_PORT = 8080
+# The operator sets this in the metric container to spec.metric.port; an explicit port= argument wins.
+PORT_ENV = "GRPO_METRIC_PORT"
+
+
+class FormatFailure(Exception):
+    """Raise from a metric when the completion cannot be parsed; the trainer scores it formatFailureScore."""
+
+
+def _score_one(metric: MetricFn, item: ScoreItem) -> ScoreResult:
+    try:
+        value = metric(item.example, item.completion)
+        if inspect.isawaitable(value):
+            raise TypeError("async metric called from a worker thread")
+    except FormatFailure as exc:
+        return ScoreResult.format_failure(item.id, str(exc) or "unparseable output")
+    except Exception as exc:  # the user's code: any bug is reported per item, never crashes the server
+        log.exception("metric raised on item %s", item.id)
+        return ScoreResult.error(item.id, f"{type(exc).__name__}: {exc}")
+    return _check_reward(item.id, value)
+
+
+def _check_reward(item_id: str, value: object) -> ScoreResult:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return ScoreResult.error(item_id, f"metric returned {type(value).__name__}, expected a float")
+    if not math.isfinite(float(value)):
+        return ScoreResult.error(item_id, f"metric returned a non-finite reward {value!r}")
+    return ScoreResult.ok(item_id, float(value))
+
+
+async def _score_one_async(metric: MetricFn, item: ScoreItem) -> ScoreResult:
+    try:
+        value = await metric(item.example, item.completion)  # type: ignore[misc]
+    except FormatFailure as exc:
+        return ScoreResult.format_failure(item.id, str(exc) or "unparseable output")
+    except Exception as exc:
+        log.exception("metric raised on item %s", item.id)
+        return ScoreResult.error(item.id, f"{type(exc).__name__}: {exc}")
+    return _check_reward(item.id, value)
+
+
+def make_app(metric: MetricFn, *, max_workers: int = 4) -> web.Application:
+    """The aiohttp application: GET /healthz and POST /score. Synchronous metrics run on a thread pool so
+    a slow item never blocks health checks; async metrics run on the event loop."""
+    is_async = inspect.iscoroutinefunction(metric) or inspect.iscoroutinefunction(
+        getattr(metric, "__call__", None)  # noqa: B004 - callable objects with async __call__
+    )
+    executor = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="metric")
+
+    async def healthz(_: web.Request) -> web.Response:
+        return web.json_response({"status": "ok"})
+
+    async def score(request: web.Request) -> web.Response:
+        try:
+            body = await request.json()
+            items = parse_score_request(body)
+        except (json.JSONDecodeError, ProtocolError) as exc:
+            return web.json_response({"error": f"bad request: {exc}"}, status=400)
+        if is_async:
+            results = await asyncio.gather(*(_score_one_async(metric, item) for item in items))
+        else:
+            loop = asyncio.get_running_loop()
+            results = await asyncio.gather(
+                *(loop.run_in_executor(executor, _score_one, metric, item) for item in items)
+            )
+        return web.json_response({"results": [r.to_json() for r in results]})
+
+    async def shutdown_executor(_: web.Application) -> None:
+        executor.shutdown(wait=False, cancel_futures=True)
+
+    app = web.Application(client_max_size=64 * 1024 * 1024)
+    app.router.add_get(HEALTH_PATH, healthz)
+    app.router.add_post(SCORE_PATH, score)
+    app.on_cleanup.append(shutdown_executor)
+    return app
+
+
+def _resolve_port(port: int | None) -> int:
+    if port is not None:
+        return port
+    raw = os.environ.get(PORT_ENV)
+    if raw is None:
+        return DEFAULT_PORT
+    try:
+        return int(raw)
+    except ValueError:
+        raise SystemExit(
+            f"{PORT_ENV}={raw!r} is not a port number; set it to an integer such as 8080"
+        ) from None
+
+
+def serve(metric: MetricFn, port: int | None = None, host: str = "0.0.0.0", *, max_workers: int = 4) -> None:
+    """Serve ``metric`` until SIGTERM/SIGINT. ``port`` defaults to $GRPO_METRIC_PORT, else 8080."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    resolved = _resolve_port(port)
+    log.info("serving metric %s on %s:%d", getattr(metric, "__name__", metric), host, resolved)
+    web.run_app(make_app(metric, max_workers=max_workers), host=host, port=resolved, print=None)
+
+
+class MetricServer:
+    """The same server on a background thread, for tests, benchmarks and notebooks.
+
+    ``start()`` returns once the port is bound; ``stop()`` closes the listener so clients see connection
+    errors exactly as they would when a metric pod goes away."""
+
+    def __init__(self, metric: MetricFn, port: int = 0, host: str = "127.0.0.1", *, max_workers: int = 4):
+        self._metric = metric
+        self._host = host
+        self._requested_port = port
+        self._max_workers = max_workers
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._runner: web.AppRunner | None = None
+        self._thread: threading.Thread | None = None
+        self.port = port
+
+    @property
+    def url(self) -> str:
+        return f"http://{self._host}:{self.port}"
+
+    def start(self) -> MetricServer:
+        ready = threading.Event()
+        failure: list[BaseException] = []
+
+        def run() -> None:
+            loop = asyncio.new_event_loop()
+            self._loop = loop
+            asyncio.set_event_loop(loop)
+            try:
+                runner = web.AppRunner(make_app(self._metric, max_workers=self._max_workers))
+                loop.run_until_complete(runner.setup())
+                site = web.TCPSite(runner, self._host, self._requested_port, reuse_address=True)
+                loop.run_until_complete(site.start())
+                if self._requested_port == 0:
+                    # runner.addresses lists the bound sockets; port 0 asked the kernel to pick one.
+                    self.port = int(runner.addresses[0][1])
+                self._runner = runner
+            except BaseException as exc:
+                failure.append(exc)
+                ready.set()
+                return
+            ready.set()
+            loop.run_forever()
+            loop.run_until_complete(runner.cleanup())
+            loop.close()
+
+        self._thread = threading.Thread(target=run, name="metric-server", daemon=True)
+        self._thread.start()
+        ready.wait(timeout=30)
+        if failure:
+            raise RuntimeError(
+                f"metric server could not listen on {self._host}:{self._requested_port}"
+            ) from (failure[0])
+        return self
+
+    def stop(self) -> None:
+        if self._loop is not None and self._thread is not None:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(timeout=30)
+        self._loop = None
+        self._thread = None
+
+    def __enter__(self) -> MetricServer:
+        return self.start()
+
+    def __exit__(self, *_: object) -> None:
+        self.stop()

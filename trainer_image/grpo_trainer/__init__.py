@@ -1,0 +1,1 @@
+"""GRPO trainer: runs TRL GRPOTrainer from the config the operator renders (docs/trainer.md)."""

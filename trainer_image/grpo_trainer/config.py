@@ -1,0 +1,195 @@
+"""From trainer.json (grpo_operator.api.trainer_config.TrainerConfig) and the launcher's environment to
+TRL's GRPOConfig keyword arguments. Pure: no torch import, so the mapping is testable anywhere."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from grpo_operator.api.trainer_config import CONFIG_ENV, TrainerConfig
+from pydantic import ValidationError
+
+from grpo_trainer.errors import ConfigError
+
+# Directory under checkpoints.dir where HF Trainer writes a checkpoint before it is published as step-N.
+STAGING_DIRNAME = ".partial"
+
+
+@dataclass(frozen=True)
+class RuntimeEnv:
+    """What torchrun (or the operator, for a single process) puts in the environment."""
+
+    rank: int = 0
+    local_rank: int = 0
+    world_size: int = 1
+    resume_from: str | None = None
+    job_namespace: str | None = None
+    job_name: str | None = None
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @staticmethod
+    def from_environ(environ: Mapping[str, str] | None = None) -> RuntimeEnv:
+        env = os.environ if environ is None else environ
+
+        def integer(name: str, default: int) -> int:
+            raw = env.get(name, "")
+            if raw == "":
+                return default
+            try:
+                return int(raw)
+            except ValueError:
+                raise ConfigError(f"environment variable {name}={raw!r} must be an integer") from None
+
+        rank = integer("RANK", 0)
+        world_size = integer("WORLD_SIZE", 1)
+        if world_size < 1 or not 0 <= rank < world_size:
+            raise ConfigError(
+                f"RANK={rank} and WORLD_SIZE={world_size} are inconsistent: need 0 <= RANK < WORLD_SIZE"
+            )
+        return RuntimeEnv(
+            rank=rank,
+            local_rank=integer("LOCAL_RANK", 0),
+            world_size=world_size,
+            resume_from=env.get("RESUME_FROM") or None,
+            job_namespace=env.get("GRPO_JOB_NAMESPACE") or None,
+            job_name=env.get("GRPO_JOB_NAME") or None,
+        )
+
+
+def load_config(path: str | None = None) -> TrainerConfig:
+    """Read the TrainerConfig named by $GRPO_CONFIG; every problem becomes a ConfigError that says which
+    file and which field."""
+    config_path = path or os.environ.get(CONFIG_ENV)
+    if not config_path:
+        raise ConfigError(f"${CONFIG_ENV} is not set; point it at the trainer.json the operator renders")
+    file = Path(config_path)
+    try:
+        text = file.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"cannot read {CONFIG_ENV}={config_path}: {exc.strerror or exc}") from None
+    try:
+        return TrainerConfig.model_validate_json(text)
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in err['loc']) or '<root>'}: {err['msg']}" for err in exc.errors()
+        )
+        raise ConfigError(f"{config_path} is not a valid TrainerConfig: {problems}") from None
+
+
+@dataclass(frozen=True)
+class BatchPlan:
+    """B prompts x G answers per optimizer step, spread over W processes:
+    B*G = per_device_batch_size * W * gradient_accumulation_steps, one generation round per step."""
+
+    prompts_per_step: int
+    group_size: int
+    world_size: int
+    per_device_batch_size: int
+    gradient_accumulation_steps: int
+
+    @property
+    def completions_per_step(self) -> int:
+        return self.prompts_per_step * self.group_size
+
+    @property
+    def completions_per_rank(self) -> int:
+        return self.per_device_batch_size * self.gradient_accumulation_steps
+
+
+def plan_batches(
+    prompts_per_step: int, group_size: int, per_device_batch_size: int, world_size: int
+) -> BatchPlan:
+    """Map B, G onto TRL's batch settings for the actual world size, or explain what to change."""
+    if group_size < 2:
+        raise ConfigError(f"grpo.groupSize is {group_size}; GRPO compares answers, so it must be at least 2")
+    completions = prompts_per_step * group_size
+    per_step_per_micro = per_device_batch_size * world_size
+    if completions % per_step_per_micro != 0:
+        divisors = [d for d in range(1, completions + 1) if completions % (d * world_size) == 0][:6]
+        hint = (
+            f"set spec.trainer.perDeviceBatchSize to one of {divisors}"
+            if divisors
+            else f"make promptsPerStep*groupSize a multiple of the {world_size} trainer processes"
+        )
+        raise ConfigError(
+            f"cannot split B*G = {prompts_per_step}*{group_size} = {completions} completions per step over "
+            f"{world_size} trainer processes x perDeviceBatchSize {per_device_batch_size} "
+            f"(= {per_step_per_micro} per micro-step): {hint}"
+        )
+    return BatchPlan(
+        prompts_per_step=prompts_per_step,
+        group_size=group_size,
+        world_size=world_size,
+        per_device_batch_size=per_device_batch_size,
+        gradient_accumulation_steps=completions // per_step_per_micro,
+    )
+
+
+def staging_dir(config: TrainerConfig) -> str:
+    return str(Path(config.checkpoints.dir) / STAGING_DIRNAME)
+
+
+def grpo_config_kwargs(config: TrainerConfig, plan: BatchPlan, *, cuda: bool) -> dict[str, Any]:
+    """Keyword arguments for trl.GRPOConfig. Generation goes through the job's vLLM server in server mode
+    (``generation.backend: vllm-server``) or through transformers in-process (``transformers``)."""
+    g = config.grpo
+    kwargs: dict[str, Any] = {
+        "output_dir": staging_dir(config),
+        "num_generations": g.group_size,
+        # One validation answer per prompt; validation is run by the trainer itself (validation.py).
+        "num_generations_eval": 1,
+        "per_device_train_batch_size": plan.per_device_batch_size,
+        "gradient_accumulation_steps": plan.gradient_accumulation_steps,
+        "max_steps": g.steps,
+        "learning_rate": g.learning_rate,
+        "temperature": g.temperature,
+        "top_p": g.top_p,
+        "max_completion_length": g.max_completion_length,
+        "beta": g.beta,
+        "epsilon": g.epsilon,
+        "epsilon_high": g.epsilon_high,
+        "loss_type": g.loss_type,
+        # TRL's own advantage code still runs (and is overwritten, see trainer.py); keep it consistent.
+        "scale_rewards": g.scale_rewards,
+        "seed": g.seed,
+        "data_seed": g.seed,
+        "logging_steps": 1,
+        "save_strategy": "steps",
+        "save_steps": config.checkpoints.every_steps,
+        # Rotation is done by checkpoints.publish() after the manifest moves, never by HF Trainer.
+        "save_total_limit": None,
+        "report_to": [],
+        "disable_tqdm": True,
+        "remove_unused_columns": False,
+        "log_completions": False,
+        "dataloader_num_workers": 0,
+        "model_init_kwargs": {"dtype": config.model.dtype},
+        # bf16 mixed precision and gradient checkpointing only pay off on GPUs.
+        "bf16": cuda and config.model.dtype == "bfloat16",
+        "fp16": cuda and config.model.dtype == "float16",
+        "gradient_checkpointing": cuda,
+        "use_cpu": not cuda,
+    }
+    gen = config.generation
+    if gen.backend == "vllm-server":
+        if not gen.server_host:
+            raise ConfigError(
+                "generation.backend is vllm-server but generation.serverHost is empty; set it to the "
+                "<job>-gen Service name, or use backend transformers for in-process generation"
+            )
+        kwargs.update(
+            use_vllm=True,
+            vllm_mode="server",
+            vllm_server_base_url=f"http://{gen.server_host}:{gen.server_port}",
+            vllm_server_timeout=gen.request_timeout_seconds,
+            vllm_group_port=gen.weight_sync_port,
+        )
+    else:
+        kwargs["use_vllm"] = False
+    return kwargs

@@ -1,0 +1,247 @@
+"""``python -m grpo_trainer``: read $GRPO_CONFIG, train, checkpoint, report; exit codes in errors.py."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import sys
+import traceback
+from pathlib import Path
+from typing import Any
+
+from grpo_operator.api.trainer_config import TrainerConfig
+
+from grpo_trainer.config import RuntimeEnv, grpo_config_kwargs, load_config, plan_batches
+from grpo_trainer.errors import ConfigError, ExitCode, fail
+from grpo_trainer.metric_client import ClientSettings, ErrorBudget, MetricClient, MetricServiceUnavailable
+
+log = logging.getLogger("grpo_trainer")
+
+# How long to wait for the metric service's /healthz before giving up (it starts alongside the trainer).
+METRIC_READY_TIMEOUT_ENV = "GRPO_METRIC_READY_TIMEOUT_SECONDS"
+# Steps in the sliding window that metric.errorBudget is measured over.
+ERROR_WINDOW_ENV = "GRPO_METRIC_ERROR_WINDOW_STEPS"
+DEFAULT_ERROR_WINDOW_STEPS = 20
+
+
+def _is_local_dir(name: str) -> bool:
+    return Path(name).is_dir()
+
+
+def run(config: TrainerConfig, env: RuntimeEnv) -> int:
+    """Train to the end (or to SIGTERM); return the exit code. Raises ConfigError and
+    MetricServiceUnavailable for the caller to classify."""
+    from grpo_trainer.progress import StopFlag
+
+    stop = StopFlag()
+    signal.signal(signal.SIGTERM, stop.set)
+
+    plan = plan_batches(
+        config.grpo.prompts_per_step,
+        config.grpo.group_size,
+        config.trainer.per_device_batch_size,
+        env.world_size,
+    )
+    expected = config.trainer.nodes * config.trainer.gpus_per_node
+    if expected != env.world_size:
+        log.warning(
+            "trainer.json describes %d processes (%d nodes x %d) but WORLD_SIZE is %d; batches are mapped onto %d",
+            expected,
+            config.trainer.nodes,
+            config.trainer.gpus_per_node,
+            env.world_size,
+            env.world_size,
+        )
+    if config.grpo.dynamic_sampling and plan.completions_per_rank % config.grpo.group_size:
+        raise ConfigError(
+            f"dynamicSampling needs whole groups on every trainer process: promptsPerStep "
+            f"{config.grpo.prompts_per_step} must be a multiple of the {env.world_size} processes"
+        )
+
+    # Heavy imports only after the configuration is known to be valid, so config errors are fast.
+    import torch
+    from transformers import AutoTokenizer
+    from trl import GRPOConfig
+
+    from grpo_trainer.checkpoints import resolve_resume
+    from grpo_trainer.data import load_rows, prepare
+    from grpo_trainer.progress import ProgressCallback, Validation, truncate_jsonl
+    from grpo_trainer.prom import TrainerMetrics
+    from grpo_trainer.reward import MetricReward
+    from grpo_trainer.trainer import ProjectGRPOTrainer
+
+    checkpoint_dir = Path(config.checkpoints.dir)
+    output_dir = Path(config.output_dir)
+    resume = resolve_resume(env.resume_from, checkpoint_dir)
+    if env.is_main:
+        output_dir.mkdir(parents=True, exist_ok=True)
+        checkpoint_dir.mkdir(parents=True, exist_ok=True)
+
+    m = config.metric
+    client = MetricClient(
+        ClientSettings(
+            url=m.url,
+            batch_size=m.batch_size,
+            concurrency=m.concurrency,
+            timeout_seconds=m.timeout_seconds,
+            max_retries=m.max_retries,
+        )
+    )
+    try:
+        client.wait_ready(float(os.environ.get(METRIC_READY_TIMEOUT_ENV, "600")))
+
+        revision = None if _is_local_dir(config.model.name) else config.model.revision
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(config.model.name, revision=revision)
+        except OSError as exc:
+            raise ConfigError(f"cannot load the tokenizer of model {config.model.name!r}: {exc}") from None
+        if tokenizer.pad_token is None:
+            tokenizer.pad_token = tokenizer.eos_token
+
+        train = prepare(
+            load_rows(config.dataset.train),
+            config.dataset.prompt_field,
+            tokenizer,
+            config.grpo.max_prompt_length,
+            config.dataset.train,
+        )
+        validation = None
+        v = config.grpo.validation
+        if config.dataset.validation and v.every_steps:
+            val = prepare(
+                load_rows(config.dataset.validation),
+                config.dataset.prompt_field,
+                tokenizer,
+                config.grpo.max_prompt_length,
+                config.dataset.validation,
+            )
+            validation = Validation(
+                rows=[dict(r) for r in val.select(range(min(v.max_prompts, len(val))))],
+                every_steps=v.every_steps,
+            )
+
+        cuda = torch.cuda.is_available()
+        kwargs = grpo_config_kwargs(config, plan, cuda=cuda)
+        if revision:
+            kwargs["model_init_kwargs"]["revision"] = revision
+        args = GRPOConfig(**kwargs)
+
+        peft_config = None
+        if config.grpo.lora.enabled:
+            from peft import LoraConfig
+
+            lora = config.grpo.lora
+            peft_config = LoraConfig(
+                r=lora.r,
+                lora_alpha=lora.alpha,
+                lora_dropout=lora.dropout,
+                target_modules=list(lora.target_modules),
+                task_type="CAUSAL_LM",
+            )
+
+        reward = MetricReward(client, config.grpo.format_failure_score, rank=env.rank)
+        window = int(os.environ.get(ERROR_WINDOW_ENV, DEFAULT_ERROR_WINDOW_STEPS))
+        namespace = env.job_namespace or config.job.namespace
+        name = env.job_name or config.job.name
+        metrics = None
+        status = None
+        if env.is_main:
+            metrics = TrainerMetrics.create(name, namespace)
+            metrics.serve(config.metrics_port)
+            status = _status_reporter(config, namespace, name)
+        callback = ProgressCallback(
+            reward=reward,
+            total_steps=config.grpo.steps,
+            output_dir=output_dir,
+            stop=stop,
+            budget=ErrorBudget(m.error_budget, window),
+            is_main=env.is_main,
+            metrics=metrics,
+            status=status,
+            validation=validation,
+        )
+        trainer = ProjectGRPOTrainer(
+            model=config.model.name,
+            reward_funcs=[reward],
+            args=args,
+            train_dataset=train,
+            processing_class=tokenizer,
+            peft_config=peft_config,
+            callbacks=[callback],
+            scale_rewards_mode=config.grpo.scale_rewards,
+            checkpoint_dir=str(checkpoint_dir),
+            keep_last=config.checkpoints.keep_last,
+            dynamic_sampling=config.grpo.dynamic_sampling,
+            on_scored=callback.on_scored,
+            pad_token_id=int(tokenizer.pad_token_id),
+        )
+        callback.trainer = trainer
+        if resume:
+            log.info("resuming from %s", resume)
+            trainer.restore_grpo_state(resume)
+            if env.is_main:
+                step = _checkpoint_step(resume)
+                truncate_jsonl(output_dir / "metrics.jsonl", step)
+                truncate_jsonl(output_dir / "samples.jsonl", step)
+        if status is not None:
+            status.update({"progress": {"totalSteps": config.grpo.steps}}, force=True)
+
+        trainer.train(resume_from_checkpoint=resume)
+
+        if callback.stopped_by_signal:
+            log.info("stopped by SIGTERM after checkpointing step %d", trainer.state.global_step)
+        elif env.is_main:
+            trainer.save_model(str(output_dir / "model"))
+            log.info(
+                "training finished: %d steps; final model in %s",
+                trainer.state.global_step,
+                output_dir / "model",
+            )
+        if status is not None:
+            status.close()
+        return int(ExitCode.OK)
+    finally:
+        client.close()
+
+
+def _checkpoint_step(path: str) -> int:
+    import json
+
+    state = json.loads((Path(path) / "trainer_state.json").read_text(encoding="utf-8"))
+    return int(state.get("global_step", 0))
+
+
+def _status_reporter(config: TrainerConfig, namespace: str, name: str) -> Any:
+    from grpo_trainer.status import StatusReporter
+
+    if not (os.environ.get("KUBERNETES_SERVICE_HOST") or os.environ.get("KUBECONFIG")):
+        log.info("no in-cluster config and no KUBECONFIG: GRPOJob status will not be patched")
+        return None
+    try:
+        return StatusReporter(namespace, name, config.status_patch_interval_seconds, uid=config.job.uid)
+    except Exception as exc:  # a missing or broken kubeconfig must not stop training
+        log.warning("cannot reach the Kubernetes API (%s): GRPOJob status will not be patched", exc)
+        return None
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(
+        level=os.environ.get("GRPO_LOG_LEVEL", "INFO"),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
+    try:
+        env = RuntimeEnv.from_environ()
+        config = load_config(argv[0] if argv else None)
+        return run(config, env)
+    except ConfigError as exc:
+        return fail(ExitCode.CONFIG_INVALID, str(exc))
+    except MetricServiceUnavailable as exc:
+        return fail(ExitCode.METRIC_UNAVAILABLE, str(exc))
+    except KeyboardInterrupt:
+        return fail(ExitCode.TRANSIENT, "interrupted")
+    except Exception as exc:
+        traceback.print_exc()
+        return fail(ExitCode.TRANSIENT, f"{type(exc).__name__}: {exc}")

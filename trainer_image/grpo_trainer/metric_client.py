@@ -1,0 +1,279 @@
+"""Client for the user's metric service: batched, concurrent, with timeouts, retries with backoff and a
+circuit breaker. It never raises for an unreachable service: every item it could not get scored comes back
+as an ``error`` result, which the trainer leaves out of the group statistics and counts against the error
+budget (see ErrorBudget)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import threading
+import time
+from collections import deque
+from collections.abc import Coroutine, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import aiohttp
+from grpo_metric.protocol import (
+    HEALTH_PATH,
+    SCORE_PATH,
+    ProtocolError,
+    ScoreItem,
+    ScoreResult,
+    parse_score_response,
+)
+
+log = logging.getLogger("grpo_trainer.metric")
+
+T = TypeVar("T")
+
+# Statuses worth retrying: the service is restarting, overloaded or behind a proxy that timed out.
+RETRYABLE_STATUS = frozenset({408, 429, 500, 502, 503, 504})
+
+
+class MetricServiceUnavailable(RuntimeError):
+    """The metric service did not become healthy in time, or errors exceeded the configured budget."""
+
+
+@dataclass(frozen=True)
+class ClientSettings:
+    url: str
+    batch_size: int = 32
+    concurrency: int = 4
+    timeout_seconds: float = 30.0
+    max_retries: int = 3
+    backoff_base_seconds: float = 0.5
+    backoff_max_seconds: float = 8.0
+    # Consecutive failed batches (after their retries) that open the breaker, and how long it stays open.
+    breaker_threshold: int = 3
+    breaker_cooldown_seconds: float = 5.0
+
+
+@dataclass
+class ClientStats:
+    requests: int = 0
+    retries: int = 0
+    failed_batches: int = 0
+    short_circuited_batches: int = 0
+    seconds_in_score: float = 0.0
+
+
+class CircuitBreaker:
+    """Closed -> open after ``threshold`` consecutive failures; open fails fast for ``cooldown`` seconds;
+    then half-open lets one batch through, which closes it on success or reopens it on failure. While open,
+    the trainer does not spend retries and timeouts on a service that is known to be down."""
+
+    def __init__(self, threshold: int, cooldown_seconds: float, clock: Any = time.monotonic):
+        self.threshold = max(1, threshold)
+        self.cooldown = cooldown_seconds
+        self._clock = clock
+        self._failures = 0
+        self._opened_at: float | None = None
+        self._probe_in_flight = False
+        self._lock = threading.Lock()
+
+    @property
+    def state(self) -> str:
+        with self._lock:
+            return self._state_locked()
+
+    def _state_locked(self) -> str:
+        if self._opened_at is None:
+            return "closed"
+        if self._clock() - self._opened_at >= self.cooldown:
+            return "half-open"
+        return "open"
+
+    def allow(self) -> bool:
+        with self._lock:
+            state = self._state_locked()
+            if state == "closed":
+                return True
+            if state == "half-open" and not self._probe_in_flight:
+                self._probe_in_flight = True
+                return True
+            return False
+
+    def record_success(self) -> None:
+        with self._lock:
+            self._failures = 0
+            self._opened_at = None
+            self._probe_in_flight = False
+
+    def record_failure(self) -> None:
+        with self._lock:
+            self._failures += 1
+            if self._probe_in_flight or self._failures >= self.threshold:
+                self._opened_at = self._clock()
+            self._probe_in_flight = False
+
+
+class MetricClient:
+    """Thread-safe synchronous facade over an asyncio client running on its own daemon thread, so it can
+    be called from TRL's training thread (or anywhere else) without sharing an event loop."""
+
+    def __init__(self, settings: ClientSettings):
+        if settings.batch_size < 1 or settings.concurrency < 1:
+            raise ValueError("metric batch_size and concurrency must be at least 1")
+        self.settings = settings
+        self.base_url = settings.url.rstrip("/")
+        self.breaker = CircuitBreaker(settings.breaker_threshold, settings.breaker_cooldown_seconds)
+        self.stats = ClientStats()
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="metric-client", daemon=True)
+        self._thread.start()
+        self._session: aiohttp.ClientSession | None = None
+        self._semaphore: asyncio.Semaphore | None = None
+        self._rng = random.Random()
+
+    def _run(self, coro: Coroutine[Any, Any, T]) -> T:
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
+
+    async def _ensure_session(self) -> aiohttp.ClientSession:
+        if self._session is None:
+            self._session = aiohttp.ClientSession(
+                timeout=aiohttp.ClientTimeout(total=self.settings.timeout_seconds),
+                connector=aiohttp.TCPConnector(limit=self.settings.concurrency * 2),
+            )
+            self._semaphore = asyncio.Semaphore(self.settings.concurrency)
+        return self._session
+
+    # -- health -----------------------------------------------------------------------------------------
+
+    def healthy(self) -> bool:
+        return self._run(self._healthy())
+
+    async def _healthy(self) -> bool:
+        session = await self._ensure_session()
+        try:
+            async with session.get(self.base_url + HEALTH_PATH) as response:
+                return response.status == 200
+        except (aiohttp.ClientError, TimeoutError):
+            return False
+
+    def wait_ready(self, timeout_seconds: float, poll_seconds: float = 1.0) -> None:
+        """Block until GET /healthz answers 200, or raise MetricServiceUnavailable saying where we looked."""
+        deadline = time.monotonic() + timeout_seconds
+        while True:
+            if self.healthy():
+                return
+            if time.monotonic() >= deadline:
+                raise MetricServiceUnavailable(
+                    f"metric service at {self.base_url} did not answer GET {HEALTH_PATH} with 200 within "
+                    f"{timeout_seconds:.0f}s; check that the metric pod is running and listens on the port "
+                    "given in spec.metric.port"
+                )
+            time.sleep(poll_seconds)
+
+    # -- scoring ----------------------------------------------------------------------------------------
+
+    def score(self, items: Sequence[ScoreItem]) -> list[ScoreResult]:
+        """Score ``items`` in batches of ``batch_size``, at most ``concurrency`` batches in flight.
+        Returns one result per item, in order."""
+        if not items:
+            return []
+        started = time.perf_counter()
+        try:
+            return self._run(self._score_all(list(items)))
+        finally:
+            self.stats.seconds_in_score += time.perf_counter() - started
+
+    async def _score_all(self, items: list[ScoreItem]) -> list[ScoreResult]:
+        await self._ensure_session()
+        size = self.settings.batch_size
+        batches = [items[i : i + size] for i in range(0, len(items), size)]
+        outcomes = await asyncio.gather(*(self._score_batch(batch) for batch in batches))
+        return [result for outcome in outcomes for result in outcome]
+
+    async def _score_batch(self, batch: list[ScoreItem]) -> list[ScoreResult]:
+        assert self._semaphore is not None
+        async with self._semaphore:
+            if not self.breaker.allow():
+                self.stats.short_circuited_batches += 1
+                return [
+                    ScoreResult.error(item.id, f"circuit open: metric service at {self.base_url} is failing")
+                    for item in batch
+                ]
+            results, failure = await self._post_with_retries(batch)
+            if failure is None:
+                self.breaker.record_success()
+                assert results is not None
+                return results
+            self.breaker.record_failure()
+            self.stats.failed_batches += 1
+            log.warning("metric batch of %d items failed: %s", len(batch), failure)
+            return [ScoreResult.error(item.id, failure) for item in batch]
+
+    async def _post_with_retries(self, batch: list[ScoreItem]) -> tuple[list[ScoreResult] | None, str | None]:
+        session = await self._ensure_session()
+        payload = {"items": [item.to_json() for item in batch]}
+        ids = [item.id for item in batch]
+        failure = "no attempt made"
+        for attempt in range(self.settings.max_retries + 1):
+            if attempt:
+                self.stats.retries += 1
+                delay = min(
+                    self.settings.backoff_max_seconds, self.settings.backoff_base_seconds * 2 ** (attempt - 1)
+                )
+                # Full jitter spreads the retries of W trainer ranks that all failed at the same moment.
+                await asyncio.sleep(delay * (0.5 + self._rng.random() / 2))
+            self.stats.requests += 1
+            try:
+                async with session.post(self.base_url + SCORE_PATH, json=payload) as response:
+                    if response.status == 200:
+                        body = await response.json(content_type=None)
+                        return parse_score_response(body, ids), None
+                    text = (await response.text())[:300]
+                    failure = f"HTTP {response.status} from {SCORE_PATH}: {text}"
+                    if response.status not in RETRYABLE_STATUS:
+                        # A 4xx other than 408/429 is a contract violation; retrying cannot fix it.
+                        return None, failure
+            except ProtocolError as exc:
+                return None, f"metric service broke the protocol: {exc}"
+            except TimeoutError:
+                failure = f"timed out after {self.settings.timeout_seconds:.0f}s"
+            except (aiohttp.ClientError, ValueError) as exc:
+                failure = f"{type(exc).__name__}: {exc}"
+        return None, failure
+
+    def close(self) -> None:
+        async def _close() -> None:
+            if self._session is not None:
+                await self._session.close()
+                self._session = None
+
+        if self._loop.is_running():
+            self._run(_close())
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(timeout=10)
+
+
+class ErrorBudget:
+    """Fails the run when metric-service errors persist: the fraction of rollouts that were errors over the
+    last ``window_steps`` steps must stay at or below ``budget``. Outages shorter than the window (a pod
+    restart, a rolling update) cost a few steps' worth of signal but do not stop training."""
+
+    def __init__(self, budget: float, window_steps: int = 20):
+        if not 0.0 <= budget <= 1.0:
+            raise ValueError(f"metric.errorBudget must be within [0, 1], got {budget}")
+        self.budget = budget
+        self.window: deque[tuple[int, int]] = deque(maxlen=max(1, window_steps))
+
+    def record(self, errors: int, total: int) -> None:
+        self.window.append((errors, total))
+
+    @property
+    def fraction(self) -> float:
+        errors = sum(e for e, _ in self.window)
+        total = sum(t for _, t in self.window)
+        return errors / total if total else 0.0
+
+    def check(self, step: int) -> None:
+        if self.fraction > self.budget:
+            raise MetricServiceUnavailable(
+                f"metric service errors at step {step}: {self.fraction:.1%} of the rollouts in the last "
+                f"{len(self.window)} steps could not be scored, above metric.errorBudget={self.budget:.1%}; "
+                "check the metric pod's logs and readiness, or raise spec.metric.errorBudget"
+            )

@@ -1,0 +1,332 @@
+"""Per-step reporting on rank 0: metrics.jsonl, samples.jsonl, Prometheus, GRPOJob status; validation
+runs and SIGTERM handling on every rank (both need collectives, so every rank takes part)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import threading
+import time
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import torch
+from grpo_operator.api.status import CheckpointStatus, ProgressStatus, RewardsStatus
+from transformers import TrainerCallback
+
+from grpo_trainer.metric_client import ErrorBudget
+from grpo_trainer.prom import TrainerMetrics
+from grpo_trainer.reward import MetricReward
+from grpo_trainer.status import StatusReporter
+from grpo_trainer.trainer import ProjectGRPOTrainer, StepStats
+
+log = logging.getLogger("grpo_trainer.progress")
+
+# Groups per step written to samples.jsonl: enough for a person to read, small enough for long runs.
+SAMPLE_GROUPS_PER_STEP = 2
+
+
+def iso_now() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def finite(value: Any) -> float | None:
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return None
+    return number if math.isfinite(number) else None
+
+
+def truncate_jsonl(path: Path, after_step: int) -> None:
+    """On resume, drop records of steps after the checkpoint: they are about to be redone."""
+    if not path.is_file():
+        return
+    kept = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            if int(json.loads(line).get("step", 0)) <= after_step:
+                kept.append(line)
+        except (ValueError, AttributeError):
+            continue
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text("".join(f"{line}\n" for line in kept), encoding="utf-8")
+    tmp.replace(path)
+
+
+class StopFlag:
+    """Set by the SIGTERM handler; read at step boundaries (a handler must not do I/O itself)."""
+
+    def __init__(self) -> None:
+        self._event = threading.Event()
+
+    def set(self, *_: Any) -> None:
+        self._event.set()
+
+    def is_set(self) -> bool:
+        return self._event.is_set()
+
+
+@dataclass
+class Validation:
+    rows: list[dict[str, Any]]
+    every_steps: int
+    last_mean: float | None = None
+    last_step: int | None = None
+
+
+@dataclass
+class ProgressCallback(TrainerCallback):  # type: ignore[misc]
+    reward: MetricReward
+    total_steps: int
+    output_dir: Path
+    stop: StopFlag
+    budget: ErrorBudget
+    is_main: bool
+    metrics: TrainerMetrics | None = None
+    status: StatusReporter | None = None
+    validation: Validation | None = None
+    trainer: ProjectGRPOTrainer | None = None
+    stopped_by_signal: bool = False
+    _step_started: float = field(default_factory=time.monotonic)
+    _last_tokens: float = 0.0
+    _last_step_seconds: float = 0.0
+
+    # -- called from inside the generation round (every rank, global numbers) ----------------------------
+
+    def on_scored(self, stats: StepStats) -> None:
+        self.budget.record(stats.metric_errors, stats.rollouts)
+        step = self.trainer.state.global_step + 1 if self.trainer is not None else 0
+        self.budget.check(step)
+
+    # -- HF TrainerCallback hooks ----------------------------------------------------------------------
+
+    def on_step_begin(self, args: Any, state: Any, control: Any, **_: Any) -> None:
+        self._step_started = time.monotonic()
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **_: Any) -> None:
+        self._last_step_seconds = time.monotonic() - self._step_started
+        if self._any_rank_stopping():
+            log.info("SIGTERM received: saving a checkpoint at step %d and exiting", state.global_step)
+            self.stopped_by_signal = True
+            control.should_save = True
+            control.should_training_stop = True
+        if state.global_step >= self.total_steps:
+            control.should_save = True  # the final step is always checkpointed
+        if (
+            self.validation
+            and self.validation.every_steps
+            and (
+                state.global_step % self.validation.every_steps == 0 or state.global_step >= self.total_steps
+            )
+        ):
+            self._validate(state.global_step)
+
+    def _any_rank_stopping(self) -> bool:
+        flag = 1 if self.stop.is_set() else 0
+        if self.trainer is None or self.trainer.accelerator.num_processes == 1:
+            return bool(flag)
+        # torchrun delivers SIGTERM to every rank, but not at the same instant: agree before acting.
+        tensor = torch.tensor([flag], device=self.trainer.accelerator.device)
+        return bool(self.trainer.accelerator.gather(tensor).max().item())
+
+    def on_log(
+        self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **_: Any
+    ) -> None:
+        if not self.is_main or not logs or "train_runtime" in logs or self.trainer is None:
+            return
+        stats = self.trainer.grpo_step_stats
+        step = state.global_step
+        record: dict[str, Any] = {
+            "step": step,
+            "time": iso_now(),
+            "reward_mean": finite(stats.rewards_mean),
+            "reward_std": finite(stats.rewards_std),
+            "format_failure_ratio": stats.format_failure_ratio,
+            "zero_std_group_ratio": stats.zero_std_group_ratio,
+            "metric_error_ratio": stats.metric_error_ratio,
+            "rollouts": stats.rollouts,
+            "groups": stats.groups,
+            "tied_groups": stats.tied_groups,
+            "refill_rounds": stats.refill_rounds,
+            "loss": finite(logs.get("loss")),
+            "kl": finite(logs.get("kl")),
+            "clip_ratio": finite(logs.get("clip_ratio/region_mean")),
+            "completion_length": finite(logs.get("completions/mean_length")),
+            "learning_rate": finite(logs.get("learning_rate")),
+            "step_seconds": round(self._last_step_seconds, 4),
+            "metric_seconds": round(self.reward.client.stats.seconds_in_score, 4),
+        }
+        if self.validation and self.validation.last_step == step:
+            record["validation_mean"] = self.validation.last_mean
+        self._append(self.output_dir / "metrics.jsonl", [record])
+        self._write_samples(step)
+        if self.metrics is not None:
+            self._export(stats, logs, step)
+        if self.status is not None:
+            self.status.update(self._status_body(stats, step))
+
+    def on_save(self, args: Any, state: Any, control: Any, **_: Any) -> None:
+        if not self.is_main or self.trainer is None or self.trainer.grpo_last_manifest is None:
+            return
+        manifest = self.trainer.grpo_last_manifest
+        if self.metrics is not None:
+            self.metrics.last_checkpoint_step.set(manifest.step)
+            self.metrics.last_checkpoint_timestamp.set(time.time())
+        if self.status is not None:
+            checkpoint = CheckpointStatus.model_validate(
+                {"lastStep": manifest.step, "path": manifest.path, "time": manifest.time}
+            )
+            self.status.update(
+                {"checkpoint": checkpoint.model_dump(by_alias=True, exclude_none=True, mode="json")},
+                force=True,
+            )
+
+    # -- helpers -------------------------------------------------------------------------------------------
+
+    def _status_body(self, stats: StepStats, step: int) -> dict[str, Any]:
+        progress = ProgressStatus.model_validate(
+            {
+                "step": step,
+                "totalSteps": self.total_steps,
+                "display": f"{step}/{self.total_steps}",
+                "lastStepTime": iso_now(),
+                "stepDurationSeconds": round(self._last_step_seconds, 3),
+            }
+        )
+        rewards: dict[str, Any] = {
+            "mean": finite(stats.rewards_mean),
+            "std": finite(stats.rewards_std),
+            "formatFailureRatio": stats.format_failure_ratio,
+            "zeroStdGroupRatio": stats.zero_std_group_ratio,
+            "metricErrorRatio": stats.metric_error_ratio,
+        }
+        if self.validation and self.validation.last_step is not None:
+            rewards["validationMean"] = self.validation.last_mean
+            rewards["validationStep"] = self.validation.last_step
+        model = RewardsStatus.model_validate({k: v for k, v in rewards.items() if v is not None})
+        return {
+            "progress": progress.model_dump(by_alias=True, exclude_none=True, mode="json"),
+            "rewards": model.model_dump(by_alias=True, exclude_none=True, mode="json"),
+        }
+
+    def _export(self, stats: StepStats, logs: dict[str, Any], step: int) -> None:
+        m = self.metrics
+        assert m is not None
+        m.step.set(step)
+        m.total_steps.set(self.total_steps)
+        for gauge, value in (
+            (m.reward_mean, stats.rewards_mean),
+            (m.reward_std, stats.rewards_std),
+            (m.kl, logs.get("kl")),
+            (m.clip_ratio, logs.get("clip_ratio/region_mean")),
+            (m.completion_length, logs.get("completions/mean_length")),
+            (m.loss, logs.get("loss")),
+        ):
+            number = finite(value)
+            if number is not None:
+                gauge.set(number)
+        m.format_failures.inc(stats.format_failures)
+        m.metric_errors.inc(stats.metric_errors)
+        m.zero_std_groups.inc(stats.tied_groups)
+        m.groups.inc(stats.groups)
+        m.zero_std_group_ratio.set(stats.zero_std_group_ratio)
+        m.rollouts.inc(stats.rollouts)
+        tokens = finite(logs.get("num_tokens")) or 0.0  # TRL reports a running total
+        if tokens > self._last_tokens:
+            m.tokens.inc(tokens - self._last_tokens)
+            self._last_tokens = tokens
+        m.step_duration.observe(self._last_step_seconds)
+        m.last_step_timestamp.set(time.time())
+        seconds = self.reward.client.stats.seconds_in_score
+        counted = getattr(self, "_metric_seconds_counted", 0.0)
+        if seconds > counted:
+            m.metric_score_seconds.inc(seconds - counted)
+            self._metric_seconds_counted = seconds
+        if self.validation and self.validation.last_step == step and self.validation.last_mean is not None:
+            m.validation_reward.set(self.validation.last_mean)
+
+    def _write_samples(self, step: int) -> None:
+        assert self.trainer is not None
+        s = self.trainer.grpo_samples
+        limit = SAMPLE_GROUPS_PER_STEP * self.trainer.num_generations
+        lines = [
+            {
+                "step": step,
+                "split": "train",
+                "prompt": s.prompts[i],
+                "completion": s.completions[i],
+                "reward": finite(s.rewards[i]) if i < len(s.rewards) else None,
+                "advantage": s.advantages[i] if i < len(s.advantages) else None,
+                "formatFailure": s.format_failure[i] if i < len(s.format_failure) else False,
+            }
+            for i in range(min(limit, len(s.prompts)))
+        ]
+        self._append(self.output_dir / "samples.jsonl", lines)
+
+    @staticmethod
+    def _append(path: Path, records: list[dict[str, Any]]) -> None:
+        if not records:
+            return
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with path.open("a", encoding="utf-8") as handle:
+            for record in records:
+                handle.write(json.dumps(record, allow_nan=False) + "\n")
+
+    def _validate(self, step: int) -> None:
+        """Score one sampled answer per validation prompt (all ranks generate their shard)."""
+        assert self.trainer is not None and self.validation is not None
+        trainer = self.trainer
+        world, rank = trainer.accelerator.num_processes, trainer.accelerator.process_index
+        rows = self.validation.rows
+        per_rank = math.ceil(len(rows) / world)
+        shard = rows[rank::world]
+        real = len(shard)
+        # Generation is collective in server mode, so every rank sends the same number of prompts.
+        shard = shard + [rows[0]] * (per_rank - real)
+        prompts = [row["prompt"] for row in shard]
+        was_training = trainer.model.training
+        trainer.model.eval()
+        try:
+            with torch.no_grad():
+                completions = trainer._generate(prompts)[3]
+        finally:
+            trainer.model.train(was_training)
+            trainer._metrics["eval"].clear()
+        columns = {key: [row[key] for row in shard] for key in shard[0]} if shard else {}
+        columns.pop("prompt", None)
+        items = self.reward.build_items(prompts, completions, columns, tag=f"v{step}")[:real]
+        results = self.reward.client.score(items)
+        rewards = [self.reward.to_reward(r) for r in results]
+        scored = [r for r in rewards if r is not None]
+        local = torch.tensor(
+            [sum(scored), float(len(scored))], dtype=torch.float64, device=trainer.accelerator.device
+        )
+        total, count = trainer.accelerator.gather(local).view(-1, 2).sum(dim=0).tolist()
+        self.validation.last_mean = total / count if count else None
+        self.validation.last_step = step
+        if self.is_main:
+            log.info(
+                "validation at step %d: mean reward %s over %d answers",
+                step,
+                self.validation.last_mean,
+                int(count),
+            )
+            self._append(
+                self.output_dir / "samples.jsonl",
+                [
+                    {
+                        "step": step,
+                        "split": "validation",
+                        "prompt": item.prompt,
+                        "completion": item.completion,
+                        "reward": reward,
+                        "advantage": None,
+                        "formatFailure": result.kind == "format_failure",
+                    }
+                    for item, result, reward in zip(items, results, rewards, strict=True)
+                ],
+            )

@@ -1,0 +1,308 @@
+"""TRL's GRPOTrainer with this project's semantics (DESIGN.md):
+
+* advantages from :func:`grpo_trainer.advantages.compute_advantages` (population sigma, exact zeros for
+  tied groups, metric errors excluded) replace TRL's (sample sigma + 1e-4) on every generation round;
+* tied ("no diversity") groups are counted every step and, with ``dynamicSampling``, replaced by freshly
+  generated informative groups (DAPO), up to MAX_REFILL_ROUNDS extra generation rounds per step;
+* checkpoints are published as ``step-N`` + ``latest.json`` (checkpoints.py) instead of HF's
+  ``checkpoint-N`` rotation.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from trl import GRPOTrainer
+
+from grpo_trainer.advantages import AdvantageResult, ScaleRewards, compute_advantages
+from grpo_trainer.checkpoints import Manifest, publish
+
+log = logging.getLogger("grpo_trainer.trainer")
+
+GRPO_STATE_FILE = "grpo_state.json"
+# Extra generation rounds one step may spend replacing tied groups before training on what it has.
+MAX_REFILL_ROUNDS = 4
+
+
+@dataclass
+class StepStats:
+    """One optimizer step's scoring, over all ranks (filled on every rank; logged by rank 0)."""
+
+    rollouts: int = 0
+    rewards_mean: float = float("nan")
+    rewards_std: float = float("nan")
+    format_failures: int = 0
+    metric_errors: int = 0
+    groups: int = 0
+    tied_groups: int = 0
+    refill_rounds: int = 0
+    replaced_groups: int = 0
+
+    @property
+    def format_failure_ratio(self) -> float:
+        return self.format_failures / self.rollouts if self.rollouts else 0.0
+
+    @property
+    def metric_error_ratio(self) -> float:
+        return self.metric_errors / self.rollouts if self.rollouts else 0.0
+
+    @property
+    def zero_std_group_ratio(self) -> float:
+        return self.tied_groups / self.groups if self.groups else 0.0
+
+
+@dataclass
+class LocalSamples:
+    """What this rank trained on in the last generation round, for samples.jsonl."""
+
+    prompts: list[str] = field(default_factory=list)
+    completions: list[str] = field(default_factory=list)
+    rewards: list[float] = field(default_factory=list)
+    advantages: list[float] = field(default_factory=list)
+    format_failure: list[bool] = field(default_factory=list)
+
+
+class RefillSource:
+    """Seeded, resumable stream of extra prompts for dynamic sampling (separate from the main sampler so
+    the main data order is the same with and without it)."""
+
+    def __init__(self, size: int, seed: int, rank: int):
+        self.size, self.seed, self.rank = size, seed, rank
+        self.epoch = 0
+        self.cursor = 0
+        self._order = self._permutation()
+
+    def _permutation(self) -> list[int]:
+        generator = torch.Generator().manual_seed(self.seed * 1000 + self.rank * 7919 + self.epoch)
+        return torch.randperm(self.size, generator=generator).tolist()
+
+    def take(self, count: int) -> list[int]:
+        out = []
+        for _ in range(count):
+            if self.cursor >= self.size:
+                self.epoch, self.cursor = self.epoch + 1, 0
+                self._order = self._permutation()
+            out.append(self._order[self.cursor])
+            self.cursor += 1
+        return out
+
+    def state(self) -> dict[str, int]:
+        return {"epoch": self.epoch, "cursor": self.cursor}
+
+    def restore(self, state: dict[str, int]) -> None:
+        self.epoch, self.cursor = int(state["epoch"]), int(state["cursor"])
+        self._order = self._permutation()
+
+
+def _pad_cat(a: torch.Tensor, b: torch.Tensor, left: bool, value: float) -> torch.Tensor:
+    """Concatenate two [n, L] tensors whose L differ, padding the shorter on the given side."""
+    length = max(a.shape[1], b.shape[1])
+
+    def pad(t: torch.Tensor) -> torch.Tensor:
+        missing = length - t.shape[1]
+        if missing == 0:
+            return t
+        filler = torch.full((t.shape[0], missing, *t.shape[2:]), value, dtype=t.dtype, device=t.device)
+        return torch.cat([filler, t] if left else [t, filler], dim=1)
+
+    return torch.cat([pad(a), pad(b)], dim=0)
+
+
+class ProjectGRPOTrainer(GRPOTrainer):  # type: ignore[misc]
+    def __init__(
+        self,
+        *args: Any,
+        scale_rewards_mode: ScaleRewards,
+        checkpoint_dir: str,
+        keep_last: int,
+        dynamic_sampling: bool = False,
+        on_scored: Callable[[StepStats], None] | None = None,
+        pad_token_id: int = 0,
+        **kwargs: Any,
+    ):
+        super().__init__(*args, **kwargs)
+        self.grpo_scale_rewards: ScaleRewards = scale_rewards_mode
+        self.grpo_checkpoint_dir = Path(checkpoint_dir)
+        self.grpo_keep_last = keep_last
+        self.grpo_dynamic_sampling = dynamic_sampling
+        self.grpo_on_scored = on_scored
+        self.grpo_pad_token_id = pad_token_id
+        self.grpo_last_rewards: torch.Tensor | None = None
+        self.grpo_last_result: AdvantageResult | None = None
+        self.grpo_step_stats = StepStats()
+        self.grpo_samples = LocalSamples()
+        self.grpo_last_manifest: Manifest | None = None
+        self.grpo_refill: RefillSource | None = None
+        if dynamic_sampling and self.train_dataset is not None:
+            self.grpo_refill = RefillSource(
+                len(self.train_dataset), self.args.seed, self.accelerator.process_index
+            )
+
+    # -- rewards and advantages ------------------------------------------------------------------------
+
+    def _calculate_rewards(
+        self, inputs: Any, prompts: Any, completions: Any, completion_ids_list: Any
+    ) -> Any:
+        rewards_per_func = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
+        # One reward function (the metric service); NaN marks items it could not score.
+        self.grpo_last_rewards = rewards_per_func[:, 0].detach().clone()
+        return rewards_per_func
+
+    def _score_round(self, inputs: list[dict[str, Any]]) -> tuple[dict[str, Any], AdvantageResult, list[int]]:
+        """One generation round through TRL, with our advantages. Returns TRL's output dict (advantages
+        replaced), the global result and this rank's [format failures, errors, rollouts] counts."""
+        output = super()._generate_and_score_completions(inputs)
+        assert self.grpo_last_rewards is not None
+        group_size = self.num_generations
+        result = compute_advantages(self.grpo_last_rewards, group_size, self.grpo_scale_rewards)
+        n_local = len(inputs)
+        start = self.accelerator.process_index * n_local
+        output["advantages"] = result.advantages[start : start + n_local].to(output["advantages"].device)
+        self.grpo_last_result = result
+        scored = getattr(self.reward_funcs[0], "last", None)
+        ff = scored.format_failures if scored is not None else 0
+        err = scored.errors if scored is not None else int(torch.isnan(self.grpo_last_rewards).sum().item())
+        return output, result, [ff, err, n_local]
+
+    def _global_counts(self, local: list[int]) -> list[int]:
+        tensor = torch.tensor(local, dtype=torch.long, device=self.accelerator.device)
+        return [int(v) for v in self.accelerator.gather(tensor).view(-1, len(local)).sum(dim=0).tolist()]
+
+    def _record_samples(self, inputs_len: int, output: dict[str, Any], result: AdvantageResult) -> None:
+        scored = getattr(self.reward_funcs[0], "last", None)
+        if scored is None or not self.accelerator.is_main_process:
+            return
+        assert self.grpo_last_rewards is not None
+        rewards = self.grpo_last_rewards[:inputs_len].tolist()
+        self.grpo_samples = LocalSamples(
+            prompts=list(scored.prompts),
+            completions=list(scored.completions),
+            rewards=rewards,
+            advantages=output["advantages"].tolist(),
+            format_failure=[r.kind == "format_failure" for r in scored.results],
+        )
+
+    def _generate_and_score_completions(self, inputs: list[dict[str, Any]]) -> dict[str, Any]:
+        if not self.model.training:
+            return super()._generate_and_score_completions(inputs)  # type: ignore[no-any-return]
+        output, result, local_counts = self._score_round(inputs)
+        self._record_samples(len(inputs), output, result)
+        ff, err, rollouts = self._global_counts(local_counts)
+        rewards = self.grpo_last_rewards
+        assert rewards is not None
+        valid = rewards[~torch.isnan(rewards)].double()
+        stats = StepStats(
+            rollouts=rollouts,
+            rewards_mean=float(valid.mean()) if valid.numel() else float("nan"),
+            rewards_std=float(valid.std(unbiased=False)) if valid.numel() else float("nan"),
+            format_failures=ff,
+            metric_errors=err,
+            groups=int(result.scored_groups.sum()),
+            tied_groups=result.num_tied,
+        )
+        if self.grpo_dynamic_sampling and self.grpo_refill is not None:
+            output = self._refill_tied_groups(inputs, output, result, stats)
+        self.grpo_step_stats = stats
+        if self.grpo_on_scored is not None:
+            self.grpo_on_scored(stats)
+        return output
+
+    # -- dynamic sampling --------------------------------------------------------------------------------
+
+    def _refill_tied_groups(
+        self, inputs: list[dict[str, Any]], output: dict[str, Any], result: AdvantageResult, stats: StepStats
+    ) -> dict[str, Any]:
+        """Drop this rank's tied groups and fill their places with informative groups generated from extra
+        prompts. Every rank runs the same number of rounds (generation is collective in server mode)."""
+        assert self.grpo_refill is not None
+        group_size = self.num_generations
+        n_local = len(inputs)
+        groups_local = n_local // group_size
+        first_group = self.accelerator.process_index * groups_local
+        tied = result.tied_groups[first_group : first_group + groups_local].tolist()
+        keep_rows = [i for i in range(n_local) if not tied[i // group_size]]
+        merged = self._select_rows(output, keep_rows)
+        missing = sum(tied)
+        rounds = 0
+        while rounds < MAX_REFILL_ROUNDS:
+            if max(self._global_counts([missing])) == 0:
+                break
+            rounds += 1
+            indices = self.grpo_refill.take(groups_local)
+            assert self.train_dataset is not None
+            extra_inputs = [dict(self.train_dataset[i]) for i in indices for _ in range(group_size)]
+            extra_out, extra_result, _ = self._score_round(extra_inputs)
+            extra_tied = extra_result.tied_groups[first_group : first_group + groups_local].tolist()
+            take = [g for g, t in enumerate(extra_tied) if not t][:missing]
+            rows = [g * group_size + j for g in take for j in range(group_size)]
+            if rows:
+                merged = self._concat(merged, self._select_rows(extra_out, rows))
+                missing -= len(take)
+        stats.refill_rounds = rounds
+        replaced = self._global_counts([sum(tied) - missing])[0]
+        stats.replaced_groups = replaced
+        if missing:
+            # Out of rounds: train on the tied groups we still need (advantage 0, so they only dilute).
+            fill = [i for i in range(n_local) if tied[i // group_size]][: missing * group_size]
+            merged = self._concat(merged, self._select_rows(output, fill))
+        mask = merged["completion_mask"]
+        merged["num_items_in_batch"] = self.accelerator.gather(mask.sum()).sum()
+        return merged
+
+    @staticmethod
+    def _select_rows(batch: dict[str, Any], rows: list[int]) -> dict[str, Any]:
+        index = torch.tensor(rows, dtype=torch.long)
+        out: dict[str, Any] = {}
+        for key, value in batch.items():
+            if isinstance(value, torch.Tensor) and value.dim() > 0:
+                out[key] = value.index_select(0, index.to(value.device))
+            else:
+                out[key] = value
+        return out
+
+    def _concat(self, a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for key, value in a.items():
+            other = b.get(key)
+            if not isinstance(value, torch.Tensor) or value.dim() == 0 or not isinstance(other, torch.Tensor):
+                out[key] = value
+            elif value.dim() == 1 or value.shape[1:] == other.shape[1:]:
+                out[key] = torch.cat([value, other], dim=0)
+            elif key == "prompt_ids":
+                out[key] = _pad_cat(value, other, left=True, value=self.grpo_pad_token_id)
+            elif key == "prompt_mask":
+                out[key] = _pad_cat(value, other, left=True, value=0)
+            elif key == "completion_ids":
+                out[key] = _pad_cat(value, other, left=False, value=self.grpo_pad_token_id)
+            else:  # completion-aligned masks and per-token log-probs: right padding, masked out anyway
+                out[key] = _pad_cat(value, other, left=False, value=0)
+        return out
+
+    # -- checkpoints ---------------------------------------------------------------------------------------
+
+    def _save_checkpoint(self, model: Any, trial: Any) -> None:
+        super()._save_checkpoint(model, trial)
+        step = self.state.global_step
+        staged = Path(self.args.output_dir) / f"checkpoint-{step}"
+        if self.accelerator.is_main_process:
+            extra = {"step": step, "refill": self.grpo_refill.state() if self.grpo_refill else None}
+            (staged / GRPO_STATE_FILE).write_text(json.dumps(extra), encoding="utf-8")
+        # Every rank has written its RNG state and shards before rank 0 publishes the directory.
+        self.accelerator.wait_for_everyone()
+        if self.accelerator.is_main_process:
+            self.grpo_last_manifest = publish(staged, self.grpo_checkpoint_dir, step, self.grpo_keep_last)
+            log.info("checkpoint step %d published at %s", step, self.grpo_last_manifest.path)
+        self.accelerator.wait_for_everyone()
+
+    def restore_grpo_state(self, checkpoint: str) -> None:
+        path = Path(checkpoint) / GRPO_STATE_FILE
+        if path.is_file() and self.grpo_refill is not None:
+            state = json.loads(path.read_text(encoding="utf-8"))
+            if state.get("refill"):
+                self.grpo_refill.restore(state["refill"])
