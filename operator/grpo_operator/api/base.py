@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 from pydantic.alias_generators import to_camel
 
 
@@ -61,6 +61,15 @@ class ApiModel(BaseModel):
     # CEL rules the CRD generator attaches to this object's schema. Each is mirrored by a pydantic
     # validator on the same class; tests/unit/test_api_* and the hypothesis test keep them in step.
     cel_rules: ClassVar[tuple[CelRule, ...]] = ()
+
+    @model_validator(mode="before")
+    @classmethod
+    def _null_means_unset(cls, data: Any) -> Any:
+        # The API server prunes explicit nulls on non-nullable fields before defaulting, so
+        # `temperature: null` means "use the default" there; it must mean the same here.
+        if isinstance(data, dict):
+            return {k: v for k, v in data.items() if v is not None}
+        return data
 
     def to_dict(self) -> dict[str, Any]:
         """The wire form: camelCase keys, unset optional fields left out (the API server prunes nulls)."""

@@ -1,0 +1,267 @@
+"""Property: the pydantic models and the API server (OpenAPI schema + CEL rules) give the same
+verdict on any GRPOJob. Random manifests cluster around every bound and rule, so a constraint
+stated in one place and not the other is found quickly."""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+import pydantic
+from grpo_operator.api import GROUP, PLURAL, VERSION, GRPOJob, describe_validation_error
+from grpo_operator.api.dataset_uri import DATASET_URI_PATTERN
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from kubernetes.client import CustomObjectsApi
+from kubernetes.client.exceptions import ApiException
+
+from tests.harness.kube import Cluster
+
+_ABSENT = object()
+
+
+def _pick(valid: st.SearchStrategy[Any], invalid: st.SearchStrategy[Any]) -> st.SearchStrategy[Any]:
+    """Mostly a valid value, sometimes an invalid one: about half of the whole manifests come out
+    valid, so both directions of the property get exercised."""
+    return st.integers(0, 39).flatmap(lambda i: invalid if i == 0 else valid)
+
+
+def _opt(strategy: st.SearchStrategy[Any], *, null: bool = True) -> st.SearchStrategy[Any]:
+    """The value, or the key left out, or (optionally) an explicit null (which means unset)."""
+    options = [strategy, st.just(_ABSENT)]
+    if null:
+        options.append(st.none())
+    return st.one_of(*options)
+
+
+def _obj(**fields: st.SearchStrategy[Any]) -> st.SearchStrategy[dict[str, Any]]:
+    return st.fixed_dictionaries(fields).map(lambda d: {k: v for k, v in d.items() if v is not _ABSENT})
+
+
+_WRONG_TYPES = st.sampled_from(["1", True, [], {}])
+
+
+def _ints(lo: int, hi: int, bad_lo: int, bad_hi: int) -> st.SearchStrategy[Any]:
+    """Integers in [lo, hi] (valid), or from the wider [bad_lo, bad_hi], or of the wrong type."""
+    return _pick(st.integers(lo, hi), st.one_of(st.integers(bad_lo, bad_hi), _WRONG_TYPES, st.just(2.5)))
+
+
+def _floats(lo: float, hi: float, bad: list[float]) -> st.SearchStrategy[Any]:
+    valid = st.one_of(
+        st.floats(lo, hi, allow_nan=False, allow_infinity=False, exclude_min=True),
+        st.sampled_from([hi]),
+    )
+    return _pick(valid, st.one_of(st.sampled_from(bad), _WRONG_TYPES))
+
+
+_NAMES = _pick(
+    st.one_of(
+        st.sampled_from(["job", "a", "a-b", "a" * 40, "ab9"]),
+        st.from_regex(r"\A[a-z]([-a-z0-9]{0,38}[a-z0-9])?\Z"),
+    ),
+    st.one_of(
+        st.sampled_from(["a" * 41, "1a", "a-", "job.v1"]), st.from_regex(r"\A[a-z0-9][-.a-z0-9]{0,44}\Z")
+    ),
+)
+_TEXTS = _pick(
+    st.sampled_from(["x", "Qwen/Qwen2.5-0.5B", "/models/tiny", "ghcr.io/a/b:1", "a" * 512]),
+    st.sampled_from(["", "with space", "tab\there", "a" * 513]),
+)
+_DATASET_URIS = _pick(
+    st.one_of(
+        st.sampled_from(
+            [
+                "hf://openai/gsm8k",
+                "hf://openai/gsm8k:main#test",
+                "hf://gsm8k@v1#train[:10%]",
+                "file:///workspace/a.jsonl",
+                "file:///a.parquet",
+            ]
+        ),
+        st.from_regex(DATASET_URI_PATTERN, fullmatch=True).filter(lambda s: len(s) <= 2048),
+    ),
+    st.one_of(
+        st.sampled_from(["hf://a/b/c", "hf://", "s3://b/k.jsonl", "file://rel/a.json", "file:///a.csv", ""]),
+        st.text(alphabet="hf:/.#@[]%ab-_9 ile", max_size=24),
+    ),
+)
+_QUANTITIES = _pick(
+    st.sampled_from(["500m", "1Gi", "2", 2, 0, "1.5", "1e3", "1Ki", "0.5Gi", ".5"]),
+    st.sampled_from([-1, "-1", "abc", "", "1.5.5", "1Gb", 1.5]),
+)
+_TOLERATION = _pick(
+    st.one_of(
+        st.just({"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}),
+        st.just({"key": "team", "operator": "Equal", "value": "ml"}),
+        st.just({"key": "spot", "effect": "NoExecute", "tolerationSeconds": 30}),
+        st.just({"operator": "Exists"}),
+    ),
+    _obj(
+        key=_opt(st.sampled_from(["", "nvidia.com/gpu", "team"]), null=False),
+        operator=_opt(st.sampled_from(["Exists", "Equal", "In"]), null=False),
+        value=_opt(st.sampled_from(["", "x"]), null=False),
+        effect=_opt(st.sampled_from(["NoSchedule", "NoExecute", "PreferNoSchedule", "Bad"]), null=False),
+        tolerationSeconds=_opt(st.integers(-1, 100), null=False),
+    ),
+)
+
+
+@st.composite
+def job_manifests(draw: st.DrawFn) -> dict[str, Any]:
+    grpo = draw(
+        _obj(
+            groupSize=_ints(2, 16, -1, 300),
+            promptsPerStep=_ints(1, 8, -1, 0),
+            steps=_ints(1, 1_000_000, -1, 0),
+            learningRate=_opt(_floats(0, 1, [0, -1e-6, 1.5])),
+            temperature=_opt(_floats(0, 100, [0, 0.0, -1, 100.5])),
+            topP=_opt(_floats(0, 1, [0, 1.0000001, -0.5])),
+            beta=_opt(_floats(0, 1, [-0.1])),
+            epsilon=_opt(_floats(0.1, 0.3, [0, 1.2])),
+            epsilonHigh=_opt(_floats(0.2, 1, [0, 0.05, 1.2])),
+            lossType=_opt(_pick(st.sampled_from(["grpo", "bnpo", "dr_grpo", "dapo"]), st.just("ppo"))),
+            scaleRewards=_opt(_pick(st.sampled_from(["group", "batch", "none"]), st.just("None"))),
+            formatFailureScore=_opt(_floats(-2, -1, [0.0, 1, 5])),
+            failureScore=_opt(_floats(-0.5, 1, [-1, -3])),
+            dynamicSampling=_opt(_pick(st.booleans(), st.just("true"))),
+            lora=_opt(
+                _obj(
+                    enabled=_opt(st.booleans()),
+                    r=_opt(_ints(1, 1024, 0, 2000)),
+                    dropout=_opt(_pick(st.sampled_from([0, 0.0, 0.5, 0.99]), st.sampled_from([1.0, -0.1]))),
+                    targetModules=_opt(
+                        _pick(
+                            st.lists(st.sampled_from(["q_proj", "v_proj"]), min_size=1, max_size=3),
+                            st.sampled_from([[], [""]]),
+                        )
+                    ),
+                )
+            ),
+            validation=_opt(_obj(everySteps=_opt(_ints(0, 3, -1, -1)), maxPrompts=_opt(_ints(1, 3, 0, 0)))),
+        )
+    )
+    spec: dict[str, Any] = {
+        "model": draw(
+            _obj(
+                name=_TEXTS,
+                revision=_opt(_TEXTS),
+                dtype=_opt(_pick(st.sampled_from(["bfloat16", "float32"]), st.just("int8"))),
+            )
+        ),
+        "dataset": draw(_obj(train=_DATASET_URIS, validation=_opt(_DATASET_URIS))),
+        "grpo": grpo,
+        "metric": draw(
+            _obj(
+                image=_TEXTS,
+                port=_opt(_ints(1, 65535, 0, 70000)),
+                errorBudget=_opt(_pick(st.sampled_from([0, 0.05, 1, 1.0]), st.sampled_from([-0.5, 1.5]))),
+                env=_opt(
+                    _pick(
+                        st.lists(
+                            _obj(
+                                name=st.sampled_from(["A", "B", "-ok", "_X"]),
+                                value=_opt(st.just("v"), null=False),
+                            ),
+                            max_size=3,
+                            unique_by=lambda e: e["name"],
+                        ),
+                        st.sampled_from([[{"name": "A"}, {"name": "A"}], [{"name": "9X"}], [{"value": "v"}]]),
+                    )
+                ),
+                resources=_opt(
+                    _obj(requests=_opt(st.dictionaries(st.sampled_from(["cpu", "memory"]), _QUANTITIES)))
+                ),
+            )
+        ),
+    }
+    optional_objects = {
+        "generation": _obj(
+            gpus=_opt(_ints(1, 8, -1, 9)),
+            tensorParallelSize=_opt(_ints(1, 8, 0, 9)),
+            gpuMemoryUtilization=_opt(_floats(0, 1, [0, 1.1])),
+            maxModelLen=_opt(_ints(1, 10, 0, 0)),
+        ),
+        "trainer": _obj(
+            nodes=_opt(_ints(1, 2, 0, 65)),
+            gpusPerNode=_opt(_ints(1, 8, 0, 9)),
+            perDeviceBatchSize=_opt(_ints(1, 4, 0, 0)),
+        ),
+        "checkpoints": _obj(
+            everySteps=_opt(_ints(1, 3, 0, 0)),
+            retention=_opt(_pick(st.sampled_from(["Retain", "Delete"]), st.just("Keep"))),
+            volume=_opt(
+                _obj(
+                    existingClaim=_opt(_pick(st.just("claim"), st.sampled_from(["Bad_Claim", ""]))),
+                    size=_opt(_QUANTITIES.filter(lambda q: isinstance(q, str))),
+                    accessMode=_opt(
+                        _pick(st.sampled_from(["ReadWriteOnce", "ReadWriteMany"]), st.just("ReadOnlyMany"))
+                    ),
+                )
+            ),
+        ),
+        "scheduling": _obj(
+            tolerations=_opt(st.lists(_TOLERATION, max_size=2)),
+            queueName=_opt(_pick(st.just("team-a"), st.sampled_from(["Team_A", ""]))),
+        ),
+        "runPolicy": _obj(
+            backoffLimit=_opt(_ints(0, 3, -1, -1)), activeDeadlineSeconds=_opt(_ints(1, 3, 0, 0))
+        ),
+        "suspend": _pick(st.booleans(), st.just("no")),
+    }
+    for key, strategy in optional_objects.items():
+        value = draw(_opt(strategy))
+        if value is not _ABSENT:
+            spec[key] = value
+    if draw(st.integers(0, 39)) == 0:
+        spec[draw(st.sampled_from(["replicas", "extra"]))] = 1
+    return {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": "GRPOJob",
+        "metadata": {"name": draw(_NAMES)},
+        "spec": spec,
+    }
+
+
+def _model_verdict(manifest: dict[str, Any]) -> tuple[bool, str]:
+    try:
+        GRPOJob.model_validate(manifest)
+    except pydantic.ValidationError as exc:
+        return False, "\n".join(describe_validation_error(exc))
+    return True, ""
+
+
+def _server_verdict(api: CustomObjectsApi, namespace: str, manifest: dict[str, Any]) -> tuple[bool, str]:
+    try:
+        api.create_namespaced_custom_object(
+            GROUP, VERSION, namespace, PLURAL, manifest, dry_run="All", field_validation="Strict"
+        )
+    except ApiException as exc:
+        if exc.status in (400, 422):
+            return False, str(exc.body)
+        raise
+    return True, ""
+
+
+def test_model_and_api_server_agree_on_random_jobs(kube: Cluster, namespace: str) -> None:
+    api = CustomObjectsApi(kube.api_client())
+    verdicts: Counter[bool] = Counter()
+
+    @settings(
+        max_examples=400,
+        deadline=None,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much, HealthCheck.data_too_large],
+    )
+    @given(manifest=job_manifests())
+    def check(manifest: dict[str, Any]) -> None:
+        model_ok, model_why = _model_verdict(manifest)
+        server_ok, server_why = _server_verdict(api, namespace, manifest)
+        assert model_ok == server_ok, (
+            f"pydantic says {'valid' if model_ok else 'invalid'}, the API server says "
+            f"{'valid' if server_ok else 'invalid'}\nmanifest: {manifest}\npydantic: {model_why}\n"
+            f"server: {server_why}"
+        )
+        verdicts[model_ok] += 1
+
+    check()
+    # Both verdicts must be common, or the property says little about one of the directions.
+    assert verdicts[True] >= 20 and verdicts[False] >= 20, verdicts
