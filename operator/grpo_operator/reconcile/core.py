@@ -70,6 +70,7 @@ _DISRUPTION_REASONS = {
 }
 
 _MIN_REQUEUE = 1.0
+_SCHEDULING = "waiting for the scheduler to place the pods"
 
 
 @dataclass
@@ -393,7 +394,7 @@ def _waiting(step: _Step, job: Job, observed: Observed, expected: list[str], pre
         if all_scheduled:
             step.condition(SCHEDULED, "True", "AllPodsScheduled", f"all {len(expected)} pods are scheduled")
         else:
-            step.condition(SCHEDULED, "False", "Scheduling", "waiting for the scheduler to place the pods")
+            step.condition(SCHEDULED, "False", "Scheduling", _SCHEDULING)
         waiting = next(((p, p.waiting()) for p in present if p.waiting() is not None), None)
         if step.old_phase == "Restarting":
             phase, reason = "Restarting", str(step.new.get("reason") or "Restarting")
@@ -501,6 +502,8 @@ def _restart(step: _Step, job: Job, observed: Observed, reason: str, message: st
     full = f"{message}; restarting the gang as attempt {attempt} ({budget}), {where}"
     step.set_phase("Restarting", reason, full)
     step.condition(RUNNING, "False", "Restarting", full)
+    # The new gang's pods exist once this plan is carried out, but nothing has placed them yet.
+    step.condition(SCHEDULED, "False", "Scheduling", _SCHEDULING)
     step.event("Warning", "Restarting", full)
     if step.checkpoint_path:
         step.event("Normal", "ResumedFromCheckpoint", f"gang attempt {attempt} {where}")

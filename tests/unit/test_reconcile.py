@@ -1,0 +1,730 @@
+"""reconcile(job, observed, now, settings) -> Plan: lifecycle, failures, deadlines, idempotence.
+
+The tests keep the cluster's state as plain data (the job object and its children) and apply each
+plan to it the way the API server would, so "running reconcile again changes nothing" and "an
+operator killed half-way converges" are checked on the real decision code.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+from grpo_operator.reconcile import OWNED_STATUS_FIELDS, Observed, Plan, reconcile
+from grpo_operator.reconcile.conditions import format_time
+from grpo_operator.settings import OperatorSettings
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+T0 = datetime(2026, 11, 29, 8, 0, 0, tzinfo=UTC)
+SETTINGS = OperatorSettings()
+CKPT = "/workspace/checkpoints/step-50"
+
+
+def job_object(**spec: Any) -> dict[str, Any]:
+    base: dict[str, Any] = {
+        "model": {"name": "Qwen/Qwen2.5-1.5B-Instruct"},
+        "dataset": {"train": "hf://openai/gsm8k:main#train"},
+        "grpo": {"groupSize": 8, "promptsPerStep": 4, "steps": 500},
+        "metric": {"image": "ghcr.io/grpo-operator/metric-math:0.1.0"},
+        "trainer": {"nodes": 2, "gpusPerNode": 2},
+        "checkpoints": {"volume": {"accessMode": "ReadWriteMany"}},
+        "runPolicy": {"backoffLimit": 2},
+    }
+    for key, value in spec.items():
+        base[key] = {**base.get(key, {}), **value} if isinstance(value, dict) else value
+    return {
+        "apiVersion": "grpo.dev/v1alpha1",
+        "kind": "GRPOJob",
+        "metadata": {"name": "math", "namespace": "ns", "uid": "uid-1", "generation": 1},
+        "spec": base,
+    }
+
+
+@dataclass
+class World:
+    """The job and its children as the API server would hold them."""
+
+    job: dict[str, Any]
+    objects: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
+    now: datetime = T0
+    nodes: frozenset[str] | None = frozenset({"gpu-node-0", "gpu-node-1", "cpu-node-0"})
+    plans: list[Plan] = field(default_factory=list)
+
+    def observed(self) -> Observed:
+        return Observed(objects=tuple(copy.deepcopy(list(self.objects.values()))), nodes=self.nodes)
+
+    def reconcile(self) -> Plan:
+        plan = reconcile(copy.deepcopy(self.job), self.observed(), self.now, SETTINGS)
+        self.plans.append(plan)
+        return plan
+
+    def apply(
+        self, plan: Plan, *, status: bool = True, deletes: bool = True, creates: int | None = None
+    ) -> None:
+        """Carry out a plan like the handlers do (optionally only part of it, as a killed operator would)."""
+        if status and plan.status:
+            current = self.job.setdefault("status", {})
+            for key, value in plan.status.items():
+                if value is None:
+                    current.pop(key, None)
+                else:
+                    current[key] = copy.deepcopy(value)
+        if deletes:
+            for ref in plan.deletes:
+                self.objects.pop((ref.kind, ref.name), None)
+        for manifest in plan.applies:
+            self.objects[(manifest["kind"], manifest["metadata"]["name"])] = copy.deepcopy(manifest)
+        for manifest in plan.creates[: creates if creates is not None else len(plan.creates)]:
+            obj = copy.deepcopy(manifest)
+            obj["metadata"]["creationTimestamp"] = format_time(self.now)
+            obj["status"] = {"phase": "Pending"}
+            self.objects.setdefault((obj["kind"], obj["metadata"]["name"]), obj)
+
+    def step(self) -> Plan:
+        plan = self.reconcile()
+        self.apply(plan)
+        return plan
+
+    def settle(self) -> Plan:
+        """Reconcile and apply until nothing changes; returns the last (empty) plan."""
+        for _ in range(10):
+            plan = self.step()
+            if plan.is_empty():
+                return plan
+        raise AssertionError(f"reconcile did not converge: {self.plans[-1]}")
+
+    # --- pod lifecycles, the way kube-scheduler and kwok would move them ----------------------------------
+
+    def pods(self, role: str | None = None) -> list[dict[str, Any]]:
+        return [
+            o
+            for (kind, _), o in sorted(self.objects.items())
+            if kind == "Pod" and (role is None or o["metadata"]["labels"]["grpo.dev/role"] == role)
+        ]
+
+    def pod(self, name: str) -> dict[str, Any]:
+        return self.objects[("Pod", name)]
+
+    def schedule_all(self) -> None:
+        for i, pod in enumerate(self.pods()):
+            pod["spec"]["nodeName"] = f"gpu-node-{i % 2}"
+            pod["status"]["conditions"] = [{"type": "PodScheduled", "status": "True"}]
+
+    def run_all(self) -> None:
+        self.schedule_all()
+        for pod in self.pods():
+            pod["status"]["phase"] = "Running"
+
+    def terminate(self, name: str, exit_code: int, message: str = "", phase: str | None = None) -> None:
+        pod = self.pod(name)
+        pod["status"]["phase"] = phase or ("Succeeded" if exit_code == 0 else "Failed")
+        pod["status"]["containerStatuses"] = [
+            {
+                "name": pod["spec"]["containers"][0]["name"],
+                "state": {"terminated": {"exitCode": exit_code, "reason": "Error", "message": message}},
+            }
+        ]
+
+    def status(self) -> dict[str, Any]:
+        return dict(self.job.get("status") or {})
+
+    def condition(self, type_: str) -> dict[str, Any]:
+        return next(c for c in self.status()["conditions"] if c["type"] == type_)
+
+    def advance(self, seconds: float) -> None:
+        self.now += timedelta(seconds=seconds)
+
+
+def running_world(**spec: Any) -> World:
+    world = World(job_object(**spec))
+    world.settle()
+    world.run_all()
+    world.settle()
+    assert world.status()["phase"] == "Running"
+    return world
+
+
+def env(pod: dict[str, Any]) -> dict[str, str]:
+    return {e["name"]: e.get("value", "") for e in pod["spec"]["containers"][0]["env"]}
+
+
+def events(plan: Plan) -> list[tuple[str, str]]:
+    return [(e.type, e.reason) for e in plan.events]
+
+
+# --- creation and steady state ---------------------------------------------------------------------------
+
+
+def test_new_job_creates_every_child_and_the_first_gang() -> None:
+    world = World(job_object())
+    plan = world.reconcile()
+    assert plan.status is not None
+    assert plan.status["trainerAttempt"] == 1
+    assert plan.status["phase"] == "Pending"
+    assert plan.status["restarts"] == 0
+    assert plan.status["rollouts"] == 500 * 4 * 8
+    assert plan.status["startTime"] == format_time(T0)
+    assert plan.status["observedGeneration"] == 1
+    applied = {(m["kind"], m["metadata"]["name"]) for m in plan.applies}
+    assert ("ConfigMap", "math-config") in applied
+    assert ("PersistentVolumeClaim", "math-ckpt") in applied
+    assert ("Deployment", "math-metric") in applied
+    assert [m["metadata"]["name"] for m in plan.creates] == [
+        "math-gen-1-0",
+        "math-trainer-1-0",
+        "math-trainer-1-1",
+    ]
+    assert events(plan) == [("Normal", "Created")]
+    assert not plan.deletes
+
+
+def test_reconcile_is_idempotent_at_every_stage() -> None:
+    world = World(job_object())
+    world.apply(world.reconcile())
+    assert world.reconcile().is_empty(), "a second reconcile after the first plan must change nothing"
+    world.schedule_all()
+    world.step()
+    assert world.status()["phase"] == "Initializing"
+    assert world.reconcile().is_empty()
+    world.run_all()
+    plan = world.step()
+    assert world.status()["phase"] == "Running"
+    assert events(plan) == [("Normal", "Running")]
+    assert world.reconcile().is_empty()
+
+
+def test_status_patches_never_touch_the_trainers_fields() -> None:
+    world = running_world()
+    world.job["status"]["progress"] = {"step": 10, "totalSteps": 500, "lastStepTime": format_time(world.now)}
+    world.job["status"]["rewards"] = {"mean": 0.4}
+    world.job["status"]["checkpoint"] = {"lastStep": 50, "path": CKPT}
+    world.terminate("math-trainer-1-1", 1, "boom")
+    world.settle()
+    world.advance(3600 * 10)
+    world.settle()
+    for plan in world.plans:
+        assert set((plan.status or {}).keys()) <= set(OWNED_STATUS_FIELDS)
+    assert world.status()["rewards"] == {"mean": 0.4}
+    assert world.status()["checkpoint"]["path"] == CKPT
+
+
+def test_deleted_job_needs_nothing_from_the_operator() -> None:
+    world = running_world()
+    world.job["metadata"]["deletionTimestamp"] = format_time(world.now)
+    assert world.reconcile().is_empty()
+
+
+def test_stale_pods_of_earlier_attempts_are_removed() -> None:
+    world = running_world()
+    old = copy.deepcopy(world.pod("math-trainer-1-0"))
+    old["metadata"]["name"] = "math-trainer-0-0"
+    old["metadata"]["labels"]["grpo.dev/attempt"] = "0"
+    world.objects[("Pod", "math-trainer-0-0")] = old
+    plan = world.reconcile()
+    assert [r.name for r in plan.deletes] == ["math-trainer-0-0"]
+    assert plan.status is None
+
+
+# --- why pending -------------------------------------------------------------------------------------------
+
+
+def test_unschedulable_pods_make_the_job_pending_with_the_schedulers_reason() -> None:
+    world = World(job_object(trainer={"gpusPerNode": 8}, grpo={"promptsPerStep": 8}))
+    world.step()
+    message = "0/3 nodes are available: 1 node(s) didn't match Pod's node affinity/selector, 2 Insufficient nvidia.com/gpu."
+    pod = world.pod("math-trainer-1-1")
+    pod["status"]["conditions"] = [
+        {"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": message}
+    ]
+    plan = world.step()
+    status = world.status()
+    assert status["phase"] == "Pending"
+    assert status["reason"] == "Unschedulable"
+    assert message in status["message"]
+    assert world.condition("Scheduled")["status"] == "False"
+    assert message in world.condition("Scheduled")["message"]
+    assert ("Warning", "Unschedulable") in events(plan)
+    assert world.reconcile().is_empty(), "the Unschedulable event is posted once, not every reconcile"
+
+
+def test_kueue_gated_pods_wait_for_admission() -> None:
+    world = World(job_object(scheduling={"queueName": "gpu-queue"}))
+    world.step()
+    for pod in world.pods():
+        pod["spec"]["schedulingGates"] = [{"name": "kueue.x-k8s.io/admission"}]
+        pod["status"]["conditions"] = [
+            {"type": "PodScheduled", "status": "False", "reason": "SchedulingGated", "message": "gated"}
+        ]
+    world.step()
+    assert world.status()["reason"] == "WaitingForAdmission"
+    assert world.status()["phase"] == "Pending"
+
+
+def test_waiting_containers_are_reported_while_initializing() -> None:
+    world = World(job_object())
+    world.step()
+    world.schedule_all()
+    world.pod("math-gen-1-0")["status"]["containerStatuses"] = [
+        {
+            "name": "vllm",
+            "state": {"waiting": {"reason": "ImagePullBackOff", "message": "pull access denied"}},
+        }
+    ]
+    world.step()
+    assert world.status()["phase"] == "Initializing"
+    assert world.status()["reason"] == "ImagePullBackOff"
+    assert "pull access denied" in world.status()["message"]
+
+
+# --- failures -----------------------------------------------------------------------------------------------
+
+
+def test_trainer_failure_restarts_the_whole_gang_from_the_checkpoint() -> None:
+    world = running_world()
+    world.job["status"]["checkpoint"] = {"lastStep": 50, "path": CKPT, "time": format_time(world.now)}
+    world.terminate("math-trainer-1-1", 1, "Traceback...\nRuntimeError: CUDA error: an illegal memory access")
+    plan = world.reconcile()
+    assert plan.status is not None
+    assert plan.status["trainerAttempt"] == 2
+    assert plan.status["restarts"] == 1
+    assert plan.status["phase"] == "Restarting"
+    assert plan.status["reason"] == "TrainerFailed"
+    assert "CUDA error" in plan.status["message"] and "exit code 1" in plan.status["message"]
+    assert {r.name for r in plan.deletes} == {"math-gen-1-0", "math-trainer-1-0", "math-trainer-1-1"}
+    assert [m["metadata"]["name"] for m in plan.creates] == [
+        "math-gen-2-0",
+        "math-trainer-2-0",
+        "math-trainer-2-1",
+    ]
+    for pod in plan.creates[1:]:
+        assert env(pod)["RESUME_FROM"] == CKPT
+    assert events(plan) == [("Warning", "Restarting"), ("Normal", "ResumedFromCheckpoint")]
+    assert plan.restart is not None and plan.restart.counted
+    world.apply(plan)
+    assert world.reconcile().is_empty()
+    world.run_all()
+    world.step()
+    assert world.status()["phase"] == "Running"
+    assert world.status()["restarts"] == 1
+
+
+def test_generation_failure_replaces_vllm_and_restarts_the_trainers() -> None:
+    world = running_world()
+    world.terminate("math-gen-1-0", 137, "", phase="Failed")
+    plan = world.step()
+    assert world.status()["reason"] == "GenerationFailed"
+    assert world.status()["restarts"] == 1
+    assert "math-gen-2-0" in [m["metadata"]["name"] for m in plan.creates]
+    assert "math-trainer-1-0" in [r.name for r in plan.deletes]
+
+
+def test_exhausting_the_backoff_limit_fails_the_job_with_the_reason() -> None:
+    world = running_world(runPolicy={"backoffLimit": 1})
+    world.terminate("math-trainer-1-0", 1, "loss is NaN")
+    world.settle()
+    assert world.status()["restarts"] == 1
+    world.run_all()
+    world.settle()
+    world.terminate("math-trainer-2-0", 1, "loss is NaN again")
+    plan = world.step()
+    status = world.status()
+    assert status["phase"] == "Failed"
+    assert status["reason"] == "BackoffLimitExceeded"
+    assert "loss is NaN again" in status["message"] and "backoffLimit (1)" in status["message"]
+    assert status["completionTime"] == format_time(world.now)
+    assert world.condition("Failed")["status"] == "True"
+    assert ("Warning", "Failed") in events(plan)
+    # The vLLM server, the other trainer and the metric service stop; the failed pod stays for its logs.
+    assert {r.name for r in plan.deletes} == {"math-gen-2-0", "math-trainer-2-1", "math-metric"}
+    world.settle()
+    assert ("Pod", "math-trainer-2-0") in world.objects
+
+
+def test_zero_backoff_limit_fails_on_the_first_failure() -> None:
+    world = running_world(runPolicy={"backoffLimit": 0})
+    world.terminate("math-trainer-1-0", 1)
+    world.step()
+    assert world.status()["phase"] == "Failed"
+    assert world.status()["restarts"] == 0
+
+
+def test_invalid_configuration_exit_code_fails_at_once() -> None:
+    world = running_world()
+    world.terminate("math-trainer-1-0", 2, "dataset column 'question' not found")
+    world.step()
+    assert world.status()["phase"] == "Failed"
+    assert world.status()["reason"] == "PermanentFailure"
+    assert "dataset column" in world.status()["message"]
+
+
+@pytest.mark.parametrize(
+    ("condition_reason", "reported"),
+    [
+        ("EvictionByEvictionAPI", "Evicted"),
+        ("PreemptionByScheduler", "Preempted"),
+        ("DeletionByTaintManager", "NodeLost"),
+    ],
+)
+def test_disruptions_restart_without_spending_the_budget(condition_reason: str, reported: str) -> None:
+    world = running_world()
+    pod = world.pod("math-trainer-1-1")
+    pod["metadata"]["deletionTimestamp"] = format_time(world.now)
+    pod["status"]["conditions"].append(
+        {"type": "DisruptionTarget", "status": "True", "reason": condition_reason}
+    )
+    plan = world.step()
+    assert world.status()["trainerAttempt"] == 2
+    assert world.status()["restarts"] == 0
+    assert world.status()["reason"] == reported
+    assert plan.restart is not None and not plan.restart.counted
+    assert "not counted" in world.status()["message"]
+    assert "math-trainer-1-1" not in [r.name for r in plan.deletes], "a terminating pod is not deleted again"
+
+
+def test_kubelet_eviction_and_node_loss_are_not_counted() -> None:
+    world = running_world()
+    world.pod("math-trainer-1-0")["status"].update({"phase": "Failed", "reason": "Evicted"})
+    world.step()
+    assert world.status()["restarts"] == 0 and world.status()["reason"] == "Evicted"
+    world.run_all()
+    world.step()
+    world.nodes = frozenset({"cpu-node-0", "gpu-node-1"})
+    world.pod("math-trainer-2-0")["spec"]["nodeName"] = "gpu-node-0"
+    world.step()
+    assert world.status()["restarts"] == 0 and world.status()["reason"] == "NodeLost"
+    assert world.status()["trainerAttempt"] == 3
+
+
+def test_a_pod_vanishing_while_running_restarts_the_gang_uncounted() -> None:
+    world = running_world()
+    del world.objects[("Pod", "math-trainer-1-1")]
+    world.step()
+    assert world.status()["reason"] == "PodDeleted"
+    assert world.status()["restarts"] == 0
+    assert world.status()["trainerAttempt"] == 2
+
+
+def test_graceful_stop_of_rank_zero_is_not_success() -> None:
+    world = running_world()
+    pod = world.pod("math-trainer-1-0")
+    world.terminate("math-trainer-1-0", 0)
+    pod["status"]["conditions"].append(
+        {"type": "DisruptionTarget", "status": "True", "reason": "PreemptionByScheduler"}
+    )
+    world.step()
+    assert world.status()["phase"] == "Restarting"
+    assert world.status()["restarts"] == 0
+
+
+# --- operator restarts mid-way --------------------------------------------------------------------------------
+
+
+def test_killed_after_the_status_patch_of_a_restart_converges_without_a_second_restart() -> None:
+    world = running_world()
+    world.job["status"]["checkpoint"] = {"lastStep": 50, "path": CKPT}
+    world.terminate("math-trainer-1-1", 1, "boom")
+    plan = world.reconcile()
+    world.apply(plan, deletes=False, creates=0)  # only the status patch landed
+    plan = world.step()
+    assert world.status()["restarts"] == 1
+    assert world.status()["trainerAttempt"] == 2
+    assert {r.name for r in plan.deletes} == {"math-gen-1-0", "math-trainer-1-0", "math-trainer-1-1"}
+    assert sorted(m["metadata"]["name"] for m in plan.creates) == [
+        "math-gen-2-0",
+        "math-trainer-2-0",
+        "math-trainer-2-1",
+    ]
+    assert all(env(p)["RESUME_FROM"] == CKPT for p in plan.creates if "trainer" in p["metadata"]["name"])
+    assert world.settle().is_empty()
+    assert len(world.pods()) == 3
+
+
+def test_killed_half_way_through_creating_pods_creates_only_the_rest() -> None:
+    world = World(job_object())
+    plan = world.reconcile()
+    world.apply(plan, creates=1)
+    plan = world.reconcile()
+    assert [m["metadata"]["name"] for m in plan.creates] == ["math-trainer-1-0", "math-trainer-1-1"]
+    assert plan.status is None
+    world.apply(plan)
+    assert world.reconcile().is_empty()
+
+
+def test_missing_pods_keep_the_resume_point_of_their_gang() -> None:
+    world = running_world()
+    world.job["status"]["checkpoint"] = {"lastStep": 50, "path": CKPT}
+    world.terminate("math-trainer-1-0", 1)
+    restart = world.reconcile()
+    world.apply(restart, creates=2)  # gen + rank 0 created with RESUME_FROM=CKPT, then killed
+    world.job["status"]["checkpoint"] = {"lastStep": 60, "path": "/workspace/checkpoints/step-60"}
+    plan = world.reconcile()
+    (rank1,) = plan.creates
+    assert rank1["metadata"]["name"] == "math-trainer-2-1"
+    assert env(rank1)["RESUME_FROM"] == CKPT, "every rank of one gang resumes from the same checkpoint"
+
+
+# --- deadlines -----------------------------------------------------------------------------------------------
+
+
+def test_startup_deadline_fails_a_gang_that_never_runs() -> None:
+    world = World(job_object(runPolicy={"startupDeadlineSeconds": 600}))
+    world.step()
+    pod = world.pod("math-trainer-1-1")
+    pod["status"]["conditions"] = [
+        {
+            "type": "PodScheduled",
+            "status": "False",
+            "reason": "Unschedulable",
+            "message": "0/3 nodes are available",
+        }
+    ]
+    plan = world.step()
+    assert plan.requeue_after == pytest.approx(600)
+    world.advance(599)
+    assert world.step().status is None
+    world.advance(2)
+    plan = world.step()
+    assert world.status()["phase"] == "Failed"
+    assert world.status()["reason"] == "StartupDeadlineExceeded"
+    assert "0/3 nodes are available" in world.status()["message"]
+    assert events(plan) == [("Warning", "Failed")]
+
+
+def test_active_deadline_fails_the_job() -> None:
+    world = running_world(runPolicy={"activeDeadlineSeconds": 3600})
+    world.advance(1800)
+    assert world.reconcile().requeue_after == pytest.approx(1800)
+    world.advance(1800)
+    world.step()
+    assert world.status()["phase"] == "Failed"
+    assert world.status()["reason"] == "DeadlineExceeded"
+
+
+def test_no_step_advance_is_a_stall_and_a_counted_restart() -> None:
+    world = running_world(runPolicy={"progressDeadlineSeconds": 900})
+    world.advance(600)
+    world.job["status"]["progress"] = {"step": 3, "totalSteps": 500, "lastStepTime": format_time(world.now)}
+    plan = world.reconcile()
+    assert plan.is_empty()
+    assert plan.requeue_after == pytest.approx(900)
+    world.advance(899)
+    assert world.reconcile().is_empty()
+    world.advance(2)
+    plan = world.step()
+    assert world.status()["reason"] == "ProgressDeadlineExceeded"
+    assert world.status()["restarts"] == 1
+    assert "last step 3" in world.status()["message"]
+    assert plan.restart is not None and plan.restart.counted
+
+
+def test_progress_clock_starts_when_the_new_gang_runs() -> None:
+    world = running_world(runPolicy={"progressDeadlineSeconds": 900})
+    world.job["status"]["progress"] = {"step": 3, "lastStepTime": format_time(world.now)}
+    world.terminate("math-trainer-1-0", 1)
+    world.step()
+    world.advance(2000)  # the new gang took long to start; the old lastStepTime must not count
+    world.run_all()
+    world.step()
+    assert world.status()["phase"] == "Running"
+    world.advance(100)
+    assert world.reconcile().is_empty()
+
+
+# --- suspend, completion, TTL ----------------------------------------------------------------------------------
+
+
+def test_suspend_stops_all_pods_and_resume_continues_from_the_checkpoint() -> None:
+    world = running_world()
+    world.job["status"]["checkpoint"] = {"lastStep": 50, "path": CKPT}
+    world.job["status"]["restarts"] = 1
+    world.job["spec"]["suspend"] = True
+    plan = world.step()
+    assert world.status()["phase"] == "Suspended"
+    assert world.condition("Suspended")["status"] == "True"
+    assert {r.name for r in plan.deletes} == {
+        "math-gen-1-0",
+        "math-trainer-1-0",
+        "math-trainer-1-1",
+        "math-metric",
+    }
+    assert ("Normal", "Suspended") in events(plan)
+    assert ("PersistentVolumeClaim", "math-ckpt") in world.objects
+    assert world.status()["checkpoint"]["path"] == CKPT
+    assert world.reconcile().is_empty()
+    world.advance(3600)
+    world.job["spec"]["suspend"] = False
+    plan = world.step()
+    assert world.status()["trainerAttempt"] == 2
+    assert world.status()["restarts"] == 1, "suspend/resume is not a failure"
+    assert world.condition("Suspended")["status"] == "False"
+    assert ("Normal", "Resumed") in events(plan) and ("Normal", "ResumedFromCheckpoint") in events(plan)
+    trainers = [m for m in plan.creates if "trainer" in m["metadata"]["name"]]
+    assert [env(p)["RESUME_FROM"] for p in trainers] == [CKPT, CKPT]
+    assert any(m["kind"] == "Deployment" for m in plan.applies)
+    world.run_all()
+    world.settle()
+    assert world.status()["phase"] == "Running"
+
+
+def test_job_created_suspended_starts_on_resume() -> None:
+    world = World(job_object(suspend=True))
+    world.settle()
+    assert world.status()["phase"] == "Suspended"
+    assert not world.pods()
+    world.job["spec"]["suspend"] = False
+    world.settle()
+    assert [p["metadata"]["name"] for p in world.pods()] == [
+        "math-gen-1-0",
+        "math-trainer-1-0",
+        "math-trainer-1-1",
+    ]
+
+
+def test_rank_zero_success_completes_the_job_and_stops_the_rest() -> None:
+    world = running_world(runPolicy={"ttlSecondsAfterFinished": 600})
+    world.job["status"]["progress"] = {"step": 500, "totalSteps": 500}
+    world.terminate("math-trainer-1-0", 0)
+    plan = world.step()
+    status = world.status()
+    assert status["phase"] == "Succeeded"
+    assert status["completionTime"] == format_time(world.now)
+    assert "500/500" in status["message"]
+    assert world.condition("Succeeded")["status"] == "True"
+    assert ("Normal", "Succeeded") in events(plan)
+    assert {r.name for r in plan.deletes} == {"math-gen-1-0", "math-trainer-1-1", "math-metric"}
+    assert plan.requeue_after == pytest.approx(600)
+    assert world.reconcile().is_empty()
+    world.advance(600)
+    assert world.reconcile().delete_job
+
+
+def test_finished_jobs_stay_finished() -> None:
+    world = running_world()
+    world.terminate("math-trainer-1-0", 0)
+    world.settle()
+    world.job["spec"]["suspend"] = True
+    assert world.reconcile().is_empty()
+    assert world.status()["phase"] == "Succeeded"
+
+
+# --- spec changes ---------------------------------------------------------------------------------------------
+
+
+def test_a_spec_change_that_shapes_the_pods_replaces_the_gang_uncounted() -> None:
+    world = running_world()
+    world.job["spec"]["generation"] = {"image": "vllm/vllm-openai:v0.30.0"}
+    world.job["metadata"]["generation"] = 2
+    plan = world.step()
+    assert world.status()["reason"] == "SpecChanged"
+    assert world.status()["restarts"] == 0
+    assert world.status()["observedGeneration"] == 2
+    gen = next(m for m in plan.creates if m["metadata"]["name"] == "math-gen-2-0")
+    assert gen["spec"]["containers"][0]["image"] == "vllm/vllm-openai:v0.30.0"
+
+
+def test_a_metric_change_updates_the_deployment_without_touching_the_gang() -> None:
+    world = running_world()
+    world.job["spec"]["metric"]["image"] = "ghcr.io/grpo-operator/metric-math:0.2.0"
+    plan = world.step()
+    assert [m["kind"] for m in plan.applies] == ["Deployment"]
+    assert not plan.creates and not plan.deletes
+    assert world.status()["phase"] == "Running"
+
+
+def test_retention_change_updates_the_volume_owner() -> None:
+    world = running_world()
+    world.job["spec"]["checkpoints"]["retention"] = "Delete"
+    plan = world.step()
+    (pvc,) = plan.applies
+    assert pvc["kind"] == "PersistentVolumeClaim"
+    assert pvc["metadata"]["ownerReferences"][0]["name"] == "math"
+    assert not plan.creates
+
+
+def test_an_invalid_spec_fails_with_a_message_naming_the_field() -> None:
+    world = World(job_object(grpo={"groupSize": 1}))
+    plan = world.step()
+    assert world.status()["phase"] == "Failed"
+    assert world.status()["reason"] == "InvalidSpec"
+    assert "groupSize" in world.status()["message"]
+    assert not plan.creates
+    assert world.reconcile().is_empty()
+
+
+# --- property: idempotence and invariants under random event sequences ---------------------------------------
+
+
+ACTIONS = st.sampled_from(
+    [
+        "schedule",
+        "run",
+        "fail",
+        "evict",
+        "unschedulable",
+        "checkpoint",
+        "wait",
+        "stall",
+        "suspend",
+        "resume",
+        "win",
+    ]
+)
+
+
+def _perturb(world: World, action: str, index: int) -> None:
+    pods = [p for p in world.pods() if not p["metadata"].get("deletionTimestamp")]
+    pod = pods[index % len(pods)] if pods else None
+    if action == "schedule":
+        world.schedule_all()
+    elif action == "run":
+        world.run_all()
+    elif action == "fail" and pod is not None:
+        world.terminate(pod["metadata"]["name"], 1, "boom")
+    elif action == "evict" and pod is not None:
+        pod["metadata"]["deletionTimestamp"] = format_time(world.now)
+        pod["status"].setdefault("conditions", []).append(
+            {"type": "DisruptionTarget", "status": "True", "reason": "EvictionByEvictionAPI"}
+        )
+    elif action == "unschedulable" and pod is not None:
+        pod["status"]["conditions"] = [
+            {"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": "no GPUs"}
+        ]
+    elif action == "checkpoint":
+        step = int(world.now.timestamp()) % 1000
+        world.job.setdefault("status", {})["checkpoint"] = {"lastStep": step, "path": f"/ckpt/step-{step}"}
+    elif action == "wait":
+        world.advance(300)
+    elif action == "stall":
+        world.advance(2000)
+    elif action in ("suspend", "resume"):
+        world.job["spec"]["suspend"] = action == "suspend"
+    elif action == "win" and pod is not None:
+        world.terminate(pod["metadata"]["name"], 0)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.tuples(ACTIONS, st.integers(0, 5)), min_size=1, max_size=25))
+def test_every_reconcile_is_idempotent_and_keeps_the_invariants(actions: list[tuple[str, int]]) -> None:
+    world = World(job_object(runPolicy={"backoffLimit": 3, "progressDeadlineSeconds": 1800}))
+    world.step()
+    for action, index in actions:
+        _perturb(world, action, index)
+        plan = world.step()
+        assert set((plan.status or {}).keys()) <= set(OWNED_STATUS_FIELDS)
+        again = world.reconcile()
+        assert again.is_empty(), f"not idempotent after {action}: {again}"
+        status = world.status()
+        assert status.get("restarts", 0) <= 3
+        attempt = status.get("trainerAttempt", 0)
+        live = [p for p in world.pods() if not p["metadata"].get("deletionTimestamp")]
+        # At most one gang exists: every pod still around belongs to the current attempt.
+        assert {p["metadata"]["labels"]["grpo.dev/attempt"] for p in live} <= {str(attempt)}
+        if status.get("phase") in ("Suspended",):
+            assert not live
+        if status.get("phase") in ("Succeeded", "Failed"):
+            assert all(p["status"]["phase"] in ("Succeeded", "Failed") for p in live)
+            assert ("Deployment", "math-metric") not in world.objects
