@@ -69,8 +69,33 @@ def test_printer_columns() -> None:
     assert cols["Step"]["jsonPath"] == ".status.progress.display"
 
 
+_OPENAPI_KEYS = {
+    "type",
+    "description",
+    "default",
+    "enum",
+    "format",
+    "properties",
+    "required",
+    "items",
+    "additionalProperties",
+    "minimum",
+    "maximum",
+    "exclusiveMinimum",
+    "exclusiveMaximum",
+    "minLength",
+    "maxLength",
+    "pattern",
+    "minItems",
+    "maxItems",
+    "maxProperties",
+}
+
+
 def test_schema_is_structural() -> None:
     for path, node in _nodes(_schema()):
+        unknown = {k for k in node if k not in _OPENAPI_KEYS and not k.startswith("x-kubernetes-")}
+        assert not unknown, f"{path}: keywords the API server does not know: {unknown}"
         assert "$ref" not in node and "anyOf" not in node and "allOf" not in node, path
         assert node.get("additionalProperties") is not False, path
         assert not ("properties" in node and "additionalProperties" in node), path

@@ -143,6 +143,11 @@ def test_strict_types_like_the_api_server() -> None:
     with pytest.raises(pydantic.ValidationError):
         _spec(dynamicSampling="true")
     assert _spec(temperature=1).grpo.temperature == 1.0  # an integer is a valid number
+    # kubectl sends YAML `500.0` as JSON `500`; an integral float is the integer it names.
+    steps = _spec(steps=500.0).grpo.steps
+    assert steps == 500 and type(steps) is int
+    with pytest.raises(pydantic.ValidationError):
+        _spec(steps=500.5)
 
 
 def test_quantities_are_normalised_to_strings() -> None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import AfterValidator, Field, WithJsonSchema, field_validator, model_validator
+from pydantic import AfterValidator, BeforeValidator, Field, WithJsonSchema, field_validator, model_validator
 
 from grpo_operator.api.base import ApiModel, CelRule
 from grpo_operator.api.dataset_uri import (
@@ -41,6 +41,19 @@ DNS1123_LABEL_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 # Environment variable names as Kubernetes accepts them.
 ENV_NAME_PATTERN = r"^[-._a-zA-Z][-._a-zA-Z0-9]*$"
 
+
+def _integral_float_to_int(value: Any) -> Any:
+    # kubectl turns YAML `8.0` into JSON `8`, and the API server accepts an integral JSON number for
+    # an integer field; strict pydantic would not, so meet the API server here.
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
+
+
+# An integer field as the API server sees it: 8 and 8.0 are the integer 8; 8.5, "8" and true are not.
+_INTEGRAL_FLOAT = BeforeValidator(_integral_float_to_int)
+K8sInt = Annotated[int, _INTEGRAL_FLOAT]
+# In an Optional, bounds must come before the validator: Annotated[int, Field(ge=..), _INTEGRAL_FLOAT].
 
 _QUANTITY_RE = re.compile(QUANTITY_PATTERN)
 
@@ -142,8 +155,8 @@ class LoraSpec(ApiModel):
     """Low-rank adapters instead of full fine-tuning: far less GPU memory, adapters only in checkpoints."""
 
     enabled: bool = Field(default=False, description="Train LoRA adapters instead of all weights.")
-    r: int = Field(default=16, ge=1, le=1024, description="Adapter rank.")
-    alpha: int = Field(default=32, ge=1, le=4096, description="LoRA scaling numerator (lora_alpha).")
+    r: K8sInt = Field(default=16, ge=1, le=1024, description="Adapter rank.")
+    alpha: K8sInt = Field(default=32, ge=1, le=4096, description="LoRA scaling numerator (lora_alpha).")
     dropout: float = Field(default=0.05, ge=0.0, lt=1.0, description="Dropout on the adapter input.")
     target_modules: list[Annotated[str, Field(min_length=1, max_length=128)]] = Field(
         default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"],
@@ -156,10 +169,10 @@ class LoraSpec(ApiModel):
 class ValidationSpec(ApiModel):
     """Periodic scoring of held-out prompts: the honest view of whether training helps."""
 
-    every_steps: int = Field(
+    every_steps: K8sInt = Field(
         default=0, ge=0, le=1_000_000, description="Validate every N steps; 0 turns validation off."
     )
-    max_prompts: int = Field(
+    max_prompts: K8sInt = Field(
         default=64, ge=1, le=100_000, description="Validation prompts scored per run (one completion each)."
     )
 
@@ -182,22 +195,24 @@ class GRPOSpec(ApiModel):
         ),
     )
 
-    group_size: int = Field(
+    group_size: K8sInt = Field(
         ge=2,
         le=256,
         description="G: completions sampled per prompt; advantages compare them, so G >= 2 (8 is typical).",
     )
-    prompts_per_step: int = Field(ge=1, le=4096, description="B: prompts per optimisation step.")
-    steps: int = Field(ge=1, le=1_000_000, description="S: optimisation steps; the run costs S*B*G rollouts.")
+    prompts_per_step: K8sInt = Field(ge=1, le=4096, description="B: prompts per optimisation step.")
+    steps: K8sInt = Field(
+        ge=1, le=1_000_000, description="S: optimisation steps; the run costs S*B*G rollouts."
+    )
     learning_rate: float = Field(default=1e-6, gt=0.0, le=1.0, description="AdamW learning rate.")
     temperature: float = Field(
         default=1.0, gt=0.0, le=100.0, description="Sampling temperature; > 0 so a group's answers differ."
     )
     top_p: float = Field(default=1.0, gt=0.0, le=1.0, description="Nucleus sampling probability mass.")
-    max_prompt_length: int = Field(
+    max_prompt_length: K8sInt = Field(
         default=512, ge=1, le=1_048_576, description="Prompts are truncated to this many tokens."
     )
-    max_completion_length: int = Field(
+    max_completion_length: K8sInt = Field(
         default=256, ge=1, le=1_048_576, description="Maximum tokens generated per completion."
     )
     beta: float = Field(
@@ -231,7 +246,9 @@ class GRPOSpec(ApiModel):
         default=False,
         description="Drop groups whose rewards are all equal and sample new prompts to refill (DAPO).",
     )
-    seed: int = Field(default=42, ge=0, le=2**31 - 1, description="Seed for data order, sampling and init.")
+    seed: K8sInt = Field(
+        default=42, ge=0, le=2**31 - 1, description="Seed for data order, sampling and init."
+    )
     lora: LoraSpec = Field(default_factory=LoraSpec, description="LoRA adapters instead of full fine-tuning.")
     validation: ValidationSpec = Field(default_factory=ValidationSpec, description="Periodic validation.")
 
@@ -286,12 +303,16 @@ class MetricSpec(ApiModel):
     image: str = Field(
         min_length=1, max_length=512, pattern=NO_SPACE_PATTERN, description="Metric service container image."
     )
-    port: int = Field(default=8080, ge=1, le=65535, description="Port the metric server listens on.")
-    replicas: int = Field(default=1, ge=1, le=64, description="Metric server replicas behind one Service.")
-    batch_size: int = Field(default=32, ge=1, le=4096, description="Completions sent per POST /score.")
-    concurrency: int = Field(default=4, ge=1, le=256, description="POST /score requests in flight at once.")
-    timeout_seconds: int = Field(default=30, ge=1, le=3600, description="Timeout for one POST /score.")
-    max_retries: int = Field(default=3, ge=0, le=20, description="Retries (with backoff) of a failed batch.")
+    port: K8sInt = Field(default=8080, ge=1, le=65535, description="Port the metric server listens on.")
+    replicas: K8sInt = Field(default=1, ge=1, le=64, description="Metric server replicas behind one Service.")
+    batch_size: K8sInt = Field(default=32, ge=1, le=4096, description="Completions sent per POST /score.")
+    concurrency: K8sInt = Field(
+        default=4, ge=1, le=256, description="POST /score requests in flight at once."
+    )
+    timeout_seconds: K8sInt = Field(default=30, ge=1, le=3600, description="Timeout for one POST /score.")
+    max_retries: K8sInt = Field(
+        default=3, ge=0, le=20, description="Retries (with backoff) of a failed batch."
+    )
     error_budget: float = Field(
         default=0.05,
         ge=0.0,
@@ -319,8 +340,10 @@ class GenerationSpec(ApiModel):
         ),
     )
 
-    gpus: int = Field(default=1, ge=1, le=MAX_GPUS_PER_NODE, description="GPUs for vLLM (one pod, one node).")
-    tensor_parallel_size: int = Field(
+    gpus: K8sInt = Field(
+        default=1, ge=1, le=MAX_GPUS_PER_NODE, description="GPUs for vLLM (one pod, one node)."
+    )
+    tensor_parallel_size: K8sInt = Field(
         default=1, ge=1, le=MAX_GPUS_PER_NODE, description="vLLM tensor-parallel size; must divide gpus."
     )
     image: str = Field(
@@ -333,10 +356,8 @@ class GenerationSpec(ApiModel):
     gpu_memory_utilization: float = Field(
         default=0.9, gt=0.0, le=1.0, description="Fraction of each GPU's memory vLLM may use."
     )
-    max_model_len: int | None = Field(
+    max_model_len: Annotated[int, Field(ge=1, le=1_048_576), _INTEGRAL_FLOAT] | None = Field(
         default=None,
-        ge=1,
-        le=1_048_576,
         description="vLLM context length; unset means the model's (prompt + completion must fit).",
     )
     resources: ResourceRequirements = Field(
@@ -354,11 +375,11 @@ class GenerationSpec(ApiModel):
 class TrainerSpec(ApiModel):
     """The trainer gang: nodes x gpusPerNode processes, data parallel."""
 
-    nodes: int = Field(default=1, ge=1, le=64, description="Trainer pods (one per node).")
-    gpus_per_node: int = Field(
+    nodes: K8sInt = Field(default=1, ge=1, le=64, description="Trainer pods (one per node).")
+    gpus_per_node: K8sInt = Field(
         default=1, ge=1, le=MAX_GPUS_PER_NODE, description="GPUs (and training processes) per trainer pod."
     )
-    per_device_batch_size: int = Field(
+    per_device_batch_size: K8sInt = Field(
         default=1,
         ge=1,
         le=1024,
@@ -412,8 +433,8 @@ class VolumeSpec(ApiModel):
 class CheckpointsSpec(ApiModel):
     """When checkpoints are written and what happens to them."""
 
-    every_steps: int = Field(default=50, ge=1, le=1_000_000, description="Checkpoint every N steps.")
-    keep_last: int = Field(default=3, ge=1, le=1000, description="Checkpoints kept on the volume.")
+    every_steps: K8sInt = Field(default=50, ge=1, le=1_000_000, description="Checkpoint every N steps.")
+    keep_last: K8sInt = Field(default=3, ge=1, le=1000, description="Checkpoints kept on the volume.")
     retention: Literal["Retain", "Delete"] = Field(
         default="Retain",
         description="Retain keeps the created PVC after the job is deleted; Delete removes it.",
@@ -448,8 +469,8 @@ class Toleration(ApiModel):
     effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = Field(
         default=None, description="Taint effect to tolerate; empty matches all."
     )
-    toleration_seconds: int | None = Field(
-        default=None, ge=0, le=2**31 - 1, description="How long a NoExecute taint is tolerated."
+    toleration_seconds: Annotated[int, Field(ge=0, le=2**31 - 1), _INTEGRAL_FLOAT] | None = Field(
+        default=None, description="How long a NoExecute taint is tolerated."
     )
 
     @model_validator(mode="after")
@@ -508,26 +529,26 @@ class SchedulingSpec(ApiModel):
 class RunPolicySpec(ApiModel):
     """Restarts and deadlines."""
 
-    backoff_limit: int = Field(
+    backoff_limit: K8sInt = Field(
         default=3,
         ge=0,
         le=1000,
         description="Trainer gang restarts (failures, stalls) before the job fails; evictions do not count.",
     )
-    startup_deadline_seconds: int = Field(
+    startup_deadline_seconds: K8sInt = Field(
         default=1800, ge=1, le=31_536_000, description="Fail a start or restart not Running within this time."
     )
-    active_deadline_seconds: int | None = Field(
-        default=None, ge=1, le=31_536_000 * 10, description="Fail the job after this long in total."
+    active_deadline_seconds: Annotated[int, Field(ge=1, le=31_536_000 * 10), _INTEGRAL_FLOAT] | None = Field(
+        default=None, description="Fail the job after this long in total."
     )
-    progress_deadline_seconds: int = Field(
+    progress_deadline_seconds: K8sInt = Field(
         default=1800,
         ge=1,
         le=31_536_000,
         description="Running with no step advance for this long is a stall: the gang restarts (counted).",
     )
-    ttl_seconds_after_finished: int | None = Field(
-        default=None, ge=0, le=31_536_000 * 10, description="Delete the finished job after this long."
+    ttl_seconds_after_finished: Annotated[int, Field(ge=0, le=31_536_000 * 10), _INTEGRAL_FLOAT] | None = (
+        Field(default=None, description="Delete the finished job after this long.")
     )
 
 
