@@ -115,12 +115,12 @@ def _rows(schema: dict[str, Any], path: str, required: bool, out: list[str]) -> 
             _rows(prop, f"{path}[].{name}", name in req, out)
 
 
-def _table(schema: dict[str, Any], path: str) -> str:
+def _table(schema: dict[str, Any], path: str, required: bool) -> str:
     out = [
         "| Field | Type | Default | Constraints | Description |",
         "|---|---|---|---|---|",
     ]
-    _rows(schema, path, True, out)
+    _rows(schema, path, required, out)
     return "\n".join(out)
 
 
@@ -243,11 +243,11 @@ string `"<step>/<totalSteps>"` (e.g. `12/500`) that the writer of `progress` kee
 
 ## Reference: spec
 
-{_table(spec, "spec")}
+{_table(spec, "spec", required=True)}
 
 ## Reference: status
 
-{_table(status, "status")}
+{_table(status, "status", required=False)}
 """
 
 
