@@ -1,0 +1,379 @@
+"""The reconcile loop: observe a job's children, call reconcile(), carry out the plan.
+
+kopf delivers watch events (GRPOJobs and the jobs' pods); they only put the job's key into a work
+queue. A small pool of workers takes keys off the queue — one job is never reconciled by two workers
+at once — and a resync loop re-queues every job periodically, because deadlines are time-based and
+a missed watch event must not leave a job unattended. The loop holds no state that matters: an
+operator restarted at any point re-derives everything from the cluster.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import json
+import logging
+import os
+import socket
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime
+from typing import Any, TypeVar
+
+from kubernetes.client.exceptions import ApiException
+
+from grpo_operator.api.resource import API_VERSION, KIND
+from grpo_operator.builders.common import LABEL_JOB
+from grpo_operator.handlers.kube import CHILD_RESOURCES, GRPOJOB, NODE, Kube, Obj, resource_for
+from grpo_operator.handlers.workqueue import WorkQueue
+from grpo_operator.observability import HealthState, OperatorMetrics
+from grpo_operator.reconcile import Observed, Plan, reconcile
+from grpo_operator.reconcile.conditions import format_time
+from grpo_operator.settings import OperatorSettings
+
+log = logging.getLogger("grpo_operator")
+Key = tuple[str, str]
+T = TypeVar("T")
+
+NODE_CACHE_SECONDS = 15.0
+EVENT_DEDUPE_SECONDS = 600.0
+
+
+class StatusConflict(Exception):
+    """The job changed between reading it and patching its status; decide again from the new state."""
+
+
+class Controller:
+    def __init__(
+        self,
+        settings: OperatorSettings,
+        kube: Kube,
+        metrics: OperatorMetrics | None = None,
+        health: HealthState | None = None,
+        clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+    ) -> None:
+        self.settings = settings
+        self.kube = kube
+        self.phases: dict[Key, str | None] = {}
+        self.metrics = metrics or OperatorMetrics(lambda: self.phases)
+        self.health = health or HealthState(stale_after=max(120.0, 4 * settings.resync_seconds))
+        self.clock = clock
+        self.queue: WorkQueue[Key] = WorkQueue()
+        self._executor = ThreadPoolExecutor(max_workers=4 * settings.workers, thread_name_prefix="grpo-api")
+        self._tasks: list[asyncio.Task[None]] = []
+        self._written_rv: dict[Key, str] = {}
+        self._recent_events: dict[tuple[Key, str, str], float] = {}
+        self._nodes: tuple[float, frozenset[str] | None] = (0.0, None)
+        self._nodes_forbidden = False
+        self._instance = os.environ.get("POD_NAME") or socket.gethostname()
+        # Port of the /metrics server once started (the settings may ask for port 0 = any free port).
+        self.http_port: int | None = None
+
+    # --- wiring from kopf --------------------------------------------------------------------------------------
+
+    def job_event(
+        self, event_type: str | None, namespace: str, name: str, resource_version: str | None
+    ) -> None:
+        key = (namespace, name)
+        if event_type == "DELETED":
+            self.phases.pop(key, None)
+            self._written_rv.pop(key, None)
+            self.queue.discard(key)
+            return
+        self.phases.setdefault(key, None)
+        if resource_version is not None and self._written_rv.get(key) == resource_version:
+            return  # the echo of our own status patch: nothing new to decide
+        self.queue.add(key)
+        self.metrics.queue_depth.set(len(self.queue))
+
+    def pod_event(self, namespace: str, labels: dict[str, str]) -> None:
+        job = labels.get(LABEL_JOB)
+        if job:
+            self.queue.add((namespace, job))
+            self.metrics.queue_depth.set(len(self.queue))
+
+    # --- lifecycle ---------------------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        self.health.workers_alive = self._workers_alive
+        for i in range(self.settings.workers):
+            self._tasks.append(asyncio.create_task(self._worker(), name=f"grpo-reconcile-{i}"))
+        self._tasks.append(asyncio.create_task(self._resync_loop(), name="grpo-resync"))
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        self._tasks.clear()
+        self.queue.close()
+        self._executor.shutdown(wait=False, cancel_futures=True)
+
+    def _workers_alive(self) -> bool:
+        return bool(self._tasks) and not any(t.done() for t in self._tasks)
+
+    async def _call(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        loop = asyncio.get_running_loop()
+        result = await loop.run_in_executor(self._executor, functools.partial(fn, *args, **kwargs))
+        self.health.api_ok()
+        return result
+
+    def _api_error(self, verb: str, kind: str, exc: ApiException) -> None:
+        self.metrics.api_errors.labels(verb=verb, kind=kind, code=str(exc.status or 0)).inc()
+
+    # --- resync ------------------------------------------------------------------------------------------------
+
+    async def _resync_loop(self) -> None:
+        while True:
+            try:
+                await self.resync()
+                self.health.ready = True
+            except ApiException as exc:
+                self._api_error("list", KIND, exc)
+                log.warning("listing GRPOJobs failed (HTTP %s): %s", exc.status, exc.reason)
+            except Exception:  # keep resyncing whatever happens; the next round may succeed
+                log.exception("listing GRPOJobs failed")
+            await asyncio.sleep(self.settings.resync_seconds)
+
+    async def resync(self) -> None:
+        namespaces: list[str | None] = (
+            list(self.settings.namespaces) if not self.settings.clusterwide else [None]
+        )
+        seen: set[Key] = set()
+        for namespace in namespaces:
+            for job in await self._call(self.kube.list, GRPOJOB, namespace):
+                meta = job.get("metadata") or {}
+                key = (str(meta.get("namespace")), str(meta.get("name")))
+                seen.add(key)
+                self.phases.setdefault(key, (job.get("status") or {}).get("phase"))
+                self.queue.add(key)
+        for key in set(self.phases) - seen:
+            self.phases.pop(key, None)
+        self.metrics.queue_depth.set(len(self.queue))
+
+    # --- workers -----------------------------------------------------------------------------------------------
+
+    async def _worker(self) -> None:
+        while True:
+            key = await self.queue.get()
+            self.metrics.queue_depth.set(len(self.queue))
+            try:
+                await self.reconcile_key(key)
+            except Exception:  # a bug in one job's reconcile must not kill the worker
+                log.exception("reconciling %s/%s crashed; retrying with backoff", *key)
+                self.metrics.reconciles.labels(result="error").inc()
+                self.queue.add_rate_limited(key)
+            finally:
+                self.queue.done(key)
+
+    async def reconcile_key(self, key: Key) -> Plan | None:
+        """One full reconcile of one job; returns the plan it carried out (None if the job is gone)."""
+        namespace, name = key
+        started = time.perf_counter()
+        try:
+            try:
+                job = await self._call(self.kube.get, GRPOJOB, namespace, name)
+            except ApiException as exc:
+                if exc.status == 404:
+                    self.phases.pop(key, None)
+                    self.queue.discard(key)
+                    self.metrics.reconciles.labels(result="gone").inc()
+                    return None
+                raise
+            observed = await self.observe(job)
+            plan = reconcile(job, observed, self.clock(), self.settings)
+            await self.execute(job, plan)
+        except StatusConflict:
+            self.metrics.reconciles.labels(result="conflict").inc()
+            self.queue.add_after(key, 0.2)
+            return None
+        except ApiException as exc:
+            self._api_error("reconcile", KIND, exc)
+            self.metrics.reconciles.labels(result="error").inc()
+            delay = self.queue.add_rate_limited(key)
+            log.warning(
+                "reconciling %s/%s failed (HTTP %s %s); retrying in %.0fs",
+                namespace,
+                name,
+                exc.status,
+                exc.reason,
+                delay,
+            )
+            return None
+        finally:
+            self.metrics.reconcile_seconds.observe(time.perf_counter() - started)
+        self.metrics.reconciles.labels(result="success").inc()
+        self.queue.forget(key)
+        self.phases[key] = plan.phase
+        if plan.requeue_after is not None:
+            self.queue.add_after(key, plan.requeue_after)
+        return plan
+
+    async def observe(self, job: Obj) -> Observed:
+        meta = job["metadata"]
+        namespace, name, uid = meta["namespace"], meta["name"], meta.get("uid")
+        selector = f"{LABEL_JOB}={name}"
+        lists = await asyncio.gather(
+            *(self._call(self.kube.list, resource, namespace, selector) for resource in CHILD_RESOURCES)
+        )
+        objects: list[Obj] = []
+        for items in lists:
+            for obj in items:
+                if obj["kind"] == "Pod" and not _owned_by(obj, uid):
+                    continue  # a pod of an earlier job with the same name, on its way out
+                objects.append(obj)
+        return Observed(objects=tuple(objects), nodes=await self._node_names())
+
+    async def _node_names(self) -> frozenset[str] | None:
+        if self._nodes_forbidden:
+            return None
+        fetched, names = self._nodes
+        if time.monotonic() - fetched < NODE_CACHE_SECONDS:
+            return names
+        try:
+            nodes = await self._call(self.kube.list, NODE, None)
+        except ApiException as exc:
+            if exc.status == 403:
+                log.warning(
+                    "no permission to list nodes: pods on deleted nodes are detected by their pod status only"
+                )
+                self._nodes_forbidden = True
+                return None
+            raise
+        names = frozenset(str((n.get("metadata") or {}).get("name")) for n in nodes)
+        self._nodes = (time.monotonic(), names)
+        return names
+
+    # --- carrying out a plan -----------------------------------------------------------------------------------
+
+    async def execute(self, job: Obj, plan: Plan) -> None:
+        meta = job["metadata"]
+        namespace, name = meta["namespace"], meta["name"]
+        key = (namespace, name)
+        if plan.status:
+            body = {"metadata": {"resourceVersion": meta.get("resourceVersion")}, "status": plan.status}
+            try:
+                updated = await self._call(self.kube.merge_patch, GRPOJOB, namespace, name, body, "status")
+            except ApiException as exc:
+                if exc.status == 409:
+                    raise StatusConflict from exc
+                self._api_error("patch", "GRPOJob/status", exc)
+                raise
+            self._written_rv[key] = str((updated.get("metadata") or {}).get("resourceVersion"))
+            if plan.status.get("phase"):
+                log.info(
+                    "%s/%s: phase %s (%s) %s",
+                    namespace,
+                    name,
+                    plan.status["phase"],
+                    plan.status.get("reason") or "",
+                    plan.status.get("message") or "",
+                )
+        for ref in plan.deletes:
+            try:
+                await self._call(self.kube.delete, resource_for(ref.kind), namespace, ref.name)
+                log.info("%s/%s: deleted %s %s", namespace, name, ref.kind, ref.name)
+            except ApiException as exc:
+                if exc.status != 404:
+                    self._api_error("delete", ref.kind, exc)
+                    raise
+        failures: list[str] = []
+        for manifest in plan.applies:
+            try:
+                await self._call(self.kube.apply, manifest)
+            except ApiException as exc:
+                self._api_error("apply", manifest["kind"], exc)
+                if exc.status is not None and exc.status >= 500:
+                    raise
+                failures.append(f"{manifest['kind']} {manifest['metadata']['name']}: {_api_message(exc)}")
+        for manifest in plan.creates:
+            try:
+                await self._call(self.kube.create, manifest)
+                log.info(
+                    "%s/%s: created %s %s", namespace, name, manifest["kind"], manifest["metadata"]["name"]
+                )
+            except ApiException as exc:
+                if exc.status == 409:
+                    continue  # created before (by us, before a restart): that is the goal
+                self._api_error("create", manifest["kind"], exc)
+                if exc.status is not None and exc.status >= 500:
+                    raise
+                failures.append(f"{manifest['kind']} {manifest['metadata']['name']}: {_api_message(exc)}")
+        for event in plan.events:
+            await self.post_event(job, event.type, event.reason, event.message)
+        for failure in failures:
+            # Quota, admission webhooks and policy engines refuse children with 4xx: tell the user why.
+            await self.post_event(job, "Warning", "ChildRejected", f"the API server refused {failure}")
+        if plan.restart is not None:
+            self.metrics.restarts.labels(
+                namespace=namespace,
+                grpojob=name,
+                reason=plan.restart.reason,
+                counted=str(plan.restart.counted).lower(),
+            ).inc()
+        if plan.delete_job:
+            try:
+                await self._call(self.kube.delete, GRPOJOB, namespace, name)
+                log.info("%s/%s: deleted after ttlSecondsAfterFinished", namespace, name)
+            except ApiException as exc:
+                if exc.status != 404:
+                    self._api_error("delete", KIND, exc)
+                    raise
+        if failures:
+            self.queue.add_rate_limited(key, base=5.0)
+
+    async def post_event(self, job: Obj, type_: str, reason: str, message: str) -> None:
+        meta = job["metadata"]
+        namespace, name = meta["namespace"], meta["name"]
+        now = time.monotonic()
+        dedupe = ((namespace, name), reason, message)
+        if now - self._recent_events.get(dedupe, -1e9) < EVENT_DEDUPE_SECONDS:
+            return
+        self._recent_events[dedupe] = now
+        if len(self._recent_events) > 10_000:
+            cutoff = now - EVENT_DEDUPE_SECONDS
+            self._recent_events = {k: t for k, t in self._recent_events.items() if t >= cutoff}
+        stamp = format_time(self.clock())
+        event = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"generateName": f"{name}.", "namespace": namespace},
+            "involvedObject": {
+                "apiVersion": API_VERSION,
+                "kind": KIND,
+                "name": name,
+                "namespace": namespace,
+                "uid": meta.get("uid"),
+            },
+            "type": type_,
+            "reason": reason,
+            "message": message,
+            "source": {"component": self.settings.component},
+            "reportingComponent": self.settings.component,
+            "reportingInstance": self._instance,
+            "firstTimestamp": stamp,
+            "lastTimestamp": stamp,
+            "count": 1,
+        }
+        self.metrics.events.labels(type=type_, reason=reason).inc()
+        try:
+            await self._call(self.kube.create, event)
+        except ApiException as exc:  # events are best effort; the status says the same
+            self._api_error("create", "Event", exc)
+            log.warning("could not post event %s on %s/%s: HTTP %s", reason, namespace, name, exc.status)
+
+
+def _owned_by(obj: Obj, uid: str | None) -> bool:
+    refs = (obj.get("metadata") or {}).get("ownerReferences") or []
+    return uid is None or any(ref.get("uid") == uid for ref in refs)
+
+
+def _api_message(exc: ApiException) -> str:
+    try:
+        body = json.loads(exc.body or "{}")
+        return str(body.get("message") or exc.reason)
+    except ValueError:
+        return str(exc.reason)

@@ -1,0 +1,180 @@
+"""A small synchronous Kubernetes REST client over the `kubernetes` package's ApiClient.
+
+The reconcile loop works with plain dicts (what builders produce and reconcile reads), so it talks to
+the API server by resource path instead of through the generated typed models: no model round-trips,
+unknown fields survive, and one code path serves every kind. Authentication, TLS and token refresh
+are the ApiClient's (kubeconfig or in-cluster config).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlencode
+
+from kubernetes import client, config
+from kubernetes.client.exceptions import ApiException
+
+from grpo_operator.api.resource import GROUP, PLURAL, VERSION
+
+Obj = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Resource:
+    group: str
+    version: str
+    plural: str
+    kind: str
+
+    @property
+    def api_version(self) -> str:
+        return f"{self.group}/{self.version}" if self.group else self.version
+
+    def path(self, namespace: str | None, name: str | None = None, subresource: str | None = None) -> str:
+        base = f"/apis/{self.group}/{self.version}" if self.group else f"/api/{self.version}"
+        if namespace is not None:
+            base += f"/namespaces/{namespace}"
+        base += f"/{self.plural}"
+        if name is not None:
+            base += f"/{name}"
+        if subresource is not None:
+            base += f"/{subresource}"
+        return base
+
+
+GRPOJOB = Resource(GROUP, VERSION, PLURAL, "GRPOJob")
+POD = Resource("", "v1", "pods", "Pod")
+NODE = Resource("", "v1", "nodes", "Node")
+EVENT = Resource("", "v1", "events", "Event")
+
+# Every kind the operator creates for a job, in the order they are observed.
+CHILD_RESOURCES: tuple[Resource, ...] = (
+    Resource("", "v1", "configmaps", "ConfigMap"),
+    Resource("", "v1", "persistentvolumeclaims", "PersistentVolumeClaim"),
+    Resource("", "v1", "serviceaccounts", "ServiceAccount"),
+    Resource("rbac.authorization.k8s.io", "v1", "roles", "Role"),
+    Resource("rbac.authorization.k8s.io", "v1", "rolebindings", "RoleBinding"),
+    Resource("", "v1", "services", "Service"),
+    Resource("networking.k8s.io", "v1", "networkpolicies", "NetworkPolicy"),
+    Resource("apps", "v1", "deployments", "Deployment"),
+    POD,
+)
+BY_KIND: dict[str, Resource] = {r.kind: r for r in (*CHILD_RESOURCES, GRPOJOB, NODE, EVENT)}
+
+
+def resource_for(kind: str) -> Resource:
+    try:
+        return BY_KIND[kind]
+    except KeyError:
+        raise ValueError(f"the operator does not manage objects of kind {kind!r}") from None
+
+
+def load_api_client(kubeconfig: str | None = None) -> client.ApiClient:
+    """In-cluster config inside a pod, else the kubeconfig (``kubeconfig``, $KUBECONFIG or ~/.kube/config)."""
+    try:
+        if kubeconfig is None and not os.environ.get("KUBECONFIG"):
+            config.load_incluster_config()
+            return client.ApiClient()
+    except config.ConfigException:
+        pass
+    try:
+        return config.new_client_from_config(config_file=kubeconfig)
+    except (config.ConfigException, FileNotFoundError, OSError) as exc:
+        raise RuntimeError(
+            f"no Kubernetes credentials: not running in a pod and the kubeconfig could not be loaded ({exc}). "
+            "Set KUBECONFIG or pass --kubeconfig."
+        ) from exc
+
+
+class Kube:
+    """Blocking calls; the handlers run them in worker threads."""
+
+    def __init__(self, api: client.ApiClient, *, field_manager: str, timeout: float) -> None:
+        self.api = api
+        self.field_manager = field_manager
+        self.timeout = timeout
+
+    def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        query: dict[str, Any] | None = None,
+        body: Any = None,
+        content_type: str = "application/json",
+    ) -> Obj:
+        url_path = path + ("?" + urlencode(query) if query else "")
+        headers = {"Accept": "application/json", "Content-Type": content_type}
+        _, url, header_params, serialized, _ = self.api.param_serialize(
+            method=method,
+            resource_path=url_path,
+            header_params=headers,
+            body=body,
+            auth_settings=["BearerToken"],
+        )
+        response = self.api.call_api(
+            method, url, header_params=header_params, body=serialized, _request_timeout=self.timeout
+        )
+        response.read()
+        if not 200 <= response.status <= 299:
+            raise ApiException(http_resp=response)
+        data = response.data
+        return json.loads(data) if data else {}
+
+    # --- reads ------------------------------------------------------------------------------------------------
+
+    def get(self, resource: Resource, namespace: str | None, name: str) -> Obj:
+        return self.request("GET", resource.path(namespace, name))
+
+    def list(self, resource: Resource, namespace: str | None, label_selector: str | None = None) -> list[Obj]:
+        query = {"labelSelector": label_selector} if label_selector else None
+        items = self.request("GET", resource.path(namespace), query=query).get("items") or []
+        # List items carry no kind; reconcile needs it to tell children apart.
+        for item in items:
+            item["kind"] = resource.kind
+            item["apiVersion"] = resource.api_version
+        return list(items)
+
+    # --- writes -----------------------------------------------------------------------------------------------
+
+    def create(self, manifest: Obj) -> Obj:
+        resource = resource_for(manifest["kind"])
+        namespace = manifest["metadata"].get("namespace")
+        return self.request(
+            "POST", resource.path(namespace), query={"fieldManager": self.field_manager}, body=manifest
+        )
+
+    def apply(self, manifest: Obj) -> Obj:
+        """Server-side apply with force: create the object or make the fields the operator owns match."""
+        resource = resource_for(manifest["kind"])
+        meta = manifest["metadata"]
+        return self.request(
+            "PATCH",
+            resource.path(meta.get("namespace"), meta["name"]),
+            query={"fieldManager": self.field_manager, "force": "true"},
+            body=manifest,
+            content_type="application/apply-patch+yaml",
+        )
+
+    def merge_patch(
+        self, resource: Resource, namespace: str, name: str, patch: Obj, subresource: str | None = None
+    ) -> Obj:
+        return self.request(
+            "PATCH",
+            resource.path(namespace, name, subresource),
+            query={"fieldManager": self.field_manager},
+            body=patch,
+            content_type="application/merge-patch+json",
+        )
+
+    def delete(
+        self, resource: Resource, namespace: str, name: str, *, propagation: str = "Background"
+    ) -> None:
+        self.request(
+            "DELETE",
+            resource.path(namespace, name),
+            body={"kind": "DeleteOptions", "apiVersion": "v1", "propagationPolicy": propagation},
+        )

@@ -1,0 +1,91 @@
+"""Thin kopf wiring: watch events go into the controller's queue; nothing is decided here."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+import kopf
+from aiohttp import web
+
+from grpo_operator.api.resource import GROUP, PLURAL, VERSION
+from grpo_operator.builders.common import LABEL_JOB
+from grpo_operator.handlers import kopf_settings
+from grpo_operator.handlers.controller import Controller
+from grpo_operator.handlers.kube import Kube, load_api_client
+from grpo_operator.observability import start_http_server
+from grpo_operator.settings import OperatorSettings
+
+log = logging.getLogger("grpo_operator")
+
+
+def build_registry(controller: Controller) -> kopf.OperatorRegistry:
+    """A fresh registry per operator, so several can run in one process (tests) without sharing handlers."""
+    registry = kopf.OperatorRegistry()
+    runner: list[web.AppRunner] = []
+
+    @kopf.on.startup(registry=registry)
+    async def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
+        kopf_settings.configure(settings)
+        app_runner, port = await start_http_server(
+            controller.metrics,
+            controller.health,
+            controller.settings.http_host,
+            controller.settings.http_port,
+        )
+        runner.append(app_runner)
+        controller.http_port = port
+        controller.start()
+        scope = (
+            "all namespaces" if controller.settings.clusterwide else ", ".join(controller.settings.namespaces)
+        )
+        log.info(
+            "grpo-operator started: watching GRPOJobs in %s with %d workers, resync every %.0fs",
+            scope,
+            controller.settings.workers,
+            controller.settings.resync_seconds,
+        )
+
+    @kopf.on.cleanup(registry=registry)
+    async def cleanup(**_: Any) -> None:
+        await controller.stop()
+        for app_runner in runner:
+            await app_runner.cleanup()
+
+    @kopf.on.event(GROUP, VERSION, PLURAL, registry=registry)
+    def job_event(
+        event: kopf.RawEvent, namespace: str | None, name: str | None, meta: kopf.Meta, **_: Any
+    ) -> None:
+        if namespace and name:
+            controller.job_event(event.get("type"), namespace, name, meta.get("resourceVersion"))
+
+    @kopf.on.event("v1", "pods", labels={LABEL_JOB: kopf.PRESENT}, registry=registry)
+    def pod_event(namespace: str | None, labels: kopf.Labels, **_: Any) -> None:
+        if namespace:
+            controller.pod_event(namespace, dict(labels))
+
+    return registry
+
+
+def make_controller(
+    settings: OperatorSettings, kubeconfig: str | None = None, context: str | None = None
+) -> Controller:
+    api = load_api_client(kubeconfig, context)
+    kube = Kube(api, field_manager=settings.component, timeout=settings.api_timeout_seconds)
+    return Controller(settings, kube)
+
+
+async def run_operator(controller: Controller, stop_flag: asyncio.Event | None = None) -> None:
+    """Run until SIGINT/SIGTERM (or ``stop_flag``)."""
+    kopf_config = kopf.OperatorSettings()
+    kopf_settings.configure(kopf_config)
+    settings = controller.settings
+    await kopf.operator(
+        registry=build_registry(controller),
+        settings=kopf_config,
+        clusterwide=settings.clusterwide,
+        namespaces=() if settings.clusterwide else list(settings.namespaces),
+        standalone=True,
+        stop_flag=stop_flag,
+    )

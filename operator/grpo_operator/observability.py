@@ -1,0 +1,154 @@
+"""The operator's own observability: Prometheus metrics and the /metrics, /healthz, /readyz server.
+
+Metric names follow the project's rules: prefix ``grpo_``, base units, counters end in ``_total``,
+per-job series carry ``namespace`` and ``grpojob`` (never ``job``, which Prometheus reserves for the
+scrape job). The trainer's own metrics (rewards, steps) are served by trainer rank 0, not here.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterable, Mapping
+
+from aiohttp import web
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client.registry import Collector
+
+from grpo_operator import __version__
+from grpo_operator.api.status import PHASES
+
+log = logging.getLogger("grpo_operator.http")
+
+
+class _JobsByPhase(Collector):
+    """grpo_operator_jobs{phase}: computed at scrape time from the operator's view of every job."""
+
+    def __init__(self, phases: Callable[[], Mapping[tuple[str, str], str | None]]) -> None:
+        self._phases = phases
+
+    def collect(self) -> Iterable[Metric]:
+        family = GaugeMetricFamily(
+            "grpo_operator_jobs", "GRPOJobs known to the operator, by phase.", labels=["phase"]
+        )
+        counts: dict[str, int] = dict.fromkeys(PHASES, 0)
+        for phase in self._phases().values():
+            key = phase or "Pending"
+            counts[key] = counts.get(key, 0) + 1
+        for phase, count in counts.items():
+            family.add_metric([phase], count)
+        yield family
+
+
+class OperatorMetrics:
+    """All operator metrics, in a registry of their own (several operators can share a process in tests)."""
+
+    def __init__(self, phases: Callable[[], Mapping[tuple[str, str], str | None]]) -> None:
+        self.registry = CollectorRegistry()
+        self.reconciles = Counter(
+            "grpo_operator_reconcile_total",
+            "Reconciles by result: success, conflict (status changed meanwhile; retried), error, gone.",
+            ["result"],
+            registry=self.registry,
+        )
+        self.reconcile_seconds = Histogram(
+            "grpo_operator_reconcile_duration_seconds",
+            "Time to observe a job's children, decide and carry out the plan.",
+            buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+            registry=self.registry,
+        )
+        self.restarts = Counter(
+            "grpo_operator_gang_restarts_total",
+            "Gang restarts by reason; counted=true ones spend the job's backoffLimit.",
+            ["namespace", "grpojob", "reason", "counted"],
+            registry=self.registry,
+        )
+        self.api_errors = Counter(
+            "grpo_operator_api_errors_total",
+            "Failed Kubernetes API requests made by the reconcile loop, by verb, kind and HTTP status.",
+            ["verb", "kind", "code"],
+            registry=self.registry,
+        )
+        self.events = Counter(
+            "grpo_operator_events_total",
+            "Kubernetes events posted on GRPOJobs, by type and reason.",
+            ["type", "reason"],
+            registry=self.registry,
+        )
+        self.queue_depth = Gauge(
+            "grpo_operator_workqueue_depth", "Jobs waiting to be reconciled.", registry=self.registry
+        )
+        self.info = Gauge(
+            "grpo_operator_info", "Operator build information.", ["version"], registry=self.registry
+        )
+        self.info.labels(version=__version__).set(1)
+        self.registry.register(_JobsByPhase(phases))
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+class HealthState:
+    """Liveness: the event loop answers and the reconcile workers are alive. Readiness: the operator has
+    listed its jobs once and its last API contact succeeded recently."""
+
+    def __init__(self, stale_after: float) -> None:
+        self.ready = False
+        self.workers_alive: Callable[[], bool] = lambda: True
+        self.last_api_success = 0.0
+        self.stale_after = stale_after
+
+    def api_ok(self) -> None:
+        self.last_api_success = time.monotonic()
+
+    def live(self) -> tuple[bool, str]:
+        if not self.workers_alive():
+            return False, "reconcile workers have stopped"
+        return True, "ok"
+
+    def readiness(self) -> tuple[bool, str]:
+        if not self.ready:
+            return False, "initial list of GRPOJobs not done yet"
+        age = time.monotonic() - self.last_api_success
+        if age > self.stale_after:
+            return False, f"no successful Kubernetes API call for {age:.0f}s"
+        return True, "ok"
+
+
+def make_app(metrics: OperatorMetrics, health: HealthState) -> web.Application:
+    async def metrics_handler(_: web.Request) -> web.Response:
+        return web.Response(body=metrics.render(), headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    async def healthz(_: web.Request) -> web.Response:
+        ok, why = health.live()
+        return web.Response(status=200 if ok else 500, text=why + "\n")
+
+    async def readyz(_: web.Request) -> web.Response:
+        ok, why = health.readiness()
+        return web.Response(status=200 if ok else 503, text=why + "\n")
+
+    app = web.Application()
+    app.router.add_get("/metrics", metrics_handler)
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/readyz", readyz)
+    return app
+
+
+async def start_http_server(
+    metrics: OperatorMetrics, health: HealthState, host: str, port: int
+) -> tuple[web.AppRunner, int]:
+    """Serve /metrics, /healthz and /readyz; returns the runner and the bound port (port 0 = any)."""
+    runner = web.AppRunner(make_app(metrics, health), access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, host, port)
+    await site.start()
+    bound = port
+    for address in runner.addresses:
+        # (host, port) for IPv4, (host, port, flow, scope) for IPv6
+        if isinstance(address, tuple) and len(address) >= 2:
+            bound = int(address[1])
+            break
+    log.info("serving /metrics, /healthz and /readyz on http://%s:%d", host, bound)
+    return runner, bound
