@@ -68,10 +68,8 @@ def build_registry(controller: Controller) -> kopf.OperatorRegistry:
     return registry
 
 
-def make_controller(
-    settings: OperatorSettings, kubeconfig: str | None = None, context: str | None = None
-) -> Controller:
-    api = load_api_client(kubeconfig, context)
+def make_controller(settings: OperatorSettings, kubeconfig: str | None = None) -> Controller:
+    api = load_api_client(kubeconfig)
     kube = Kube(api, field_manager=settings.component, timeout=settings.api_timeout_seconds)
     return Controller(settings, kube)
 

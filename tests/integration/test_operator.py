@@ -1,0 +1,566 @@
+"""The operator running for real (`grpo-operator run` as a subprocess) against the local cluster.
+
+Simulated nodes run no containers: kwok moves scheduled pods to Running, and the tests play the
+trainer's part by patching pod status (exit codes, termination messages) and the job's status
+(checkpoint), exactly as the kubelet and trainer rank 0 would.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from grpo_operator.handlers.kube import Kube
+
+from tests.harness.kube import Cluster, wait_for
+
+pytestmark = pytest.mark.slow
+
+CKPT = "/workspace/checkpoints/step-5"
+
+
+def operator_binary() -> str:
+    candidate = Path(sys.executable).with_name("grpo-operator")
+    if not candidate.exists():
+        raise RuntimeError(f"{candidate} is missing: install the project with `pip install -e .`")
+    return str(candidate)
+
+
+@dataclass
+class Operator:
+    """One `grpo-operator run -n <namespace>` process; its log goes to a file the tests can read."""
+
+    kube: Cluster
+    namespace: str
+    log_path: Path
+    proc: subprocess.Popen[bytes] | None = None
+    starts: int = 0
+    extra_args: list[str] = field(default_factory=list)
+
+    def start(self) -> None:
+        self.starts += 1
+        log = self.log_path.open("ab")
+        log.write(f"\n===== start {self.starts} =====\n".encode())
+        log.flush()
+        self.proc = subprocess.Popen(
+            [
+                operator_binary(),
+                "run",
+                "--namespace",
+                self.namespace,
+                "--http-port",
+                "0",
+                "--resync-seconds",
+                "2",
+                *self.extra_args,
+            ],
+            env=self.kube.env(),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+        log.close()
+        wait_for("the operator to start", lambda: "grpo-operator started" in self.log_tail(), timeout=60)
+
+    def log_tail(self) -> str:
+        text = self.log_path.read_text(errors="replace")
+        return text.split(f"===== start {self.starts} =====")[-1]
+
+    @property
+    def http_port(self) -> int:
+        match = re.search(r"/readyz on http://[^:]+:(\d+)", self.log_tail())
+        assert match, f"no HTTP port in the operator log:\n{self.log_tail()}"
+        return int(match.group(1))
+
+    def kill9(self) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(timeout=30)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=10)
+
+
+@pytest.fixture
+def operator(kube: Cluster, namespace: str, tmp_path: Path) -> Iterator[Operator]:
+    op = Operator(kube, namespace, tmp_path / "operator.log")
+    op.start()
+    try:
+        yield op
+    finally:
+        op.stop()
+        # Free the simulated GPUs before the next test: delete the jobs and wait for the garbage
+        # collector to take their pods (the namespace itself is deleted without waiting).
+        kube.kubectl(
+            "delete", "grpojobs", "--all", "-n", namespace, "--wait=true", "--timeout=60s", check=False
+        )
+        try:
+            wait_for(
+                "the jobs' pods to be gone",
+                lambda: not pods(kube, namespace, roles=("trainer", "generation")),
+                timeout=90,
+            )
+        finally:
+            if os.environ.get("GRPO_SHOW_OPERATOR_LOG"):
+                print(op.log_path.read_text(errors="replace"))
+
+
+def job_manifest(name: str, **spec: Any) -> dict[str, Any]:
+    base: dict[str, Any] = {
+        "model": {"name": "Qwen/Qwen2.5-0.5B-Instruct"},
+        "dataset": {"train": "hf://openai/gsm8k:main#train"},
+        "grpo": {"groupSize": 4, "promptsPerStep": 2, "steps": 10},
+        "metric": {"image": "ghcr.io/grpo-operator/metric-math:0.1.0"},
+        "generation": {"gpus": 1},
+        "trainer": {"nodes": 2, "gpusPerNode": 2},
+        "checkpoints": {"volume": {"accessMode": "ReadWriteMany", "size": "1Gi"}},
+    }
+    for key, value in spec.items():
+        base[key] = {**base.get(key, {}), **value} if isinstance(value, dict) else value
+    return {"apiVersion": "grpo.dev/v1alpha1", "kind": "GRPOJob", "metadata": {"name": name}, "spec": base}
+
+
+def get_job(kube: Cluster, namespace: str, name: str) -> dict[str, Any]:
+    job = kube.get("grpojob", name, namespace)
+    assert job is not None, f"GRPOJob {namespace}/{name} is gone"
+    return job
+
+
+def status(kube: Cluster, namespace: str, name: str) -> dict[str, Any]:
+    return dict(get_job(kube, namespace, name).get("status") or {})
+
+
+def wait_status(
+    kube: Cluster,
+    namespace: str,
+    name: str,
+    what: str,
+    predicate: Callable[[dict[str, Any]], bool],
+    timeout: float = 90,
+) -> dict[str, Any]:
+    """Polls the job's status until ``predicate`` holds; returns that status."""
+    found: list[dict[str, Any]] = []
+
+    def check() -> bool:
+        current = status(kube, namespace, name)
+        if predicate(current):
+            found.append(current)
+            return True
+        return False
+
+    wait_for(f"{name}: {what}", check, timeout=timeout)
+    return found[-1]
+
+
+def wait_phase(kube: Cluster, namespace: str, name: str, phase: str, timeout: float = 90) -> dict[str, Any]:
+    return wait_status(kube, namespace, name, f"phase {phase}", lambda s: s.get("phase") == phase, timeout)
+
+
+def pods(
+    kube: Cluster, namespace: str, job: str | None = None, roles: tuple[str, ...] = ()
+) -> list[dict[str, Any]]:
+    selector = f"grpo.dev/job={job}" if job else "grpo.dev/job"
+    out = json.loads(kube.kubectl("get", "pods", "-n", namespace, "-l", selector, "-o", "json").stdout)[
+        "items"
+    ]
+    return [p for p in out if not roles or p["metadata"]["labels"].get("grpo.dev/role") in roles]
+
+
+def gang(kube: Cluster, namespace: str, job: str) -> dict[str, dict[str, Any]]:
+    return {p["metadata"]["name"]: p for p in pods(kube, namespace, job, ("trainer", "generation"))}
+
+
+def no_gang_pods(kube: Cluster, namespace: str, job: str) -> bool:
+    return not pods(kube, namespace, job, ("trainer", "generation"))
+
+
+def env_of(pod: dict[str, Any]) -> dict[str, str]:
+    return {e["name"]: e.get("value", "") for e in pod["spec"]["containers"][0].get("env", [])}
+
+
+def patch_pod_status(kube: Cluster, namespace: str, name: str, patch: dict[str, Any]) -> None:
+    kube.kubectl(
+        "patch", "pod", name, "-n", namespace, "--subresource=status", "--type=merge", "-p", json.dumps(patch)
+    )
+
+
+def terminate_pod(kube: Cluster, namespace: str, name: str, exit_code: int, message: str = "") -> None:
+    """What the kubelet reports when the container exits (restartPolicy Never)."""
+    now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    pod = kube.get("pod", name, namespace)
+    assert pod is not None
+    container = pod["spec"]["containers"][0]
+    terminated = {"exitCode": exit_code, "reason": "Error" if exit_code else "Completed", "message": message}
+    terminated.update({"startedAt": now, "finishedAt": now})
+    patch_pod_status(
+        kube,
+        namespace,
+        name,
+        {
+            "status": {
+                "phase": "Succeeded" if exit_code == 0 else "Failed",
+                "containerStatuses": [
+                    {
+                        "name": container["name"],
+                        "image": container["image"],
+                        "imageID": "",
+                        "ready": False,
+                        "restartCount": 0,
+                        "state": {"terminated": terminated},
+                    }
+                ],
+            }
+        },
+    )
+
+
+def report_checkpoint(kube: Cluster, namespace: str, name: str, step: int, path: str) -> None:
+    """What trainer rank 0 writes after a verified checkpoint (status subresource, merge patch)."""
+    patch = {"status": {"checkpoint": {"lastStep": step, "path": path, "time": "2026-11-29T08:00:00Z"}}}
+    kube.kubectl(
+        "patch",
+        "grpojob",
+        name,
+        "-n",
+        namespace,
+        "--subresource=status",
+        "--type=merge",
+        "-p",
+        json.dumps(patch),
+    )
+
+
+def events_of(kube: Cluster, namespace: str, name: str) -> list[dict[str, Any]]:
+    out = kube.kubectl(
+        "get", "events", "-n", namespace, "--field-selector", f"involvedObject.name={name}", "-o", "json"
+    ).stdout
+    return list(json.loads(out)["items"])
+
+
+def reasons(kube: Cluster, namespace: str, name: str) -> list[str]:
+    return [e["reason"] for e in events_of(kube, namespace, name)]
+
+
+def run_job(kube: Cluster, namespace: str, name: str, **spec: Any) -> dict[str, Any]:
+    kube.apply(job_manifest(name, **spec), namespace)
+    return wait_phase(kube, namespace, name, "Running")
+
+
+# --- tests ------------------------------------------------------------------------------------------------------
+
+
+def test_a_job_brings_up_every_child_on_gpu_nodes_and_runs(
+    kube: Cluster, namespace: str, operator: Operator
+) -> None:
+    run_job(kube, namespace, "math")
+    for kind, name in [
+        ("configmap", "math-config"),
+        ("pvc", "math-ckpt"),
+        ("serviceaccount", "math-trainer"),
+        ("role", "math-trainer"),
+        ("rolebinding", "math-trainer"),
+        ("service", "math-trainer"),
+        ("service", "math-gen"),
+        ("service", "math-metric"),
+        ("networkpolicy", "math-gen"),
+        ("networkpolicy", "math-metric"),
+        ("deployment", "math-metric"),
+    ]:
+        obj = kube.get(kind, name, namespace)
+        assert obj is not None, f"{kind} {name} missing"
+        labels = obj["metadata"]["labels"]
+        assert labels["app.kubernetes.io/part-of"] == "grpo-operator" and labels["grpo.dev/job"] == "math"
+    config = json.loads(kube.get("configmap", "math-config", namespace)["data"]["trainer.json"])  # type: ignore[index]
+    assert config["grpo"]["groupSize"] == 4 and config["job"]["name"] == "math"
+
+    members = gang(kube, namespace, "math")
+    assert sorted(members) == ["math-gen-1-0", "math-trainer-1-0", "math-trainer-1-1"]
+    nodes = json.loads(kube.kubectl("get", "nodes", "-o", "json").stdout)["items"]
+    gpu_nodes = {
+        n["metadata"]["name"] for n in nodes if "nvidia.com/gpu" in n["status"].get("allocatable", {})
+    }
+    for pod_name, pod in members.items():
+        assert pod["status"]["phase"] == "Running"
+        assert pod["spec"]["nodeName"] in gpu_nodes, f"{pod_name} is not on a GPU node"
+        limits = pod["spec"]["containers"][0]["resources"]["limits"]
+        assert limits["nvidia.com/gpu"] == ("1" if "-gen-" in pod_name else "2")
+    rank1 = env_of(members["math-trainer-1-1"])
+    assert rank1["NODE_RANK"] == "1" and rank1["NNODES"] == "2" and rank1["WORLD_SIZE"] == "4"
+    assert rank1["MASTER_ADDR"] == f"math-trainer-1-0.math-trainer.{namespace}.svc"
+
+    got = kube.kubectl("get", "grpo", "-n", namespace).stdout
+    assert re.search(r"^math\s+Running", got, re.M), got
+    s = status(kube, namespace, "math")
+    assert s["rollouts"] == 10 * 2 * 4 and s["trainerAttempt"] == 1 and s["restarts"] == 0
+    assert {"Created", "Running"} <= set(reasons(kube, namespace, "math"))
+
+    # The operator's own endpoints.
+    base = f"http://127.0.0.1:{operator.http_port}"
+    with urllib.request.urlopen(f"{base}/healthz", timeout=5) as resp:
+        assert resp.status == 200
+    with urllib.request.urlopen(f"{base}/readyz", timeout=5) as resp:
+        assert resp.status == 200
+    with urllib.request.urlopen(f"{base}/metrics", timeout=5) as resp:
+        text = resp.read().decode()
+    assert 'grpo_operator_reconcile_total{result="success"}' in text
+    assert 'grpo_operator_jobs{phase="Running"} 1.0' in text
+    assert "grpo_operator_reconcile_duration_seconds_bucket" in text
+
+
+def test_a_trainer_failure_restarts_the_gang_from_the_checkpoint(
+    kube: Cluster, namespace: str, operator: Operator
+) -> None:
+    run_job(kube, namespace, "math", runPolicy={"backoffLimit": 3})
+    report_checkpoint(kube, namespace, "math", 5, CKPT)
+    terminate_pod(kube, namespace, "math-trainer-1-1", 1, "RuntimeError: NCCL communicator was aborted")
+
+    s = wait_status(kube, namespace, "math", "gang restart", lambda s: s.get("trainerAttempt") == 2)
+    assert s["restarts"] == 1
+    assert s["reason"] == "TrainerFailed"
+    assert "NCCL communicator was aborted" in s["message"]
+    wait_for(
+        "only attempt-2 pods",
+        lambda: (
+            sorted(gang(kube, namespace, "math")) == ["math-gen-2-0", "math-trainer-2-0", "math-trainer-2-1"]
+        ),
+    )
+    for name, pod in gang(kube, namespace, "math").items():
+        if "trainer" in name:
+            assert env_of(pod)["RESUME_FROM"] == CKPT
+    s = wait_phase(kube, namespace, "math", "Running")
+    assert s["restarts"] == 1
+    assert {"Restarting", "ResumedFromCheckpoint"} <= set(reasons(kube, namespace, "math"))
+    assert s["checkpoint"]["path"] == CKPT, "the operator must never overwrite the trainer's fields"
+
+
+def test_exhausting_the_backoff_limit_fails_the_job(
+    kube: Cluster, namespace: str, operator: Operator
+) -> None:
+    run_job(kube, namespace, "math", runPolicy={"backoffLimit": 1})
+    terminate_pod(kube, namespace, "math-trainer-1-0", 1, "loss became NaN")
+    wait_phase(kube, namespace, "math", "Running")
+    wait_for("attempt 2", lambda: status(kube, namespace, "math").get("trainerAttempt") == 2)
+    wait_phase(kube, namespace, "math", "Running")
+    terminate_pod(kube, namespace, "math-trainer-2-0", 1, "loss became NaN again")
+    s = wait_phase(kube, namespace, "math", "Failed")
+    assert s["reason"] == "BackoffLimitExceeded"
+    assert "loss became NaN again" in s["message"]
+    assert s["completionTime"]
+    got = kube.kubectl("get", "grpo", "math", "-n", namespace, "-o", "wide").stdout
+    assert "Failed" in got and "BackoffLimitExceeded" in got, got
+    wait_for("the vLLM pod to stop", lambda: "math-gen-2-0" not in gang(kube, namespace, "math"))
+    wait_for("the metric service to stop", lambda: kube.get("deployment", "math-metric", namespace) is None)
+
+
+def test_an_eviction_restarts_without_counting(kube: Cluster, namespace: str, operator: Operator) -> None:
+    run_job(kube, namespace, "math")
+    api = Kube(kube.api_client(), field_manager="test", timeout=30)
+    api.request(
+        "POST",
+        f"/api/v1/namespaces/{namespace}/pods/math-trainer-1-1/eviction",
+        body={"apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": "math-trainer-1-1"}},
+    )
+    s = wait_status(kube, namespace, "math", "gang restart", lambda s: s.get("trainerAttempt") == 2)
+    assert s["restarts"] == 0
+    assert s["reason"] == "Evicted"
+    assert "not counted" in s["message"]
+    assert wait_phase(kube, namespace, "math", "Running")["restarts"] == 0
+
+
+def test_a_job_needing_more_gpus_than_exist_is_pending_with_the_reason(
+    kube: Cluster, namespace: str, operator: Operator
+) -> None:
+    kube.apply(
+        job_manifest("huge", trainer={"nodes": 3, "gpusPerNode": 8}, grpo={"promptsPerStep": 6}), namespace
+    )
+    s = wait_status(
+        kube, namespace, "huge", "reason Unschedulable", lambda s: s.get("reason") == "Unschedulable"
+    )
+    assert s["phase"] == "Pending"
+    assert "Insufficient nvidia.com/gpu" in s["message"]
+    got = kube.kubectl("get", "grpo", "huge", "-n", namespace, "-o", "wide").stdout
+    assert "Pending" in got and "Unschedulable" in got, got
+    described = kube.kubectl("describe", "grpojob", "huge", "-n", namespace).stdout
+    assert "Unschedulable" in described and "Insufficient nvidia.com/gpu" in described, described
+
+
+def test_suspend_stops_the_pods_and_resume_continues_from_the_checkpoint(
+    kube: Cluster, namespace: str, operator: Operator
+) -> None:
+    run_job(kube, namespace, "math")
+    report_checkpoint(kube, namespace, "math", 5, CKPT)
+    kube.kubectl(
+        "patch", "grpojob", "math", "-n", namespace, "--type=merge", "-p", '{"spec":{"suspend":true}}'
+    )
+    wait_phase(kube, namespace, "math", "Suspended")
+    wait_for("the pods to stop", lambda: not gang(kube, namespace, "math"))
+    wait_for("the metric service to stop", lambda: kube.get("deployment", "math-metric", namespace) is None)
+    assert kube.get("pvc", "math-ckpt", namespace) is not None
+    assert status(kube, namespace, "math")["checkpoint"]["path"] == CKPT
+
+    kube.kubectl(
+        "patch", "grpojob", "math", "-n", namespace, "--type=merge", "-p", '{"spec":{"suspend":false}}'
+    )
+    s = wait_phase(kube, namespace, "math", "Running")
+    assert s["trainerAttempt"] == 2 and s["restarts"] == 0
+    for name, pod in gang(kube, namespace, "math").items():
+        assert name.startswith(("math-gen-2-", "math-trainer-2-"))
+        if "trainer" in name:
+            assert env_of(pod)["RESUME_FROM"] == CKPT
+    assert {"Suspended", "Resumed", "ResumedFromCheckpoint"} <= set(reasons(kube, namespace, "math"))
+
+
+def test_a_stalled_gang_is_restarted_and_counted(kube: Cluster, namespace: str, operator: Operator) -> None:
+    run_job(kube, namespace, "math", runPolicy={"progressDeadlineSeconds": 5, "backoffLimit": 10})
+    wait_for("stall detection", lambda: status(kube, namespace, "math").get("restarts", 0) >= 1, timeout=60)
+    restarts = [e for e in events_of(kube, namespace, "math") if e["reason"] == "Restarting"]
+    assert restarts, "a stall posts a Restarting event"
+    assert "no training step completed for 5s" in restarts[0]["message"]
+    assert "restart 1/10" in restarts[0]["message"]
+
+
+def test_deleting_jobs_removes_children_and_keeps_the_volume_per_retention(
+    kube: Cluster, namespace: str, operator: Operator
+) -> None:
+    kube.apply(job_manifest("keep", checkpoints={"retention": "Retain"}), namespace)
+    kube.apply(job_manifest("drop", checkpoints={"retention": "Delete"}), namespace)
+    wait_phase(kube, namespace, "keep", "Running")
+    wait_phase(kube, namespace, "drop", "Running")
+    operator.stop()  # deletion must not depend on the operator: there is no finalizer
+    assert not get_job(kube, namespace, "keep")["metadata"].get("finalizers")
+    kube.kubectl("delete", "grpojob", "keep", "drop", "-n", namespace, "--wait=true", "--timeout=30s")
+
+    def gone(kind: str, name: str) -> bool:
+        return kube.get(kind, name, namespace) is None
+
+    for job in ("keep", "drop"):
+        wait_for(f"{job}'s pods to go", functools.partial(no_gang_pods, kube, namespace, job))
+        for kind, suffix in [
+            ("configmap", "config"),
+            ("service", "gen"),
+            ("deployment", "metric"),
+            ("role", "trainer"),
+        ]:
+            wait_for(f"{kind} {job}-{suffix} to go", functools.partial(gone, kind, f"{job}-{suffix}"))
+    wait_for("the Delete-retention volume to go", lambda: kube.get("pvc", "drop-ckpt", namespace) is None)
+    assert kube.get("pvc", "keep-ckpt", namespace) is not None, "retention Retain keeps the checkpoints"
+
+
+def test_killing_the_operator_while_creating_20_jobs_converges_without_duplicates(
+    kube: Cluster, namespace: str, operator: Operator
+) -> None:
+    names = [f"job-{i:02d}" for i in range(20)]
+    manifests = [
+        job_manifest(n, trainer={"nodes": 1, "gpusPerNode": 1}, grpo={"promptsPerStep": 1}) for n in names
+    ]
+    kube.kubectl("apply", "-n", namespace, "-f", "-", input=yaml.safe_dump_all(manifests))
+    wait_for(
+        "the operator to be half-way",
+        lambda: len(pods(kube, namespace, roles=("trainer", "generation"))) >= 6,
+    )
+    operator.kill9()
+    operator.start()
+
+    def converged() -> bool:
+        for name in names:
+            s = status(kube, namespace, name)
+            if s.get("phase") not in ("Pending", "Initializing", "Running"):
+                return False
+            if sorted(gang(kube, namespace, name)) != [f"{name}-gen-1-0", f"{name}-trainer-1-0"]:
+                return False
+        return True
+
+    wait_for("all 20 jobs to converge", converged, timeout=180)
+    for name in names:
+        s = status(kube, namespace, name)
+        assert s["trainerAttempt"] == 1 and s["restarts"] == 0, (name, s)
+    all_pods = pods(kube, namespace, roles=("trainer", "generation"))
+    assert len(all_pods) == 40, sorted(p["metadata"]["name"] for p in all_pods)
+    for kind, suffix in [("configmaps", "config"), ("pvc", "ckpt"), ("deployments", "metric")]:
+        items = json.loads(kube.kubectl("get", kind, "-n", namespace, "-o", "json").stdout)["items"]
+        mine = sorted(i["metadata"]["name"] for i in items if i["metadata"]["name"].endswith(f"-{suffix}"))
+        assert mine == [f"{n}-{suffix}" for n in names]
+    # Twenty 2-GPU gangs on 16 GPUs: the ones that fit run; the rest say why they wait.
+    phases = [status(kube, namespace, n)["phase"] for n in names]
+    assert phases.count("Running") >= 1
+    for name in names:
+        s = status(kube, namespace, name)
+        if s["phase"] == "Pending" and s.get("reason") == "Unschedulable":
+            assert "nvidia.com/gpu" in s["message"]
+
+
+def _token_kubeconfig(kube: Cluster, token: str, directory: Path) -> Path:
+    config = yaml.safe_load(kube.kubeconfig.read_text())
+    context = next(c for c in config["contexts"] if c["name"] == config["current-context"])["context"]
+    cluster = next(c for c in config["clusters"] if c["name"] == context["cluster"])["cluster"]
+    if "certificate-authority" in cluster and not Path(cluster["certificate-authority"]).is_absolute():
+        cluster["certificate-authority"] = str(kube.kubeconfig.parent / cluster["certificate-authority"])
+    out = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": "c", "cluster": cluster}],
+        "users": [{"name": "sa", "user": {"token": token}}],
+        "contexts": [{"name": "sa", "context": {"cluster": "c", "user": "sa"}}],
+        "current-context": "sa",
+    }
+    path = directory / "sa.kubeconfig"
+    path.write_text(yaml.safe_dump(out))
+    return path
+
+
+def test_the_trainer_service_account_can_patch_only_its_own_jobs_status(
+    kube: Cluster, namespace: str, operator: Operator, tmp_path: Path
+) -> None:
+    kube.apply(job_manifest("first"), namespace)
+    kube.apply(job_manifest("second", trainer={"nodes": 1}), namespace)
+    wait_for("the RoleBinding", lambda: kube.get("rolebinding", "first-trainer", namespace))
+    token = kube.kubectl("create", "token", "first-trainer", "-n", namespace).stdout.strip()
+    config = _token_kubeconfig(kube, token, tmp_path)
+    patch = json.dumps({"status": {"progress": {"step": 3, "totalSteps": 10}}})
+
+    def as_trainer(*args: str) -> subprocess.CompletedProcess[str]:
+        return kube.kubectl("--kubeconfig", str(config), *args, check=False)
+
+    def patch_status(job: str) -> subprocess.CompletedProcess[str]:
+        return as_trainer(
+            "patch", "grpojob", job, "-n", namespace, "--subresource=status", "--type=merge", "-p", patch
+        )
+
+    ok = patch_status("first")
+    assert ok.returncode == 0, ok.stderr
+    assert status(kube, namespace, "first")["progress"]["step"] == 3
+    refused = patch_status("second")
+    assert refused.returncode != 0 and "forbidden" in refused.stderr.lower(), refused.stderr
+    spec_patch = as_trainer(
+        "patch", "grpojob", "first", "-n", namespace, "--type=merge", "-p", '{"spec":{"suspend":true}}'
+    )
+    assert spec_patch.returncode != 0 and "forbidden" in spec_patch.stderr.lower(), spec_patch.stderr
+    listing = as_trainer("get", "pods", "-n", namespace)
+    assert listing.returncode != 0 and "forbidden" in listing.stderr.lower()
+
+
+def test_rank_zero_success_completes_the_job(kube: Cluster, namespace: str, operator: Operator) -> None:
+    run_job(kube, namespace, "math", trainer={"nodes": 1})
+    terminate_pod(kube, namespace, "math-trainer-1-0", 0)
+    s = wait_phase(kube, namespace, "math", "Succeeded")
+    assert s["completionTime"] and s["reason"] == "Completed"
+    wait_for("the vLLM pod to stop", lambda: "math-gen-1-0" not in gang(kube, namespace, "math"))
+    assert "Succeeded" in reasons(kube, namespace, "math")
