@@ -7,12 +7,14 @@ scheduler, kwok for simulated GPU nodes) and stops it again at the end of the se
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
 import shutil
 import subprocess
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -83,14 +85,23 @@ class Cluster:
             return cls(kubeconfig=Path(env_cfg))
         name = os.environ.get("GRPO_TEST_CLUSTER_NAME", "grpo-test")
         env = {**os.environ, "GRPO_CLUSTER_NAME": name}
-        proc = subprocess.run(
-            ["bash", str(HACK / "cluster.sh"), "up"], env=env, capture_output=True, text=True, timeout=3600
-        )
-        if proc.returncode != 0:
-            raise RuntimeError(
-                f"could not start the local cluster (hack/cluster.sh up exited {proc.returncode}):\n"
-                f"{proc.stderr[-4000:]}"
+        # Several pytest sessions (developers, CI, a demo) may share the test cluster: starting is
+        # serialised by a lock, and each session registers itself so that the last one out stops it.
+        with _cluster_lock(name):
+            proc = subprocess.run(
+                ["bash", str(HACK / "cluster.sh"), "up"],
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=3600,
             )
+            if proc.returncode != 0:
+                raise RuntimeError(
+                    f"could not start the local cluster (hack/cluster.sh up exited {proc.returncode}):\n"
+                    f"{proc.stderr[-4000:]}"
+                )
+            _users_dir(name).mkdir(parents=True, exist_ok=True)
+            (_users_dir(name) / str(os.getpid())).touch()
         kubeconfig = next(
             line.split("=", 1)[1]
             for line in proc.stdout.splitlines()
@@ -99,11 +110,19 @@ class Cluster:
         return cls(kubeconfig=Path(kubeconfig), started_here=True, name=name)
 
     def close(self) -> None:
-        if self.started_here and not os.environ.get("GRPO_KEEP_CLUSTER"):
+        if not self.started_here:
+            return
+        with _cluster_lock(self.name):
+            users = _users_dir(self.name)
+            (users / str(os.getpid())).unlink(missing_ok=True)
+            alive = [p for p in users.glob("*") if _pid_alive(int(p.name))] if users.is_dir() else []
+            if alive or os.environ.get("GRPO_KEEP_CLUSTER"):
+                return
             env = {**os.environ, "GRPO_CLUSTER_NAME": self.name}
             subprocess.run(
                 ["bash", str(HACK / "cluster.sh"), "down"], env=env, capture_output=True, timeout=120
             )
+            shutil.rmtree(users, ignore_errors=True)
 
     def env(self) -> dict[str, str]:
         """Environment for subprocesses that should talk to this cluster."""
@@ -161,6 +180,35 @@ class Cluster:
             self.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(f))
         if files:
             self.kubectl("wait", "--for=condition=Established", "crd", "--all", "--timeout=60s")
+
+
+def _cluster_home() -> Path:
+    return Path(os.environ.get("GRPO_CLUSTER_HOME", Path.home() / ".cache" / "grpo-cluster"))
+
+
+def _users_dir(name: str) -> Path:
+    return _cluster_home() / f"{name}.users"
+
+
+@contextlib.contextmanager
+def _cluster_lock(name: str) -> Iterator[None]:
+    _cluster_home().mkdir(parents=True, exist_ok=True)
+    with open(_cluster_home() / f"{name}.lock", "w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def _answers(kubeconfig: Path) -> bool:
