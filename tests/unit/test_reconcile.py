@@ -73,6 +73,11 @@ class World:
                     current.pop(key, None)
                 else:
                     current[key] = copy.deepcopy(value)
+        for child_patch in plan.patches:
+            target = self.objects.get((child_patch.ref.kind, child_patch.ref.name))
+            if target is not None:
+                annotations = child_patch.patch.get("metadata", {}).get("annotations", {})
+                target["metadata"].setdefault("annotations", {}).update(annotations)
         if deletes:
             for ref in plan.deletes:
                 self.objects.pop((ref.kind, ref.name), None)
@@ -262,6 +267,28 @@ def test_kueue_gated_pods_wait_for_admission() -> None:
     world.step()
     assert world.status()["reason"] == "WaitingForAdmission"
     assert world.status()["phase"] == "Pending"
+
+
+def test_a_restarted_kueue_gang_releases_its_old_pod_group() -> None:
+    world = World(job_object(scheduling={"queueName": "gpu-queue"}))
+    world.settle()
+    world.run_all()
+    world.settle()
+    world.terminate("math-trainer-1-0", 1)
+    plan = world.reconcile()
+    patched = {p.ref.name: p.patch for p in plan.patches}
+    assert (
+        set(patched)
+        == {r.name for r in plan.deletes}
+        == {"math-gen-1-0", "math-trainer-1-0", "math-trainer-1-1"}
+    )
+    for patch in patched.values():
+        assert patch == {"metadata": {"annotations": {"kueue.x-k8s.io/retriable-in-group": "false"}}}
+    new_groups = {m["metadata"]["labels"]["kueue.x-k8s.io/pod-group-name"] for m in plan.creates}
+    assert new_groups == {"math-a2"}
+    no_queue = running_world()
+    no_queue.terminate("math-trainer-1-0", 1)
+    assert not no_queue.reconcile().patches
 
 
 def test_waiting_containers_are_reported_while_initializing() -> None:

@@ -41,6 +41,7 @@ APP_NAMES: dict[Role, str] = {"trainer": "grpo-trainer", "generation": "vllm", "
 KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 KUEUE_GROUP_LABEL = "kueue.x-k8s.io/pod-group-name"
 KUEUE_GROUP_COUNT_ANNOTATION = "kueue.x-k8s.io/pod-group-total-count"
+KUEUE_RETRIABLE_ANNOTATION = "kueue.x-k8s.io/retriable-in-group"
 
 CONFIG_KEY = CONFIG_MAP_KEY
 CONFIG_DIR = CONFIG_MOUNT_DIR

@@ -272,6 +272,16 @@ class Controller:
                     plan.status.get("reason") or "",
                     plan.status.get("message") or "",
                 )
+        for child_patch in plan.patches:
+            ref = child_patch.ref
+            try:
+                await self._call(
+                    self.kube.merge_patch, resource_for(ref.kind), namespace, ref.name, child_patch.patch
+                )
+            except ApiException as exc:
+                if exc.status != 404:
+                    self._api_error("patch", ref.kind, exc)
+                    raise
         for ref in plan.deletes:
             try:
                 await self._call(self.kube.delete, resource_for(ref.kind), namespace, ref.name)

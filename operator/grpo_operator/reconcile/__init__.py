@@ -2,6 +2,16 @@
 
 from grpo_operator.reconcile.core import OWNED_STATUS_FIELDS, reconcile
 from grpo_operator.reconcile.observed import Observed, PodView
-from grpo_operator.reconcile.plan import ChildRef, Event, Plan, Restart
+from grpo_operator.reconcile.plan import ChildPatch, ChildRef, Event, Plan, Restart
 
-__all__ = ["OWNED_STATUS_FIELDS", "ChildRef", "Event", "Observed", "Plan", "PodView", "Restart", "reconcile"]
+__all__ = [
+    "OWNED_STATUS_FIELDS",
+    "ChildPatch",
+    "ChildRef",
+    "Event",
+    "Observed",
+    "Plan",
+    "PodView",
+    "Restart",
+    "reconcile",
+]

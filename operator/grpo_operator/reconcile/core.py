@@ -18,7 +18,14 @@ from grpo_operator.api.resource import compute_rollouts
 from grpo_operator.api.status import TERMINAL_PHASES
 from grpo_operator.builders import Job, Manifest, gang_hash, gang_pods, infrastructure, job_from_object
 from grpo_operator.builders.children import metric_workload
-from grpo_operator.builders.common import ANNOTATION_HASH, generation_pod_name, metric_name, trainer_pod_name
+from grpo_operator.builders.common import (
+    ANNOTATION_HASH,
+    KUEUE_GROUP_LABEL,
+    KUEUE_RETRIABLE_ANNOTATION,
+    generation_pod_name,
+    metric_name,
+    trainer_pod_name,
+)
 from grpo_operator.reconcile.conditions import (
     FAILED,
     RUNNING,
@@ -31,7 +38,7 @@ from grpo_operator.reconcile.conditions import (
     truncate,
 )
 from grpo_operator.reconcile.observed import Observed, PodView, parse_time
-from grpo_operator.reconcile.plan import ChildRef, Event, Plan, Restart
+from grpo_operator.reconcile.plan import ChildPatch, ChildRef, Event, Plan, Restart
 from grpo_operator.settings import OperatorSettings
 
 # Status fields the operator owns. The trainer owns progress, rewards and checkpoint; the operator
@@ -576,8 +583,14 @@ def _delete_pods(step: _Step, observed: Observed, which: Any) -> None:
     for pod in observed.pods():
         if which(pod) and not pod.terminating:
             ref = ChildRef("v1", "Pod", pod.name)
-            if ref not in step.plan.deletes:
-                step.plan.deletes.append(ref)
+            if ref in step.plan.deletes:
+                continue
+            if KUEUE_GROUP_LABEL in pod.labels and pod.annotations.get(KUEUE_RETRIABLE_ANNOTATION) != "false":
+                # Kueue keeps a pod group's quota reserved, waiting for replacement pods, until a member says
+                # the group is not retriable. A restart is a new group (new attempt), so release the old one.
+                patch = {"metadata": {"annotations": {KUEUE_RETRIABLE_ANNOTATION: "false"}}}
+                step.plan.patches.append(ChildPatch(ref, patch))
+            step.plan.deletes.append(ref)
 
 
 def _delete_metric_workload(step: _Step, job: Job, observed: Observed) -> None:

@@ -18,6 +18,14 @@ class ChildRef:
 
 
 @dataclass(frozen=True)
+class ChildPatch:
+    """A JSON merge patch of a child's metadata (made before the child is deleted)."""
+
+    ref: ChildRef
+    patch: dict[str, Any]
+
+
+@dataclass(frozen=True)
 class Event:
     """A Kubernetes Event on the GRPOJob."""
 
@@ -43,12 +51,13 @@ class Plan:
        decision was made from. It goes first so that an operator killed half-way re-derives the same
        decision (a restart bumps trainerAttempt before any pod of the new attempt exists, so the old
        pods become stale and the new ones missing — never a second restart).
-    2. ``deletes`` then ``applies`` (server-side apply, create-or-update) then ``creates`` (pods;
+    2. ``patches`` (metadata of pods about to be deleted), ``deletes``, then ``applies`` (server-side apply, create-or-update) then ``creates`` (pods;
        409 AlreadyExists counts as done).
     3. ``events``, ``delete_job`` (TTL after finishing).
     """
 
     status: dict[str, Any] | None = None
+    patches: list[ChildPatch] = field(default_factory=list)
     deletes: list[ChildRef] = field(default_factory=list)
     applies: list[Manifest] = field(default_factory=list)
     creates: list[Manifest] = field(default_factory=list)
@@ -63,5 +72,11 @@ class Plan:
     def is_empty(self) -> bool:
         """True when the plan changes nothing in the cluster."""
         return not (
-            self.status or self.deletes or self.applies or self.creates or self.events or self.delete_job
+            self.status
+            or self.patches
+            or self.deletes
+            or self.applies
+            or self.creates
+            or self.events
+            or self.delete_job
         )
