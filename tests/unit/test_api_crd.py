@@ -126,7 +126,15 @@ def test_descriptions_defaults_and_bounds_come_from_the_models() -> None:
     assert temp["minimum"] == 0 and temp["exclusiveMinimum"] is True and temp["default"] == 1.0
     assert grpo["properties"]["lossType"]["enum"] == ["grpo", "bnpo", "dr_grpo", "dapo"]
     assert grpo["properties"]["lossType"]["default"] == "dapo"
-    assert grpo["properties"]["lora"]["default"] == {}
+    assert grpo["properties"]["lora"]["default"] == {
+        "enabled": False,
+        "r": 16,
+        "alpha": 32,
+        "dropout": 0.05,
+        "targetModules": ["q_proj", "k_proj", "v_proj", "o_proj"],
+    }
+    # Object defaults are written out in full: the API server checks them against CEL rules as is.
+    assert spec["properties"]["trainer"]["default"]["gpusPerNode"] == 1
     assert grpo["properties"]["lora"]["properties"]["targetModules"]["default"] == [
         "q_proj",
         "k_proj",

@@ -7,9 +7,10 @@ next to ``properties``) or the API server refuses it, so pydantic's JSON Schema 
 * ``anyOf: [X, null]`` (an optional field) becomes ``X``: the API server prunes explicit nulls on
   non-nullable fields, which is exactly "unset", and ``has()`` in CEL then means what it says;
 * JSON Schema 2020 ``exclusiveMinimum: n`` becomes OpenAPI 3.0 ``minimum: n, exclusiveMinimum: true``;
-* ``default_factory`` defaults are emitted when they mean something on the wire: ``{}`` for a
-  sub-object whose fields all have defaults (the API server then fills those in too), a non-empty
-  list as is, nothing for empty collections;
+* ``default_factory`` defaults are emitted when they mean something on the wire: a sub-object whose
+  fields all have defaults gets those defaults written out in full (not ``{}``: the API server checks
+  an object default against the object's CEL rules without filling in nested defaults first), a
+  non-empty list as is, nothing for empty collections;
 * each model's ``cel_rules`` become ``x-kubernetes-validations`` on that object.
 """
 
@@ -50,6 +51,14 @@ def _all_fields_defaulted(model: type[BaseModel]) -> bool:
     return all(not f.is_required() for f in model.model_fields.values())
 
 
+def _without_empty(value: Any) -> Any:
+    """Drop nulls and empty collections: absent means the same to the API server, and smaller is clearer."""
+    if isinstance(value, dict):
+        pruned = {k: _without_empty(v) for k, v in value.items()}
+        return {k: v for k, v in pruned.items() if v is not None and v != {} and v != []}
+    return value
+
+
 class _CrdJsonSchema(GenerateJsonSchema):
     """pydantic's generator plus model CEL rules and meaningful default_factory defaults."""
 
@@ -61,7 +70,7 @@ class _CrdJsonSchema(GenerateJsonSchema):
         value = factory()  # type: ignore[call-arg]
         if isinstance(value, BaseModel):
             if _all_fields_defaulted(type(value)):
-                inner = {**inner, "default": {}}
+                inner = {**inner, "default": _without_empty(value.model_dump(mode="json", by_alias=True))}
         elif isinstance(value, list) and value:
             inner = {**inner, "default": value}
         return inner

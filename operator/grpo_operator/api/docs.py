@@ -98,7 +98,12 @@ def _num(value: float) -> str:
 
 
 def _rows(schema: dict[str, Any], path: str, required: bool, out: list[str]) -> None:
-    default = _literal(schema["default"]) if "default" in schema else ""
+    if "default" not in schema:
+        default = ""
+    elif isinstance(schema["default"], dict):
+        default = "defaults of its fields"  # spelt out in the rows below
+    else:
+        default = _literal(schema["default"])
     desc = schema.get("description", "")
     out.append(
         f"| `{path}` | {_cell(_type_of(schema))} | {_cell(default)} | "
