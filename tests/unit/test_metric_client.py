@@ -200,12 +200,15 @@ def test_circuit_breaker_state_machine() -> None:
 
 def test_error_budget_sliding_window() -> None:
     budget = ErrorBudget(0.25, window_steps=4)
-    for _ in range(4):
+    budget.record(8, 8)  # an outage in the first step: one bad step of a four-step window
+    assert budget.fraction == 0.25
+    budget.check(step=1)
+    for _ in range(3):
         budget.record(0, 8)
-    budget.record(8, 8)  # one bad step out of four: 25 % is within the budget
+    budget.record(8, 8)  # the first bad step slid out; one bad step of four again
     budget.check(step=5)
     budget.record(8, 8)
-    with pytest.raises(MetricServiceUnavailable, match=r"50\.0% .* last 4 steps .*errorBudget=25\.0%"):
+    with pytest.raises(MetricServiceUnavailable, match=r"50\.0% of a 4-step window .*errorBudget=25\.0%"):
         budget.check(step=6)
     for _ in range(4):
         budget.record(0, 8)  # the service came back: old errors slide out of the window

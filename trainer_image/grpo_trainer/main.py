@@ -23,6 +23,8 @@ METRIC_READY_TIMEOUT_ENV = "GRPO_METRIC_READY_TIMEOUT_SECONDS"
 # Steps in the sliding window that metric.errorBudget is measured over.
 ERROR_WINDOW_ENV = "GRPO_METRIC_ERROR_WINDOW_STEPS"
 DEFAULT_ERROR_WINDOW_STEPS = 20
+# How long the metric client's circuit breaker stays open before it probes the service again.
+BREAKER_COOLDOWN_ENV = "GRPO_METRIC_BREAKER_COOLDOWN_SECONDS"
 
 
 def _is_local_dir(name: str) -> bool:
@@ -86,6 +88,7 @@ def run(config: TrainerConfig, env: RuntimeEnv) -> int:
             concurrency=m.concurrency,
             timeout_seconds=m.timeout_seconds,
             max_retries=m.max_retries,
+            breaker_cooldown_seconds=float(os.environ.get(BREAKER_COOLDOWN_ENV, "5")),
         )
     )
     try:

@@ -251,15 +251,17 @@ class MetricClient:
 
 
 class ErrorBudget:
-    """Fails the run when metric-service errors persist: the fraction of rollouts that were errors over the
-    last ``window_steps`` steps must stay at or below ``budget``. Outages shorter than the window (a pod
-    restart, a rolling update) cost a few steps' worth of signal but do not stop training."""
+    """Fails the run when metric-service errors persist: the rollouts that were errors in the last
+    ``window_steps`` steps must stay at or below ``budget`` times a full window's rollouts. Steps not yet
+    run count as clean, so an outage early in a run is judged like one later on. Outages shorter than
+    the budget allows (a pod restart, a rolling update) cost a few steps' signal but do not stop training."""
 
     def __init__(self, budget: float, window_steps: int = 20):
         if not 0.0 <= budget <= 1.0:
             raise ValueError(f"metric.errorBudget must be within [0, 1], got {budget}")
         self.budget = budget
-        self.window: deque[tuple[int, int]] = deque(maxlen=max(1, window_steps))
+        self.window_steps = max(1, window_steps)
+        self.window: deque[tuple[int, int]] = deque(maxlen=self.window_steps)
 
     def record(self, errors: int, total: int) -> None:
         self.window.append((errors, total))
@@ -268,12 +270,15 @@ class ErrorBudget:
     def fraction(self) -> float:
         errors = sum(e for e, _ in self.window)
         total = sum(t for _, t in self.window)
-        return errors / total if total else 0.0
+        if not total:
+            return 0.0
+        full_window = total / len(self.window) * self.window_steps
+        return errors / full_window
 
     def check(self, step: int) -> None:
         if self.fraction > self.budget:
             raise MetricServiceUnavailable(
-                f"metric service errors at step {step}: {self.fraction:.1%} of the rollouts in the last "
-                f"{len(self.window)} steps could not be scored, above metric.errorBudget={self.budget:.1%}; "
+                f"metric service errors at step {step}: {self.fraction:.1%} of a {self.window_steps}-step "
+                f"window of rollouts could not be scored, above metric.errorBudget={self.budget:.1%}; "
                 "check the metric pod's logs and readiness, or raise spec.metric.errorBudget"
             )
