@@ -95,10 +95,12 @@ build_k8s() {
     ld+=" -X ${p}.gitTreeState=clean -X ${p}.gitCommit=0000000000000000000000000000000000000000"
     ld+=" -X ${p}.buildDate=1970-01-01T00:00:00Z"
   done
+  local note=" (the first compiles most of the shared packages: ~7 min on 2 cores)"
   for p in $pkgs; do
     # shellcheck disable=SC2086
-    with_heartbeat "compiling ${p##*/} $K8S_VERSION (the first one takes longest)" \
+    with_heartbeat "compiling ${p##*/} $K8S_VERSION$note" \
       timed "${p##*/}" go build -trimpath -tags selinux,notest -ldflags "$ld" -o "$OUT_TMP/" "$p"
+    note=""
   done
   "$OUT_TMP/kube-apiserver" --version >&2
   finish

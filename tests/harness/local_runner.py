@@ -1,0 +1,356 @@
+"""TEST HARNESS — runs a GRPOJob's metric server and trainer as local processes.
+
+The local cluster's nodes are simulated by kwok: pods get scheduled and reported Running, but no
+container ever starts. For the demo and the end-to-end tests, this runner plays the kubelet for one
+GRPOJob's pods, and only for them:
+
+- for the job's Running metric pod it starts the metric server the image would run (a local
+  command given per image), with the container's environment;
+- for the job's Running trainer pod it starts ``python -m grpo_trainer`` with the pod's environment,
+  the trainer config the operator rendered (read from the job's ConfigMap), the job's volume (the
+  claim's directory from the local provisioner stands in for ``/workspace``), and a kubeconfig holding
+  a token of the job's own ServiceAccount, so status patches go through the same RBAC as in a pod;
+- when the trainer exits, it writes the exit into the pod's status (Succeeded, or Failed with the exit
+  code and the trainer's termination message), as a kubelet would; when the operator deletes a
+  trainer pod (restart, suspend), the process gets SIGTERM, as a container would.
+
+What differs from a real pod, and why: there is no cluster DNS here, so the metric URL's host is
+rewritten to 127.0.0.1; there is no vLLM server (no GPU), so generation runs in-process
+(``generation.backend: transformers``); paths under /workspace are rewritten to the claim's directory.
+Nothing else in the rendered config is changed. Only single-process trainer gangs (1 node x 1 GPU)
+are run locally.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.parse
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from tests.harness.kube import Cluster
+
+REPO = Path(__file__).resolve().parents[2]
+WORKSPACE = "/workspace"
+TERMINAL = {"Succeeded", "Failed"}
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def rewrite_paths(value: Any, workspace: Path) -> Any:
+    """Replaces the /workspace prefix in every string of a JSON document with the claim's directory."""
+    if isinstance(value, dict):
+        return {k: rewrite_paths(v, workspace) for k, v in value.items()}
+    if isinstance(value, list):
+        return [rewrite_paths(v, workspace) for v in value]
+    if isinstance(value, str):
+        for prefix in (f"file://{WORKSPACE}", WORKSPACE):
+            if value == prefix or value.startswith(prefix + "/"):
+                head = "file://" if prefix.startswith("file://") else ""
+                return head + str(workspace) + value[len(prefix) :]
+    return value
+
+
+def container_env(pod: dict[str, Any]) -> dict[str, str]:
+    env: dict[str, str] = {}
+    for var in pod["spec"]["containers"][0].get("env", []):
+        if "value" in var:
+            env[var["name"]] = str(var["value"])
+        elif "valueFrom" in var and "fieldRef" in var["valueFrom"]:
+            path = var["valueFrom"]["fieldRef"]["fieldPath"]
+            if path == "metadata.name":
+                env[var["name"]] = pod["metadata"]["name"]
+            elif path == "metadata.namespace":
+                env[var["name"]] = pod["metadata"]["namespace"]
+    return env
+
+
+@dataclass
+class Proc:
+    pod: str
+    uid: str
+    popen: subprocess.Popen[bytes]
+    log: Path
+
+
+@dataclass
+class LocalJobRunner:
+    kube: Cluster
+    namespace: str
+    job: str
+    metric_commands: dict[str, list[str]]
+    workdir: Path
+    python: str = sys.executable
+    metric: Proc | None = None
+    metric_port: int = 0
+    trainers: dict[str, Proc] = field(default_factory=dict)
+    finished: set[str] = field(default_factory=set)
+
+    # --- cluster reads -------------------------------------------------------------------------
+    def pods(self, role: str) -> list[dict[str, Any]]:
+        out = self.kube.kubectl(
+            "get",
+            "pods",
+            "-n",
+            self.namespace,
+            "-l",
+            f"grpo.dev/job={self.job},grpo.dev/role={role}",
+            "-o",
+            "json",
+        ).stdout
+        return list(json.loads(out)["items"])
+
+    def job_phase(self) -> str:
+        job = self.kube.get("grpojob", self.job, self.namespace) or {}
+        return str(job.get("status", {}).get("phase", ""))
+
+    def workspace(self) -> Path:
+        claim = self.kube.get("pvc", f"{self.job}-ckpt", self.namespace)
+        if not claim or claim.get("status", {}).get("phase") != "Bound":
+            raise RuntimeError(f"claim {self.job}-ckpt is not bound yet")
+        pv = self.kube.get("pv", claim["spec"]["volumeName"])
+        assert pv is not None
+        return Path(pv["spec"]["hostPath"]["path"])
+
+    def service_account_kubeconfig(self) -> Path:
+        """A kubeconfig with a token of the job's own ServiceAccount (what a pod would mount)."""
+        token = self.kube.kubectl(
+            "create", "token", f"{self.job}-trainer", "-n", self.namespace, "--duration=2h"
+        ).stdout.strip()
+        admin = yaml.safe_load(self.kube.kubeconfig.read_text())
+        cluster = admin["clusters"][0]["cluster"]
+        path = self.workdir / f"{self.job}-trainer.kubeconfig"
+        path.write_text(
+            yaml.safe_dump(
+                {
+                    "apiVersion": "v1",
+                    "kind": "Config",
+                    "clusters": [{"name": "local", "cluster": cluster}],
+                    "users": [{"name": f"{self.job}-trainer", "user": {"token": token}}],
+                    "contexts": [
+                        {
+                            "name": "sa",
+                            "context": {
+                                "cluster": "local",
+                                "user": f"{self.job}-trainer",
+                                "namespace": self.namespace,
+                            },
+                        }
+                    ],
+                    "current-context": "sa",
+                }
+            )
+        )
+        path.chmod(0o600)
+        return path
+
+    # --- metric server -------------------------------------------------------------------------
+    def ensure_metric(self) -> None:
+        running = [p for p in self.pods("metric") if p["status"].get("phase") == "Running"]
+        if self.metric and self.metric.popen.poll() is None:
+            if not running:  # the operator stopped the metric service
+                self.stop(self.metric)
+                self.metric = None
+            return
+        if not running:
+            return
+        pod = running[0]
+        container = pod["spec"]["containers"][0]
+        command = self.metric_commands.get(container["image"])
+        if not command:
+            raise RuntimeError(
+                f"no local command for metric image {container['image']!r}; pass --metric IMAGE=COMMAND"
+            )
+        self.metric_port = free_port()
+        env = {**os.environ, **container_env(pod), "PORT": str(self.metric_port)}
+        log = self.workdir / "metric.log"
+        popen = subprocess.Popen(command, env=env, stdout=log.open("ab"), stderr=subprocess.STDOUT, cwd=REPO)
+        self.metric = Proc(pod["metadata"]["name"], pod["metadata"]["uid"], popen, log)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{self.metric_port}/healthz", timeout=2):
+                    return
+            except OSError:
+                if popen.poll() is not None:
+                    raise RuntimeError(f"metric server exited with {popen.returncode}; see {log}") from None
+                time.sleep(0.3)
+        raise RuntimeError(f"metric server did not answer /healthz within 60s; see {log}")
+
+    # --- trainer -------------------------------------------------------------------------------
+    def trainer_config(self, workspace: Path) -> Path:
+        cm = self.kube.get("configmap", f"{self.job}-config", self.namespace)
+        assert cm is not None, f"ConfigMap {self.job}-config missing"
+        config = rewrite_paths(json.loads(cm["data"]["trainer.json"]), workspace)
+        url = urllib.parse.urlsplit(config["metric"]["url"])
+        config["metric"]["url"] = urllib.parse.urlunsplit(
+            url._replace(netloc=f"127.0.0.1:{self.metric_port}")
+        )
+        config["generation"]["backend"] = "transformers"
+        config["metricsPort"] = free_port()
+        path = self.workdir / "trainer.json"
+        path.write_text(json.dumps(config, indent=2))
+        return path
+
+    def start_trainer(self, pod: dict[str, Any]) -> None:
+        env = container_env(pod)
+        if int(env.get("WORLD_SIZE", "1")) != 1:
+            raise RuntimeError("the local runner runs single-process trainer gangs only (1 node x 1 GPU)")
+        workspace = self.workspace()
+        env = {k: str(rewrite_paths(v, workspace)) for k, v in env.items()}
+        env.update(
+            GRPO_CONFIG=str(self.trainer_config(workspace)),
+            KUBECONFIG=str(self.service_account_kubeconfig()),
+            PYTHONUNBUFFERED="1",
+        )
+        env.pop("KUBERNETES_SERVICE_HOST", None)
+        name = pod["metadata"]["name"]
+        log = self.workdir / f"{name}.log"
+        popen = subprocess.Popen(
+            [self.python, "-m", "grpo_trainer"],
+            env={**os.environ, **env},
+            stdout=log.open("ab"),
+            stderr=subprocess.STDOUT,
+            cwd=REPO,
+        )
+        self.trainers[name] = Proc(name, pod["metadata"]["uid"], popen, log)
+        print(
+            f"[local-runner] started trainer for pod {name} (RESUME_FROM={env.get('RESUME_FROM') or '-'}); log {log}"
+        )
+
+    def report_exit(self, proc: Proc) -> None:
+        code = proc.popen.returncode
+        tail = proc.log.read_text(errors="replace").strip().splitlines()[-1:] if proc.log.exists() else []
+        message = tail[0][-1000:] if tail and code else ""
+        phase = "Succeeded" if code == 0 else "Failed"
+        terminated = {
+            "exitCode": code,
+            "reason": "Completed" if code == 0 else "Error",
+            "message": message,
+            "startedAt": None,
+            "finishedAt": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        }
+        pod = self.kube.get("pod", proc.pod, self.namespace)
+        if not pod or pod["metadata"]["uid"] != proc.uid:
+            return
+        container = pod["spec"]["containers"][0]
+        status = {
+            "status": {
+                "phase": phase,
+                "containerStatuses": [
+                    {
+                        "name": container["name"],
+                        "image": container["image"],
+                        "imageID": "",
+                        "ready": False,
+                        "restartCount": 0,
+                        "state": {"terminated": {k: v for k, v in terminated.items() if v is not None}},
+                    }
+                ],
+            }
+        }
+        self.kube.kubectl(
+            "patch", "pod", proc.pod, "-n", self.namespace, "--subresource=status", "--type=merge",
+            "-p", json.dumps(status),
+        )  # fmt: skip
+        print(f"[local-runner] trainer pod {proc.pod} exited {code} -> pod {phase}")
+
+    def step(self) -> None:
+        self.ensure_metric()
+        current = {p["metadata"]["name"]: p for p in self.pods("trainer")}
+        for name, proc in list(self.trainers.items()):
+            pod = current.get(name)
+            if proc.popen.poll() is not None:
+                self.report_exit(proc)
+                del self.trainers[name]
+                self.finished.add(name)
+            elif pod is None or pod["metadata"].get("deletionTimestamp"):
+                self.stop(proc)  # the operator deleted it: SIGTERM, as a container would get
+                del self.trainers[name]
+                self.finished.add(name)
+        if not (self.metric and self.metric.popen.poll() is None):
+            return
+        for name, pod in current.items():
+            if name in self.trainers or name in self.finished or pod["metadata"].get("deletionTimestamp"):
+                continue
+            if pod["status"].get("phase") == "Running" and container_env(pod).get("RANK", "0") == "0":
+                self.start_trainer(pod)
+
+    def stop(self, proc: Proc, grace: float = 60) -> None:
+        if proc.popen.poll() is None:
+            proc.popen.send_signal(signal.SIGTERM)
+            try:
+                proc.popen.wait(timeout=grace)
+            except subprocess.TimeoutExpired:
+                proc.popen.kill()
+                proc.popen.wait()
+
+    def close(self) -> None:
+        for proc in self.trainers.values():
+            self.stop(proc)
+        if self.metric:
+            self.stop(self.metric, grace=5)
+
+    def run(self, timeout: float) -> str:
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        deadline = time.monotonic() + timeout
+        try:
+            while time.monotonic() < deadline:
+                phase = self.job_phase()
+                if phase in TERMINAL and not self.trainers:
+                    return phase
+                self.step()
+                time.sleep(1)
+            raise TimeoutError(f"job {self.namespace}/{self.job} did not finish within {timeout:.0f}s")
+        finally:
+            self.close()
+
+
+def parse_metric(values: list[str]) -> dict[str, list[str]]:
+    out: dict[str, list[str]] = {}
+    for value in values:
+        image, sep, command = value.partition("=")
+        if not sep:
+            raise SystemExit(f"--metric expects IMAGE=COMMAND, got {value!r}")
+        out[image] = command.split()
+    return out
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--namespace", required=True)
+    parser.add_argument("--job", required=True)
+    parser.add_argument("--metric", action="append", default=[], help="IMAGE=COMMAND (repeatable)")
+    parser.add_argument("--workdir", type=Path, required=True)
+    parser.add_argument("--timeout", type=float, default=1800)
+    args = parser.parse_args()
+    kubeconfig = os.environ.get("KUBECONFIG")
+    if not kubeconfig:
+        raise SystemExit("set KUBECONFIG to the cluster the job runs on")
+    runner = LocalJobRunner(
+        Cluster(Path(kubeconfig)), args.namespace, args.job, parse_metric(args.metric), args.workdir
+    )
+    phase = runner.run(args.timeout)
+    print(f"[local-runner] job {args.namespace}/{args.job} finished: {phase}")
+    return 0 if phase == "Succeeded" else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
