@@ -25,6 +25,12 @@ def build_registry(controller: Controller) -> kopf.OperatorRegistry:
     registry = kopf.OperatorRegistry()
     runner: list[web.AppRunner] = []
 
+    @kopf.on.login(registry=registry)
+    def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
+        # A fresh registry has none of kopf's default login handlers: use the same credentials as the
+        # reconcile loop (in-cluster ServiceAccount, else $KUBECONFIG).
+        return kopf.login_via_client(**kwargs)
+
     @kopf.on.startup(registry=registry)
     async def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
         kopf_settings.configure(settings)
