@@ -1,0 +1,115 @@
+"""B, G, S onto TRL's batch settings for the actual world size; vLLM server mode vs in-process generation."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from grpo_operator.api.spec import GRPOJobSpec
+from grpo_operator.api.trainer_config import TrainerConfig
+from grpo_trainer.config import RuntimeEnv, grpo_config_kwargs, load_config, plan_batches
+from grpo_trainer.errors import ConfigError
+
+pytestmark = pytest.mark.trainer
+
+
+def spec(**grpo: Any) -> GRPOJobSpec:
+    body: dict[str, Any] = {
+        "model": {"name": "Qwen/Qwen2.5-1.5B-Instruct"},
+        "dataset": {"train": "hf://openai/gsm8k:main#train"},
+        "grpo": {"groupSize": 8, "promptsPerStep": 64, "steps": 500, **grpo},
+        "metric": {"image": "registry/metric:1"},
+        "trainer": {"nodes": 1, "gpusPerNode": 8, "perDeviceBatchSize": 8},
+    }
+    return GRPOJobSpec.model_validate(body)
+
+
+def config(backend: str = "vllm-server", **grpo: Any) -> TrainerConfig:
+    return TrainerConfig.from_spec(
+        "team",
+        "math",
+        None,
+        spec(**grpo),
+        metric_url="http://math-metric:8080",
+        generation_host="math-gen.team.svc" if backend == "vllm-server" else None,
+        backend=backend,  # type: ignore[arg-type]
+    )
+
+
+@pytest.mark.parametrize(
+    ("b", "g", "per_device", "world", "ga"),
+    [(64, 8, 8, 8, 8), (4, 8, 2, 2, 8), (2, 4, 8, 1, 1), (3, 4, 2, 2, 3), (1, 2, 1, 1, 2)],
+)
+def test_batch_plan(b: int, g: int, per_device: int, world: int, ga: int) -> None:
+    plan = plan_batches(b, g, per_device, world)
+    assert plan.gradient_accumulation_steps == ga
+    assert per_device * world * plan.gradient_accumulation_steps == b * g
+
+
+def test_unmappable_batch_says_what_to_change() -> None:
+    with pytest.raises(
+        ConfigError, match=r"B\*G = 4\*8 = 32 .*perDeviceBatchSize to one of \[1, 2, 4, 8, 16\]"
+    ):
+        plan_batches(4, 8, 3, 2)
+    with pytest.raises(ConfigError, match=r"B\*G = 3\*2 = 6 .* multiple of the 4 trainer processes"):
+        plan_batches(3, 2, 1, 4)
+    with pytest.raises(ConfigError, match="at least 2"):
+        plan_batches(4, 1, 1, 1)
+
+
+def test_vllm_server_mode_mapping_is_accepted_by_trl() -> None:
+    from trl import GRPOConfig
+
+    c = config()
+    plan = plan_batches(64, 8, 8, 8)
+    kwargs = grpo_config_kwargs(c, plan, cuda=False)
+    assert kwargs["use_vllm"] is True and kwargs["vllm_mode"] == "server"
+    assert kwargs["vllm_server_base_url"] == "http://math-gen.team.svc:8000"
+    assert kwargs["vllm_group_port"] == 51216
+    assert kwargs["num_generations"] == 8 and kwargs["max_steps"] == 500
+    assert kwargs["gradient_accumulation_steps"] == 8 and kwargs["per_device_train_batch_size"] == 8
+    assert kwargs["output_dir"] == "/workspace/checkpoints/.partial"
+    args = GRPOConfig(**kwargs)
+    # TRL derives the generation batch: B*G completions per process group and step.
+    assert args.generation_batch_size == 64 * 8 // 8 and args.steps_per_generation == 8
+
+
+def test_transformers_backend_generates_in_process() -> None:
+    kwargs = grpo_config_kwargs(config("transformers"), plan_batches(64, 8, 8, 8), cuda=False)
+    assert kwargs["use_vllm"] is False and "vllm_mode" not in kwargs
+    assert kwargs["use_cpu"] is True and kwargs["bf16"] is False
+
+
+def test_vllm_backend_without_host_is_a_config_error() -> None:
+    c = config("transformers").model_copy(
+        update={"generation": config().generation.model_copy(update={"server_host": None})}
+    )
+    with pytest.raises(ConfigError, match="serverHost"):
+        grpo_config_kwargs(c, plan_batches(64, 8, 8, 8), cuda=False)
+
+
+def test_load_config_errors_name_the_file_and_field(tmp_path: Path) -> None:
+    bad = tmp_path / "trainer.json"
+    bad.write_text('{"job": {"namespace": "a", "name": "b"}}')
+    with pytest.raises(ConfigError, match=r"trainer\.json is not a valid TrainerConfig: .*metric"):
+        load_config(str(bad))
+    with pytest.raises(ConfigError, match="cannot read"):
+        load_config(str(tmp_path / "missing.json"))
+    good = tmp_path / "good.json"
+    good.write_text(config().dump_json())
+    assert load_config(str(good)).grpo.group_size == 8
+
+
+def test_runtime_env() -> None:
+    env = RuntimeEnv.from_environ(
+        {"RANK": "3", "WORLD_SIZE": "8", "RESUME_FROM": "/workspace/checkpoints/step-5"}
+    )
+    assert (env.rank, env.world_size, env.is_main, env.resume_from) == (
+        3,
+        8,
+        False,
+        "/workspace/checkpoints/step-5",
+    )
+    with pytest.raises(ConfigError, match="inconsistent"):
+        RuntimeEnv.from_environ({"RANK": "8", "WORLD_SIZE": "8"})
