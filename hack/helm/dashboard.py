@@ -1,0 +1,546 @@
+"""Writes the chart's Grafana dashboard (helm/grpo-operator/files/dashboards/grpo-operator.json).
+
+    python hack/helm/dashboard.py           # write the JSON
+    python hack/helm/dashboard.py --check   # exit 1 when the checked-in JSON is stale
+
+The panels are declared here, compactly, and rendered to Grafana's JSON model, so the dashboard is
+reviewable as code and every query is in one list that the tests read: tests/helm/ checks that each
+metric a panel uses is exported by the trainer, the operator or vLLM, and the end-to-end test runs
+every query against a real Prometheus that scraped the operator and a CPU training run.
+
+Variables: ``datasource`` (a Prometheus data source), ``namespace`` and ``grpojob`` (multi-select,
+from the trainer's ``grpo_step`` series). Per-job queries filter on both through ``JOB``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[2]
+OUTPUT = REPO / "helm" / "grpo-operator" / "files" / "dashboards" / "grpo-operator.json"
+UID = "grpo-operator"
+
+# Label matchers of every per-job query; the vLLM series get `grpojob` from the PodMonitor relabeling.
+JOB = 'namespace=~"$namespace", grpojob=~"$grpojob"'
+BY = "namespace, grpojob"
+LEGEND = "{{namespace}}/{{grpojob}}"
+RATE = "$__rate_interval"
+
+
+@dataclass(frozen=True)
+class Target:
+    expr: str
+    legend: str = LEGEND
+
+
+@dataclass(frozen=True)
+class Panel:
+    title: str
+    description: str
+    targets: tuple[Target, ...]
+    unit: str = "short"
+    kind: str = "timeseries"  # or "stat"
+    width: int = 8
+    min: float | None = None
+    max: float | None = None
+    # (value, colour) steps after the base green, matching the alert thresholds where there is one.
+    thresholds: tuple[tuple[float, str], ...] = ()
+
+
+@dataclass(frozen=True)
+class Row:
+    title: str
+    panels: tuple[Panel, ...] = field(default_factory=tuple)
+
+
+def ratio(numerator: str, denominator: str) -> str:
+    """Ratio of two counters' rates, per job: aggregatable, unlike an average of per-step ratios."""
+    return (
+        f"sum by ({BY}) (rate({numerator}{{{JOB}}}[{RATE}]))\n"
+        f"/\nsum by ({BY}) (rate({denominator}{{{JOB}}}[{RATE}]))"
+    )
+
+
+def gauge(metric: str) -> str:
+    return f"max by ({BY}) ({metric}{{{JOB}}})"
+
+
+ROWS: tuple[Row, ...] = (
+    Row(
+        "Progress",
+        (
+            Panel(
+                "Step",
+                "Last completed optimizer step (grpo_step) of each job.",
+                (Target(gauge("grpo_step")),),
+                kind="stat",
+                width=6,
+            ),
+            Panel(
+                "Progress",
+                "Steps done out of S (grpo_step / grpo_total_steps).",
+                (Target(f"{gauge('grpo_step')}\n/\n{gauge('grpo_total_steps')}"),),
+                unit="percentunit",
+                kind="stat",
+                width=6,
+                min=0,
+                max=1,
+            ),
+            Panel(
+                "Time since last step",
+                "Seconds since the last completed step; GRPOJobTrainingStalled fires past its threshold.",
+                (Target(f"time() - max by ({BY}) (grpo_last_step_timestamp_seconds{{{JOB}}} > 0)"),),
+                unit="s",
+                kind="stat",
+                width=6,
+                thresholds=((900, "yellow"), (1800, "red")),
+            ),
+            Panel(
+                "Checkpoint age",
+                "Seconds since the newest published checkpoint (a restart resumes from it).",
+                (Target(f"time() - max by ({BY}) (grpo_last_checkpoint_timestamp_seconds{{{JOB}}} > 0)"),),
+                unit="s",
+                kind="stat",
+                width=6,
+                thresholds=((3600, "yellow"), (7200, "red")),
+            ),
+        ),
+    ),
+    Row(
+        "Learning signal",
+        (
+            Panel(
+                "Reward mean and std",
+                "Mean and population std of the last step's training rewards (metric errors excluded).",
+                (
+                    Target(gauge("grpo_reward_mean"), "mean {{namespace}}/{{grpojob}}"),
+                    Target(gauge("grpo_reward_std"), "std {{namespace}}/{{grpojob}}"),
+                ),
+                width=12,
+            ),
+            Panel(
+                "Validation reward",
+                "Mean reward on the validation set, scored every spec.grpo.validation.everySteps steps. "
+                "Training reward rising while this falls is reward hacking.",
+                (Target(gauge("grpo_validation_reward_mean")),),
+                width=12,
+            ),
+            Panel(
+                "Zero-std group ratio",
+                "Fraction of groups whose G rewards were all equal: advantage 0, no learning signal.",
+                (
+                    Target(ratio("grpo_zero_std_groups_total", "grpo_groups_total")),
+                    Target(gauge("grpo_zero_std_group_ratio"), "last step {{namespace}}/{{grpojob}}"),
+                ),
+                unit="percentunit",
+                min=0,
+                max=1,
+                thresholds=((0.9, "red"),),
+            ),
+            Panel(
+                "Format-failure ratio",
+                "Fraction of completions the metric could not parse (scored formatFailureScore).",
+                (Target(ratio("grpo_format_failures_total", "grpo_rollouts_total")),),
+                unit="percentunit",
+                min=0,
+                max=1,
+                thresholds=((0.5, "red"),),
+            ),
+            Panel(
+                "Metric-error ratio",
+                "Fraction of completions the metric service failed to score (left out, advantage 0).",
+                (Target(ratio("grpo_metric_errors_total", "grpo_rollouts_total")),),
+                unit="percentunit",
+                min=0,
+                max=1,
+                thresholds=((0.02, "red"),),
+            ),
+        ),
+    ),
+    Row(
+        "Policy",
+        (
+            Panel(
+                "KL to the reference model",
+                "Mean KL divergence of the policy from the reference model (0 when beta = 0).",
+                (Target(gauge("grpo_kl")),),
+            ),
+            Panel(
+                "Clip ratio",
+                "Fraction of tokens whose importance ratio was clipped.",
+                (Target(gauge("grpo_clip_ratio")),),
+                unit="percentunit",
+                min=0,
+            ),
+            Panel(
+                "Completion length",
+                "Mean completion length of the last step, in tokens.",
+                (Target(gauge("grpo_completion_length_tokens")),),
+            ),
+        ),
+    ),
+    Row(
+        "Throughput",
+        (
+            Panel(
+                "Step rate",
+                "Optimizer steps per second.",
+                (Target(f"sum by ({BY}) (rate(grpo_step_duration_seconds_count{{{JOB}}}[{RATE}]))"),),
+                unit="ops",
+                width=6,
+            ),
+            Panel(
+                "Step duration",
+                "Wall time of a step, generation and scoring included: mean and 90th percentile.",
+                (
+                    Target(
+                        f"sum by ({BY}) (rate(grpo_step_duration_seconds_sum{{{JOB}}}[{RATE}]))\n/\n"
+                        f"sum by ({BY}) (rate(grpo_step_duration_seconds_count{{{JOB}}}[{RATE}]))",
+                        "mean {{namespace}}/{{grpojob}}",
+                    ),
+                    Target(
+                        f"histogram_quantile(0.9, sum by ({BY}, le) "
+                        f"(rate(grpo_step_duration_seconds_bucket{{{JOB}}}[{RATE}])))",
+                        "p90 {{namespace}}/{{grpojob}}",
+                    ),
+                ),
+                unit="s",
+                width=6,
+            ),
+            Panel(
+                "Rollouts per second",
+                "Completions generated and scored per second (B*G per step).",
+                (Target(f"sum by ({BY}) (rate(grpo_rollouts_total{{{JOB}}}[{RATE}]))"),),
+                unit="ops",
+                width=6,
+            ),
+            Panel(
+                "Tokens per second",
+                "Prompt plus completion tokens processed per second in training.",
+                (Target(f"sum by ({BY}) (rate(grpo_tokens_total{{{JOB}}}[{RATE}]))"),),
+                unit="ops",
+                width=6,
+            ),
+            Panel(
+                "Share of step time waiting for the metric service",
+                "Seconds spent waiting for the metric service per second of step time.",
+                (Target(ratio("grpo_metric_score_seconds_total", "grpo_step_duration_seconds_sum")),),
+                unit="percentunit",
+                width=12,
+                min=0,
+            ),
+            Panel(
+                "Training loss",
+                "Loss of the last step. Often near 0 in GRPO by construction: not a progress signal.",
+                (Target(gauge("grpo_loss")),),
+                width=12,
+            ),
+        ),
+    ),
+    Row(
+        "Generation (vLLM)",
+        (
+            Panel(
+                "vLLM requests running and waiting",
+                "Requests in the vLLM scheduler: a growing waiting queue means generation is the bottleneck.",
+                (
+                    Target(
+                        f"sum by ({BY}) (vllm:num_requests_running{{{JOB}}})",
+                        "running {{namespace}}/{{grpojob}}",
+                    ),
+                    Target(
+                        f"sum by ({BY}) (vllm:num_requests_waiting{{{JOB}}})",
+                        "waiting {{namespace}}/{{grpojob}}",
+                    ),
+                ),
+                width=6,
+            ),
+            Panel(
+                "vLLM KV-cache usage",
+                "Fraction of the KV cache in use (vLLM names it _perc but exports 0-1).",
+                (Target(f"max by ({BY}) (vllm:kv_cache_usage_perc{{{JOB}}})"),),
+                unit="percentunit",
+                width=6,
+                min=0,
+                max=1,
+                thresholds=((0.8, "yellow"), (0.95, "red")),
+            ),
+            Panel(
+                "vLLM tokens per second",
+                "Prompt and generated tokens per second across the job's vLLM servers.",
+                (
+                    Target(
+                        f"sum by ({BY}) (rate(vllm:generation_tokens_total{{{JOB}}}[{RATE}]))",
+                        "generated {{namespace}}/{{grpojob}}",
+                    ),
+                    Target(
+                        f"sum by ({BY}) (rate(vllm:prompt_tokens_total{{{JOB}}}[{RATE}]))",
+                        "prompt {{namespace}}/{{grpojob}}",
+                    ),
+                ),
+                unit="ops",
+                width=6,
+            ),
+            Panel(
+                "vLLM preemptions",
+                "Sequences preempted per second for lack of KV-cache space.",
+                (Target(f"sum by ({BY}) (rate(vllm:num_preemptions_total{{{JOB}}}[{RATE}]))"),),
+                unit="ops",
+                width=6,
+            ),
+        ),
+    ),
+    Row(
+        "Operator",
+        (
+            Panel(
+                "Reconciles by result",
+                "Reconciles per second: success, conflict (retried at once), error (retried with backoff), "
+                "gone (job deleted).",
+                (
+                    Target(
+                        f"sum by (result) (rate(grpo_operator_reconcile_total[{RATE}]))",
+                        "{{result}}",
+                    ),
+                ),
+                unit="ops",
+                width=6,
+            ),
+            Panel(
+                "Reconcile duration",
+                "Time to observe a job, decide and carry out the plan: 50th and 99th percentile.",
+                (
+                    Target(
+                        "histogram_quantile(0.5, sum by (le) "
+                        f"(rate(grpo_operator_reconcile_duration_seconds_bucket[{RATE}])))",
+                        "p50",
+                    ),
+                    Target(
+                        "histogram_quantile(0.99, sum by (le) "
+                        f"(rate(grpo_operator_reconcile_duration_seconds_bucket[{RATE}])))",
+                        "p99",
+                    ),
+                ),
+                unit="s",
+                width=6,
+            ),
+            Panel(
+                "Jobs by phase",
+                "GRPOJobs the operator knows, by phase.",
+                (Target("sum by (phase) (grpo_operator_jobs)", "{{phase}}"),),
+                width=6,
+            ),
+            Panel(
+                "Work queue depth",
+                "Jobs waiting for a reconcile worker.",
+                (Target("max(grpo_operator_workqueue_depth)", "depth"),),
+                width=6,
+            ),
+            Panel(
+                "Gang restarts",
+                "Trainer gang restarts per job and reason in the last hour; counted=true spends backoffLimit.",
+                (
+                    Target(
+                        f"sum by ({BY}, reason, counted) "
+                        f"(increase(grpo_operator_gang_restarts_total{{{JOB}}}[1h]))",
+                        "{{namespace}}/{{grpojob}} {{reason}} counted={{counted}}",
+                    ),
+                ),
+                width=8,
+            ),
+            Panel(
+                "Kubernetes API errors",
+                "Failed API requests of the reconcile loop per second, by verb, kind and HTTP status.",
+                (
+                    Target(
+                        f"sum by (verb, kind, code) (rate(grpo_operator_api_errors_total[{RATE}]))",
+                        "{{verb}} {{kind}} {{code}}",
+                    ),
+                ),
+                unit="ops",
+                width=8,
+            ),
+            Panel(
+                "Events posted",
+                "Kubernetes events the operator posted on GRPOJobs in the last hour, by type and reason.",
+                (
+                    Target(
+                        "sum by (type, reason) (increase(grpo_operator_events_total[1h]))",
+                        "{{type}} {{reason}}",
+                    ),
+                ),
+                width=8,
+            ),
+        ),
+    ),
+)
+
+
+def _datasource() -> dict[str, str]:
+    return {"type": "prometheus", "uid": "${datasource}"}
+
+
+def _panel_json(panel: Panel, panel_id: int, x: int, y: int) -> dict[str, Any]:
+    steps: list[dict[str, Any]] = [{"color": "green", "value": None}]
+    steps += [{"color": colour, "value": value} for value, colour in panel.thresholds]
+    defaults: dict[str, Any] = {
+        "unit": panel.unit,
+        "thresholds": {"mode": "absolute", "steps": steps},
+    }
+    if panel.min is not None:
+        defaults["min"] = panel.min
+    if panel.max is not None:
+        defaults["max"] = panel.max
+    if panel.kind == "timeseries":
+        defaults["custom"] = {"lineWidth": 1, "fillOpacity": 10, "showPoints": "never", "spanNulls": True}
+        if panel.thresholds:
+            defaults["custom"]["thresholdsStyle"] = {"mode": "line"}
+    options: dict[str, Any]
+    if panel.kind == "stat":
+        options = {
+            "reduceOptions": {"calcs": ["lastNotNull"], "fields": "", "values": False},
+            "colorMode": "value",
+            "graphMode": "area",
+            "textMode": "auto",
+        }
+    else:
+        options = {
+            "legend": {"displayMode": "list", "placement": "bottom", "showLegend": True},
+            "tooltip": {"mode": "multi", "sort": "desc"},
+        }
+    return {
+        "id": panel_id,
+        "type": panel.kind,
+        "title": panel.title,
+        "description": panel.description,
+        "datasource": _datasource(),
+        "gridPos": {"h": 7 if panel.kind == "stat" else 8, "w": panel.width, "x": x, "y": y},
+        "fieldConfig": {"defaults": defaults, "overrides": []},
+        "options": options,
+        "targets": [
+            {
+                "datasource": _datasource(),
+                "refId": chr(ord("A") + i),
+                "expr": target.expr,
+                "legendFormat": target.legend,
+                "range": True,
+            }
+            for i, target in enumerate(panel.targets)
+        ],
+    }
+
+
+def _variable(name: str, label: str, query: str) -> dict[str, Any]:
+    return {
+        "name": name,
+        "label": label,
+        "type": "query",
+        "datasource": _datasource(),
+        "query": {"query": query, "refId": f"{name}-values"},
+        "definition": query,
+        "refresh": 2,
+        "multi": True,
+        "includeAll": True,
+        "allValue": ".*",
+        "current": {"selected": True, "text": ["All"], "value": ["$__all"]},
+        "sort": 1,
+        "hide": 0,
+    }
+
+
+def render() -> dict[str, Any]:
+    panels: list[dict[str, Any]] = []
+    panel_id = 1
+    y = 0
+    for row in ROWS:
+        panels.append(
+            {
+                "id": panel_id,
+                "type": "row",
+                "title": row.title,
+                "collapsed": False,
+                "gridPos": {"h": 1, "w": 24, "x": 0, "y": y},
+                "panels": [],
+            }
+        )
+        panel_id += 1
+        y += 1
+        x = 0
+        row_height = 0
+        for panel in row.panels:
+            if x + panel.width > 24:
+                x = 0
+                y += row_height
+                row_height = 0
+            item = _panel_json(panel, panel_id, x, y)
+            panels.append(item)
+            panel_id += 1
+            x += panel.width
+            row_height = max(row_height, item["gridPos"]["h"])
+        y += row_height
+    return {
+        "uid": UID,
+        "title": "GRPO jobs and operator",
+        "description": "Learning signal, throughput, checkpoints and vLLM of GRPOJobs, and the grpo-operator.",
+        "tags": ["grpo", "grpo-operator"],
+        "editable": True,
+        "graphTooltip": 1,
+        "schemaVersion": 39,
+        "version": 1,
+        "refresh": "30s",
+        "time": {"from": "now-6h", "to": "now"},
+        "timezone": "browser",
+        "id": None,
+        "links": [],
+        "annotations": {"list": []},
+        "templating": {
+            "list": [
+                {
+                    "name": "datasource",
+                    "label": "Data source",
+                    "type": "datasource",
+                    "query": "prometheus",
+                    "current": {},
+                    "hide": 0,
+                    "refresh": 1,
+                    "regex": "",
+                },
+                _variable("namespace", "Namespace", "label_values(grpo_step, namespace)"),
+                _variable("grpojob", "GRPOJob", 'label_values(grpo_step{namespace=~"$namespace"}, grpojob)'),
+            ]
+        },
+        "panels": panels,
+    }
+
+
+def render_text() -> str:
+    return json.dumps(render(), indent=2, sort_keys=False) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--check", action="store_true", help="exit 1 if the checked-in JSON is stale")
+    args = parser.parse_args(argv)
+    text = render_text()
+    current = OUTPUT.read_text(encoding="utf-8") if OUTPUT.exists() else None
+    if args.check:
+        if current != text:
+            print(f"stale: {OUTPUT.relative_to(REPO)} (run `python hack/helm/dashboard.py`)", file=sys.stderr)
+            return 1
+        return 0
+    if current != text:
+        OUTPUT.parent.mkdir(parents=True, exist_ok=True)
+        OUTPUT.write_text(text, encoding="utf-8")
+        print(f"wrote {OUTPUT.relative_to(REPO)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

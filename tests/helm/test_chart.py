@@ -1,0 +1,566 @@
+"""The Helm chart, rendered offline: lint, a values matrix validated by kubeconform against the Kubernetes
+and CRD schemas, values.schema.json, RBAC, Pod Security, and the wiring between the chart and the code
+(operator settings, CLI flags, pod labels and ports the monitors select)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from grpo_operator.builders import job_from_object
+from grpo_operator.builders.gang import generation_pod, trainer_pod
+from grpo_operator.cli import _parser
+from grpo_operator.settings import ENV_PREFIX, OperatorSettings
+
+from hack.helm import kube_schemas
+from tests.helm.chart import (
+    CHART,
+    MONITORING_APIS,
+    NAMESPACE,
+    REPO,
+    VALUES_DIR,
+    Doc,
+    env_of,
+    find,
+    helm,
+    kubeconform,
+    one,
+    render,
+    render_text,
+    run,
+    values_files,
+)
+
+FULLNAME = "grpo-grpo-operator"
+ALL_KINDS = [
+    ("v1", "ServiceAccount"),
+    ("v1", "Service"),
+    ("v1", "ConfigMap"),
+    ("apps/v1", "Deployment"),
+    ("rbac.authorization.k8s.io/v1", "ClusterRole"),
+    ("rbac.authorization.k8s.io/v1", "ClusterRoleBinding"),
+    ("rbac.authorization.k8s.io/v1", "Role"),
+    ("rbac.authorization.k8s.io/v1", "RoleBinding"),
+    ("apiextensions.k8s.io/v1", "CustomResourceDefinition"),
+    ("monitoring.coreos.com/v1", "ServiceMonitor"),
+    ("monitoring.coreos.com/v1", "PodMonitor"),
+    ("monitoring.coreos.com/v1", "PrometheusRule"),
+    ("grpo.dev/v1alpha1", "GRPOJob"),
+]
+
+
+@pytest.fixture(scope="session")
+def schema_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Strict JSON schemas for every kind the chart renders, from Kubernetes' OpenAPI and the CRDs."""
+    out = tmp_path_factory.mktemp("kube-schemas")
+    crds = [*sorted((CHART / "crds").glob("*.yaml")), *kube_schemas.prometheus_operator_crds()]
+    kube_schemas.write_schemas(out, ALL_KINDS, swagger=kube_schemas.kubernetes_swagger(), crd_files=crds)
+    return out
+
+
+def kubeconform_check(schema_dir: Path, manifests: Path) -> str:
+    location = f"{schema_dir}/{kube_schemas.LOCATION_TEMPLATE}"
+    proc = run(
+        [kubeconform(), "-strict", "-summary", "-schema-location", location, str(manifests)],
+        check=False,
+    )
+    assert proc.returncode == 0, f"kubeconform rejected {manifests.name}:\n{proc.stdout}\n{proc.stderr}"
+    return proc.stdout
+
+
+# --- lint and the values matrix --------------------------------------------------------------------
+
+
+LINTABLE = [p for p in values_files() if p.stem in ("default", "byo-rbac", "custom")]
+
+
+@pytest.mark.parametrize("values", LINTABLE, ids=lambda p: p.stem)
+def test_helm_lint_strict(values: Path) -> None:
+    # Values with monitoring on are not linted: `helm lint` cannot be told that the monitoring APIs
+    # exist, and the chart refuses to render monitors for a cluster without them (tested below).
+    proc = run([helm(), "lint", "--strict", str(CHART), "--values", str(values)], check=False)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "0 chart(s) failed" in proc.stdout
+
+
+@pytest.mark.parametrize("values", values_files(), ids=lambda p: p.stem)
+def test_every_values_file_renders_to_valid_kubernetes_objects(
+    values: Path, schema_dir: Path, tmp_path: Path
+) -> None:
+    text = render_text([values], api_versions=MONITORING_APIS, include_crds=True).stdout
+    manifests = tmp_path / f"{values.stem}.yaml"
+    manifests.write_text(text)
+    summary = kubeconform_check(schema_dir, manifests)
+    docs = [d for d in yaml.safe_load_all(text) if d]
+    assert f"Valid: {len(docs)}, Invalid: 0, Errors: 0, Skipped: 0" in summary
+
+
+def test_kubeconform_schemas_are_strict(schema_dir: Path, tmp_path: Path) -> None:
+    """A misspelled field must fail validation; otherwise the matrix above would prove nothing."""
+    docs = render([VALUES_DIR / "monitoring.yaml"], api_versions=MONITORING_APIS)
+    typos: list[tuple[str, Any]] = [
+        (
+            "Deployment",
+            lambda d: d["spec"]["template"]["spec"]["containers"][0].update(imagePullPolice="Always"),
+        ),
+        ("PodMonitor", lambda d: d["spec"]["podMetricsEndpoints"][0].update(honorLabel=True)),
+        ("ClusterRole", lambda d: d["rules"][0].update(verb=["get"])),
+    ]
+    for kind, corrupt in typos:
+        doc = json.loads(json.dumps(find(docs, kind)[0]))
+        corrupt(doc)
+        path = tmp_path / f"bad-{kind}.yaml"
+        path.write_text(yaml.safe_dump(doc))
+        location = f"{schema_dir}/{kube_schemas.LOCATION_TEMPLATE}"
+        proc = run([kubeconform(), "-strict", "-schema-location", location, str(path)], check=False)
+        assert proc.returncode != 0 and "additional properties" in proc.stdout, (kind, proc.stdout)
+
+
+def test_example_grpojobs_validate_against_the_crd_schema(schema_dir: Path) -> None:
+    examples = sorted(REPO.glob("examples/**/grpojob.yaml")) + sorted(REPO.glob("examples/*.yaml"))
+    assert examples
+    for path in examples:
+        kubeconform_check(schema_dir, path)
+
+
+# --- values.schema.json ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("sets", "message"),
+    [
+        ({"imagee.tag": "1"}, "additional properties 'imagee' not allowed"),
+        ({"metrics.serviceMonitor.enabeld": "true"}, "additional properties 'enabeld' not allowed"),
+        (
+            {"prometheusRule.alerts.GRPOJobFailed.treshold": "1"},
+            "additional properties 'treshold' not allowed",
+        ),
+        ({"operator.workers": "0"}, "workers"),
+        ({"image.pullPolicy": "Sometimes"}, "pullPolicy"),
+        ({"watch.namespaces[0]": "Team_A"}, "namespaces"),
+        ({"jobDefaults.resources.trainer.requests.cpu": "lots"}, "cpu"),
+        ({"prometheusRule.alerts.GRPOJobNoLearningSignal.threshold": "1.5"}, "threshold"),
+        ({"prometheusRule.alerts.GRPOJobFailed.severity": "page"}, "severity"),
+        ({"metrics.serviceMonitor.interval": "30 seconds"}, "interval"),
+    ],
+)
+def test_values_schema_rejects_bad_values(sets: dict[str, str], message: str) -> None:
+    proc = render_text(sets=sets, check=False)
+    assert proc.returncode != 0, proc.stdout[:500]
+    assert "values don't meet the specifications of the schema" in proc.stderr
+    assert message in proc.stderr, proc.stderr
+
+
+@pytest.mark.parametrize(
+    ("sets", "message"),
+    [
+        (
+            {"watch.namespaces[0]": "team-a"},
+            "watch.allNamespaces is true and watch.namespaces is set: choose one",
+        ),
+        ({"watch.allNamespaces": "false"}, "watch.allNamespaces is false but watch.namespaces is empty"),
+        (
+            {"serviceAccount.create": "false"},
+            "serviceAccount.name is required when serviceAccount.create is false",
+        ),
+    ],
+)
+def test_inconsistent_values_fail_with_a_clear_message(sets: dict[str, str], message: str) -> None:
+    proc = render_text(sets=sets, check=False)
+    assert proc.returncode != 0
+    assert message in proc.stderr, proc.stderr
+
+
+@pytest.mark.parametrize(
+    ("value", "api"),
+    [
+        ("metrics.serviceMonitor.enabled", "monitoring.coreos.com/v1/ServiceMonitor"),
+        ("metrics.podMonitors.trainer.enabled", "monitoring.coreos.com/v1/PodMonitor"),
+        ("metrics.podMonitors.generation.enabled", "monitoring.coreos.com/v1/PodMonitor"),
+        ("prometheusRule.enabled", "monitoring.coreos.com/v1/PrometheusRule"),
+    ],
+)
+def test_monitoring_without_the_prometheus_operator_fails_instead_of_dropping_objects(
+    value: str, api: str
+) -> None:
+    proc = render_text(sets={value: "true"}, check=False)
+    assert proc.returncode != 0
+    assert f"{value}=true needs the {api} API" in proc.stderr
+    assert f"--api-versions {api}" in proc.stderr
+
+
+# --- the default install -------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def defaults() -> list[Doc]:
+    return render()
+
+
+def test_monitoring_is_off_by_default(defaults: list[Doc]) -> None:
+    kinds = sorted(d["kind"] for d in defaults)
+    assert kinds == [
+        "ClusterRole",
+        "ClusterRole",
+        "ClusterRole",
+        "ClusterRoleBinding",
+        "Deployment",
+        "Service",
+        "ServiceAccount",
+    ]
+
+
+def test_operator_deployment_runs_exactly_one_operator(defaults: list[Doc]) -> None:
+    deployment = one(defaults, "Deployment", FULLNAME, NAMESPACE)
+    spec = deployment["spec"]
+    assert spec["replicas"] == 1
+    assert spec["strategy"] == {"type": "Recreate"}
+    pod = spec["template"]["spec"]
+    assert pod["serviceAccountName"] == FULLNAME
+    container = pod["containers"][0]
+    assert container["image"] == "ghcr.io/grpo-operator/grpo-operator:0.1.0"
+    assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "http"}
+    assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "http"}
+    assert container["resources"]["requests"] and container["resources"]["limits"]["memory"]
+    assert spec["selector"]["matchLabels"].items() <= spec["template"]["metadata"]["labels"].items()
+
+
+def test_operator_pod_meets_the_restricted_pod_security_standard(defaults: list[Doc]) -> None:
+    """The checks of the "restricted" profile (kubernetes.io/docs/concepts/security/pod-security-standards).
+    tests/helm/test_install.py also admits the pod in a namespace that enforces the profile."""
+    pod = one(defaults, "Deployment")["spec"]["template"]["spec"]
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["runAsUser"] != 0
+    assert pod["securityContext"]["seccompProfile"]["type"] == "RuntimeDefault"
+    assert not pod.get("hostNetwork") and not pod.get("hostPID") and not pod.get("hostIPC")
+    allowed_volumes = {
+        "configMap",
+        "csi",
+        "downwardAPI",
+        "emptyDir",
+        "ephemeral",
+        "persistentVolumeClaim",
+        "projected",
+        "secret",
+    }
+    for volume in pod.get("volumes", []):
+        assert set(volume) - {"name"} <= allowed_volumes, volume
+    for container in pod["containers"]:
+        sc = container["securityContext"]
+        assert sc["allowPrivilegeEscalation"] is False
+        assert sc["capabilities"]["drop"] == ["ALL"] and not sc["capabilities"].get("add")
+        assert sc.get("privileged") is not True
+        assert sc["readOnlyRootFilesystem"] is True
+        assert not any("hostPort" in p for p in container.get("ports", []))
+
+
+def test_metrics_service_selects_the_operator_pod(defaults: list[Doc]) -> None:
+    service = one(defaults, "Service", f"{FULLNAME}-metrics", NAMESPACE)
+    pod = one(defaults, "Deployment")["spec"]["template"]
+    assert service["spec"]["selector"].items() <= pod["metadata"]["labels"].items()
+    port_names = {p["name"] for p in pod["spec"]["containers"][0]["ports"]}
+    assert {p["targetPort"] for p in service["spec"]["ports"]} <= port_names
+
+
+# --- the chart's values reach the operator as it reads them -------------------------------------------
+
+
+@pytest.mark.parametrize("values", values_files(), ids=lambda p: p.stem)
+def test_operator_settings_and_flags_parse_as_the_operator_parses_them(values: Path) -> None:
+    docs = render([values], api_versions=MONITORING_APIS)
+    container = one(docs, "Deployment")["spec"]["template"]["spec"]["containers"][0]
+    env = env_of(one(docs, "Deployment"))
+    fields = {f.upper() for f in OperatorSettings.__dataclass_fields__}
+    unknown = [k for k in env if k.startswith(ENV_PREFIX) and k[len(ENV_PREFIX) :] not in fields]
+    assert not unknown, f"the chart sets variables the operator does not read: {unknown}"
+    args = _parser().parse_args([*container["args"]])
+    assert args.command == "run"
+    namespaces = tuple(args.namespace) if args.namespace else None
+    settings = OperatorSettings.from_env(
+        env, namespaces=namespaces, all_namespaces=True if args.all_namespaces else None
+    )
+    given = yaml.safe_load(values.read_text()) or {}
+    chart = yaml.safe_load((CHART / "values.yaml").read_text())
+    merged = deep_merge(chart, given)
+    job_defaults = merged["jobDefaults"]
+    assert settings.default_trainer_requests == job_defaults["resources"]["trainer"]["requests"]
+    assert settings.default_generation_requests == job_defaults["resources"]["generation"]["requests"]
+    assert settings.default_metric_requests == job_defaults["resources"]["metric"]["requests"]
+    assert dict(settings.gpu_node_selector) == job_defaults["gpuNodeSelector"]
+    assert [dict(t) for t in settings.gpu_tolerations] == job_defaults["gpuTolerations"]
+    assert settings.shm_size == job_defaults["shmSize"]
+    assert settings.trainer_termination_grace_seconds == job_defaults["trainerTerminationGracePeriodSeconds"]
+    assert settings.trainer_metrics_port == job_defaults["trainerMetricsPort"]
+    assert settings.http_port == merged["operator"]["httpPort"]
+    assert settings.workers == merged["operator"]["workers"]
+    assert settings.resync_seconds == merged["operator"]["resyncSeconds"]
+    assert settings.clusterwide == merged["watch"]["allNamespaces"]
+    assert set(settings.namespaces) == set(merged["watch"]["namespaces"])
+
+
+def deep_merge(base: Any, override: Any) -> Any:
+    if isinstance(base, dict) and isinstance(override, dict):
+        return {
+            k: deep_merge(base.get(k), override[k]) if k in override else base[k] for k in {*base, *override}
+        }
+    return override if override is not None else base
+
+
+def test_custom_values_reach_the_pod() -> None:
+    docs = render([VALUES_DIR / "custom.yaml"])
+    deployment = one(docs, "Deployment", "grpo-ctl")
+    pod = deployment["spec"]["template"]["spec"]
+    container = pod["containers"][0]
+    assert container["image"] == (
+        "registry.example.com/ml/grpo-operator@sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"
+    )
+    assert pod["imagePullSecrets"] == [{"name": "regcred"}]
+    assert pod["priorityClassName"] == "system-cluster-critical"
+    assert pod["nodeSelector"] == {"kubernetes.io/os": "linux"}
+    assert pod["tolerations"][0]["key"] == "CriticalAddonsOnly"
+    assert "nodeAffinity" in pod["affinity"]
+    assert {"--verbose", "--log-format=json"} <= set(container["args"])
+    assert container["ports"][0]["containerPort"] == 9091
+    assert deployment["spec"]["template"]["metadata"]["annotations"] == {"example.com/owner": "ml-platform"}
+    assert deployment["spec"]["template"]["metadata"]["labels"]["team"] == "ml-platform"
+
+
+# --- RBAC -----------------------------------------------------------------------------------------------
+
+# The operator's rules, spelled out: a change to the chart's RBAC must change this table too, on purpose.
+# Why each verb is needed: templates/operator-rbac.yaml and docs/platform.md.
+NAMESPACED_RULES = {
+    ("grpo.dev", "grpojobs"): {"get", "list", "watch", "delete"},
+    ("grpo.dev", "grpojobs/status"): {"get", "patch"},
+    ("grpo.dev", "grpojobs/finalizers"): {"update"},
+    ("", "pods"): {"list", "watch", "create", "patch", "delete"},
+    ("", "configmaps"): {"list", "create", "patch", "delete"},
+    ("", "services"): {"list", "create", "patch", "delete"},
+    ("", "persistentvolumeclaims"): {"list", "create", "patch", "delete"},
+    ("", "serviceaccounts"): {"list", "create", "patch", "delete"},
+    ("apps", "deployments"): {"list", "create", "patch", "delete"},
+    ("rbac.authorization.k8s.io", "roles"): {"list", "create", "patch", "delete"},
+    ("rbac.authorization.k8s.io", "rolebindings"): {"list", "create", "patch", "delete"},
+    ("networking.k8s.io", "networkpolicies"): {"list", "create", "patch", "delete"},
+    ("", "events"): {"create"},
+}
+CLUSTER_RULES = {
+    ("apiextensions.k8s.io", "customresourcedefinitions"): {"list", "watch"},
+    ("", "nodes"): {"list"},
+}
+
+
+def flatten(rules: list[dict[str, Any]]) -> dict[tuple[str, str], set[str]]:
+    out: dict[tuple[str, str], set[str]] = {}
+    for rule in rules:
+        assert "*" not in rule["verbs"] and "*" not in rule["resources"], rule
+        assert not rule.get("resourceNames"), rule
+        for group in rule["apiGroups"]:
+            for resource in rule["resources"]:
+                out.setdefault((group, resource), set()).update(rule["verbs"])
+    return out
+
+
+def test_cluster_wide_rbac_is_exactly_the_documented_rules(defaults: list[Doc]) -> None:
+    role = one(defaults, "ClusterRole", FULLNAME)
+    assert flatten(role["rules"]) == {**CLUSTER_RULES, **NAMESPACED_RULES}
+    binding = one(defaults, "ClusterRoleBinding", FULLNAME)
+    assert binding["roleRef"]["name"] == FULLNAME
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": FULLNAME, "namespace": NAMESPACE}]
+    assert not find(defaults, "Role") and not find(defaults, "RoleBinding")
+
+
+def test_namespaced_watch_gets_roles_in_each_namespace_only() -> None:
+    docs = render([VALUES_DIR / "namespaced.yaml"], api_versions=MONITORING_APIS)
+    cluster_role = one(docs, "ClusterRole", FULLNAME)
+    assert flatten(cluster_role["rules"]) == {**CLUSTER_RULES, ("", "namespaces"): {"list", "watch"}}
+    for ns in ("team-a", "team-b"):
+        role = one(docs, "Role", FULLNAME, ns)
+        assert flatten(role["rules"]) == NAMESPACED_RULES
+        binding = one(docs, "RoleBinding", FULLNAME, ns)
+        assert binding["roleRef"] == {
+            "apiGroup": "rbac.authorization.k8s.io",
+            "kind": "Role",
+            "name": FULLNAME,
+        }
+        assert binding["subjects"][0]["namespace"] == NAMESPACE
+    args = one(docs, "Deployment")["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "--namespace=team-a" in args and "--namespace=team-b" in args and "--all-namespaces" not in args
+    pod_monitor = one(docs, "PodMonitor")
+    assert pod_monitor["spec"]["namespaceSelector"] == {"matchNames": ["team-a", "team-b"]}
+    alerts = {r["alert"] for g in one(docs, "PrometheusRule")["spec"]["groups"] for r in g["rules"]}
+    assert "GRPOJobNoLearningSignal" not in alerts and "GRPOJobFormatFailureRatioHigh" in alerts
+
+
+def test_no_secret_access_anywhere() -> None:
+    for values in values_files():
+        for doc in render([values], api_versions=MONITORING_APIS):
+            if doc["kind"] in ("ClusterRole", "Role"):
+                for rule in doc["rules"]:
+                    assert "secrets" not in rule["resources"], (values.stem, doc["metadata"]["name"], rule)
+
+
+def test_rbac_can_be_left_to_the_platform_team() -> None:
+    docs = render([VALUES_DIR / "byo-rbac.yaml"])
+    assert {d["kind"] for d in docs} == {"Deployment", "Service"}
+    pod = one(docs, "Deployment")["spec"]["template"]["spec"]
+    assert pod["serviceAccountName"] == "platform-grpo-operator"
+
+
+def test_user_roles_aggregate_into_admin_edit_and_view(defaults: list[Doc]) -> None:
+    edit = one(defaults, "ClusterRole", f"{FULLNAME}-edit")
+    view = one(defaults, "ClusterRole", f"{FULLNAME}-view")
+    assert edit["metadata"]["labels"]["rbac.authorization.k8s.io/aggregate-to-admin"] == "true"
+    assert edit["metadata"]["labels"]["rbac.authorization.k8s.io/aggregate-to-edit"] == "true"
+    assert view["metadata"]["labels"]["rbac.authorization.k8s.io/aggregate-to-view"] == "true"
+    assert "rbac.authorization.k8s.io/aggregate-to-edit" not in view["metadata"]["labels"]
+    assert flatten(edit["rules"]) == {
+        ("grpo.dev", "grpojobs"): {
+            "get",
+            "list",
+            "watch",
+            "create",
+            "update",
+            "patch",
+            "delete",
+            "deletecollection",
+        },
+        ("grpo.dev", "grpojobs/status"): {"get"},
+    }
+    assert flatten(view["rules"]) == {
+        ("grpo.dev", "grpojobs"): {"get", "list", "watch"},
+        ("grpo.dev", "grpojobs/status"): {"get", "list", "watch"},
+    }
+
+
+# --- monitoring objects select what the operator creates ------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def monitoring() -> list[Doc]:
+    return render([VALUES_DIR / "monitoring.yaml"], api_versions=MONITORING_APIS)
+
+
+@pytest.fixture(scope="module")
+def job_pods() -> Iterator[dict[str, Doc]]:
+    """A real trainer gang as the operator's builders make it (2 nodes: rank 0 and rank 1)."""
+    job = job_from_object(
+        {
+            "apiVersion": "grpo.dev/v1alpha1",
+            "kind": "GRPOJob",
+            "metadata": {"name": "math", "namespace": "team-a", "uid": "uid-1", "generation": 1},
+            "spec": {
+                "model": {"name": "Qwen/Qwen2.5-1.5B-Instruct"},
+                "dataset": {"train": "hf://openai/gsm8k:main#train"},
+                "grpo": {"groupSize": 8, "promptsPerStep": 4, "steps": 10},
+                "metric": {"image": "ghcr.io/grpo-operator/metric-math:0.1.0"},
+                "trainer": {"nodes": 2, "gpusPerNode": 2},
+                "checkpoints": {"volume": {"accessMode": "ReadWriteMany"}},
+            },
+        }
+    )
+    settings = OperatorSettings()
+    yield {
+        "rank0": trainer_pod(job, settings, 1, 0, ""),
+        "rank1": trainer_pod(job, settings, 1, 1, ""),
+        "generation": generation_pod(job, settings, 1, 0),
+    }
+
+
+def selects(monitor: Doc, pod: Doc) -> bool:
+    wanted: dict[str, str] = monitor["spec"]["selector"]["matchLabels"]
+    labels: dict[str, str] = pod["metadata"]["labels"]
+    return wanted.items() <= labels.items()
+
+
+def test_trainer_pod_monitor_scrapes_rank_0_only(monitoring: list[Doc], job_pods: dict[str, Doc]) -> None:
+    monitor = one(monitoring, "PodMonitor", f"{FULLNAME}-trainer")
+    assert selects(monitor, job_pods["rank0"]) and not selects(monitor, job_pods["rank1"])
+    assert not selects(monitor, job_pods["generation"])
+    endpoint = monitor["spec"]["podMetricsEndpoints"][0]
+    assert endpoint["port"] in {p["name"] for p in job_pods["rank0"]["spec"]["containers"][0]["ports"]}
+    assert endpoint["honorLabels"] is True
+
+
+def test_generation_pod_monitor_scrapes_vllm(monitoring: list[Doc], job_pods: dict[str, Doc]) -> None:
+    monitor = one(monitoring, "PodMonitor", f"{FULLNAME}-generation")
+    assert selects(monitor, job_pods["generation"]) and not selects(monitor, job_pods["rank0"])
+    endpoint = monitor["spec"]["podMetricsEndpoints"][0]
+    assert endpoint["port"] in {p["name"] for p in job_pods["generation"]["spec"]["containers"][0]["ports"]}
+    assert endpoint["interval"] == "30s"
+
+
+@pytest.mark.parametrize("role", ["trainer", "generation"])
+def test_pod_monitors_carry_the_job_name_into_grpojob(
+    monitoring: list[Doc], job_pods: dict[str, Doc], role: str
+) -> None:
+    monitor = one(monitoring, "PodMonitor", f"{FULLNAME}-{role}")
+    relabel = monitor["spec"]["podMetricsEndpoints"][0]["relabelings"][0]
+    assert relabel["targetLabel"] == "grpojob"
+    # Kubernetes SD exposes pod label L as __meta_kubernetes_pod_label_<L with [^a-zA-Z0-9_] -> _>.
+    (source,) = relabel["sourceLabels"]
+    pod = job_pods["rank0" if role == "trainer" else "generation"]
+    exposed = {
+        "__meta_kubernetes_pod_label_" + "".join(c if c.isalnum() or c == "_" else "_" for c in k): v
+        for k, v in pod["metadata"]["labels"].items()
+    }
+    assert exposed[source] == "math"
+    assert monitor["metadata"]["labels"]["release"] == "kps"
+    assert monitor["spec"]["namespaceSelector"] == {"any": True}
+
+
+def test_service_monitor_selects_the_metrics_service(monitoring: list[Doc]) -> None:
+    monitor = one(monitoring, "ServiceMonitor", FULLNAME)
+    service = one(monitoring, "Service", f"{FULLNAME}-metrics")
+    assert monitor["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
+    assert monitor["spec"]["namespaceSelector"] == {"matchNames": [NAMESPACE]}
+    assert monitor["spec"]["endpoints"][0]["port"] in {p["name"] for p in service["spec"]["ports"]}
+    assert monitor["metadata"]["labels"]["release"] == "kps"
+
+
+def test_dashboard_configmap_carries_the_generated_json(monitoring: list[Doc]) -> None:
+    cm = one(monitoring, "ConfigMap", f"{FULLNAME}-dashboard", "monitoring")
+    assert cm["metadata"]["labels"]["grafana_dashboard"] == "1"
+    assert cm["metadata"]["annotations"] == {"grafana_folder": "GRPO"}
+    shipped = json.loads(cm["data"]["grpo-operator.json"])
+    assert shipped == json.loads((CHART / "files" / "dashboards" / "grpo-operator.json").read_text())
+    assert shipped["uid"] == "grpo-operator"
+
+
+def test_every_alert_has_severity_summary_description_and_a_runbook_in_docs(monitoring: list[Doc]) -> None:
+    groups = one(monitoring, "PrometheusRule")["spec"]["groups"]
+    names = set()
+    base = "https://github.com/grpo-operator/grpo-operator/blob/main/docs/runbooks/"
+    for rule in (r for g in groups for r in g["rules"]):
+        name = rule["alert"]
+        names.add(name)
+        assert rule["labels"]["severity"] in ("critical", "warning", "info")
+        assert rule["labels"]["team"] == "ml-platform"
+        assert rule["annotations"]["summary"] and rule["annotations"]["description"]
+        url = rule["annotations"]["runbook_url"]
+        assert url == base + f"{name}.md"
+        runbook = REPO / "docs" / "runbooks" / f"{name}.md"
+        assert runbook.is_file(), f"{name} links to {runbook}, which does not exist"
+        assert name in runbook.read_text()
+    chart_alerts = set(yaml.safe_load((CHART / "values.yaml").read_text())["prometheusRule"]["alerts"])
+    assert names == chart_alerts
+
+
+def test_default_values_keep_the_schema_and_values_file_in_step() -> None:
+    """Every key in values.yaml is described by values.schema.json (so none is rejected by default)."""
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+
+    def walk(node: Any, sch: dict[str, Any], path: str) -> None:
+        if not isinstance(node, dict) or sch.get("additionalProperties") is not False:
+            return
+        props = sch.get("properties", {})
+        for key, value in node.items():
+            assert key in props, f"{path}{key} is in values.yaml but not in values.schema.json"
+            walk(value, props[key], f"{path}{key}.")
+
+    walk(values, schema, "")
