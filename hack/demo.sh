@@ -3,7 +3,12 @@
 #   1. a local Kubernetes control plane with simulated 8-GPU nodes (hack/cluster.sh)
 #   2. the GRPOJob CRD, and the operator running as a local process against that cluster
 #   3. examples/tiny/grpojob.yaml applied; `kubectl get grpo` followed until the job is Running
-# Safe to rerun and to interrupt: the job is recreated, the operator process is stopped on exit.
+#   4. simulated nodes run no containers, so the test harness's local runner
+#      (tests/harness/local_runner.py) runs the job's metric server and trainer as local processes,
+#      wired as their pods would be, and mirrors their exits into the pods' status
+#   5. the job trains a tiny model for real (CPU) to Succeeded; checkpoints, samples and a reward
+#      curve (PNG) are printed at the end
+# Safe to rerun and to interrupt: the job is recreated, local processes are stopped on exit.
 set -euo pipefail
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$REPO"
@@ -25,11 +30,14 @@ kubectl create namespace "$NS" --dry-run=client -o yaml | kubectl apply -f - >/d
 
 say "Operator (local process; log: $WORK/operator.log)"
 OPERATOR_PID=""
+WATCH_PID=""
 cleanup() {
-  if [ -n "$OPERATOR_PID" ] && kill -0 "$OPERATOR_PID" 2>/dev/null; then
-    kill "$OPERATOR_PID" 2>/dev/null || true
-    wait "$OPERATOR_PID" 2>/dev/null || true
-  fi
+  for pid in $WATCH_PID $OPERATOR_PID; do
+    if kill -0 "$pid" 2>/dev/null; then
+      kill "$pid" 2>/dev/null || true
+      wait "$pid" 2>/dev/null || true
+    fi
+  done
 }
 trap cleanup EXIT INT TERM
 grpo-operator run --namespace "$NS" >"$WORK/operator.log" 2>&1 &
@@ -61,8 +69,37 @@ done
 
 say "What the operator created"
 kubectl get pods,svc,pvc,configmap,deploy -n "$NS" -l grpo.dev/job="$JOB" -o wide
-kubectl get grpo -n "$NS" -o wide
 say "Events"
 kubectl get events -n "$NS" --field-selector involvedObject.kind=GRPOJob --sort-by=.lastTimestamp | tail -n 10
+
+if [ "${DEMO_TRAIN:-1}" = "0" ]; then
+  echo; echo "DEMO_TRAIN=0: stopping at Running. The cluster stays up: export KUBECONFIG=$KUBECONFIG"
+  exit 0
+fi
+
+VOLUME="$(kubectl get pv "$(kubectl get pvc "$JOB-ckpt" -n "$NS" -o jsonpath='{.spec.volumeName}')" \
+  -o jsonpath='{.spec.hostPath.path}')"
+say "Seed the job's volume ($VOLUME = /workspace in the pods): tiny model + prompts"
+python examples/tiny/seed.py "$VOLUME"
+
+say "Train: local runner plays the kubelet for the job's metric and trainer pods (log: $WORK/runner)"
+echo "(kubectl get grpo -w follows; the reward should rise as the steps go by)"
+kubectl get grpo "$JOB" -n "$NS" -w --output-watch-events=false &
+WATCH_PID=$!
+python -m tests.harness.local_runner --namespace "$NS" --job "$JOB" --workdir "$WORK/runner" \
+  --metric "ghcr.io/grpo-operator/metric-tiny-demo:0.1.0=python examples/tiny/metric.py" --timeout 1500
+sleep 2
+kill "$WATCH_PID" 2>/dev/null || true
+
+say "Result"
+kubectl get grpo "$JOB" -n "$NS" -o wide
+kubectl get grpo "$JOB" -n "$NS" -o jsonpath='{.status.rewards}{"\n"}{.status.checkpoint}{"\n"}'
+PNG="$WORK/reward-curve.png"
+python hack/plot_rewards.py "$VOLUME/output/metrics.jsonl" "$PNG" "GRPOJob $NS/$JOB: reward per step" >/dev/null
+echo
+echo "Checkpoints:        $VOLUME/checkpoints  (latest: $(cat "$VOLUME/checkpoints/latest.json" 2>/dev/null))"
+echo "Sample completions: $VOLUME/output/samples.jsonl"
+echo "Per-step metrics:   $VOLUME/output/metrics.jsonl"
+echo "Reward curve:       $PNG"
 echo
 echo "Done. The cluster stays up: export KUBECONFIG=$KUBECONFIG ; stop it with: make cluster-down"

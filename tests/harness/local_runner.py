@@ -177,7 +177,7 @@ class LocalJobRunner:
                 f"no local command for metric image {container['image']!r}; pass --metric IMAGE=COMMAND"
             )
         self.metric_port = free_port()
-        env = {**os.environ, **container_env(pod), "PORT": str(self.metric_port)}
+        env = {**os.environ, **container_env(pod), "GRPO_METRIC_PORT": str(self.metric_port)}
         log = self.workdir / "metric.log"
         popen = subprocess.Popen(command, env=env, stdout=log.open("ab"), stderr=subprocess.STDOUT, cwd=REPO)
         self.metric = Proc(pod["metadata"]["name"], pod["metadata"]["uid"], popen, log)
