@@ -334,8 +334,11 @@ def test_a_trainer_failure_restarts_the_gang_from_the_checkpoint(
 
     s = wait_status(kube, namespace, "math", "gang restart", lambda s: s.get("trainerAttempt") == 2)
     assert s["restarts"] == 1
-    assert s["reason"] == "TrainerFailed"
-    assert "NCCL communicator was aborted" in s["message"]
+    # The status moves on to Running quickly; the Restarting event keeps the cause.
+    (restart,) = [e for e in events_of(kube, namespace, "math") if e["reason"] == "Restarting"]
+    assert "trainer pod math-trainer-1-1 failed: exit code 1" in restart["message"]
+    assert "NCCL communicator was aborted" in restart["message"]
+    assert f"resuming from checkpoint {CKPT}" in restart["message"]
     wait_for(
         "only attempt-2 pods",
         lambda: (
@@ -380,8 +383,15 @@ def test_an_eviction_restarts_without_counting(kube: Cluster, namespace: str, op
     )
     s = wait_status(kube, namespace, "math", "gang restart", lambda s: s.get("trainerAttempt") == 2)
     assert s["restarts"] == 0
-    assert s["reason"] == "Evicted"
-    assert "not counted" in s["message"]
+    (restart,) = [e for e in events_of(kube, namespace, "math") if e["reason"] == "Restarting"]
+    assert "not counted against backoffLimit" in restart["message"]
+    # A real kubelet keeps an evicted trainer Terminating for its grace period, so the operator sees the
+    # DisruptionTarget condition (reason Evicted). kwok removes terminating pods at once, so the operator
+    # may only see the pod vanish from a running gang (PodDeleted); either way it is not counted.
+    assert (
+        "EvictionByEvictionAPI" in restart["message"]
+        or "disappeared while the gang was running" in (restart["message"])
+    )
     assert wait_phase(kube, namespace, "math", "Running")["restarts"] == 0
 
 

@@ -290,28 +290,11 @@ class Controller:
                 if exc.status != 404:
                     self._api_error("delete", ref.kind, exc)
                     raise
+        # Children within one group do not depend on each other: send them concurrently. The groups
+        # stay in order, so pods are created only after their ConfigMap, PVC and ServiceAccount exist.
         failures: list[str] = []
-        for manifest in plan.applies:
-            try:
-                await self._call(self.kube.apply, manifest)
-            except ApiException as exc:
-                self._api_error("apply", manifest["kind"], exc)
-                if exc.status is not None and exc.status >= 500:
-                    raise
-                failures.append(f"{manifest['kind']} {manifest['metadata']['name']}: {_api_message(exc)}")
-        for manifest in plan.creates:
-            try:
-                await self._call(self.kube.create, manifest)
-                log.info(
-                    "%s/%s: created %s %s", namespace, name, manifest["kind"], manifest["metadata"]["name"]
-                )
-            except ApiException as exc:
-                if exc.status == 409:
-                    continue  # created before (by us, before a restart): that is the goal
-                self._api_error("create", manifest["kind"], exc)
-                if exc.status is not None and exc.status >= 500:
-                    raise
-                failures.append(f"{manifest['kind']} {manifest['metadata']['name']}: {_api_message(exc)}")
+        await asyncio.gather(*(self._write(self.kube.apply, "apply", m, failures) for m in plan.applies))
+        await asyncio.gather(*(self._write(self.kube.create, "create", m, failures) for m in plan.creates))
         for event in plan.events:
             await self.post_event(job, event.type, event.reason, event.message)
         for failure in failures:
@@ -334,6 +317,24 @@ class Controller:
                     raise
         if failures:
             self.queue.add_rate_limited(key, base=5.0)
+
+    async def _write(self, fn: Callable[[Obj], Obj], verb: str, manifest: Obj, failures: list[str]) -> None:
+        """Apply or create one child. 409 on create means it exists (made before an operator restart):
+        that is success. Other 4xx (quota, admission policies) are collected for a ChildRejected event."""
+        meta = manifest["metadata"]
+        try:
+            await self._call(fn, manifest)
+        except ApiException as exc:
+            if verb == "create" and exc.status == 409:
+                return
+            self._api_error(verb, manifest["kind"], exc)
+            if exc.status is None or exc.status >= 500 or exc.status == 429:
+                raise
+            failures.append(f"{manifest['kind']} {meta['name']}: {_api_message(exc)}")
+            return
+        if verb == "create":
+            job = (meta.get("labels") or {}).get(LABEL_JOB, "?")
+            log.info("%s/%s: created %s %s", meta["namespace"], job, manifest["kind"], meta["name"])
 
     async def post_event(self, job: Obj, type_: str, reason: str, message: str) -> None:
         meta = job["metadata"]

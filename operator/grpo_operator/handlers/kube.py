@@ -72,21 +72,28 @@ def resource_for(kind: str) -> Resource:
         raise ValueError(f"the operator does not manage objects of kind {kind!r}") from None
 
 
-def load_api_client(kubeconfig: str | None = None) -> client.ApiClient:
-    """In-cluster config inside a pod, else the kubeconfig (``kubeconfig``, $KUBECONFIG or ~/.kube/config)."""
+def load_api_client(kubeconfig: str | None = None, pool_size: int = 16) -> client.ApiClient:
+    """In-cluster config inside a pod, else the kubeconfig (``kubeconfig``, $KUBECONFIG or ~/.kube/config).
+
+    ``pool_size`` connections are kept open: as many as API calls can be in flight at once.
+    """
+    configuration = client.Configuration()
     try:
         if kubeconfig is None and not os.environ.get("KUBECONFIG"):
-            config.load_incluster_config()
-            return client.ApiClient()
+            config.load_incluster_config(client_configuration=configuration)
+            configuration.connection_pool_maxsize = pool_size
+            return client.ApiClient(configuration)
     except config.ConfigException:
         pass
     try:
-        return config.new_client_from_config(config_file=kubeconfig)
+        config.load_kube_config(config_file=kubeconfig, client_configuration=configuration)
     except (config.ConfigException, FileNotFoundError, OSError) as exc:
         raise RuntimeError(
             f"no Kubernetes credentials: not running in a pod and the kubeconfig could not be loaded ({exc}). "
             "Set KUBECONFIG or pass --kubeconfig."
         ) from exc
+    configuration.connection_pool_maxsize = pool_size
+    return client.ApiClient(configuration)
 
 
 class Kube:

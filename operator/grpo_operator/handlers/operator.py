@@ -75,7 +75,7 @@ def build_registry(controller: Controller) -> kopf.OperatorRegistry:
 
 
 def make_controller(settings: OperatorSettings, kubeconfig: str | None = None) -> Controller:
-    api = load_api_client(kubeconfig)
+    api = load_api_client(kubeconfig, pool_size=4 * settings.workers)
     kube = Kube(api, field_manager=settings.component, timeout=settings.api_timeout_seconds)
     return Controller(settings, kube)
 
