@@ -222,6 +222,13 @@ so a misspelt field such as `spec.grpo.groupsize` is an error (`unknown field "s
 Clients that send `fieldValidation=Ignore` get the field silently dropped (pruned) instead; with
 `fieldValidation=Warn` they get a warning.
 
+**Integers.** `8` and `8.0` are the same integer: kubectl sends YAML or JSON `8.0` as `8`, and the
+models accept it. A client that puts `8.0` on the wire itself gets a CEL type error
+("expected int, got float64") for the integer fields that cross-field rules read (`grpo.groupSize`,
+`grpo.promptsPerStep`, `grpo.validation.everySteps`, `generation.gpus`,
+`generation.tensorParallelSize`, `trainer.nodes`, `trainer.gpusPerNode`, `trainer.perDeviceBatchSize`):
+send integers.
+
 **Nulls.** Optional fields are not nullable: an explicit `null` is treated as "unset" (the API server
 prunes it and applies the default, if any).
 
