@@ -567,10 +567,17 @@ def test_the_trainer_service_account_can_patch_only_its_own_jobs_status(
     assert listing.returncode != 0 and "forbidden" in listing.stderr.lower()
 
 
-def test_rank_zero_success_completes_the_job(kube: Cluster, namespace: str, operator: Operator) -> None:
-    run_job(kube, namespace, "math", trainer={"nodes": 1})
+def test_rank_zero_success_completes_the_job_and_ttl_deletes_it(
+    kube: Cluster, namespace: str, operator: Operator
+) -> None:
+    run_job(kube, namespace, "math", trainer={"nodes": 1}, runPolicy={"ttlSecondsAfterFinished": 8})
     terminate_pod(kube, namespace, "math-trainer-1-0", 0)
     s = wait_phase(kube, namespace, "math", "Succeeded")
     assert s["completionTime"] and s["reason"] == "Completed"
     wait_for("the vLLM pod to stop", lambda: "math-gen-1-0" not in gang(kube, namespace, "math"))
+    wait_for("the metric service to stop", lambda: kube.get("deployment", "math-metric", namespace) is None)
     assert "Succeeded" in reasons(kube, namespace, "math")
+    assert "math-trainer-1-0" in gang(kube, namespace, "math"), "the finished trainer pod stays for its logs"
+    wait_for(
+        "ttlSecondsAfterFinished to delete the job", lambda: kube.get("grpojob", "math", namespace) is None
+    )

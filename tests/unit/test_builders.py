@@ -251,6 +251,8 @@ def test_trainer_pods_carry_the_contract_environment() -> None:
         assert env["MASTER_PORT"] == "29500"
         assert env["GRPO_JOB_NAMESPACE"] == "team-a"
         assert env["GRPO_JOB_NAME"] == "math"
+        assert env["GRPO_VLLM_URL"] == "http://math-gen.team-a.svc:8000"
+        assert env["GRPO_METRIC_URL"] == "http://math-metric.team-a.svc:8080"
         assert env["VLLM_HOST_IP"] == {"fieldRef": {"fieldPath": "status.podIP"}}
         spec = pod["spec"]
         assert spec["hostname"] == pod["metadata"]["name"]

@@ -27,10 +27,12 @@ from grpo_operator.builders.common import (
     Role,
     config_map_name,
     content_hash,
+    generation_host,
     generation_pod_name,
     generation_service_name,
     master_addr,
     metadata,
+    metric_url,
     pvc_claim_name,
     quantity_map,
     selector_labels,
@@ -59,6 +61,8 @@ RESERVED_TRAINER_ENV = frozenset(
         "GRPO_JOB_NAMESPACE",
         "GRPO_JOB_NAME",
         "GRPO_TRAINER_ATTEMPT",
+        "GRPO_VLLM_URL",
+        "GRPO_METRIC_URL",
         "VLLM_HOST_IP",
         "POD_NAME",
     }
@@ -283,6 +287,9 @@ def trainer_env(
         {"name": "GRPO_JOB_NAMESPACE", "value": job.namespace},
         {"name": "GRPO_JOB_NAME", "value": job.name},
         {"name": "GRPO_TRAINER_ATTEMPT", "value": str(attempt)},
+        # The same endpoints as in trainer.json, for tools and debugging shells in the pod.
+        {"name": "GRPO_VLLM_URL", "value": f"http://{generation_host(job)}:{settings.vllm_port}"},
+        {"name": "GRPO_METRIC_URL", "value": metric_url(job)},
         # vLLM workers connect back to trainer rank 0 at this address for weight sync; without it
         # vLLM guesses the address from a route to 8.8.8.8 (grpo-trainer.md §4.4).
         {"name": "VLLM_HOST_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},

@@ -55,6 +55,7 @@ def build_registry(controller: Controller) -> kopf.OperatorRegistry:
 
     @kopf.on.cleanup(registry=registry)
     async def cleanup(**_: Any) -> None:
+        log.info("grpo-operator stopping")
         await controller.stop()
         for app_runner in runner:
             await app_runner.cleanup()
