@@ -170,7 +170,11 @@ def test_spec_hash_changes_with_the_spec_only() -> None:
     assert gang_hash(job) != gang_hash(changed)
     assert gang_hash(job) != gang_hash(make_job(generation={"image": "vllm/vllm-openai:v0.30.0"}))
     assert gang_hash(job) == gang_hash(make_job(runPolicy={"backoffLimit": 7}))
-    assert gang_hash(job) == gang_hash(make_job(metric={"image": "other/metric:2"}))
+    assert gang_hash(job) == gang_hash(make_job(metric={"image": "other/metric:2", "replicas": 3}))
+    assert gang_hash(job) == gang_hash(make_job(checkpoints={"retention": "Delete"}))
+    assert gang_hash(job) == gang_hash(make_job(suspend=True))
+    assert gang_hash(job) != gang_hash(make_job(metric={"batchSize": 64}))
+    assert gang_hash(job) != gang_hash(make_job(scheduling={"priorityClassName": "high"}))
     pods = gang_pods(job, SETTINGS, 4, "/ckpt")
     assert {p["metadata"]["annotations"][ANNOTATION_HASH] for p in pods} == {gang_hash(job)}
 

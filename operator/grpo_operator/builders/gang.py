@@ -41,7 +41,7 @@ from grpo_operator.builders.common import (
     trainer_service_name,
     with_hash,
 )
-from grpo_operator.builders.config import config_hash, trainer_config_text
+from grpo_operator.builders.config import config_hash
 from grpo_operator.builders.scheduling import kueue_labels, pod_placement
 from grpo_operator.settings import OperatorSettings
 
@@ -83,21 +83,21 @@ TRAINER_ARGS = [
 
 
 def gang_hash(job: Job) -> str:
-    """Hash of everything in the spec that shapes the gang's pods.
+    """Hash of every spec field that shapes the gang's pods or the trainer's config.
 
-    Deliberately built from the spec, not from the rendered pods: an operator upgrade that renders
-    pods a little differently must not restart every running training job; a spec change must.
+    Built from the spec, not from the rendered pods or trainer.json: a spec change must restart the
+    gang, but an operator upgrade that renders pods or the config a little differently must not
+    restart every running training job (new pods pick the new rendering up at their next start).
+    The metric image, replicas and resources, the run policy, retention and suspend are left out:
+    they change the metric Deployment or the operator's behaviour, never the running gang.
     """
-    spec = job.spec
-    return content_hash(
-        {
-            "config": trainer_config_text(job),
-            "generation": spec.generation.to_dict(),
-            "trainer": spec.trainer.to_dict(),
-            "scheduling": spec.scheduling.to_dict(),
-            "volume": spec.checkpoints.volume.to_dict(),
-        }
-    )
+    spec = job.spec.to_dict()
+    metric_client = {
+        k: v for k, v in spec["metric"].items() if k not in ("image", "replicas", "resources", "env")
+    }
+    checkpoints = {k: v for k, v in spec["checkpoints"].items() if k != "retention"}
+    shaped = {key: spec[key] for key in ("model", "dataset", "grpo", "generation", "trainer", "scheduling")}
+    return content_hash({**shaped, "metric": metric_client, "checkpoints": checkpoints})
 
 
 def _resources(

@@ -133,7 +133,16 @@ class Controller:
                 self.health.ready = True
             except ApiException as exc:
                 self._api_error("list", KIND, exc)
-                log.warning("listing GRPOJobs failed (HTTP %s): %s", exc.status, exc.reason)
+                if exc.status == 404:
+                    log.warning(
+                        "the GRPOJob CRD is not installed: kubectl apply -f crds/ (or install the Helm chart)"
+                    )
+                elif exc.status == 403:
+                    log.warning(
+                        "not allowed to list GRPOJobs (HTTP 403): check the operator's RBAC (Helm chart)"
+                    )
+                else:
+                    log.warning("listing GRPOJobs failed (HTTP %s): %s", exc.status, exc.reason)
             except Exception:  # keep resyncing whatever happens; the next round may succeed
                 log.exception("listing GRPOJobs failed")
             await asyncio.sleep(self.settings.resync_seconds)
