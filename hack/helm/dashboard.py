@@ -343,11 +343,12 @@ ROWS: tuple[Row, ...] = (
             ),
             Panel(
                 "Gang restarts",
-                "Trainer gang restarts per job and reason in the last hour; counted=true spends backoffLimit.",
+                "Trainer gang restarts per job and reason since the operator started; counted=true ones "
+                "spend the job's backoffLimit. Shown as totals: each series appears with its first "
+                "restart, which increase() would miss.",
                 (
                     Target(
-                        f"sum by ({BY}, reason, counted) "
-                        f"(increase(grpo_operator_gang_restarts_total{{{JOB}}}[1h]))",
+                        f"sum by ({BY}, reason, counted) (grpo_operator_gang_restarts_total{{{JOB}}})",
                         "{{namespace}}/{{grpojob}} {{reason}} counted={{counted}}",
                     ),
                 ),
@@ -367,13 +368,8 @@ ROWS: tuple[Row, ...] = (
             ),
             Panel(
                 "Events posted",
-                "Kubernetes events the operator posted on GRPOJobs in the last hour, by type and reason.",
-                (
-                    Target(
-                        "sum by (type, reason) (increase(grpo_operator_events_total[1h]))",
-                        "{{type}} {{reason}}",
-                    ),
-                ),
+                "Kubernetes events the operator posted on GRPOJobs since it started, by type and reason.",
+                (Target("sum by (type, reason) (grpo_operator_events_total)", "{{type}} {{reason}}"),),
                 width=8,
             ),
         ),

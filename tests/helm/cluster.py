@@ -124,6 +124,7 @@ def operator_as(
     log = workdir / "operator.log"
     process_env = {k: v for k, v in os.environ.items() if k != "KUBECONFIG" and not k.startswith("GRPO_")}
     process_env.update(env)
+    log_handle = log.open("wb")
     popen = subprocess.Popen(
         [
             sys.executable,
@@ -139,7 +140,7 @@ def operator_as(
         ],
         env=process_env,
         cwd=REPO,
-        stdout=log.open("wb"),
+        stdout=log_handle,
         stderr=subprocess.STDOUT,
     )
     proc = OperatorProcess(popen, log, port)
@@ -154,6 +155,7 @@ def operator_as(
             except subprocess.TimeoutExpired:
                 popen.kill()
                 popen.wait()
+        log_handle.close()
 
 
 def _ready(proc: OperatorProcess) -> bool:
