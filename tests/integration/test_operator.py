@@ -255,8 +255,24 @@ def events_of(kube: Cluster, namespace: str, name: str) -> list[dict[str, Any]]:
     return list(json.loads(out)["items"])
 
 
-def reasons(kube: Cluster, namespace: str, name: str) -> list[str]:
-    return [e["reason"] for e in events_of(kube, namespace, name)]
+def wait_event(kube: Cluster, namespace: str, name: str, reason: str) -> dict[str, Any]:
+    """The first event with ``reason`` on the job (events follow the status patch by a moment)."""
+    found: list[dict[str, Any]] = []
+
+    def check() -> bool:
+        found[:] = [e for e in events_of(kube, namespace, name) if e["reason"] == reason]
+        return bool(found)
+
+    wait_for(f"a {reason} event on {name}", check, timeout=30)
+    return found[0]
+
+
+def wait_reasons(kube: Cluster, namespace: str, name: str, expected: set[str]) -> None:
+    wait_for(
+        f"events {sorted(expected)} on {name}",
+        lambda: expected <= {e["reason"] for e in events_of(kube, namespace, name)},
+        timeout=30,
+    )
 
 
 def run_job(kube: Cluster, namespace: str, name: str, **spec: Any) -> dict[str, Any]:
@@ -310,7 +326,7 @@ def test_a_job_brings_up_every_child_on_gpu_nodes_and_runs(
     assert re.search(r"^math\s+Running", got, re.M), got
     s = status(kube, namespace, "math")
     assert s["rollouts"] == 10 * 2 * 4 and s["trainerAttempt"] == 1 and s["restarts"] == 0
-    assert {"Created", "Running"} <= set(reasons(kube, namespace, "math"))
+    wait_reasons(kube, namespace, "math", {"Created", "Running"})
 
     # The operator's own endpoints.
     base = f"http://127.0.0.1:{operator.http_port}"
@@ -335,7 +351,7 @@ def test_a_trainer_failure_restarts_the_gang_from_the_checkpoint(
     s = wait_status(kube, namespace, "math", "gang restart", lambda s: s.get("trainerAttempt") == 2)
     assert s["restarts"] == 1
     # The status moves on to Running quickly; the Restarting event keeps the cause.
-    (restart,) = [e for e in events_of(kube, namespace, "math") if e["reason"] == "Restarting"]
+    restart = wait_event(kube, namespace, "math", "Restarting")
     assert "trainer pod math-trainer-1-1 failed: exit code 1" in restart["message"]
     assert "NCCL communicator was aborted" in restart["message"]
     assert f"resuming from checkpoint {CKPT}" in restart["message"]
@@ -350,7 +366,7 @@ def test_a_trainer_failure_restarts_the_gang_from_the_checkpoint(
             assert env_of(pod)["RESUME_FROM"] == CKPT
     s = wait_phase(kube, namespace, "math", "Running")
     assert s["restarts"] == 1
-    assert {"Restarting", "ResumedFromCheckpoint"} <= set(reasons(kube, namespace, "math"))
+    wait_reasons(kube, namespace, "math", {"Restarting", "ResumedFromCheckpoint"})
     assert s["checkpoint"]["path"] == CKPT, "the operator must never overwrite the trainer's fields"
 
 
@@ -383,7 +399,7 @@ def test_an_eviction_restarts_without_counting(kube: Cluster, namespace: str, op
     )
     s = wait_status(kube, namespace, "math", "gang restart", lambda s: s.get("trainerAttempt") == 2)
     assert s["restarts"] == 0
-    (restart,) = [e for e in events_of(kube, namespace, "math") if e["reason"] == "Restarting"]
+    restart = wait_event(kube, namespace, "math", "Restarting")
     assert "not counted against backoffLimit" in restart["message"]
     # A real kubelet keeps an evicted trainer Terminating for its grace period, so the operator sees the
     # DisruptionTarget condition (reason Evicted). kwok removes terminating pods at once, so the operator
@@ -435,16 +451,15 @@ def test_suspend_stops_the_pods_and_resume_continues_from_the_checkpoint(
         assert name.startswith(("math-gen-2-", "math-trainer-2-"))
         if "trainer" in name:
             assert env_of(pod)["RESUME_FROM"] == CKPT
-    assert {"Suspended", "Resumed", "ResumedFromCheckpoint"} <= set(reasons(kube, namespace, "math"))
+    wait_reasons(kube, namespace, "math", {"Suspended", "Resumed", "ResumedFromCheckpoint"})
 
 
 def test_a_stalled_gang_is_restarted_and_counted(kube: Cluster, namespace: str, operator: Operator) -> None:
     run_job(kube, namespace, "math", runPolicy={"progressDeadlineSeconds": 5, "backoffLimit": 10})
     wait_for("stall detection", lambda: status(kube, namespace, "math").get("restarts", 0) >= 1, timeout=60)
-    restarts = [e for e in events_of(kube, namespace, "math") if e["reason"] == "Restarting"]
-    assert restarts, "a stall posts a Restarting event"
-    assert "no training step completed for 5s" in restarts[0]["message"]
-    assert "restart 1/10" in restarts[0]["message"]
+    restart = wait_event(kube, namespace, "math", "Restarting")
+    assert "no training step completed for 5s" in restart["message"]
+    assert "restart 1/10" in restart["message"]
 
 
 def test_deleting_jobs_removes_children_and_keeps_the_volume_per_retention(
@@ -576,7 +591,7 @@ def test_rank_zero_success_completes_the_job_and_ttl_deletes_it(
     assert s["completionTime"] and s["reason"] == "Completed"
     wait_for("the vLLM pod to stop", lambda: "math-gen-1-0" not in gang(kube, namespace, "math"))
     wait_for("the metric service to stop", lambda: kube.get("deployment", "math-metric", namespace) is None)
-    assert "Succeeded" in reasons(kube, namespace, "math")
+    wait_reasons(kube, namespace, "math", {"Succeeded"})
     assert "math-trainer-1-0" in gang(kube, namespace, "math"), "the finished trainer pod stays for its logs"
     wait_for(
         "ttlSecondsAfterFinished to delete the job", lambda: kube.get("grpojob", "math", namespace) is None
