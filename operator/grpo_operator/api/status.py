@@ -129,7 +129,10 @@ class GRPOJobStatus(_StatusModel):
     trainer_attempt: int | None = Field(
         default=None, ge=0, description="Current trainer gang incarnation; part of the pod names."
     )
-    start_time: datetime | None = Field(default=None, description="When the job was first started.")
+    start_time: datetime | None = Field(
+        default=None,
+        description="When the job last started running: set at start and reset on resume from suspend, so activeDeadlineSeconds counts from the last resume (as for a Kubernetes Job).",
+    )
     completion_time: datetime | None = Field(default=None, description="When the job succeeded or failed.")
     observed_generation: int | None = Field(
         default=None, ge=0, description="metadata.generation the operator last acted on."
