@@ -11,7 +11,7 @@ import pytest
 from datasets import Dataset
 from grpo_trainer.trainer import ProjectGRPOTrainer
 from transformers import AutoTokenizer
-from trl import GRPOConfig
+from trl.trainer.grpo_config import GRPOConfig
 
 pytestmark = pytest.mark.trainer
 
@@ -31,7 +31,9 @@ class CapturingTrainer(ProjectGRPOTrainer):
 
 def seed_rewards(prompts: list[Any], completions: list[Any], **_: Any) -> list[float | None]:
     # One group of G=4 per call, in RepeatSampler order: the worked example's rewards.
-    return list(SEED_REWARDS) * (len(prompts) // 4)
+    rewards: list[float | None] = []
+    rewards.extend(SEED_REWARDS * (len(prompts) // 4))
+    return rewards
 
 
 def make_trainer(

@@ -59,7 +59,7 @@ def test_unmappable_batch_says_what_to_change() -> None:
 
 
 def test_vllm_server_mode_mapping_is_accepted_by_trl() -> None:
-    from trl import GRPOConfig
+    from trl.trainer.grpo_config import GRPOConfig
 
     c = config()
     plan = plan_batches(64, 8, 8, 8)

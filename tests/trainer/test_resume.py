@@ -51,7 +51,7 @@ def test_kill_after_checkpoint_then_resume_continues_exactly(
     straight, resumed = tmp_path / "straight", tmp_path / "resumed"
     for workdir in (straight, resumed):
         workdir.mkdir()
-    common = {"steps": 8, "every_steps": 3, "keep_last": 2, "learning_rate": 0.01}
+    common: dict[str, Any] = {"steps": 8, "every_steps": 3, "keep_last": 2, "learning_rate": 0.01}
     run_to_end(straight, trainer_config(straight, tiny_model, toy_metric.url, **common))
 
     config = trainer_config(resumed, tiny_model, toy_metric.url, **common)

@@ -64,7 +64,7 @@ def run(config: TrainerConfig, env: RuntimeEnv) -> int:
     # Heavy imports only after the configuration is known to be valid, so config errors are fast.
     import torch
     from transformers import AutoTokenizer
-    from trl import GRPOConfig
+    from trl.trainer.grpo_config import GRPOConfig
 
     from grpo_trainer.checkpoints import resolve_resume
     from grpo_trainer.data import load_rows, prepare

@@ -252,7 +252,7 @@ class ProgressCallback(TrainerCallback):  # type: ignore[misc]
     def _write_samples(self, step: int) -> None:
         assert self.trainer is not None
         s = self.trainer.grpo_samples
-        limit = SAMPLE_GROUPS_PER_STEP * self.trainer.num_generations
+        limit = SAMPLE_GROUPS_PER_STEP * self.trainer.grpo_group_size
         lines = [
             {
                 "step": step,
@@ -288,13 +288,15 @@ class ProgressCallback(TrainerCallback):  # type: ignore[misc]
         # Generation is collective in server mode, so every rank sends the same number of prompts.
         shard = shard + [rows[0]] * (per_rank - real)
         prompts = [row["prompt"] for row in shard]
-        was_training = trainer.model.training
-        trainer.model.eval()
+        model = trainer.model
+        assert model is not None
+        was_training = model.training
+        model.eval()
         try:
             with torch.no_grad():
                 completions = trainer._generate(prompts)[3]
         finally:
-            trainer.model.train(was_training)
+            model.train(was_training)
             trainer._metrics["eval"].clear()
         columns = {key: [row[key] for row in shard] for key in shard[0]} if shard else {}
         columns.pop("prompt", None)

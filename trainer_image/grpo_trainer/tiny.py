@@ -22,7 +22,7 @@ def build_tokenizer() -> object:
     core.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
     # Without Fuse a WordLevel tokenizer decodes with spaces between characters.
     core.decoder = decoders.Fuse()
-    return PreTrainedTokenizerFast(
+    return PreTrainedTokenizerFast(  # type: ignore[no-untyped-call]
         tokenizer_object=core,
         pad_token="<pad>",
         eos_token="<eos>",
@@ -54,8 +54,8 @@ def build(out_dir: str | Path, *, hidden_size: int = 64, layers: int = 2, seed: 
         bos_token_id=None,
     )
     torch.manual_seed(seed)
-    model = Qwen2ForCausalLM(config)
-    model.generation_config = GenerationConfig(
+    model = Qwen2ForCausalLM(config)  # type: ignore[no-untyped-call]
+    model.generation_config = GenerationConfig(  # type: ignore[no-untyped-call]
         pad_token_id=config.pad_token_id, eos_token_id=config.eos_token_id, do_sample=True
     )
     model.save_pretrained(out)

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from trl import GRPOTrainer
+from trl.trainer.grpo_trainer import GRPOTrainer
 
 from grpo_trainer.advantages import AdvantageResult, ScaleRewards, compute_advantages
 from grpo_trainer.checkpoints import Manifest, publish
@@ -128,6 +128,8 @@ class ProjectGRPOTrainer(GRPOTrainer):  # type: ignore[misc]
     ):
         super().__init__(*args, **kwargs)
         self.grpo_scale_rewards: ScaleRewards = scale_rewards_mode
+        # TRL types num_generations as optional; in training it is always set (GRPOConfig validates G >= 2).
+        self.grpo_group_size = int(self.num_generations or 0)
         self.grpo_checkpoint_dir = Path(checkpoint_dir)
         self.grpo_keep_last = keep_last
         self.grpo_dynamic_sampling = dynamic_sampling
@@ -140,9 +142,8 @@ class ProjectGRPOTrainer(GRPOTrainer):  # type: ignore[misc]
         self.grpo_last_manifest: Manifest | None = None
         self.grpo_refill: RefillSource | None = None
         if dynamic_sampling and self.train_dataset is not None:
-            self.grpo_refill = RefillSource(
-                len(self.train_dataset), self.args.seed, self.accelerator.process_index
-            )
+            size = len(self.train_dataset)  # type: ignore[arg-type]
+            self.grpo_refill = RefillSource(size, self.args.seed, self.accelerator.process_index)
 
     # -- rewards and advantages ------------------------------------------------------------------------
 
@@ -159,7 +160,7 @@ class ProjectGRPOTrainer(GRPOTrainer):  # type: ignore[misc]
         replaced), the global result and this rank's [format failures, errors, rollouts] counts."""
         output = super()._generate_and_score_completions(inputs)
         assert self.grpo_last_rewards is not None
-        group_size = self.num_generations
+        group_size = self.grpo_group_size
         result = compute_advantages(self.grpo_last_rewards, group_size, self.grpo_scale_rewards)
         n_local = len(inputs)
         start = self.accelerator.process_index * n_local
@@ -189,7 +190,7 @@ class ProjectGRPOTrainer(GRPOTrainer):  # type: ignore[misc]
         )
 
     def _generate_and_score_completions(self, inputs: list[dict[str, Any]]) -> dict[str, Any]:
-        if not self.model.training:
+        if not getattr(self.model, "training", False):
             return super()._generate_and_score_completions(inputs)  # type: ignore[no-any-return]
         output, result, local_counts = self._score_round(inputs)
         self._record_samples(len(inputs), output, result)
@@ -221,7 +222,7 @@ class ProjectGRPOTrainer(GRPOTrainer):  # type: ignore[misc]
         """Drop this rank's tied groups and fill their places with informative groups generated from extra
         prompts. Every rank runs the same number of rounds (generation is collective in server mode)."""
         assert self.grpo_refill is not None
-        group_size = self.num_generations
+        group_size = self.grpo_group_size
         n_local = len(inputs)
         groups_local = n_local // group_size
         first_group = self.accelerator.process_index * groups_local
@@ -287,9 +288,9 @@ class ProjectGRPOTrainer(GRPOTrainer):  # type: ignore[misc]
     # -- checkpoints ---------------------------------------------------------------------------------------
 
     def _save_checkpoint(self, model: Any, trial: Any) -> None:
-        super()._save_checkpoint(model, trial)
+        super()._save_checkpoint(model, trial)  # type: ignore[no-untyped-call]
         step = self.state.global_step
-        staged = Path(self.args.output_dir) / f"checkpoint-{step}"
+        staged = Path(str(self.args.output_dir)) / f"checkpoint-{step}"
         if self.accelerator.is_main_process:
             extra = {"step": step, "refill": self.grpo_refill.state() if self.grpo_refill else None}
             (staged / GRPO_STATE_FILE).write_text(json.dumps(extra), encoding="utf-8")
