@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
 import functools
 import json
 import logging
@@ -26,6 +27,7 @@ from kubernetes.client.exceptions import ApiException
 
 from grpo_operator.api.resource import API_VERSION, KIND
 from grpo_operator.builders.common import LABEL_JOB
+from grpo_operator.handlers.informer import ClusterCache
 from grpo_operator.handlers.kube import CHILD_RESOURCES, GRPOJOB, NODE, Kube, Obj, resource_for
 from grpo_operator.handlers.workqueue import WorkQueue
 from grpo_operator.observability import HealthState, OperatorMetrics
@@ -68,10 +70,13 @@ class Controller:
         self._nodes: tuple[float, frozenset[str] | None] = (0.0, None)
         self._nodes_forbidden = False
         self._instance = os.environ.get("POD_NAME") or socket.gethostname()
+        # Watch-backed caches (started with the controller); until a kind's cache is complete, and for
+        # kinds the operator may not watch, reconcile reads from the API server instead.
+        self.cache: ClusterCache | None = None
         # Port of the /metrics server once started (the settings may ask for port 0 = any free port).
         self.http_port: int | None = None
 
-    # --- wiring from kopf --------------------------------------------------------------------------------------
+    # --- wiring from the informers ----------------------------------------------------------------------------------
 
     def job_event(
         self, event_type: str | None, namespace: str, name: str, resource_version: str | None
@@ -88,15 +93,29 @@ class Controller:
         self.queue.add(key)
         self.metrics.queue_depth.set(len(self.queue))
 
-    def pod_event(self, namespace: str, labels: dict[str, str]) -> None:
-        job = labels.get(LABEL_JOB)
-        if job:
-            self.queue.add((namespace, job))
-            self.metrics.queue_depth.set(len(self.queue))
+    def child_event(self, namespace: str, job: str) -> None:
+        self.queue.add((namespace, job))
+        self.metrics.queue_depth.set(len(self.queue))
 
     # --- lifecycle ---------------------------------------------------------------------------------------------
 
-    def start(self) -> None:
+    def start(self, watch: bool = True) -> None:
+        if watch:
+            namespaces: list[str | None] = (
+                list(self.settings.namespaces) if not self.settings.clusterwide else [None]
+            )
+            self.cache = ClusterCache(
+                self.kube.watch_client(len(namespaces) * (len(CHILD_RESOURCES) + 1) + 1),
+                namespaces,
+                job_resource=GRPOJOB,
+                child_resources=CHILD_RESOURCES,
+                node_resource=NODE,
+                job_label=LABEL_JOB,
+                on_job=self.job_event,
+                on_child=self.child_event,
+                timeout=self.settings.api_timeout_seconds,
+            )
+            self.cache.informers.start()
         self.health.workers_alive = self._workers_alive
         for i in range(self.settings.workers):
             self._tasks.append(asyncio.create_task(self._worker(), name=f"grpo-reconcile-{i}"))
@@ -109,11 +128,14 @@ class Controller:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
         self._tasks.clear()
+        if self.cache is not None:
+            await self.cache.informers.stop()
         self.queue.close()
         self._executor.shutdown(wait=False, cancel_futures=True)
 
     def _workers_alive(self) -> bool:
-        return bool(self._tasks) and not any(t.done() for t in self._tasks)
+        watching = self.cache is None or self.cache.informers.alive()
+        return watching and bool(self._tasks) and not any(t.done() for t in self._tasks)
 
     async def _call(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         loop = asyncio.get_running_loop()
@@ -152,6 +174,15 @@ class Controller:
             list(self.settings.namespaces) if not self.settings.clusterwide else [None]
         )
         seen: set[Key] = set()
+        cached = self.cache.job_keys() if self.cache is not None else None
+        if cached is not None:
+            # Watched: the cache is the cluster's state; re-queueing re-runs time-based decisions
+            # (deadlines, stalls) and reads nothing from the API server.
+            for key in cached:
+                seen.add(key)
+                self.phases.setdefault(key, None)
+                self.queue.add(key)
+            namespaces = []
         for namespace in namespaces:
             for job in await self._call(self.kube.list, GRPOJOB, namespace):
                 meta = job.get("metadata") or {}
@@ -184,7 +215,7 @@ class Controller:
         started = time.perf_counter()
         try:
             try:
-                job = await self._call(self.kube.get, GRPOJOB, namespace, name)
+                job = await self._get_job(namespace, name)
             except ApiException as exc:
                 if exc.status == 404:
                     self.phases.pop(key, None)
@@ -221,12 +252,28 @@ class Controller:
             self.queue.add_after(key, plan.requeue_after)
         return plan
 
+    async def _get_job(self, namespace: str, name: str) -> Obj:
+        if self.cache is not None:
+            usable, job = self.cache.job(namespace, name)
+            if usable:
+                if job is None:
+                    raise ApiException(status=404, reason="Not Found (not in the watch cache)")
+                # reconcile must not see the cache change under it, nor change the cache
+                return copy.deepcopy(job)
+        return await self._call(self.kube.get, GRPOJOB, namespace, name)
+
     async def observe(self, job: Obj) -> Observed:
         meta = job["metadata"]
         namespace, name, uid = meta["namespace"], meta["name"], meta.get("uid")
         selector = f"{LABEL_JOB}={name}"
-        lists = await asyncio.gather(
-            *(self._call(self.kube.list, resource, namespace, selector) for resource in CHILD_RESOURCES)
+        resources = CHILD_RESOURCES
+        lists: list[list[Obj]] = []
+        if self.cache is not None:
+            cached, missing = self.cache.children_of(namespace, name)
+            lists.append(cached)  # the cache replaces objects, never changes them in place
+            resources = tuple(r for r in CHILD_RESOURCES if r.kind in missing)
+        lists += await asyncio.gather(
+            *(self._call(self.kube.list, resource, namespace, selector) for resource in resources)
         )
         objects: list[Obj] = []
         for items in lists:
@@ -237,6 +284,9 @@ class Controller:
         return Observed(objects=tuple(objects), nodes=await self._node_names())
 
     async def _node_names(self) -> frozenset[str] | None:
+        watched = self.cache.node_names() if self.cache is not None else None
+        if watched is not None:
+            return watched
         if self._nodes_forbidden:
             return None
         fetched, names = self._nodes
@@ -272,6 +322,9 @@ class Controller:
                 self._api_error("patch", "GRPOJob/status", exc)
                 raise
             self._written_rv[key] = str((updated.get("metadata") or {}).get("resourceVersion"))
+            if self.cache is not None:
+                # Decide the next reconcile from at least what we just wrote, never from an older copy.
+                self.cache.put_job(updated)
             if plan.status.get("phase"):
                 log.info(
                     "%s/%s: phase %s (%s) %s",

@@ -1,10 +1,11 @@
 """Every kopf setting the operator changes, and why — in one place.
 
-The operator uses kopf for what kopf is good at (watch streams that survive API-server restarts and
-network trouble, the operator lifecycle, logging) and keeps decisions in its own level-based
-reconcile loop (handlers/controller.py). The settings follow from that:
+The operator uses kopf for its lifecycle (login, startup, cleanup, signals) and logging, watches
+GRPOJobs and their children with its own informers (handlers/informer.py: caches with client-go's
+relist semantics, which reconcile reads instead of the API server) and keeps decisions in its own
+level-based reconcile loop (handlers/controller.py). The settings follow from that:
 
-* **No finalizer.** Only event handlers are registered (no timers, daemons or on.delete handlers, the
+* **No finalizer.** No resource handlers are registered (no timers, daemons or on.delete handlers, the
   kopf features that add a finalizer). Deleting a GRPOJob therefore never waits for the operator: the
   Kubernetes garbage collector removes the children through their owner references, and a checkpoint
   PVC with `retention: Retain` has no owner reference and stays. If the operator is down, deletion is
@@ -23,8 +24,9 @@ reconcile loop (handlers/controller.py). The settings follow from that:
 * **Watch timeouts.** Server-side watch timeout below the client timeout, so streams are recycled by
   the server before any proxy or load balancer silently drops them; kopf's inactivity timeout (with
   bookmarks) catches a stream that goes quiet anyway.
-* **Server-side pod filter.** The operator watches only pods that carry the grpo.dev/job label, so a
-  big cluster's other pods are never sent to it.
+* **Server-side label filter.** The informers watch only pods (and other children) that carry the
+  grpo.dev/job label, so a big cluster's other pods are never sent to the operator; the kopf setting
+  below says the same for any kopf watch of pods.
 """
 
 from __future__ import annotations

@@ -8,6 +8,7 @@ are the ApiClient's (kubeconfig or in-cluster config).
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 from dataclasses import dataclass
@@ -130,6 +131,13 @@ class Kube:
             raise ApiException(http_resp=response)
         data = response.data
         return json.loads(data) if data else {}
+
+    def watch_client(self, streams: int) -> client.ApiClient:
+        """A client of its own for ``streams`` long-lived watch requests, so they never hold the
+        connections that reconcile's requests need."""
+        configuration = copy.deepcopy(self.api.configuration)
+        configuration.connection_pool_maxsize = streams + 2
+        return client.ApiClient(configuration)
 
     # --- reads ------------------------------------------------------------------------------------------------
 

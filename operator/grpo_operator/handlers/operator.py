@@ -1,4 +1,4 @@
-"""Thin kopf wiring: watch events go into the controller's queue; nothing is decided here."""
+"""Thin kopf wiring: the operator's lifecycle (login, startup, cleanup); nothing is decided here."""
 
 from __future__ import annotations
 
@@ -9,8 +9,6 @@ from typing import Any
 import kopf
 from aiohttp import web
 
-from grpo_operator.api.resource import GROUP, PLURAL, VERSION
-from grpo_operator.builders.common import LABEL_JOB
 from grpo_operator.handlers import kopf_settings
 from grpo_operator.handlers.controller import Controller
 from grpo_operator.handlers.kube import Kube, load_api_client
@@ -60,17 +58,9 @@ def build_registry(controller: Controller) -> kopf.OperatorRegistry:
         for app_runner in runner:
             await app_runner.cleanup()
 
-    @kopf.on.event(GROUP, VERSION, PLURAL, registry=registry)
-    def job_event(
-        event: kopf.RawEvent, namespace: str | None, name: str | None, meta: kopf.Meta, **_: Any
-    ) -> None:
-        if namespace and name:
-            controller.job_event(event.get("type"), namespace, name, meta.get("resourceVersion"))
-
-    @kopf.on.event("v1", "pods", labels={LABEL_JOB: kopf.PRESENT}, registry=registry)
-    def pod_event(namespace: str | None, labels: kopf.Labels, **_: Any) -> None:
-        if namespace:
-            controller.pod_event(namespace, dict(labels))
+    # No kopf resource handlers: the controller's own informers (handlers/informer.py) watch GRPOJobs,
+    # every child kind and nodes into caches that reconcile reads from. kopf's per-object handler
+    # machinery would watch the same streams a second time and cost CPU per event for nothing.
 
     return registry
 
