@@ -1,0 +1,434 @@
+"""How the operator's cost grows with the number of GRPOJobs, against the floor of raw object creation.
+
+    .venv/bin/python bench/scale.py                      # 30, 100 and 300 jobs on cluster grpo-scale
+    .venv/bin/python bench/scale.py --jobs 30 --idle 30  # one quick size
+    .venv/bin/python bench/scale.py --json out.json      # also write the figures as JSON
+
+Starts (or reuses) a local cluster of its own (hack/cluster.sh, name ``grpo-scale``: 100 simulated
+8-GPU nodes + 4 CPU nodes for the metric pods). For each size N, on an otherwise idle cluster:
+
+(a) the floor: ``kubectl create -f`` of exactly the child objects the operator would create for the
+    N jobs (rendered by the operator's own builders, no GRPOJob behind them), timed until every gang
+    pod of every schedulable job is Running — the same end state (b) waits for, reached with no
+    operator at all. The time for ``kubectl create`` alone is printed too.
+(b) a fresh operator, then ``kubectl apply --server-side`` of the N GRPOJobs, timed until every
+    schedulable job is phase Running and every job that cannot fit is Pending with reason
+    Unschedulable; per job, time from the job's appearance to its Running.
+
+Then, with nothing changing, the operator's requests over ``--idle`` seconds. Requests are counted by
+the API server: the operator runs as its own ServiceAccount whose requests form one API Priority and
+Fairness flow (bench/_bench.py explains why not apiserver_request_total, which is printed for all
+clients for context). CPU seconds and peak RSS are read from /proc for the operator process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import tempfile
+import threading
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+from _bench import (
+    BenchCluster,
+    Obj,
+    OperatorProcess,
+    Ramp,
+    RequestCounts,
+    bench_jobs,
+    children_of,
+    create_namespaces,
+    delete_namespaces,
+    gpu_pods,
+    job_informer,
+    log,
+    machine_cpu,
+    median,
+    operator_identity,
+    percentile,
+    pod_informer,
+    schedulable,
+    wait_for,
+)
+
+NAMESPACES_PER_RUN = 5
+
+
+@dataclass
+class SizeResult:
+    jobs: int
+    schedulable_jobs: int
+    child_objects: int
+    floor_create_s: float
+    floor_running_s: float
+    operator_running_s: float
+    apply_s: float
+    ratio: float
+    ratio_to_create: float
+    p50_s: float
+    p95_s: float
+    max_s: float
+    operator_requests: float
+    operator_requests_per_job: float
+    all_requests_per_job: float
+    floor_requests_per_job: float
+    idle_seconds: float
+    idle_operator_requests_per_min: float
+    operator_cpu_s: float
+    operator_cpu_s_per_job: float
+    idle_operator_cpu_s_per_min: float
+    operator_peak_rss_mib: float
+    machine_busy_fraction: float
+    load_avg_start: float
+    load_avg_end: float
+    reconcile_total: float
+
+
+def floor(
+    cluster: BenchCluster, manifests: list[Obj], tag: str, timeout: float
+) -> tuple[float, float, float]:
+    """(create seconds, seconds until all schedulable gang pods Running, all clients' requests)."""
+    namespaces = sorted({f"floor-{m['metadata']['namespace']}" for m in manifests})
+    create_namespaces(cluster, namespaces)
+    children: list[Obj] = []
+    expected: set[tuple[str, str]] = set()
+    for manifest in manifests:
+        floor_manifest = {**manifest, "metadata": {**manifest["metadata"]}}
+        floor_manifest["metadata"]["namespace"] = f"floor-{manifest['metadata']['namespace']}"
+        objs = children_of(floor_manifest)
+        children += objs
+        if schedulable(manifest["metadata"]["labels"]["grpo.dev/bench-kind"]):
+            for obj in objs:
+                if obj["kind"] == "Pod":
+                    expected.add((obj["metadata"]["namespace"], obj["metadata"]["name"]))
+    running: set[tuple[str, str]] = set()
+    done = threading.Event()
+    finished_at: list[float] = []
+
+    def on_pod(type_: str, pod: Obj, t: float) -> None:
+        key = (pod["metadata"].get("namespace", ""), pod["metadata"]["name"])
+        if key in expected and (pod.get("status") or {}).get("phase") == "Running" and key not in running:
+            running.add(key)
+            if len(running) == len(expected):
+                finished_at.append(t)
+                done.set()
+
+    api = cluster.api()
+    informer = pod_informer(api, on_pod)
+    informer.start()
+    informer.synced.wait(60)
+    with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as handle:
+        yaml.safe_dump_all(children, handle)
+        path = handle.name
+    before = RequestCounts.read(cluster)
+    log(f"[{tag}] floor: kubectl create of {len(children)} objects ({len(expected)} gang pods to run)")
+    t0 = time.monotonic()
+    cluster.kubectl("create", "-f", path, timeout=timeout)
+    t_create = time.monotonic() - t0
+    log(f"[{tag}] floor: created in {t_create:.1f}s; waiting for the pods to run")
+    if not done.wait(timeout):
+        raise TimeoutError(f"floor: only {len(running)}/{len(expected)} pods Running after {timeout:.0f}s")
+    t_running = finished_at[0] - t0
+    requests = (RequestCounts.read(cluster) - before).everyone
+    informer.stop()
+    os.unlink(path)
+    log(f"[{tag}] floor: all pods Running after {t_running:.1f}s; cleaning up")
+    delete_namespaces(cluster, namespaces)
+    wait_for("the floor's pods to be gone", lambda: gpu_pods(cluster) == 0, timeout=600, interval=2)
+    return t_create, t_running, requests
+
+
+def operator_run(
+    cluster: BenchCluster,
+    op_kubeconfig: Path,
+    manifests: list[Obj],
+    tag: str,
+    idle: float,
+    timeout: float,
+    workdir: Path,
+    operator_args: list[str],
+    source: Path | None,
+) -> dict[str, Any]:
+    namespaces = sorted({m["metadata"]["namespace"] for m in manifests})
+    create_namespaces(cluster, namespaces)
+    kinds = {
+        (m["metadata"]["namespace"], m["metadata"]["name"]): m["metadata"]["labels"]["grpo.dev/bench-kind"]
+        for m in manifests
+    }
+    ramp = Ramp()
+    settled: set[tuple[str, str]] = set()
+    done = threading.Event()
+
+    def on_job(type_: str, job: Obj, t: float) -> None:
+        meta = job["metadata"]
+        key = (meta.get("namespace", ""), meta["name"])
+        if key not in kinds:
+            return
+        name = f"{key[0]}/{key[1]}"
+        ramp.started.setdefault(name, t)
+        status = job.get("status") or {}
+        if schedulable(kinds[key]):
+            if status.get("phase") == "Running":
+                ramp.running.setdefault(name, t)
+                settled.add(key)
+        elif status.get("phase") == "Pending" and status.get("reason") == "Unschedulable":
+            settled.add(key)
+        if len(settled) == len(kinds):
+            done.set()
+
+    op = OperatorProcess(
+        op_kubeconfig, workdir / f"operator-{tag}.log", extra_args=operator_args, source=source
+    )
+    op.start()
+    api = cluster.api()
+    informer = job_informer(api, on_job)
+    informer.start()
+    informer.synced.wait(60)
+    time.sleep(2)  # let the operator's initial lists and watches finish before counting
+    with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as handle:
+        yaml.safe_dump_all(manifests, handle)
+        path = handle.name
+    before = RequestCounts.read(cluster)
+    cpu0, _ = op.sample()
+    busy0, total0 = machine_cpu()
+    load0 = os.getloadavg()[0]
+    log(f"[{tag}] operator: applying {len(manifests)} GRPOJobs")
+    t0 = time.monotonic()
+    cluster.kubectl("apply", "--server-side", "-f", path, timeout=timeout)
+    t_apply = time.monotonic() - t0
+    log(f"[{tag}] operator: applied in {t_apply:.1f}s; waiting for every job to settle")
+    if not done.wait(timeout):
+        stuck = sorted(set(kinds) - settled)
+        raise TimeoutError(
+            f"{len(stuck)} jobs did not settle in {timeout:.0f}s, e.g. {stuck[:5]}; see {op.log_path}"
+        )
+    t_b = time.monotonic() - t0
+    # The end is when the last job's Running was observed (not when this thread woke up).
+    t_b = min(t_b, max(ramp.running.values(), default=t0) - t0) if ramp.running else t_b
+    after = RequestCounts.read(cluster)
+    cpu1, _ = op.sample()
+    busy1, total1 = machine_cpu()
+    load1 = os.getloadavg()[0]
+    log(f"[{tag}] operator: all settled after {t_b:.1f}s; idle for {idle:.0f}s")
+    time.sleep(5)  # trailing events of the ramp (e.g. the last status echoes)
+    idle0 = RequestCounts.read(cluster)
+    cpu_idle0, _ = op.sample()
+    time.sleep(idle)
+    idle1 = RequestCounts.read(cluster)
+    cpu_idle1, rss = op.sample()
+    reconciles = _operator_metric(op, "grpo_operator_reconcile_total")
+    informer.stop()
+    os.unlink(path)
+    log(f"[{tag}] operator: cleaning up")
+    # Jobs first: their children go with them (garbage collector), so the operator never sees a
+    # namespace deletion take pods from under a live job.
+    for namespace in namespaces:
+        cluster.kubectl("delete", "grpojobs", "--all", "-n", namespace, "--wait=false")
+    delete_namespaces(cluster, namespaces)
+    wait_for("the jobs' pods to be gone", lambda: gpu_pods(cluster) == 0, timeout=600, interval=2)
+    op.stop()
+    durations = ramp.durations()
+    ramp_counts = after - before
+    return {
+        "apply_s": t_apply,
+        "running_s": t_b,
+        "durations": durations,
+        "operator_requests": ramp_counts.operator,
+        "all_requests": ramp_counts.everyone,
+        "by_verb": ramp_counts.everyone_by_verb,
+        "idle_requests_per_min": (idle1 - idle0).operator * 60.0 / idle,
+        "idle_cpu_per_min": (cpu_idle1 - cpu_idle0) * 60.0 / idle,
+        "cpu_s": cpu1 - cpu0,
+        "cpu_total_s": cpu_idle1,
+        "rss": rss,
+        "busy": (busy1 - busy0) / max(1e-9, (total1 - total0)),
+        "load0": load0,
+        "load1": load1,
+        "reconciles": reconciles,
+    }
+
+
+def _operator_metric(op: OperatorProcess, name: str) -> float:
+    import re
+    import urllib.request
+
+    match = re.search(r"/readyz on http://[^:]+:(\d+)", op.log_tail())
+    if not match:
+        return float("nan")
+    with urllib.request.urlopen(f"http://127.0.0.1:{match.group(1)}/metrics", timeout=10) as resp:
+        text = resp.read().decode()
+    return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith(name + "{"))
+
+
+def run_size(
+    cluster: BenchCluster,
+    op_kubeconfig: Path,
+    count: int,
+    idle: float,
+    timeout: float,
+    workdir: Path,
+    operator_args: list[str],
+    source: Path | None,
+    skip_floor: bool = False,
+) -> SizeResult:
+    tag = f"{count} jobs"
+    run = time.strftime("%H%M%S")
+    namespaces = [f"s{count}-{run}-t{i}" for i in range(NAMESPACES_PER_RUN)]
+    manifests = bench_jobs(count, namespaces)
+    fit = [m for m in manifests if schedulable(m["metadata"]["labels"]["grpo.dev/bench-kind"])]
+    child_objects = sum(len(children_of(m)) for m in manifests)
+    nan = float("nan")
+    create_s, floor_s, floor_requests = (
+        (nan, nan, nan) if skip_floor else floor(cluster, manifests, tag, timeout)
+    )
+    res = operator_run(cluster, op_kubeconfig, manifests, tag, idle, timeout, workdir, operator_args, source)
+    durations = res["durations"]
+    return SizeResult(
+        jobs=count,
+        schedulable_jobs=len(fit),
+        child_objects=child_objects,
+        floor_create_s=create_s,
+        floor_running_s=floor_s,
+        operator_running_s=res["running_s"],
+        apply_s=res["apply_s"],
+        ratio=res["running_s"] / floor_s,
+        ratio_to_create=res["running_s"] / create_s,
+        p50_s=median(durations),
+        p95_s=percentile(durations, 95),
+        max_s=max(durations) if durations else float("nan"),
+        operator_requests=res["operator_requests"],
+        operator_requests_per_job=res["operator_requests"] / count,
+        all_requests_per_job=res["all_requests"] / count,
+        floor_requests_per_job=floor_requests / count,
+        idle_seconds=idle,
+        idle_operator_requests_per_min=res["idle_requests_per_min"],
+        operator_cpu_s=res["cpu_s"],
+        operator_cpu_s_per_job=res["cpu_s"] / count,
+        idle_operator_cpu_s_per_min=res["idle_cpu_per_min"],
+        operator_peak_rss_mib=res["rss"] / 2**20,
+        machine_busy_fraction=res["busy"],
+        load_avg_start=res["load0"],
+        load_avg_end=res["load1"],
+        reconcile_total=res["reconciles"],
+    )
+
+
+ROWS: list[tuple[str, str, str]] = [
+    ("jobs (schedulable)", "jobs", "{r.jobs} ({r.schedulable_jobs})"),
+    ("child objects created", "child_objects", "{r.child_objects}"),
+    ("(a) floor: kubectl create", "floor_create_s", "{r.floor_create_s:.1f} s"),
+    ("(a) floor: create -> all Running", "floor_running_s", "{r.floor_running_s:.1f} s"),
+    ("(b) operator: apply -> all Running", "operator_running_s", "{r.operator_running_s:.1f} s"),
+    ("    of which kubectl apply", "apply_s", "{r.apply_s:.1f} s"),
+    ("b/a (a = create -> Running)", "ratio", "{r.ratio:.2f}"),
+    ("b/a (a = kubectl create only)", "ratio_to_create", "{r.ratio_to_create:.2f}"),
+    ("time to Running p50", "p50_s", "{r.p50_s:.1f} s"),
+    ("time to Running p95", "p95_s", "{r.p95_s:.1f} s"),
+    ("time to Running max", "max_s", "{r.max_s:.1f} s"),
+    ("operator API requests / job", "operator_requests_per_job", "{r.operator_requests_per_job:.1f}"),
+    ("all clients' requests / job", "all_requests_per_job", "{r.all_requests_per_job:.1f}"),
+    ("  (floor: all clients / job)", "floor_requests_per_job", "{r.floor_requests_per_job:.1f}"),
+    (
+        "operator idle requests / min",
+        "idle_operator_requests_per_min",
+        "{r.idle_operator_requests_per_min:.1f}",
+    ),
+    ("operator CPU s (ramp)", "operator_cpu_s", "{r.operator_cpu_s:.1f}"),
+    ("operator CPU s / job", "operator_cpu_s_per_job", "{r.operator_cpu_s_per_job:.3f}"),
+    ("operator idle CPU s / min", "idle_operator_cpu_s_per_min", "{r.idle_operator_cpu_s_per_min:.2f}"),
+    ("operator peak RSS", "operator_peak_rss_mib", "{r.operator_peak_rss_mib:.0f} MiB"),
+    ("reconciles (whole run)", "reconcile_total", "{r.reconcile_total:.0f}"),
+    ("machine CPU busy during (b)", "machine_busy_fraction", "{r.machine_busy_fraction:.0%}"),
+    ("load average start/end of (b)", "load_avg_start", "{r.load_avg_start:.1f}/{r.load_avg_end:.1f}"),
+]
+
+
+def report(results: list[SizeResult]) -> str:
+    lines = []
+    width = max(len(label) for label, _, _ in ROWS)
+    header = f"{'':{width}}  " + "  ".join(f"{r.jobs:>12} jobs" for r in results)
+    if len(results) > 1:
+        header += f"  {'growth ' + str(results[0].jobs) + '->' + str(results[-1].jobs):>18}"
+    lines.append(header)
+    for label, attr, fmt in ROWS:
+        cells = "  ".join(f"{fmt.format(r=r):>17}" for r in results)
+        line = f"{label:{width}}  {cells}"
+        if len(results) > 1 and attr not in ("jobs", "machine_busy_fraction", "load_avg_start"):
+            first, last = getattr(results[0], attr), getattr(results[-1], attr)
+            if first:
+                line += f"  {last / first:>17.2f}x"
+        lines.append(line)
+    return "\n".join(lines)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--jobs", type=int, action="append", help="job counts (repeat; default 30, 100, 300)")
+    parser.add_argument("--cluster", default="grpo-scale", help="local cluster name (default grpo-scale)")
+    parser.add_argument("--gpu-nodes", type=int, default=100)
+    parser.add_argument("--cpu-nodes", type=int, default=4)
+    parser.add_argument("--idle", type=float, default=60.0, help="seconds of idle measurement (default 60)")
+    parser.add_argument("--timeout", type=float, default=1800.0, help="per phase (default 1800 s)")
+    parser.add_argument("--json", type=Path, help="also write the figures to this file")
+    parser.add_argument("--workdir", type=Path, default=Path(tempfile.gettempdir()) / "grpo-bench")
+    parser.add_argument(
+        "--operator-arg", action="append", default=[], help="extra `grpo-operator run` argument (repeat)"
+    )
+    parser.add_argument(
+        "--operator-source",
+        type=Path,
+        help="run the operator from this source tree (e.g. `git worktree add /tmp/before <commit>`) "
+        "instead of the installed one, for before/after figures",
+    )
+    parser.add_argument(
+        "--skip-floor", action="store_true", help="measure only (b) (the floor does not change)"
+    )
+    args = parser.parse_args()
+    sizes = args.jobs or [30, 100, 300]
+    args.workdir.mkdir(parents=True, exist_ok=True)
+    log(f"cluster {args.cluster}: {args.gpu_nodes} GPU nodes x 8, {args.cpu_nodes} CPU nodes")
+    cluster = BenchCluster.up(args.cluster, args.gpu_nodes, args.cpu_nodes)
+    op_kubeconfig = operator_identity(cluster)
+    cluster.kubectl("apply", "-f", str(Path(__file__).resolve().parents[1] / "crds"))
+    if gpu_pods(cluster):
+        raise SystemExit(f"cluster {args.cluster} still runs GRPO pods from another run: remove them first")
+    results = []
+    for count in sizes:
+        results.append(
+            run_size(
+                cluster,
+                op_kubeconfig,
+                count,
+                args.idle,
+                args.timeout,
+                args.workdir,
+                args.operator_arg,
+                args.operator_source,
+                args.skip_floor,
+            )
+        )
+        print(report(results), flush=True)
+    machine = {
+        "cpus": os.cpu_count(),
+        "uname": " ".join(os.uname()),
+        "cluster": args.cluster,
+        "gpu_nodes": args.gpu_nodes,
+        "cpu_nodes": args.cpu_nodes,
+    }
+    print(f"\nmachine: {machine}")
+    if args.json:
+        args.json.write_text(
+            json.dumps({"machine": machine, "results": [asdict(r) for r in results]}, indent=2)
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
