@@ -7,7 +7,7 @@ hack/helm/ensure-prometheus.sh). A missing one fails the test with the command t
 
 from __future__ import annotations
 
-import os
+import re
 import shutil
 import subprocess
 from collections.abc import Iterable, Mapping, Sequence
@@ -155,5 +155,17 @@ def env_of(deployment: Doc) -> dict[str, str]:
     return {e["name"]: e["value"] for e in container.get("env", []) if "value" in e}
 
 
-def go_env() -> dict[str, str]:
-    return {**os.environ, "GOFLAGS": "-mod=mod", "GOWORK": "off"}
+# Words of PromQL (functions, keywords, label names, duration units) the dashboard uses; any other
+# identifier in a query is a metric name.
+PROMQL_WORDS = {
+    "sum", "max", "min", "avg", "count", "by", "without", "on", "ignoring", "and", "or", "unless",
+    "rate", "increase", "time", "histogram_quantile", "le", "namespace", "grpojob", "result", "phase",
+    "reason", "counted", "verb", "kind", "code", "type", "h", "m", "s",
+}  # fmt: skip
+
+
+def metric_names(expr: str) -> set[str]:
+    without_strings = re.sub(r'"[^"]*"', '""', expr)
+    without_vars = re.sub(r"\$\w+", "", without_strings)
+    tokens = set(re.findall(r"[A-Za-z_:][A-Za-z0-9_:]*", without_vars))
+    return tokens - PROMQL_WORDS

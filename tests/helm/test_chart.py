@@ -338,19 +338,19 @@ NAMESPACED_RULES = {
     ("grpo.dev", "grpojobs/status"): {"get", "patch"},
     ("grpo.dev", "grpojobs/finalizers"): {"update"},
     ("", "pods"): {"list", "watch", "create", "patch", "delete"},
-    ("", "configmaps"): {"list", "create", "patch", "delete"},
-    ("", "services"): {"list", "create", "patch", "delete"},
-    ("", "persistentvolumeclaims"): {"list", "create", "patch", "delete"},
-    ("", "serviceaccounts"): {"list", "create", "patch", "delete"},
-    ("apps", "deployments"): {"list", "create", "patch", "delete"},
-    ("rbac.authorization.k8s.io", "roles"): {"list", "create", "patch", "delete"},
-    ("rbac.authorization.k8s.io", "rolebindings"): {"list", "create", "patch", "delete"},
-    ("networking.k8s.io", "networkpolicies"): {"list", "create", "patch", "delete"},
+    ("", "configmaps"): {"list", "watch", "create", "patch", "delete"},
+    ("", "services"): {"list", "watch", "create", "patch", "delete"},
+    ("", "persistentvolumeclaims"): {"list", "watch", "create", "patch", "delete"},
+    ("", "serviceaccounts"): {"list", "watch", "create", "patch", "delete"},
+    ("apps", "deployments"): {"list", "watch", "create", "patch", "delete"},
+    ("rbac.authorization.k8s.io", "roles"): {"list", "watch", "create", "patch", "delete"},
+    ("rbac.authorization.k8s.io", "rolebindings"): {"list", "watch", "create", "patch", "delete"},
+    ("networking.k8s.io", "networkpolicies"): {"list", "watch", "create", "patch", "delete"},
     ("", "events"): {"create"},
 }
 CLUSTER_RULES = {
     ("apiextensions.k8s.io", "customresourcedefinitions"): {"list", "watch"},
-    ("", "nodes"): {"list"},
+    ("", "nodes"): {"list", "watch"},
 }
 
 
@@ -519,6 +519,8 @@ def test_service_monitor_selects_the_metrics_service(monitoring: list[Doc]) -> N
     assert monitor["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
     assert monitor["spec"]["namespaceSelector"] == {"matchNames": [NAMESPACE]}
     assert monitor["spec"]["endpoints"][0]["port"] in {p["name"] for p in service["spec"]["ports"]}
+    # The operator's per-job series carry the job's namespace, which must not be overwritten by the target's.
+    assert monitor["spec"]["endpoints"][0]["honorLabels"] is True
     assert monitor["metadata"]["labels"]["release"] == "kps"
 
 

@@ -9,7 +9,6 @@ query against a real Prometheus that scraped the operator and a CPU training run
 from __future__ import annotations
 
 import json
-import re
 from typing import Any
 
 import pytest
@@ -18,7 +17,7 @@ from grpo_trainer.prom import TrainerMetrics
 from prometheus_client import CollectorRegistry
 
 from hack.helm import dashboard
-from tests.helm.chart import CHART
+from tests.helm.chart import CHART, metric_names
 
 # vLLM's Prometheus names (vllm/v1/metrics/loggers.py, docs/design/metrics.md); counters are exposed
 # with _total by prometheus_client. Only these may appear in vLLM panels.
@@ -30,11 +29,6 @@ VLLM_METRICS = {
     "vllm:generation_tokens_total",
     "vllm:num_preemptions_total",
 }
-PROMQL_WORDS = {
-    "sum", "max", "min", "avg", "count", "by", "without", "on", "ignoring", "and", "or", "unless",
-    "rate", "increase", "time", "histogram_quantile", "le", "namespace", "grpojob", "result", "phase",
-    "reason", "counted", "verb", "kind", "code", "type", "h", "m", "s",
-}  # fmt: skip
 
 
 def exposed_names(registry: CollectorRegistry) -> set[str]:
@@ -55,13 +49,6 @@ def trainer_names() -> set[str]:
 
 def operator_names() -> set[str]:
     return exposed_names(OperatorMetrics(lambda: {}).registry)
-
-
-def metric_names(expr: str) -> set[str]:
-    without_strings = re.sub(r'"[^"]*"', '""', expr)
-    without_vars = re.sub(r"\$\w+", "", without_strings)
-    tokens = set(re.findall(r"[A-Za-z_:][A-Za-z0-9_:]*", without_vars))
-    return tokens - PROMQL_WORDS
 
 
 def queries(model: dict[str, Any]) -> list[tuple[str, str]]:

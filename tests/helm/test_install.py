@@ -129,7 +129,10 @@ def test_install_run_a_job_as_the_chart_serviceaccount_and_uninstall(
             errors = re.findall(r"^grpo_operator_api_errors_total\{([^}]*)\} ([0-9.e+]+)$", metrics, re.M)
             assert not [e for e in errors if 'code="403"' in e[0] and float(e[1]) > 0], errors
             log = operator.log_text()
-            assert "Forbidden" not in log and "403" not in log, log[-4000:]
+            # The operator degrades gracefully when a permission is missing (e.g. lists per reconcile
+            # without watch) and says so; the chart must grant everything it would ask for.
+            for sign in ("Forbidden", "403", "no permission", "Not enough permissions"):
+                assert sign not in log, f"{sign!r} in the operator log:\n{log[-4000:]}"
 
         # Tenants: the built-in roles now include GRPO through aggregation.
         kube.kubectl(
