@@ -6,7 +6,8 @@ kubeconform normally downloads schemas from GitHub; here nothing is downloaded f
   ``k8s.io/kubernetes`` module (the version in hack/versions.env, already in the Go module cache after
   ``hack/testbins.sh k8s``; otherwise ``go mod download`` fetches it through the module proxy);
 * custom resources come from CRD files: the chart's own (crds/) and the Prometheus Operator's
-  (``example/prometheus-operator-crd/`` in its Go module, version PROMETHEUS_OPERATOR_VERSION).
+  (``example/prometheus-operator-crd/`` in its Go module, version PROMETHEUS_OPERATOR_VERSION from the
+  environment or hack/versions.env, default PROMETHEUS_OPERATOR_DEFAULT).
 
 The conversion follows kubeconform's scripts/openapi2jsonschema.py: ``$ref``s inlined (standalone),
 ``additionalProperties: false`` wherever properties are listed (strict: a misspelled field fails), int-or-
@@ -32,7 +33,6 @@ from typing import Any
 import yaml
 
 REPO = Path(__file__).resolve().parents[2]
-PROMETHEUS_OPERATOR_VERSION = os.environ.get("PROMETHEUS_OPERATOR_VERSION", "v0.85.0")
 LOCATION_TEMPLATE = "{{ .Group }}/{{ .ResourceKind }}_{{ .ResourceAPIVersion }}.json"
 
 Schema = dict[str, Any]
@@ -50,12 +50,26 @@ class SchemaError(RuntimeError):
     """A schema source is missing or unusable."""
 
 
-def k8s_version() -> str:
+def pinned_version(name: str, default: str | None = None) -> str:
+    """A version from the environment, else hack/versions.env (lines like K8S_VERSION="${K8S_VERSION:-v1.36.3}")."""
+    if os.environ.get(name):
+        return os.environ[name]
     for line in (REPO / "hack" / "versions.env").read_text().splitlines():
-        if line.startswith("K8S_VERSION="):
+        if line.startswith(f"{name}="):
             value = line.split("=", 1)[1].strip('"')
-            return os.environ.get("K8S_VERSION", value.split(":-", 1)[-1].rstrip("}"))
-    raise SchemaError("K8S_VERSION not found in hack/versions.env")
+            return value.split(":-", 1)[-1].rstrip("}")
+    if default is None:
+        raise SchemaError(f"{name} not found in hack/versions.env")
+    return default
+
+
+def k8s_version() -> str:
+    return pinned_version("K8S_VERSION")
+
+
+# The Prometheus Operator release whose CRDs (ServiceMonitor, PodMonitor, PrometheusRule) the chart is
+# validated against; served by the Go module proxy.
+PROMETHEUS_OPERATOR_DEFAULT = "v0.85.0"
 
 
 def go_module_dir(module: str, version: str) -> Path:
@@ -89,7 +103,8 @@ def kubernetes_swagger(version: str | None = None) -> Path:
     return path
 
 
-def prometheus_operator_crds(version: str = PROMETHEUS_OPERATOR_VERSION) -> list[Path]:
+def prometheus_operator_crds(version: str | None = None) -> list[Path]:
+    version = version or pinned_version("PROMETHEUS_OPERATOR_VERSION", PROMETHEUS_OPERATOR_DEFAULT)
     directory = go_module_dir("github.com/prometheus-operator/prometheus-operator", version)
     files = sorted((directory / "example" / "prometheus-operator-crd").glob("monitoring.coreos.com_*.yaml"))
     if not files:

@@ -64,7 +64,7 @@ def test_install_run_a_job_as_the_chart_serviceaccount_and_uninstall(
     )
     apply_monitoring_crds(kube)
 
-    helm_install(
+    installed_release = helm_install(
         kube,
         release,
         namespace,
@@ -79,6 +79,9 @@ def test_install_run_a_job_as_the_chart_serviceaccount_and_uninstall(
         },
     )
     try:
+        notes = installed_release.stdout
+        assert f"Watching: {job_namespace}." in notes and f"--clusterrole={fullname}-edit" in notes, notes
+        assert f"PodMonitor {fullname}-trainer" in notes and "helm show crds" in notes, notes
         # --wait returned: the Deployment's pod was admitted under "restricted" and is Ready.
         pods = kube.kubectl(
             "get", "pods", "-n", namespace, "-l", f"app.kubernetes.io/instance={release}", "-o", "name"
