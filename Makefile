@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell sha256sum pyproject.toml | cut -c1-12)
 EXTRAS ?= dev,trainer
 
-.PHONY: venv testbins cluster-up cluster-down generate lint test test-unit demo clean
+.PHONY: venv prometheus testbins cluster-up cluster-down generate lint test test-unit demo clean
 
 venv: $(STAMP)
 $(STAMP): pyproject.toml
@@ -32,14 +32,19 @@ generate: venv
 lint: venv
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/mypy operator trainer_image tests hack bench
+	$(BIN)/mypy operator trainer_image tests hack bench examples
 	$(BIN)/python hack/check_layers.py
 
-test: venv testbins lint
+# promtool and a Prometheus server for the alert-rule and dashboard tests (Debian package; service not started).
+prometheus:
+	bash hack/helm/ensure-prometheus.sh
+
+test: venv testbins prometheus lint
 	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/pytest -ra $(PYTEST_ARGS)
 
+# Pure tests only (no cluster, no torch, no helm): seconds.
 test-unit: venv
-	$(BIN)/pytest -ra -m "not cluster and not trainer" $(PYTEST_ARGS)
+	$(BIN)/pytest -ra -m "not cluster and not trainer" tests/unit $(PYTEST_ARGS)
 
 demo: venv testbins
 	PATH=$(CURDIR)/$(BIN):$$PATH bash hack/demo.sh

@@ -159,7 +159,7 @@ build_kubeconform() {
 }
 
 components=("$@")
-[ ${#components[@]} -eq 0 ] && components=(etcd kwok k8s helm)
+[ ${#components[@]} -eq 0 ] && components=(etcd kwok k8s helm kubeconform)
 T0=$SECONDS
 for c in "${components[@]}"; do
   case "$c" in

@@ -35,7 +35,7 @@ import urllib.parse
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import yaml
 
@@ -86,6 +86,13 @@ class Proc:
     uid: str
     popen: subprocess.Popen[bytes]
     log: Path
+    handle: BinaryIO
+
+    def finished(self) -> bool:
+        if self.popen.poll() is None:
+            return False
+        self.handle.close()
+        return True
 
 
 @dataclass
@@ -179,8 +186,9 @@ class LocalJobRunner:
         self.metric_port = free_port()
         env = {**os.environ, **container_env(pod), "GRPO_METRIC_PORT": str(self.metric_port)}
         log = self.workdir / "metric.log"
-        popen = subprocess.Popen(command, env=env, stdout=log.open("ab"), stderr=subprocess.STDOUT, cwd=REPO)
-        self.metric = Proc(pod["metadata"]["name"], pod["metadata"]["uid"], popen, log)
+        handle = log.open("ab")
+        popen = subprocess.Popen(command, env=env, stdout=handle, stderr=subprocess.STDOUT, cwd=REPO)
+        self.metric = Proc(pod["metadata"]["name"], pod["metadata"]["uid"], popen, log, handle)
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             try:
@@ -221,14 +229,15 @@ class LocalJobRunner:
         env.pop("KUBERNETES_SERVICE_HOST", None)
         name = pod["metadata"]["name"]
         log = self.workdir / f"{name}.log"
+        handle = log.open("ab")
         popen = subprocess.Popen(
             [self.python, "-m", "grpo_trainer"],
             env={**os.environ, **env},
-            stdout=log.open("ab"),
+            stdout=handle,
             stderr=subprocess.STDOUT,
             cwd=REPO,
         )
-        self.trainers[name] = Proc(name, pod["metadata"]["uid"], popen, log)
+        self.trainers[name] = Proc(name, pod["metadata"]["uid"], popen, log, handle)
         print(
             f"[local-runner] started trainer for pod {name} (RESUME_FROM={env.get('RESUME_FROM') or '-'}); log {log}"
         )
@@ -275,7 +284,7 @@ class LocalJobRunner:
         current = {p["metadata"]["name"]: p for p in self.pods("trainer")}
         for name, proc in list(self.trainers.items()):
             pod = current.get(name)
-            if proc.popen.poll() is not None:
+            if proc.finished():
                 self.report_exit(proc)
                 del self.trainers[name]
                 self.finished.add(name)
@@ -299,6 +308,7 @@ class LocalJobRunner:
             except subprocess.TimeoutExpired:
                 proc.popen.kill()
                 proc.popen.wait()
+        proc.handle.close()
 
     def close(self) -> None:
         for proc in self.trainers.values():
