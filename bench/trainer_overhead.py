@@ -38,6 +38,14 @@ def http_metric(example: dict[str, Any], completion: str) -> float:
     return reward_value(completion)
 
 
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
 def write_data(path: Path) -> None:
     with path.open("w", encoding="utf-8") as handle:
         for i in range(64):
@@ -121,7 +129,7 @@ def this_trainer(
         # The final step always checkpoints; no periodic checkpoint falls inside the measurement.
         "checkpoints": {"dir": str(work / "ckpt"), "everySteps": 1_000_000, "keepLast": 1},
         "outputDir": str(work / "out"),
-        "metricsPort": 0,
+        "metricsPort": free_port(),
     }
     path = work / "trainer.json"
     path.write_text(json.dumps(config), encoding="utf-8")

@@ -4,8 +4,10 @@ continue exactly where the checkpoint left them; SIGTERM checkpoints and exits 0
 from __future__ import annotations
 
 import json
+import re
 import signal
 import time
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +18,26 @@ from grpo_metric import MetricServer
 from tests.trainer.toy import read_jsonl, start_trainer, trainer_config
 
 pytestmark = pytest.mark.trainer
+
+CATALOG = [
+    "grpo_step",
+    "grpo_total_steps",
+    "grpo_reward_mean",
+    "grpo_reward_std",
+    "grpo_format_failures_total",
+    "grpo_metric_errors_total",
+    "grpo_zero_std_groups_total",
+    "grpo_groups_total",
+    "grpo_zero_std_group_ratio",
+    "grpo_rollouts_total",
+    "grpo_tokens_total",
+    "grpo_step_duration_seconds_count",
+    "grpo_completion_length_tokens",
+    "grpo_clip_ratio",
+    "grpo_loss",
+    "grpo_last_step_timestamp_seconds",
+    "grpo_metric_score_seconds_total",
+]
 
 
 def wait_for(predicate: Any, timeout: float, what: str) -> None:
@@ -87,6 +109,14 @@ def test_sigterm_saves_a_checkpoint_and_exits_0(
     config = trainer_config(tmp_path, tiny_model, toy_metric.url, steps=400, every_steps=1000)
     process = start_trainer(config, tmp_path / "trainer.log")
     wait_for(lambda: len(read_jsonl(tmp_path / "out" / "metrics.jsonl")) >= 3, 300, "three steps")
+    # While it runs, rank 0 serves the Prometheus catalog with the job's labels.
+    port = json.loads(config.read_text())["metricsPort"]
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
+        exposition = response.read().decode()
+    labels = '{grpojob="toy",namespace="default"}'
+    for name in CATALOG:
+        assert re.search(rf"^{name}{re.escape(labels)} ", exposition, re.MULTILINE), name
+    assert "grpo_step_duration_seconds_bucket{" in exposition
     process.send_signal(signal.SIGTERM)
     assert process.wait(timeout=120) == 0, (tmp_path / "trainer.log").read_text()[-3000:]
     saved = manifest(tmp_path)

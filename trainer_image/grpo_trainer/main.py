@@ -15,6 +15,7 @@ from grpo_operator.api.trainer_config import TrainerConfig
 from grpo_trainer.config import RuntimeEnv, grpo_config_kwargs, load_config, plan_batches
 from grpo_trainer.errors import ConfigError, ExitCode, fail
 from grpo_trainer.metric_client import ClientSettings, ErrorBudget, MetricClient, MetricServiceUnavailable
+from grpo_trainer.signals import StopFlag
 
 log = logging.getLogger("grpo_trainer")
 
@@ -34,8 +35,6 @@ def _is_local_dir(name: str) -> bool:
 def run(config: TrainerConfig, env: RuntimeEnv) -> int:
     """Train to the end (or to SIGTERM); return the exit code. Raises ConfigError and
     MetricServiceUnavailable for the caller to classify."""
-    from grpo_trainer.progress import StopFlag
-
     stop = StopFlag()
     signal.signal(signal.SIGTERM, stop.set)
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import logging
 import math
-import threading
 import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -20,6 +19,7 @@ from transformers import TrainerCallback
 from grpo_trainer.metric_client import ErrorBudget
 from grpo_trainer.prom import TrainerMetrics
 from grpo_trainer.reward import MetricReward
+from grpo_trainer.signals import StopFlag
 from grpo_trainer.status import StatusReporter
 from grpo_trainer.trainer import ProjectGRPOTrainer, StepStats
 
@@ -55,19 +55,6 @@ def truncate_jsonl(path: Path, after_step: int) -> None:
     tmp = path.with_suffix(path.suffix + ".tmp")
     tmp.write_text("".join(f"{line}\n" for line in kept), encoding="utf-8")
     tmp.replace(path)
-
-
-class StopFlag:
-    """Set by the SIGTERM handler; read at step boundaries (a handler must not do I/O itself)."""
-
-    def __init__(self) -> None:
-        self._event = threading.Event()
-
-    def set(self, *_: Any) -> None:
-        self._event.set()
-
-    def is_set(self) -> bool:
-        return self._event.is_set()
 
 
 @dataclass
