@@ -194,7 +194,10 @@ class ProgressCallback(TrainerCallback):  # type: ignore[misc]
         if self.validation and self.validation.last_step is not None:
             rewards["validationMean"] = self.validation.last_mean
             rewards["validationStep"] = self.validation.last_step
-        model = RewardsStatus.model_validate({k: v for k, v in rewards.items() if v is not None})
+        # Four decimals: `kubectl get grpo` prints the number as stored, and the full float is noise there
+        # (metrics.jsonl and Prometheus keep full precision).
+        rounded = {k: round(v, 4) if isinstance(v, float) else v for k, v in rewards.items() if v is not None}
+        model = RewardsStatus.model_validate(rounded)
         return {
             "progress": progress.model_dump(by_alias=True, exclude_none=True, mode="json"),
             "rewards": model.model_dump(by_alias=True, exclude_none=True, mode="json"),
