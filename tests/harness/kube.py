@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import json
 import os
 import shutil
 import subprocess
@@ -155,6 +156,41 @@ class Cluster:
                 return None
             raise AssertionError(f"kubectl get {kind} {name} failed: {proc.stderr}")
         return yaml.safe_load(proc.stdout)  # type: ignore[no-any-return]
+
+    def terminate_pod(
+        self, namespace: str, name: str, exit_code: int, message: str = "", reason: str | None = None
+    ) -> None:
+        """Reports a pod's container as exited, as a kubelet would (restartPolicy Never): Succeeded for
+        exit 0, otherwise Failed with the exit code, reason and termination message."""
+        pod = self.get("pod", name, namespace)
+        assert pod is not None, f"pod {namespace}/{name} is gone"
+        container = pod["spec"]["containers"][0]
+        now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        terminated: dict[str, Any] = {
+            "exitCode": exit_code,
+            "reason": reason or ("Completed" if exit_code == 0 else "Error"),
+            "startedAt": now,
+            "finishedAt": now,
+        }
+        if message:
+            terminated["message"] = message
+        status = {
+            "phase": "Succeeded" if exit_code == 0 else "Failed",
+            "containerStatuses": [
+                {
+                    "name": container["name"],
+                    "image": container["image"],
+                    "imageID": "",
+                    "ready": False,
+                    "restartCount": 0,
+                    "state": {"terminated": terminated},
+                }
+            ],
+        }
+        self.kubectl(
+            "patch", "pod", name, "-n", namespace, "--subresource=status", "--type=merge",
+            "-p", json.dumps({"status": status}),
+        )  # fmt: skip
 
     def api_client(self) -> client.ApiClient:
         if self._api is None:

@@ -246,38 +246,13 @@ class LocalJobRunner:
         code = proc.popen.returncode
         tail = proc.log.read_text(errors="replace").strip().splitlines()[-1:] if proc.log.exists() else []
         message = tail[0][-1000:] if tail and code else ""
-        phase = "Succeeded" if code == 0 else "Failed"
-        terminated = {
-            "exitCode": code,
-            "reason": "Completed" if code == 0 else "Error",
-            "message": message,
-            "startedAt": None,
-            "finishedAt": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        }
         pod = self.kube.get("pod", proc.pod, self.namespace)
         if not pod or pod["metadata"]["uid"] != proc.uid:
             return
-        container = pod["spec"]["containers"][0]
-        status = {
-            "status": {
-                "phase": phase,
-                "containerStatuses": [
-                    {
-                        "name": container["name"],
-                        "image": container["image"],
-                        "imageID": "",
-                        "ready": False,
-                        "restartCount": 0,
-                        "state": {"terminated": {k: v for k, v in terminated.items() if v is not None}},
-                    }
-                ],
-            }
-        }
-        self.kube.kubectl(
-            "patch", "pod", proc.pod, "-n", self.namespace, "--subresource=status", "--type=merge",
-            "-p", json.dumps(status),
-        )  # fmt: skip
-        print(f"[local-runner] trainer pod {proc.pod} exited {code} -> pod {phase}")
+        self.kube.terminate_pod(self.namespace, proc.pod, code, message)
+        print(
+            f"[local-runner] trainer pod {proc.pod} exited {code} -> pod {'Succeeded' if code == 0 else 'Failed'}"
+        )
 
     def step(self) -> None:
         self.ensure_metric()

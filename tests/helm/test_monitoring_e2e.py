@@ -221,35 +221,9 @@ def kill_like_a_kubelet(kube: Cluster, runner: LocalJobRunner, pod_name: str) ->
     proc = runner.trainers.pop(pod_name)
     proc.popen.send_signal(signal.SIGKILL)
     proc.popen.wait(timeout=30)
+    proc.handle.close()
     runner.finished.add(pod_name)
-    pod = kube.get("pod", pod_name, runner.namespace)
-    assert pod is not None
-    container = pod["spec"]["containers"][0]
-    status = {
-        "status": {
-            "phase": "Failed",
-            "containerStatuses": [
-                {
-                    "name": container["name"],
-                    "image": container["image"],
-                    "imageID": "",
-                    "ready": False,
-                    "restartCount": 0,
-                    "state": {
-                        "terminated": {
-                            "exitCode": 137,
-                            "reason": "OOMKilled",
-                            "finishedAt": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                        }
-                    },
-                }
-            ],
-        }
-    }
-    kube.kubectl(
-        "patch", "pod", pod_name, "-n", runner.namespace, "--subresource=status", "--type=merge",
-        "-p", json.dumps(status),
-    )  # fmt: skip
+    kube.terminate_pod(runner.namespace, pod_name, 137, reason="OOMKilled")
 
 
 def substitute(expr: str, namespace: str, job: str) -> str:

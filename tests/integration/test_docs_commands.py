@@ -16,7 +16,7 @@ import yaml
 
 from tests.harness.docs import REPO, Block, doc_files, shell_blocks
 from tests.harness.kube import Cluster, helm_binary, kubectl_binary, wait_for
-from tests.integration.test_operator import Operator
+from tests.harness.operator_process import Operator
 
 pytestmark = pytest.mark.slow
 

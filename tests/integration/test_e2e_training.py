@@ -15,7 +15,7 @@ import yaml
 
 from tests.harness.kube import REPO, Cluster, wait_for
 from tests.harness.local_runner import LocalJobRunner
-from tests.integration.test_operator import Operator
+from tests.harness.operator_process import Operator
 
 pytestmark = [pytest.mark.trainer, pytest.mark.slow]
 

@@ -11,13 +11,9 @@ import functools
 import json
 import os
 import re
-import signal
 import subprocess
-import sys
-import time
 import urllib.request
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -26,77 +22,11 @@ import yaml
 from grpo_operator.handlers.kube import Kube
 
 from tests.harness.kube import Cluster, wait_for
+from tests.harness.operator_process import Operator
 
 pytestmark = pytest.mark.slow
 
 CKPT = "/workspace/checkpoints/step-5"
-
-
-def operator_binary() -> str:
-    candidate = Path(sys.executable).with_name("grpo-operator")
-    if not candidate.exists():
-        raise RuntimeError(f"{candidate} is missing: install the project with `pip install -e .`")
-    return str(candidate)
-
-
-@dataclass
-class Operator:
-    """One `grpo-operator run -n <namespace>` process; its log goes to a file the tests can read."""
-
-    kube: Cluster
-    namespace: str
-    log_path: Path
-    proc: subprocess.Popen[bytes] | None = None
-    starts: int = 0
-    extra_args: list[str] = field(default_factory=list)
-
-    def start(self) -> None:
-        self.starts += 1
-        log = self.log_path.open("ab")
-        log.write(f"\n===== start {self.starts} =====\n".encode())
-        log.flush()
-        self.proc = subprocess.Popen(
-            [
-                operator_binary(),
-                "run",
-                "--namespace",
-                self.namespace,
-                "--http-port",
-                "0",
-                "--resync-seconds",
-                "2",
-                *self.extra_args,
-            ],
-            env=self.kube.env(),
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
-        log.close()
-        wait_for("the operator to start", lambda: "grpo-operator started" in self.log_tail(), timeout=60)
-
-    def log_tail(self) -> str:
-        text = self.log_path.read_text(errors="replace")
-        return text.split(f"===== start {self.starts} =====")[-1]
-
-    @property
-    def http_port(self) -> int:
-        match = re.search(r"/readyz on http://[^:]+:(\d+)", self.log_tail())
-        assert match, f"no HTTP port in the operator log:\n{self.log_tail()}"
-        return int(match.group(1))
-
-    def kill9(self) -> None:
-        assert self.proc is not None
-        self.proc.send_signal(signal.SIGKILL)
-        self.proc.wait(timeout=30)
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=10)
 
 
 @pytest.fixture
@@ -204,32 +134,7 @@ def patch_pod_status(kube: Cluster, namespace: str, name: str, patch: dict[str, 
 
 def terminate_pod(kube: Cluster, namespace: str, name: str, exit_code: int, message: str = "") -> None:
     """What the kubelet reports when the container exits (restartPolicy Never)."""
-    now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-    pod = kube.get("pod", name, namespace)
-    assert pod is not None
-    container = pod["spec"]["containers"][0]
-    terminated = {"exitCode": exit_code, "reason": "Error" if exit_code else "Completed", "message": message}
-    terminated.update({"startedAt": now, "finishedAt": now})
-    patch_pod_status(
-        kube,
-        namespace,
-        name,
-        {
-            "status": {
-                "phase": "Succeeded" if exit_code == 0 else "Failed",
-                "containerStatuses": [
-                    {
-                        "name": container["name"],
-                        "image": container["image"],
-                        "imageID": "",
-                        "ready": False,
-                        "restartCount": 0,
-                        "state": {"terminated": terminated},
-                    }
-                ],
-            }
-        },
-    )
+    kube.terminate_pod(namespace, name, exit_code, message)
 
 
 def report_checkpoint(kube: Cluster, namespace: str, name: str, step: int, path: str) -> None:
