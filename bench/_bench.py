@@ -21,6 +21,7 @@ import signal
 import statistics
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -114,7 +115,20 @@ class BenchCluster:
         kubectl = _testbins() / f"k8s-{_version('K8S_VERSION')}" / "kubectl"
         cluster = cls(name, Path(match.group(1)), str(kubectl), home)
         cluster.check_nodes(gpu_nodes)
+        cluster.widen_service_range()
         return cluster
+
+    def widen_service_range(self) -> None:
+        """The local API server allocates ClusterIPs from 10.0.0.0/24 (254 addresses); 300 jobs need 600
+        (vLLM and metric Services; the trainer Service is headless). A second ServiceCIDR, as an admin
+        of a real cluster would add, makes room without restarting anything."""
+        cidr = {
+            "apiVersion": "networking.k8s.io/v1",
+            "kind": "ServiceCIDR",
+            "metadata": {"name": "grpo-bench"},
+            "spec": {"cidrs": ["10.96.0.0/16"]},
+        }
+        self.kubectl("apply", "-f", "-", input=json.dumps(cidr))
 
     def check_nodes(self, gpu_nodes: int) -> None:
         nodes = self.get_list("nodes")
@@ -162,6 +176,34 @@ class BenchCluster:
 
     def metrics(self) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
         return parse_prometheus(self.kubectl("get", "--raw", "/metrics", timeout=60).stdout)
+
+    def kwokctl(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        """kwokctl for this cluster (``start cluster`` starts exactly the components that are not running,
+        as a kubelet restarts static control-plane pods)."""
+        kwok = _testbins() / f"kwok-{_version('KWOK_VERSION')}" / "kwokctl"
+        env = {
+            **os.environ,
+            "KWOK_WORKDIR": str(self.home),
+            "PATH": f"{Path(self.kubectl_bin).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+        }
+        out = subprocess.run(
+            [str(kwok), "--name", self.name, *args], env=env, capture_output=True, text=True, check=False
+        )
+        if check and out.returncode != 0:
+            raise RuntimeError(f"kwokctl {' '.join(args)} failed: {out.stderr.strip()[-2000:]}")
+        return out
+
+    def component_pids(self) -> dict[str, int | None]:
+        """Control-plane components and their pids (None: not running)."""
+        out: dict[str, int | None] = {}
+        for pid_file in sorted((self.state / "pids").glob("*.pid")):
+            pid = int(pid_file.read_text().strip() or 0)
+            try:
+                os.kill(pid, 0)
+                out[pid_file.stem] = pid
+            except OSError:
+                out[pid_file.stem] = None
+        return out
 
     def apiserver_pid(self) -> int:
         return int((self.state / "pids" / "kube-apiserver.pid").read_text().strip())
@@ -592,6 +634,14 @@ def children_of(manifest: Obj) -> list[Obj]:
 
 
 # --- cleaning up ------------------------------------------------------------------------------------------------
+
+
+def write_list(items: list[Obj]) -> str:
+    """A temporary file with the objects as one JSON v1 List, for kubectl -f. JSON, not YAML: PyYAML
+    writes a string like 8e5 unquoted, and kubectl's YAML 1.2 parser reads it back as a number."""
+    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as handle:
+        json.dump({"apiVersion": "v1", "kind": "List", "items": items}, handle)
+        return handle.name
 
 
 def create_namespaces(cluster: BenchCluster, namespaces: Iterable[str]) -> None:

@@ -33,7 +33,6 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
 from _bench import (
     BenchCluster,
     Obj,
@@ -54,6 +53,7 @@ from _bench import (
     pod_informer,
     schedulable,
     wait_for,
+    write_list,
 )
 
 NAMESPACES_PER_RUN = 5
@@ -122,9 +122,7 @@ def floor(
     informer = pod_informer(api, on_pod)
     informer.start()
     informer.synced.wait(60)
-    with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as handle:
-        yaml.safe_dump_all(children, handle)
-        path = handle.name
+    path = write_list(children)
     before = RequestCounts.read(cluster)
     log(f"[{tag}] floor: kubectl create of {len(children)} objects ({len(expected)} gang pods to run)")
     t0 = time.monotonic()
@@ -190,9 +188,7 @@ def operator_run(
     informer.start()
     informer.synced.wait(60)
     time.sleep(2)  # let the operator's initial lists and watches finish before counting
-    with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as handle:
-        yaml.safe_dump_all(manifests, handle)
-        path = handle.name
+    path = write_list(manifests)
     before = RequestCounts.read(cluster)
     cpu0, _ = op.sample()
     busy0, total0 = machine_cpu()
