@@ -70,7 +70,9 @@ done
 say "What the operator created"
 kubectl get pods,svc,pvc,configmap,deploy -n "$NS" -l grpo.dev/job="$JOB" -o wide
 say "Events"
-kubectl get events -n "$NS" --field-selector involvedObject.kind=GRPOJob --sort-by=.lastTimestamp | tail -n 10
+# Only this incarnation's events: a rerun's job has the same name but a new UID.
+UID_="$(kubectl get grpo "$JOB" -n "$NS" -o jsonpath='{.metadata.uid}')"
+kubectl get events -n "$NS" --field-selector "involvedObject.uid=$UID_" --sort-by=.lastTimestamp | tail -n 10
 
 if [ "${DEMO_TRAIN:-1}" = "0" ]; then
   echo; echo "DEMO_TRAIN=0: stopping at Running. The cluster stays up: export KUBECONFIG=$KUBECONFIG"
