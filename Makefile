@@ -3,17 +3,26 @@ SHELL := /bin/bash
 PY ?= python3.11
 VENV := .venv
 BIN := $(VENV)/bin
-# The stamp changes when pyproject.toml changes, so dependency edits reinstall automatically.
-STAMP := $(VENV)/.installed-$(shell sha256sum pyproject.toml | cut -c1-12)
 EXTRAS ?= dev,trainer
+# Keyed by pyproject.toml and the extras: a dependency edit makes a new venv stamp and a new wheelhouse.
+DEPS_KEY := $(shell (cat pyproject.toml; echo "$(EXTRAS)") | sha256sum | cut -c1-12)
+STAMP := $(VENV)/.installed-$(DEPS_KEY)
+# The package index here answers without cache headers, so pip's own cache stays empty and a fresh
+# clone would download torch and the CUDA wheels (several GB) again. Keep the wheels ourselves, outside
+# the repository; installs then run offline from them.
+WHEELHOUSE ?= $(HOME)/.cache/grpo-wheels/$(DEPS_KEY)
 
 .PHONY: venv prometheus testbins cluster-up cluster-down generate lint test test-unit demo clean
 
 venv: $(STAMP)
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PY) -m venv $(VENV)
-	@echo "[venv] installing grpo-operator[$(EXTRAS)] (first time downloads torch; cached by pip afterwards)"
-	$(BIN)/pip install --disable-pip-version-check -q -e '.[$(EXTRAS)]'
+	@if [ ! -f $(WHEELHOUSE)/.complete ]; then \
+	  echo "[venv] downloading the wheels of grpo-operator[$(EXTRAS)] into $(WHEELHOUSE) (once; torch and CUDA wheels: several GB, ~10 min)"; \
+	  $(BIN)/pip download -q -d $(WHEELHOUSE) '.[$(EXTRAS)]' setuptools==80.9.0 && touch $(WHEELHOUSE)/.complete; \
+	fi
+	@echo "[venv] installing grpo-operator[$(EXTRAS)] from $(WHEELHOUSE)"
+	$(BIN)/pip install -q --no-index --find-links $(WHEELHOUSE) -e '.[$(EXTRAS)]'
 	@rm -f $(VENV)/.installed-*; touch $@
 
 # Control-plane binaries built from Go modules, cached in ~/.cache/grpo-testbins (see docs/development.md).
