@@ -44,7 +44,7 @@ def _parser() -> argparse.ArgumentParser:
         "--http-host", help="address of the /metrics, /healthz, /readyz server (default 0.0.0.0)"
     )
     run.add_argument("--http-port", type=int, help="port of that server (default 8080; 0 picks a free port)")
-    run.add_argument("--workers", type=int, help="jobs reconciled in parallel (default 4)")
+    run.add_argument("--workers", type=int, help="jobs reconciled in parallel (default 16)")
     run.add_argument(
         "--resync-seconds", type=float, help="reconcile every job at least this often (default 30)"
     )

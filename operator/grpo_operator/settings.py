@@ -35,8 +35,10 @@ class OperatorSettings:
     # Every known job is reconciled at least this often, even without any watch event: deadlines and
     # stall detection are time-based, and a missed watch event must not leave a job unattended.
     resync_seconds: float = 30.0
-    # Jobs reconciled in parallel. One job is never reconciled by two workers at once.
-    workers: int = 4
+    # Jobs reconciled in parallel. One job is never reconciled by two workers at once. A reconcile reads
+    # from the watch caches and spends its time waiting for its writes, so workers are cheap; with 4,
+    # 300 jobs applied at once queued behind them (bench/scale.py, docs/scaling.md).
+    workers: int = 16
     # Timeout of one Kubernetes API request made by the reconcile loop.
     api_timeout_seconds: float = 30.0
     # Port of the HTTP server with /metrics, /healthz and /readyz (0 picks a free port, for tests).
