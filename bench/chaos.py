@@ -523,6 +523,7 @@ def main() -> int:
     )
     parser.add_argument("--down", type=float, default=None, help="seconds down (operator 5, API server 30)")
     parser.add_argument("--freeze", action="store_true", help="apiserver-outage: SIGSTOP instead of kill")
+    parser.add_argument("--nodes", type=int, default=3, help="node-loss: nodes deleted at once")
     parser.add_argument(
         "--every", type=int, default=10, help="apiserver-outage: fail every Nth job afterwards"
     )
