@@ -1,0 +1,110 @@
+"""The watch caches reconcile reads from: relist semantics, resourceVersion ordering, the by-job index."""
+
+from __future__ import annotations
+
+from typing import Any, cast
+
+from grpo_operator.handlers.informer import ClusterCache, Informer
+from grpo_operator.handlers.kube import CHILD_RESOURCES, GRPOJOB, NODE, POD
+
+
+def obj(
+    name: str, rv: int, namespace: str = "ns", job: str | None = None, kind: str = "Pod"
+) -> dict[str, Any]:
+    meta: dict[str, Any] = {"name": name, "namespace": namespace, "resourceVersion": str(rv)}
+    if job is not None:
+        meta["labels"] = {"grpo.dev/job": job}
+    meta["managedFields"] = [{"manager": "x"}]
+    return {"kind": kind, "metadata": meta}
+
+
+def informer(events: list[tuple[str, str]]) -> Informer:
+    return Informer(
+        cast(Any, None), POD, None, listener=lambda t, o: events.append((t, o["metadata"]["name"]))
+    )
+
+
+def test_a_relist_replaces_the_store_and_reports_what_disappeared_meanwhile() -> None:
+    events: list[tuple[str, str]] = []
+    inf = informer(events)
+    assert not inf.synced
+    inf._replace([obj("a", 1), obj("b", 2)])
+    assert inf.synced and sorted(inf.objects) == [("ns", "a"), ("ns", "b")]
+    events.clear()
+    # The watch was down while "a" was deleted and "c" created: the relist must say both.
+    inf._replace([obj("b", 5), obj("c", 6)])
+    assert sorted(inf.objects) == [("ns", "b"), ("ns", "c")]
+    assert sorted(events) == [("ADDED", "c"), ("DELETED", "a"), ("MODIFIED", "b")]
+    assert "managedFields" not in inf.objects[("ns", "b")]["metadata"]
+
+
+def test_an_older_event_never_replaces_the_operators_own_newer_write() -> None:
+    inf = informer([])
+    inf._replace([obj("a", 10)])
+    inf.put(obj("a", 12))  # the API server's answer to our status patch
+    inf._apply("MODIFIED", obj("a", 11))  # an event from before our write, arriving late
+    assert inf.get("ns", "a")["metadata"]["resourceVersion"] == "12"  # type: ignore[index]
+    inf.put(obj("a", 11))
+    assert inf.get("ns", "a")["metadata"]["resourceVersion"] == "12"  # type: ignore[index]
+    inf._apply("MODIFIED", obj("a", 13))
+    assert inf.get("ns", "a")["metadata"]["resourceVersion"] == "13"  # type: ignore[index]
+    inf._apply("DELETED", obj("a", 14))
+    assert inf.get("ns", "a") is None
+
+
+def cache(jobs: list[tuple[str, str, str, str | None]], touched: list[tuple[str, str]]) -> ClusterCache:
+    return ClusterCache(
+        cast(Any, None),
+        [None],
+        job_resource=GRPOJOB,
+        child_resources=CHILD_RESOURCES,
+        node_resource=NODE,
+        job_label="grpo.dev/job",
+        on_job=lambda t, ns, name, rv: jobs.append((t, ns, name, rv)),
+        on_child=lambda ns, job: touched.append((ns, job)),
+    )
+
+
+def test_children_are_found_by_job_and_leave_it_when_deleted_or_relabelled() -> None:
+    touched: list[tuple[str, str]] = []
+    c = cache([], touched)
+    pods = c.children[POD.kind][None]
+    configmaps = c.children["ConfigMap"][None]
+    for informer_ in (i for per in c.children.values() for i in per.values()):
+        informer_._replace([])
+    pods._apply("ADDED", obj("j1-trainer-1-0", 1, job="j1"))
+    pods._apply("ADDED", obj("j2-trainer-1-0", 2, job="j2"))
+    configmaps._apply("ADDED", obj("j1-config", 3, job="j1", kind="ConfigMap"))
+    found, missing = c.children_of("ns", "j1")
+    assert sorted(o["metadata"]["name"] for o in found) == ["j1-config", "j1-trainer-1-0"]
+    assert missing == set()
+    assert touched == [("ns", "j1"), ("ns", "j2"), ("ns", "j1")]
+
+    touched.clear()
+    pods._apply("MODIFIED", obj("j1-trainer-1-0", 4, job="j2"))  # relabelled: now j2's
+    assert [o["metadata"]["name"] for o in c.children_of("ns", "j1")[0]] == ["j1-config"]
+    assert sorted(touched) == [("ns", "j1"), ("ns", "j2")], "both the old and the new owner are re-queued"
+    pods._apply("DELETED", obj("j2-trainer-1-0", 5, job="j2"))
+    assert [o["metadata"]["name"] for o in c.children_of("ns", "j2")[0]] == ["j1-trainer-1-0"]
+
+
+def test_an_incomplete_or_forbidden_cache_is_never_used() -> None:
+    jobs: list[tuple[str, str, str, str | None]] = []
+    c = cache(jobs, [])
+    assert c.job_keys() is None and c.job("ns", "j1") == (False, None) and c.node_names() is None
+    _, missing = c.children_of("ns", "j1")
+    assert missing == {r.kind for r in CHILD_RESOURCES}, "until synced, every kind is listed from the API"
+
+    c.jobs[None]._replace([obj("j1", 7, kind="GRPOJob")])
+    assert c.job_keys() == [("ns", "j1")]
+    assert c.job("ns", "j1")[0] and c.job("ns", "gone") == (True, None)
+    assert jobs == [("ADDED", "ns", "j1", "7")]
+
+    for informer_ in (i for per in c.children.values() for i in per.values()):
+        informer_._replace([])
+    deployments = c.children["Deployment"][None]
+    deployments.forbidden, deployments.synced = True, False  # HTTP 403 on watch: an older RBAC role
+    assert c.children_of("ns", "j1")[1] == {"Deployment"}
+
+    c.nodes._replace([obj("gpu-node-0", 1, namespace="", kind="Node")])
+    assert c.node_names() == frozenset({"gpu-node-0"})
