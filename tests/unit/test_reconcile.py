@@ -662,6 +662,16 @@ def test_a_metric_change_updates_the_deployment_without_touching_the_gang() -> N
     assert world.status()["phase"] == "Running"
 
 
+def test_a_metric_deployment_scaled_to_zero_by_hand_is_scaled_back() -> None:
+    world = running_world()
+    world.objects[("Deployment", "math-metric")]["spec"]["replicas"] = 0
+    plan = world.step()
+    applied = [m for m in plan.applies if m["kind"] == "Deployment"]
+    assert applied and applied[0]["spec"]["replicas"] == 1
+    assert not plan.creates and not plan.deletes
+    assert world.step().applies == []  # once restored, nothing more to do
+
+
 def test_retention_change_updates_the_volume_owner() -> None:
     world = running_world()
     world.job["spec"]["checkpoints"]["retention"] = "Delete"

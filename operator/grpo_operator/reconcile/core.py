@@ -575,8 +575,16 @@ def _ensure(step: _Step, observed: Observed, desired: list[Manifest]) -> None:
         current = observed.get(manifest["kind"], manifest["metadata"]["name"])
         want = manifest["metadata"].get("annotations", {}).get(ANNOTATION_HASH)
         have = ((current or {}).get("metadata") or {}).get("annotations", {}).get(ANNOTATION_HASH)
-        if current is None or have != want:
+        if current is None or have != want or _scaled_by_hand(manifest, current):
             step.plan.applies.append(manifest)
+
+
+def _scaled_by_hand(manifest: Manifest, current: Manifest) -> bool:
+    # `kubectl scale deployment <job>-metric --replicas=0` keeps the spec-hash annotation but takes the
+    # metric service away (found by bench/chaos.py metric-down); re-applying restores spec.metric.replicas.
+    if manifest["kind"] != "Deployment":
+        return False
+    return bool((current.get("spec") or {}).get("replicas") != manifest["spec"].get("replicas"))
 
 
 def _delete_pods(step: _Step, observed: Observed, which: Any) -> None:
