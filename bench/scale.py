@@ -362,6 +362,13 @@ def report(results: list[SizeResult]) -> str:
     return "\n".join(lines)
 
 
+def _cpu_model() -> str:
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    return "unknown"
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -395,6 +402,16 @@ def main() -> int:
     cluster.kubectl("apply", "-f", str(Path(__file__).resolve().parents[1] / "crds"))
     if gpu_pods(cluster):
         raise SystemExit(f"cluster {args.cluster} still runs GRPO pods from another run: remove them first")
+    machine = {
+        "cpus": os.cpu_count(),
+        "cpu_model": _cpu_model(),
+        "memory_gib": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1),
+        "uname": " ".join(os.uname()),
+        "operator": str(args.operator_source or "installed"),
+        "cluster": args.cluster,
+        "gpu_nodes": args.gpu_nodes,
+        "cpu_nodes": args.cpu_nodes,
+    }
     results = []
     for count in sizes:
         results.append(
@@ -411,18 +428,11 @@ def main() -> int:
             )
         )
         print(report(results), flush=True)
-    machine = {
-        "cpus": os.cpu_count(),
-        "uname": " ".join(os.uname()),
-        "cluster": args.cluster,
-        "gpu_nodes": args.gpu_nodes,
-        "cpu_nodes": args.cpu_nodes,
-    }
+        if args.json:  # after every size, so an aborted run keeps what it measured
+            args.json.write_text(
+                json.dumps({"machine": machine, "results": [asdict(r) for r in results]}, indent=2)
+            )
     print(f"\nmachine: {machine}")
-    if args.json:
-        args.json.write_text(
-            json.dumps({"machine": machine, "results": [asdict(r) for r in results]}, indent=2)
-        )
     return 0
 
 
