@@ -61,6 +61,16 @@ class OperatorSettings:
     weight_sync_port: int = 51216  # TRL vllm_group_port: TCPStore bound by trainer rank 0, vLLM connects
     trainer_metrics_port: int = 9090  # trainer rank 0 /metrics
 
+    # --- who may scrape vLLM ------------------------------------------------------------------------------
+    # NetworkPolicyPeer objects (podSelector / namespaceSelector / ipBlock, as in a NetworkPolicy's
+    # `from`) admitted to the vLLM pods' HTTP port (vllm_port) so Prometheus can scrape their /metrics.
+    # Each job's NetworkPolicy otherwise admits only that job's trainers. vLLM serves /metrics on the
+    # same port as its API, development routes that change the model being trained included, and a
+    # NetworkPolicy cannot tell paths apart: whoever is named here can reach that API too. Hence empty
+    # by default and only to peers named explicitly (e.g. the Prometheus pods of the monitoring
+    # namespace). Environment: a JSON list, as the Helm value metrics.podMonitors.generation.allowFrom.
+    metrics_scrapers: tuple[Mapping[str, Any], ...] = ()
+
     # --- pods ---------------------------------------------------------------------------------------------
     image_pull_policy: str = "IfNotPresent"
     # Time a trainer gets between SIGTERM and SIGKILL: enough to write one checkpoint (suspend, eviction).
@@ -97,6 +107,18 @@ class OperatorSettings:
                 "watch either all namespaces or a list of namespaces, not both: "
                 "drop --all-namespaces or the --namespace flags"
             )
+        for index, peer in enumerate(self.metrics_scrapers):
+            problem = _peer_problem(peer)
+            if problem:
+                # Caught here, at start-up: a peer the API server rejects (or reads as broader than
+                # meant) would otherwise go into every job's NetworkPolicy.
+                raise SettingsError(
+                    f"metrics_scrapers[{index}] ({ENV_PREFIX}METRICS_SCRAPERS, Helm: "
+                    f"metrics.podMonitors.generation.allowFrom) {problem}: give each entry as a "
+                    'NetworkPolicyPeer, e.g. {"namespaceSelector": {"matchLabels": '
+                    '{"kubernetes.io/metadata.name": "monitoring"}}, "podSelector": '
+                    '{"matchLabels": {"app.kubernetes.io/name": "prometheus"}}}'
+                )
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str], **overrides: Any) -> OperatorSettings:
@@ -146,3 +168,34 @@ def _parse(name: str, type_name: Any, raw: str) -> Any:
         return parsed
     except ValueError as exc:
         raise SettingsError(f"{env}={raw!r} is not a valid {text} ({exc})") from None
+
+
+PEER_KEYS = ("podSelector", "namespaceSelector", "ipBlock")
+_SELECTOR_KEYS = ("matchLabels", "matchExpressions")
+_IP_BLOCK_KEYS = ("cidr", "except")
+
+
+def _peer_problem(peer: Any) -> str:
+    """Why ``peer`` is not a usable NetworkPolicyPeer ("" when it is). The checks are those whose failure
+    would be silent or would break every job: an unknown key (a typo such as ``matchLabel`` may be
+    dropped, leaving an empty selector, which selects everything), no key, or ipBlock with a selector
+    (the API server rejects both)."""
+    if not isinstance(peer, Mapping):
+        return f"is {type(peer).__name__}, not an object"
+    unknown = sorted(set(peer) - set(PEER_KEYS))
+    if unknown:
+        return f"has unknown keys {unknown} (allowed: {', '.join(PEER_KEYS)})"
+    if not peer:
+        return "is empty"
+    if "ipBlock" in peer and len(peer) > 1:
+        return "combines ipBlock with a selector, which a NetworkPolicyPeer cannot"
+    for key, value in peer.items():
+        allowed = _IP_BLOCK_KEYS if key == "ipBlock" else _SELECTOR_KEYS
+        if not isinstance(value, Mapping):
+            return f"has {key} {value!r}, not an object"
+        unknown = sorted(set(value) - set(allowed))
+        if unknown:
+            return f"has unknown keys {unknown} in {key} (allowed: {', '.join(allowed)})"
+    if "ipBlock" in peer and not isinstance(peer["ipBlock"].get("cidr"), str):
+        return "has an ipBlock without a cidr"
+    return ""

@@ -13,6 +13,7 @@ import pytest
 import yaml
 from grpo_operator.builders import job_from_object
 from grpo_operator.builders.gang import generation_pod, trainer_pod
+from grpo_operator.builders.network import generation_network_policy
 from grpo_operator.cli import _parser
 from grpo_operator.settings import ENV_PREFIX, OperatorSettings
 
@@ -146,6 +147,22 @@ def test_example_grpojobs_validate_against_the_crd_schema(schema_dir: Path) -> N
         ({"prometheusRule.alerts.GRPOJobNoLearningSignal.threshold": "1.5"}, "threshold"),
         ({"prometheusRule.alerts.GRPOJobFailed.severity": "page"}, "severity"),
         ({"metrics.serviceMonitor.interval": "30 seconds"}, "interval"),
+        (
+            {"metrics.podMonitors.generation.allowFrom[0].podSelectr.matchLabels.app": "prometheus"},
+            "additional properties 'podSelectr' not allowed",
+        ),
+        (
+            # A misspelt matchLabels would otherwise leave an empty selector: every pod.
+            {"metrics.podMonitors.generation.allowFrom[0].podSelector.matchLabel.app": "prometheus"},
+            "additional properties 'matchLabel' not allowed",
+        ),
+        (
+            {
+                "metrics.podMonitors.generation.allowFrom[0].ipBlock.cidr": "10.0.0.0/8",
+                "metrics.podMonitors.generation.allowFrom[0].podSelector.matchLabels.app": "prometheus",
+            },
+            "allowFrom/0': maxProperties",
+        ),
     ],
 )
 def test_values_schema_rejects_bad_values(sets: dict[str, str], message: str) -> None:
@@ -300,6 +317,7 @@ def test_operator_settings_and_flags_parse_as_the_operator_parses_them(values: P
     assert settings.resync_seconds == merged["operator"]["resyncSeconds"]
     assert settings.clusterwide == merged["watch"]["allNamespaces"]
     assert set(settings.namespaces) == set(merged["watch"]["namespaces"])
+    assert list(settings.metrics_scrapers) == merged["metrics"]["podMonitors"]["generation"]["allowFrom"]
 
 
 def deep_merge(base: Any, override: Any) -> Any:
@@ -511,6 +529,61 @@ def test_pod_monitors_carry_the_job_name_into_grpojob(
     assert exposed[source] == "math"
     assert monitor["metadata"]["labels"]["release"] == "kps"
     assert monitor["spec"]["namespaceSelector"] == {"any": True}
+
+
+SMALL_JOB: Doc = {
+    "apiVersion": "grpo.dev/v1alpha1",
+    "kind": "GRPOJob",
+    "metadata": {"name": "math", "namespace": "team-a", "uid": "uid-1", "generation": 1},
+    "spec": {
+        "model": {"name": "Qwen/Qwen2.5-1.5B-Instruct"},
+        "dataset": {"train": "hf://openai/gsm8k:main#train"},
+        "grpo": {"groupSize": 8, "promptsPerStep": 4, "steps": 10},
+        "metric": {"image": "ghcr.io/grpo-operator/metric-math:0.1.0"},
+    },
+}
+PROMETHEUS_PEER = {
+    "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}},
+    "podSelector": {"matchLabels": {"app.kubernetes.io/name": "prometheus"}},
+}
+
+
+@pytest.mark.parametrize("pod_monitor", [True, False], ids=["with-podmonitor", "without-podmonitor"])
+def test_allow_from_admits_the_scraper_to_the_port_the_vllm_monitor_scrapes(
+    pod_monitor: bool, job_pods: dict[str, Doc], tmp_path: Path
+) -> None:
+    """allowFrom reaches the operator as GRPO_OPERATOR_METRICS_SCRAPERS, and the settings parsed from it
+    give every job's vLLM NetworkPolicy a rule for exactly the port the generation PodMonitor scrapes.
+    It does not depend on the PodMonitor being on: a Prometheus without the Prometheus Operator needs it too."""
+    extra = tmp_path / "allow-from.yaml"
+    extra.write_text(
+        yaml.safe_dump({"metrics": {"podMonitors": {"generation": {"allowFrom": [PROMETHEUS_PEER]}}}})
+    )
+    files = [VALUES_DIR / "monitoring.yaml", extra] if pod_monitor else [extra]
+    docs = render(files, api_versions=MONITORING_APIS)
+    env = env_of(one(docs, "Deployment"))
+    assert json.loads(env[ENV_PREFIX + "METRICS_SCRAPERS"]) == [PROMETHEUS_PEER]
+    settings = OperatorSettings.from_env(env)
+    job = job_from_object(SMALL_JOB)
+    ingress = generation_network_policy(job, settings)["spec"]["ingress"]
+    assert len(ingress) == 2
+    assert ingress[1]["from"] == [PROMETHEUS_PEER]
+    (port,) = ingress[1]["ports"]
+    vllm_ports = {
+        p["name"]: p["containerPort"] for p in job_pods["generation"]["spec"]["containers"][0]["ports"]
+    }
+    scraped = "http"
+    if pod_monitor:
+        scraped = one(docs, "PodMonitor", f"{FULLNAME}-generation")["spec"]["podMetricsEndpoints"][0]["port"]
+    assert port == {"protocol": "TCP", "port": vllm_ports[scraped]}
+
+
+def test_without_allow_from_vllm_admits_only_the_trainers(monitoring: list[Doc]) -> None:
+    env = env_of(one(monitoring, "Deployment"))
+    assert env[ENV_PREFIX + "METRICS_SCRAPERS"] == "[]"
+    job = job_from_object(SMALL_JOB)
+    ingress = generation_network_policy(job, OperatorSettings.from_env(env))["spec"]["ingress"]
+    assert len(ingress) == 1 and "ports" not in ingress[0]
 
 
 def test_service_monitor_selects_the_metrics_service(monitoring: list[Doc]) -> None:

@@ -37,7 +37,7 @@ def infrastructure(job: Job, settings: OperatorSettings) -> list[Manifest]:
         trainer_service(job, settings),
         generation_service(job, settings),
         metric_service(job),
-        generation_network_policy(job),
+        generation_network_policy(job, settings),
         metric_network_policy(job),
     ]
     pvc = checkpoint_pvc(job)
