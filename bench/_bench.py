@@ -595,7 +595,7 @@ def job_manifest(name: str, namespace: str, kind: str) -> Obj:
     elif kind == "too-big":
         spec["trainer"] = {"nodes": 1, "gpusPerNode": 1, "resources": {"requests": {"memory": "4Ti"}}}
     elif kind == "no-such-gpu":
-        spec["scheduling"] = {"nodeSelector": {"nvidia.com/gpu.product": "NVIDIA-B300-SXM6-AC"}}
+        spec["scheduling"] = {"gpuNodeSelector": {"nvidia.com/gpu.product": "NVIDIA-B300-SXM6-AC"}}
     return {
         "apiVersion": "grpo.dev/v1alpha1",
         "kind": "GRPOJob",

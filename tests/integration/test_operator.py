@@ -232,6 +232,14 @@ def test_a_job_brings_up_every_child_on_gpu_nodes_and_runs(
     s = status(kube, namespace, "math")
     assert s["rollouts"] == 10 * 2 * 4 and s["trainerAttempt"] == 1 and s["restarts"] == 0
     wait_reasons(kube, namespace, "math", {"Created", "Running"})
+    ready = wait_status(
+        kube,
+        namespace,
+        "math",
+        "MetricReady True",
+        lambda s: _condition(s, "MetricReady").get("status") == "True",
+    )
+    assert _condition(ready, "MetricReady")["reason"] == "Available"
 
     # The operator's own endpoints.
     base = f"http://127.0.0.1:{operator.http_port}"
@@ -331,6 +339,54 @@ def test_a_job_needing_more_gpus_than_exist_is_pending_with_the_reason(
     assert "Pending" in got and "Unschedulable" in got, got
     described = kube.kubectl("describe", "grpojob", "huge", "-n", namespace).stdout
     assert "Unschedulable" in described and "Insufficient nvidia.com/gpu" in described, described
+
+
+def _condition(status: dict[str, Any], type_: str) -> dict[str, Any]:
+    return next((c for c in status.get("conditions") or [] if c.get("type") == type_), {})
+
+
+def test_a_gpu_label_pinned_on_every_pod_leaves_the_metric_pod_unschedulable_and_says_so(
+    kube: Cluster, namespace: str, operator: Operator
+) -> None:
+    """nodeSelector applies to the CPU-only metric pod too; a GPU product there is a mistake users make.
+    The job says which pod and why, and moving the label to gpuNodeSelector fixes it without a
+    counted restart."""
+    h100 = {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}
+    kube.apply(job_manifest("pinned", scheduling={"nodeSelector": h100}), namespace)
+    s = wait_status(
+        kube,
+        namespace,
+        "pinned",
+        "MetricReady False/Unschedulable",
+        lambda s: _condition(s, "MetricReady").get("reason") == "Unschedulable",
+    )
+    message = _condition(s, "MetricReady")["message"]
+    assert "pinned-metric-" in message and "gpuNodeSelector" in message, message
+    assert "node affinity/selector" in message, message  # the scheduler's own words
+    wait_event(kube, namespace, "pinned", "MetricNotReady")
+    described = kube.kubectl("describe", "grpojob", "pinned", "-n", namespace).stdout
+    assert "MetricNotReady" in described and "Unschedulable" in described, described
+
+    kube.kubectl(
+        "patch", "grpojob", "pinned", "-n", namespace, "--type=merge",
+        "-p", json.dumps({"spec": {"scheduling": {"nodeSelector": None, "gpuNodeSelector": h100}}}),
+    )  # fmt: skip
+    s = wait_status(
+        kube,
+        namespace,
+        "pinned",
+        "Running with MetricReady True",
+        lambda s: s.get("phase") == "Running" and _condition(s, "MetricReady").get("status") == "True",
+        timeout=120,
+    )
+    assert s["restarts"] == 0
+    for pod in gang(kube, namespace, "pinned").values():
+        if pod["metadata"]["labels"]["grpo.dev/attempt"] == str(s["trainerAttempt"]):
+            assert pod["spec"]["nodeSelector"]["nvidia.com/gpu.product"] == h100["nvidia.com/gpu.product"]
+    metric = pods(kube, namespace, "pinned", ("metric",))
+    assert metric and all(
+        "nvidia.com/gpu.product" not in (p["spec"].get("nodeSelector") or {}) for p in metric
+    )
 
 
 def test_suspend_stops_the_pods_and_resume_continues_from_the_checkpoint(

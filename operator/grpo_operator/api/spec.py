@@ -502,7 +502,20 @@ class SchedulingSpec(ApiModel):
     """Where the job's pods may run and how they queue."""
 
     node_selector: dict[str, Annotated[str, Field(max_length=63)]] = Field(
-        default_factory=dict, max_length=32, description="Node labels every pod of the job requires."
+        default_factory=dict,
+        max_length=32,
+        description=(
+            "Node labels every pod of the job requires, the CPU-only metric pod included (e.g. a team's "
+            "node pool). For labels only GPU nodes carry, such as nvidia.com/gpu.product, use gpuNodeSelector."
+        ),
+    )
+    gpu_node_selector: dict[str, Annotated[str, Field(max_length=63)]] = Field(
+        default_factory=dict,
+        max_length=32,
+        description=(
+            "Node labels the GPU pods (vLLM and trainers) require on top of nodeSelector, e.g. "
+            "nvidia.com/gpu.product: NVIDIA-H100-80GB-HBM3. The metric pod does not get them."
+        ),
     )
     tolerations: list[Toleration] = Field(
         default_factory=list,

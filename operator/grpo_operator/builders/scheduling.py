@@ -16,12 +16,16 @@ from grpo_operator.settings import OperatorSettings
 def pod_placement(job: Job, settings: OperatorSettings, *, gpu: bool) -> dict[str, Any]:
     """nodeSelector, tolerations, affinity and priorityClassName for one pod spec.
 
-    GPU pods also get the GPU node selector and toleration from the operator settings; the user's
-    entries come on top (a user selector for the same key wins, so a user can pin a GPU product).
+    GPU pods also get the GPU node selector and toleration from the operator settings, then the spec's
+    gpuNodeSelector; the spec's nodeSelector applies to every pod. A user entry for the same key wins
+    over the operator's. GPU-only labels must not reach the metric pod: it has no GPU toleration, so a
+    GPU product pinned on it would leave it unschedulable.
     """
     sched = job.spec.scheduling
     node_selector: dict[str, str] = dict(settings.gpu_node_selector) if gpu else {}
     node_selector.update(sched.node_selector)
+    if gpu:
+        node_selector.update(sched.gpu_node_selector)
     tolerations: list[dict[str, Any]] = [dict(t) for t in settings.gpu_tolerations] if gpu else []
     for toleration in sched.tolerations:
         entry = toleration.to_dict()

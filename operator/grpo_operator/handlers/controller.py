@@ -26,7 +26,7 @@ from typing import Any, TypeVar
 from kubernetes.client.exceptions import ApiException
 
 from grpo_operator.api.resource import API_VERSION, KIND
-from grpo_operator.builders.common import LABEL_JOB
+from grpo_operator.builders.common import LABEL_JOB, LABEL_ROLE
 from grpo_operator.handlers.informer import ClusterCache
 from grpo_operator.handlers.kube import CHILD_RESOURCES, GRPOJOB, NODE, Kube, Obj, resource_for
 from grpo_operator.handlers.workqueue import WorkQueue
@@ -278,7 +278,7 @@ class Controller:
         objects: list[Obj] = []
         for items in lists:
             for obj in items:
-                if obj["kind"] == "Pod" and not _owned_by(obj, uid):
+                if obj["kind"] == "Pod" and not _pod_of_this_job(obj, uid, meta.get("creationTimestamp")):
                     continue  # a pod of an earlier job with the same name, on its way out
                 objects.append(obj)
         return Observed(objects=tuple(objects), nodes=await self._node_names())
@@ -437,6 +437,19 @@ class Controller:
         except ApiException as exc:  # events are best effort; the status says the same
             self._api_error("create", "Event", exc)
             log.warning("could not post event %s on %s/%s: HTTP %s", reason, namespace, name, exc.status)
+
+
+def _pod_of_this_job(pod: Obj, uid: str | None, job_created: str | None) -> bool:
+    """Gang pods are owned by the job itself. Metric pods are owned by a ReplicaSet of the job's
+    Deployment, so for them "created no earlier than the job" tells them from an earlier namesake's."""
+    if _owned_by(pod, uid):
+        return True
+    meta = pod.get("metadata") or {}
+    if (meta.get("labels") or {}).get(LABEL_ROLE) != "metric":
+        return False
+    created = meta.get("creationTimestamp")
+    # RFC 3339 UTC timestamps with second precision compare correctly as strings.
+    return bool(created and job_created and str(created) >= str(job_created))
 
 
 def _owned_by(obj: Obj, uid: str | None) -> bool:

@@ -28,6 +28,7 @@ from grpo_operator.builders.common import (
 )
 from grpo_operator.reconcile.conditions import (
     FAILED,
+    METRIC_READY,
     RUNNING,
     SCHEDULED,
     SUCCEEDED,
@@ -181,6 +182,7 @@ def reconcile(job_obj: dict[str, Any], observed: Observed, now: datetime, settin
         return step.finish()
 
     _ensure(step, observed, metric_workload(job, settings))
+    _metric_readiness(step, job, observed)
 
     if step.old_phase == "Suspended":
         _resume(step, job)
@@ -238,6 +240,7 @@ def _suspend(step: _Step, job: Job, observed: Observed) -> None:
         step.condition(SUSPENDED, "True", "Suspended", message)
         step.condition(RUNNING, "False", "Suspended", "the job is suspended")
         step.drop_condition(SCHEDULED)
+        step.drop_condition(METRIC_READY)
         step.event("Normal", "Suspended", message)
 
 
@@ -552,6 +555,7 @@ def _clean_up_finished(step: _Step, job: Job, observed: Observed) -> None:
         lambda pod: pod.role == "generation" or (pod.role == "trainer" and not pod.finished),
     )
     _delete_metric_workload(step, job, observed)
+    step.drop_condition(METRIC_READY)
 
 
 def _ttl(step: _Step, job: Job) -> None:
@@ -564,6 +568,70 @@ def _ttl(step: _Step, job: Job) -> None:
         step.plan.delete_job = True
     else:
         step.requeue_at(expiry)
+
+
+# Container waiting reasons that do not go away by waiting: worth a Warning event, not just a condition.
+_METRIC_STUCK_REASONS = frozenset(
+    {
+        "Unschedulable",
+        "ErrImagePull",
+        "ImagePullBackOff",
+        "InvalidImageName",
+        "CrashLoopBackOff",
+        "CreateContainerConfigError",
+        "CreateContainerError",
+        "RunContainerError",
+    }
+)
+
+
+def _metric_readiness(step: _Step, job: Job, observed: Observed) -> None:
+    """Condition MetricReady: whether the metric service has a ready pod, and if not, why.
+
+    Trainers wait for the metric service before their first step and give up after a while, which
+    costs a counted gang restart; a metric pod that cannot be scheduled or pulled would otherwise
+    show only as repeated restarts. The condition (and a Warning event when it gets stuck) names the
+    pod and the cause. It never changes the phase: the gang may be fine and only scoring is down.
+    """
+    deployment = observed.get("Deployment", metric_name(job)) or {}
+    available = int((deployment.get("status") or {}).get("availableReplicas") or 0)
+    if available >= 1:
+        status, reason = "True", "Available"
+        message = (
+            f"{available} of {job.spec.metric.replicas} metric pod(s) ready; "
+            f"the service answers on {metric_name(job)}"
+        )
+    else:
+        status = "False"
+        reason, message = _metric_not_ready(job, observed)
+    previous = get_condition(list(step.old.get("conditions") or []), METRIC_READY)
+    step.condition(METRIC_READY, status, reason, message)
+    stuck = status == "False" and reason in _METRIC_STUCK_REASONS
+    if stuck and (previous is None or previous.get("reason") != reason):
+        step.event("Warning", "MetricNotReady", message)
+
+
+def _metric_not_ready(job: Job, observed: Observed) -> tuple[str, str]:
+    pods = [p for p in observed.pods() if p.role == "metric" and not p.terminating]
+    for pod in pods:
+        blocked = pod.unschedulable()
+        if blocked is not None:
+            why, detail = blocked
+            reason = "Unschedulable" if why != "SchedulingGated" else "SchedulingGated"
+            return reason, (
+                f"metric pod {pod.name} cannot be scheduled: {detail.rstrip('. ')}. spec.scheduling.nodeSelector "
+                "applies to the metric pod too; use spec.scheduling.gpuNodeSelector for labels only GPU nodes carry"
+                if reason == "Unschedulable"
+                else f"metric pod {pod.name}: {detail}"
+            )
+    for pod in pods:
+        waiting = pod.waiting()
+        if waiting is not None:
+            why, detail = waiting
+            hint = f" (image {job.spec.metric.image})" if "Image" in why else ""
+            return why, f"metric pod {pod.name} is waiting: {why}{hint}{': ' + detail if detail else ''}"
+    # Being created, no pod yet, or pods starting: one state, so the status is not rewritten for each.
+    return "Starting", "no metric pod is ready yet; the service answers once a pod's /healthz returns 200"
 
 
 # --- children -----------------------------------------------------------------------------------------------
