@@ -73,6 +73,10 @@ class OperatorSettings:
 
     # --- pods ---------------------------------------------------------------------------------------------
     image_pull_policy: str = "IfNotPresent"
+    # Pull secrets every job's pods get, before the job's own spec.imagePullSecrets: a registry secret the
+    # platform keeps in every tenant namespace. Pods are given them explicitly because trainer pods run
+    # under the job's ServiceAccount, which has none of the default ServiceAccount's pull secrets.
+    image_pull_secrets: tuple[str, ...] = ()
     # Time a trainer gets between SIGTERM and SIGKILL: enough to write one checkpoint (suspend, eviction).
     trainer_termination_grace_seconds: int = 300
     # Size of the in-memory /dev/shm of trainer and vLLM pods (NCCL and the dataloader use shared memory).

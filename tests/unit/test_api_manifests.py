@@ -145,6 +145,12 @@ INVALID_CASES: list[Case] = [
     ),
     _case("metric-env-bad-name", "spec.metric.env[0].name", {"spec.metric.env": [{"name": "9LIVES"}]}),
     _case(
+        "pull-secret-bad-name",
+        "spec.imagePullSecrets[0].name",
+        {"spec.imagePullSecrets": [{"name": "Reg_Cred"}]},
+    ),
+    _case("pull-secret-no-name", "spec.imagePullSecrets[0].name", {"spec.imagePullSecrets": [{}]}),
+    _case(
         "metric-resources-negative",
         "spec.metric.resources.requests.cpu",
         {"spec.metric.resources": {"requests": {"cpu": "-1"}}},

@@ -498,6 +498,17 @@ class Affinity(ApiModel):
     pod_anti_affinity: _PassthroughObject | None = Field(default=None, description="core/v1 PodAntiAffinity.")
 
 
+class ImagePullSecret(ApiModel):
+    """A Secret of type kubernetes.io/dockerconfigjson in the job's namespace."""
+
+    name: str = Field(
+        min_length=1,
+        max_length=253,
+        pattern=DNS1123_SUBDOMAIN_PATTERN,
+        description="Name of the Secret.",
+    )
+
+
 class SchedulingSpec(ApiModel):
     """Where the job's pods may run and how they queue."""
 
@@ -616,6 +627,15 @@ class GRPOJobSpec(ApiModel):
     checkpoints: CheckpointsSpec = Field(default_factory=CheckpointsSpec, description="Checkpointing.")
     scheduling: SchedulingSpec = Field(default_factory=SchedulingSpec, description="Placement and queueing.")
     run_policy: RunPolicySpec = Field(default_factory=RunPolicySpec, description="Restarts and deadlines.")
+    image_pull_secrets: list[ImagePullSecret] = Field(
+        default_factory=list,
+        max_length=16,
+        description=(
+            "Secrets to pull the trainer, vLLM and metric images with (added to the operator's "
+            "jobDefaults.imagePullSecrets). Needed for a private registry: trainer pods run under the job's "
+            "own ServiceAccount, so the pull secrets of the namespace's default ServiceAccount do not reach them."
+        ),
+    )
     suspend: bool = Field(
         default=False,
         description="true stops all pods (keeping the volume and status); false resumes from the last "

@@ -42,7 +42,7 @@ from grpo_operator.builders.common import (
     with_hash,
 )
 from grpo_operator.builders.config import config_hash
-from grpo_operator.builders.scheduling import kueue_labels, pod_placement
+from grpo_operator.builders.scheduling import image_pull_secrets, kueue_labels, pod_placement
 from grpo_operator.settings import OperatorSettings
 
 # Environment the trainer contract fixes (docs/operations.md); a spec.trainer.env entry with one of
@@ -228,6 +228,7 @@ def generation_pod(job: Job, settings: OperatorSettings, attempt: int, index: in
         "containers": [container],
         "volumes": volumes,
         **pod_placement(job, settings, gpu=True),
+        **image_pull_secrets(job, settings),
     }
     return {
         "apiVersion": "v1",
@@ -358,6 +359,7 @@ def trainer_pod(job: Job, settings: OperatorSettings, attempt: int, rank: int, r
             _shm_volume(settings),
         ],
         **pod_placement(job, settings, gpu=True),
+        **image_pull_secrets(job, settings),
     }
     return {
         "apiVersion": "v1",

@@ -14,7 +14,7 @@ from grpo_operator.builders.common import (
     selector_labels,
     with_hash,
 )
-from grpo_operator.builders.scheduling import pod_placement
+from grpo_operator.builders.scheduling import image_pull_secrets, pod_placement
 from grpo_operator.settings import OperatorSettings
 
 METRIC_PORT_NAME = "http"
@@ -66,6 +66,7 @@ def metric_deployment(job: Job, settings: OperatorSettings) -> Manifest:
         "securityContext": {"seccompProfile": {"type": "RuntimeDefault"}},
         "containers": [container],
         **pod_placement(job, settings, gpu=False),
+        **image_pull_secrets(job, settings),
     }
     return with_hash(
         {

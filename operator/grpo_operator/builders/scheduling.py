@@ -1,4 +1,5 @@
-"""Placement of the job's pods: the spec's scheduling passthrough, GPU node selection, Kueue labels."""
+"""Pod-level settings every pod of a job shares: placement (the spec's scheduling passthrough, GPU node
+selection), image pull secrets, Kueue labels."""
 
 from __future__ import annotations
 
@@ -43,6 +44,14 @@ def pod_placement(job: Job, settings: OperatorSettings, *, gpu: bool) -> dict[st
     if sched.priority_class_name:
         out["priorityClassName"] = sched.priority_class_name
     return out
+
+
+def image_pull_secrets(job: Job, settings: OperatorSettings) -> dict[str, Any]:
+    """``imagePullSecrets`` for a pod spec: the operator's defaults, then the job's own, each once."""
+    names = list(
+        dict.fromkeys([*settings.image_pull_secrets, *(s.name for s in job.spec.image_pull_secrets)])
+    )
+    return {"imagePullSecrets": [{"name": n} for n in names]} if names else {}
 
 
 def gang_size(job: Job) -> int:
