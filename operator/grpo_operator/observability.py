@@ -24,7 +24,13 @@ log = logging.getLogger("grpo_operator.http")
 
 
 class _JobsByPhase(Collector):
-    """grpo_operator_jobs{phase}: computed at scrape time from the operator's view of every job."""
+    """grpo_operator_jobs{phase} and grpo_operator_job_phase{namespace,grpojob,phase}: computed at scrape
+    time from the operator's view of every job.
+
+    The per-job series lets an alert name the job and require the *same* job to stay in a phase: with
+    only the count, "some job Pending for 30m" fires on a busy cluster where each job waits a minute.
+    One series per job (the current phase only), gone when the job is.
+    """
 
     def __init__(self, phases: Callable[[], Mapping[tuple[str, str], str | None]]) -> None:
         self._phases = phases
@@ -33,13 +39,20 @@ class _JobsByPhase(Collector):
         family = GaugeMetricFamily(
             "grpo_operator_jobs", "GRPOJobs known to the operator, by phase.", labels=["phase"]
         )
+        per_job = GaugeMetricFamily(
+            "grpo_operator_job_phase",
+            "1 for each GRPOJob known to the operator, labelled with its current phase.",
+            labels=["namespace", "grpojob", "phase"],
+        )
         counts: dict[str, int] = dict.fromkeys(PHASES, 0)
-        for phase in self._phases().values():
+        for (namespace, name), phase in sorted(self._phases().items()):
             key = phase or "Pending"
             counts[key] = counts.get(key, 0) + 1
+            per_job.add_metric([namespace, name, key], 1)
         for phase, count in counts.items():
             family.add_metric([phase], count)
         yield family
+        yield per_job
 
 
 class OperatorMetrics:
