@@ -7,7 +7,8 @@
    exists; a metric pod to a ReplicaSet that does. A checkpoint PVC with retention Retain is unowned by
    design and only has to name an existing job.
 3. No job stuck: every job is in the phase its scenario expects (Running, Pending/Unschedulable for
-   jobs that cannot fit, Failed/BackoffLimitExceeded where the budget was spent).
+   jobs that cannot fit, Failed/BackoffLimitExceeded where the budget was spent), and a Running job's
+   status says its metric service is up (condition MetricReady True) while its metric pods run.
 4. No checkpoint reference lost: status.checkpoint is what trainer rank 0 last reported, and every
    trainer pod of a later attempt resumes from it (RESUME_FROM).
 5. Restart counts right: status.restarts is the number of counted failures the scenario caused
@@ -67,6 +68,15 @@ class Report:
         if len(self.violations) > 40:
             print(f"  ... and {len(self.violations) - 40} more")
         return ok
+
+
+def _condition(status: dict[str, Any], type_: str) -> dict[str, Any] | None:
+    return next((c for c in status.get("conditions") or [] if c.get("type") == type_), None)
+
+
+def metric_ready(status: dict[str, Any]) -> bool:
+    """The job's status says its metric service has a ready pod."""
+    return ((_condition(status, "MetricReady") or {}).get("status")) == "True"
 
 
 def _live(obj: Obj) -> bool:
@@ -186,6 +196,10 @@ def check(cluster: BenchCluster, namespaces: list[str], expect: dict[tuple[str, 
             replicas = int(spec_job.spec.metric.replicas)
             if len(metric_pods) != replicas:
                 report.fail(f"{where}: {len(metric_pods)} metric pods Running, expected {replicas}")
+            if not metric_ready(status):
+                report.fail(
+                    f"{where}: condition MetricReady is not True: {_condition(status, 'MetricReady')}"
+                )
 
         # 2. owned by this job (by UID)
         for obj in children.get(key, []):

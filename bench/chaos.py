@@ -48,7 +48,7 @@ from _bench import (
     wait_for,
     write_list,
 )
-from _invariants import Expect, check
+from _invariants import Expect, check, metric_ready
 from kubernetes import client
 
 REPO = Path(__file__).resolve().parents[1]
@@ -153,7 +153,8 @@ class Scenario:
                 out.append(key)
                 continue
             attempt = int(status.get("trainerAttempt") or 0)
-            if want.phase == "Running" and attempt < 1 + want.restarts + want.uncounted:
+            behind = attempt < 1 + want.restarts + want.uncounted
+            if want.phase == "Running" and (behind or not metric_ready(status)):
                 out.append(key)
         return out
 
@@ -483,14 +484,31 @@ def metric_down(s: Scenario, args: argparse.Namespace) -> bool:
 
     how = ("Service+Deployment deleted", "Deployment scaled to 0", "metric pods deleted")
     pending = dict(zip(how, groups, strict=True))
+    touched = [key for keys in groups for key in keys]
+    # Whether the jobs' status showed the outage (MetricReady False) at some point: a figure, not an
+    # invariant, since a short outage can come and go between two polls.
+    reported_down: set[tuple[str, str]] = set()
     while pending and time.monotonic() - t0 < args.metric_timeout:
+        for key in touched:
+            if not metric_ready((s.job(key) or {}).get("status") or {}):
+                reported_down.add(key)
         for label, keys in list(pending.items()):
             if back(keys):
                 log(f"metric-down: {label}: metric pods Running again after {time.monotonic() - t0:.1f}s")
                 del pending[label]
-        time.sleep(3)
+        time.sleep(1)
     for label in pending:
         log(f"metric-down: {label}: metric service still down after {args.metric_timeout:.0f}s")
+    log(
+        f"metric-down: {len(reported_down)} of {len(touched)} jobs reported MetricReady=False during the outage"
+    )
+    try:
+        s.wait_settled("every job to report MetricReady=True again", timeout=120)
+        log(
+            f"metric-down: every job reports MetricReady=True again {time.monotonic() - t0:.1f}s after the outage"
+        )
+    except TimeoutError as exc:
+        log(f"metric-down: {exc}")
     return s.verdict("metric-down")
 
 
