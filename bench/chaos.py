@@ -456,6 +456,20 @@ def metric_down(s: Scenario, args: argparse.Namespace) -> bool:
     s.report_checkpoints(s.running_jobs())
     running = sorted(s.running_jobs())
     groups = [running[0::3], running[1::3], running[2::3]]
+    # Whether each job's status showed its outage (MetricReady not True), from every watch event, so a
+    # status that is False for a second is not missed between two polls.
+    assert s.job_watch is not None
+    reported_down: set[tuple[str, str]] = set()
+    chained = s.job_watch.on_event
+
+    def on_job(type_: str, obj: Obj, t: float) -> None:
+        meta = obj.get("metadata") or {}
+        if type_ != "DELETED" and not metric_ready(obj.get("status") or {}):
+            reported_down.add((str(meta.get("namespace")), str(meta.get("name"))))
+        if chained is not None:
+            chained(type_, obj, t)
+
+    s.job_watch.on_event = on_job
     t0 = time.monotonic()
     for ns, name in groups[0]:
         s.cluster.kubectl("delete", "service,deployment", f"{name}-metric", "-n", ns, "--wait=false")
@@ -485,13 +499,7 @@ def metric_down(s: Scenario, args: argparse.Namespace) -> bool:
     how = ("Service+Deployment deleted", "Deployment scaled to 0", "metric pods deleted")
     pending = dict(zip(how, groups, strict=True))
     touched = [key for keys in groups for key in keys]
-    # Whether the jobs' status showed the outage (MetricReady False) at some point: a figure, not an
-    # invariant, since a short outage can come and go between two polls.
-    reported_down: set[tuple[str, str]] = set()
     while pending and time.monotonic() - t0 < args.metric_timeout:
-        for key in touched:
-            if not metric_ready((s.job(key) or {}).get("status") or {}):
-                reported_down.add(key)
         for label, keys in list(pending.items()):
             if back(keys):
                 log(f"metric-down: {label}: metric pods Running again after {time.monotonic() - t0:.1f}s")
@@ -499,9 +507,9 @@ def metric_down(s: Scenario, args: argparse.Namespace) -> bool:
         time.sleep(1)
     for label in pending:
         log(f"metric-down: {label}: metric service still down after {args.metric_timeout:.0f}s")
-    log(
-        f"metric-down: {len(reported_down)} of {len(touched)} jobs reported MetricReady=False during the outage"
-    )
+    s.job_watch.on_event = chained
+    down = len(reported_down & set(touched))
+    log(f"metric-down: {down} of {len(touched)} jobs reported MetricReady=False during the outage")
     try:
         s.wait_settled("every job to report MetricReady=True again", timeout=120)
         log(

@@ -464,24 +464,28 @@ def monitoring() -> list[Doc]:
     return render([VALUES_DIR / "monitoring.yaml"], api_versions=MONITORING_APIS)
 
 
+SMALL_JOB: Doc = {
+    "apiVersion": "grpo.dev/v1alpha1",
+    "kind": "GRPOJob",
+    "metadata": {"name": "math", "namespace": "team-a", "uid": "uid-1", "generation": 1},
+    "spec": {
+        "model": {"name": "Qwen/Qwen2.5-1.5B-Instruct"},
+        "dataset": {"train": "hf://openai/gsm8k:main#train"},
+        "grpo": {"groupSize": 8, "promptsPerStep": 4, "steps": 10},
+        "metric": {"image": "ghcr.io/grpo-operator/metric-math:0.1.0"},
+    },
+}
+
+
 @pytest.fixture(scope="module")
 def job_pods() -> Iterator[dict[str, Doc]]:
     """A real trainer gang as the operator's builders make it (2 nodes: rank 0 and rank 1)."""
-    job = job_from_object(
-        {
-            "apiVersion": "grpo.dev/v1alpha1",
-            "kind": "GRPOJob",
-            "metadata": {"name": "math", "namespace": "team-a", "uid": "uid-1", "generation": 1},
-            "spec": {
-                "model": {"name": "Qwen/Qwen2.5-1.5B-Instruct"},
-                "dataset": {"train": "hf://openai/gsm8k:main#train"},
-                "grpo": {"groupSize": 8, "promptsPerStep": 4, "steps": 10},
-                "metric": {"image": "ghcr.io/grpo-operator/metric-math:0.1.0"},
-                "trainer": {"nodes": 2, "gpusPerNode": 2},
-                "checkpoints": {"volume": {"accessMode": "ReadWriteMany"}},
-            },
-        }
-    )
+    spec = {
+        **SMALL_JOB["spec"],
+        "trainer": {"nodes": 2, "gpusPerNode": 2},
+        "checkpoints": {"volume": {"accessMode": "ReadWriteMany"}},
+    }
+    job = job_from_object({**SMALL_JOB, "spec": spec})
     settings = OperatorSettings()
     yield {
         "rank0": trainer_pod(job, settings, 1, 0, ""),
@@ -532,17 +536,6 @@ def test_pod_monitors_carry_the_job_name_into_grpojob(
     assert monitor["spec"]["namespaceSelector"] == {"any": True}
 
 
-SMALL_JOB: Doc = {
-    "apiVersion": "grpo.dev/v1alpha1",
-    "kind": "GRPOJob",
-    "metadata": {"name": "math", "namespace": "team-a", "uid": "uid-1", "generation": 1},
-    "spec": {
-        "model": {"name": "Qwen/Qwen2.5-1.5B-Instruct"},
-        "dataset": {"train": "hf://openai/gsm8k:main#train"},
-        "grpo": {"groupSize": 8, "promptsPerStep": 4, "steps": 10},
-        "metric": {"image": "ghcr.io/grpo-operator/metric-math:0.1.0"},
-    },
-}
 PROMETHEUS_PEER = {
     "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}},
     "podSelector": {"matchLabels": {"app.kubernetes.io/name": "prometheus"}},

@@ -6,10 +6,12 @@ import json
 from typing import Any
 
 import pytest
-from grpo_operator.builders import Job, infrastructure, job_from_object
+from grpo_operator.builders import infrastructure
 from grpo_operator.builders.common import ANNOTATION_HASH
 from grpo_operator.builders.network import generation_network_policy
 from grpo_operator.settings import OperatorSettings, SettingsError
+
+from tests.unit.test_builders import make_job
 
 TRAINERS = {"podSelector": {"matchLabels": {"grpo.dev/job": "math", "grpo.dev/role": "trainer"}}}
 PROMETHEUS = {
@@ -17,23 +19,6 @@ PROMETHEUS = {
     "podSelector": {"matchLabels": {"app.kubernetes.io/name": "prometheus"}},
 }
 SCRAPER_SUBNET = {"ipBlock": {"cidr": "10.20.0.0/16", "except": ["10.20.5.0/24"]}}
-
-
-def make_job() -> Job:
-    return job_from_object(
-        {
-            "apiVersion": "grpo.dev/v1alpha1",
-            "kind": "GRPOJob",
-            "metadata": {"name": "math", "namespace": "team-a", "uid": "uid-1234", "generation": 1},
-            "spec": {
-                "model": {"name": "Qwen/Qwen2.5-1.5B-Instruct"},
-                "dataset": {"train": "hf://openai/gsm8k:main#train"},
-                "grpo": {"groupSize": 8, "promptsPerStep": 4, "steps": 500},
-                "metric": {"image": "ghcr.io/grpo-operator/metric-math:0.1.0"},
-                "trainer": {"nodes": 1, "gpusPerNode": 2},
-            },
-        }
-    )
 
 
 def test_by_default_only_the_jobs_trainers_reach_vllm() -> None:
