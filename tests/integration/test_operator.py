@@ -251,7 +251,7 @@ def test_a_job_brings_up_every_child_on_gpu_nodes_and_runs(
         text = resp.read().decode()
     assert 'grpo_operator_reconcile_total{result="success"}' in text
     assert 'grpo_operator_jobs{phase="Running"} 1.0' in text
-    assert f'grpo_operator_job_phase{{namespace="{namespace}",grpojob="math",phase="Running"}} 1.0' in text
+    assert f'grpo_operator_job_phase{{grpojob="math",namespace="{namespace}",phase="Running"}} 1.0' in text
     assert "grpo_operator_reconcile_duration_seconds_bucket" in text
 
 
