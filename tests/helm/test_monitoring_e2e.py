@@ -43,7 +43,7 @@ from tests.helm.cluster import apply_monitoring_crds, free_port, helm_cmd, helm_
 
 pytestmark = [pytest.mark.trainer, pytest.mark.slow]
 
-STEPS = 8
+STEPS = 24  # long enough (several seconds of training) for 1 s scrapes to see every gauge
 METRIC_IMAGE = "ghcr.io/grpo-operator/metric-tiny-demo:0.1.0"
 RATE_INTERVAL = "30s"  # what Grafana's $__rate_interval is for a 1s scrape at this zoom
 

@@ -132,3 +132,26 @@ def test_sigterm_saves_a_checkpoint_and_exits_0(
     run_to_end(tmp_path, config, RESUME_FROM=saved["path"])
     steps = [r["step"] for r in read_jsonl(tmp_path / "out" / "metrics.jsonl")]
     assert steps == list(range(1, saved["step"] + 3))
+
+
+def test_resuming_from_the_final_checkpoint_trains_no_extra_step(
+    tmp_path: Path, tiny_model: Path, toy_metric: MetricServer
+) -> None:
+    """A trainer killed after its last checkpoint (e.g. while saving the model) is restarted by the
+    operator; the new one must finish the job, not train step S+1."""
+    config = trainer_config(tmp_path, tiny_model, toy_metric.url, steps=4, every_steps=2)
+    run_to_end(tmp_path, config)
+    assert manifest(tmp_path)["step"] == 4  # type: ignore[index]
+    model = tmp_path / "out" / "model"
+    first = {p.name: p.stat().st_mtime_ns for p in model.iterdir()}
+
+    log = tmp_path / "again.log"
+    process = start_trainer(config, log)  # resumes from the manifest, as a restarted gang would
+    assert process.wait(timeout=600) == 0, log.read_text()[-3000:]
+    assert "already completes the 4 steps" in log.read_text()
+    assert [r["step"] for r in read_jsonl(tmp_path / "out" / "metrics.jsonl")] == [1, 2, 3, 4]
+    assert manifest(tmp_path)["step"] == 4  # type: ignore[index]
+    assert sorted(p.name for p in (tmp_path / "ckpt").glob("step-*")) == ["step-2", "step-4"]
+    # The final model is written again from the step-4 weights.
+    again = {p.name: p.stat().st_mtime_ns for p in model.iterdir()}
+    assert again.keys() == first.keys() and all(again[k] >= first[k] for k in first)

@@ -179,17 +179,33 @@ def run(config: TrainerConfig, env: RuntimeEnv) -> int:
             pad_token_id=int(tokenizer.pad_token_id),
         )
         callback.trainer = trainer
+        resumed_step = _checkpoint_step(resume) if resume else 0
         if resume:
             log.info("resuming from %s", resume)
             trainer.restore_grpo_state(resume)
             if env.is_main:
-                step = _checkpoint_step(resume)
-                truncate_jsonl(output_dir / "metrics.jsonl", step)
-                truncate_jsonl(output_dir / "samples.jsonl", step)
+                truncate_jsonl(output_dir / "metrics.jsonl", resumed_step)
+                truncate_jsonl(output_dir / "samples.jsonl", resumed_step)
+            if metrics is not None:
+                # The newest checkpoint is the one resumed from, not "none yet": checkpoint age (dashboard,
+                # GRPOJobCheckpointStale) keeps counting across a restart instead of starting from zero.
+                metrics.last_checkpoint_step.set(resumed_step)
+                metrics.last_checkpoint_timestamp.set(_checkpoint_time(resume, checkpoint_dir))
         if status is not None:
             status.update({"progress": {"totalSteps": config.grpo.steps}}, force=True)
 
-        trainer.train(resume_from_checkpoint=resume)
+        if resume and resumed_step >= config.grpo.steps:
+            # Killed after the final checkpoint (e.g. while saving the model): the run is complete.
+            # transformers' loop would still take one more step past max_steps when resumed there.
+            log.info(
+                "the checkpoint at step %d already completes the %d steps: saving the final model only",
+                resumed_step,
+                config.grpo.steps,
+            )
+            trainer._load_from_checkpoint(resume)
+            trainer.state.global_step = resumed_step
+        else:
+            trainer.train(resume_from_checkpoint=resume)
 
         if callback.stopped_by_signal:
             log.info("stopped by SIGTERM after checkpointing step %d", trainer.state.global_step)
@@ -205,6 +221,22 @@ def run(config: TrainerConfig, env: RuntimeEnv) -> int:
         return int(ExitCode.OK)
     finally:
         client.close()
+
+
+def _checkpoint_time(path: str, checkpoint_dir: Path) -> float:
+    """When the checkpoint at ``path`` was published: the manifest's time if it names it, else the
+    directory's modification time."""
+    from datetime import datetime
+
+    from grpo_trainer.checkpoints import read_manifest
+
+    manifest = read_manifest(checkpoint_dir)
+    if manifest is not None and Path(manifest.path).resolve() == Path(path).resolve():
+        try:
+            return datetime.fromisoformat(manifest.time).timestamp()
+        except ValueError:
+            pass
+    return Path(path).stat().st_mtime
 
 
 def _checkpoint_step(path: str) -> int:

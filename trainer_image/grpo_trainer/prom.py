@@ -86,10 +86,12 @@ class TrainerMetrics:
             ),
             validation_reward=gauge("grpo_validation_reward_mean", "Mean reward on the validation set."),
             last_checkpoint_step=gauge(
-                "grpo_last_checkpoint_step", "Step of the newest published checkpoint."
+                "grpo_last_checkpoint_step",
+                "Step of the newest published checkpoint (after a restart: the one resumed from).",
             ),
             last_checkpoint_timestamp=gauge(
-                "grpo_last_checkpoint_timestamp_seconds", "Unix time the newest checkpoint was published."
+                "grpo_last_checkpoint_timestamp_seconds",
+                "Unix time the newest checkpoint was published (after a restart: the one resumed from).",
             ),
             last_step_timestamp=gauge(
                 "grpo_last_step_timestamp_seconds", "Unix time of the last completed step (alert when stale)."
