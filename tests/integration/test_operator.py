@@ -100,6 +100,28 @@ def wait_status(
     return found[-1]
 
 
+def _condition(status: dict[str, Any], type_: str) -> dict[str, Any]:
+    return next((c for c in status.get("conditions") or [] if c.get("type") == type_), {})
+
+
+def wait_condition(
+    kube: Cluster,
+    namespace: str,
+    name: str,
+    type_: str,
+    *,
+    status: str | None = None,
+    reason: str | None = None,
+) -> dict[str, Any]:
+    """Polls until the job's condition ``type_`` has the given status and/or reason; returns the status."""
+
+    def matches(s: dict[str, Any]) -> bool:
+        cond = _condition(s, type_)
+        return bool(cond) and status in (None, cond.get("status")) and reason in (None, cond.get("reason"))
+
+    return wait_status(kube, namespace, name, f"condition {type_} {status or ''}/{reason or ''}", matches)
+
+
 def wait_phase(kube: Cluster, namespace: str, name: str, phase: str, timeout: float = 90) -> dict[str, Any]:
     return wait_status(kube, namespace, name, f"phase {phase}", lambda s: s.get("phase") == phase, timeout)
 
@@ -232,13 +254,7 @@ def test_a_job_brings_up_every_child_on_gpu_nodes_and_runs(
     s = status(kube, namespace, "math")
     assert s["rollouts"] == 10 * 2 * 4 and s["trainerAttempt"] == 1 and s["restarts"] == 0
     wait_reasons(kube, namespace, "math", {"Created", "Running"})
-    ready = wait_status(
-        kube,
-        namespace,
-        "math",
-        "MetricReady True",
-        lambda s: _condition(s, "MetricReady").get("status") == "True",
-    )
+    ready = wait_condition(kube, namespace, "math", "MetricReady", status="True")
     assert _condition(ready, "MetricReady")["reason"] == "Available"
 
     # The operator's own endpoints.
@@ -342,10 +358,6 @@ def test_a_job_needing_more_gpus_than_exist_is_pending_with_the_reason(
     assert "Unschedulable" in described and "Insufficient nvidia.com/gpu" in described, described
 
 
-def _condition(status: dict[str, Any], type_: str) -> dict[str, Any]:
-    return next((c for c in status.get("conditions") or [] if c.get("type") == type_), {})
-
-
 def test_a_gpu_label_pinned_on_every_pod_leaves_the_metric_pod_unschedulable_and_says_so(
     kube: Cluster, namespace: str, operator: Operator
 ) -> None:
@@ -354,13 +366,7 @@ def test_a_gpu_label_pinned_on_every_pod_leaves_the_metric_pod_unschedulable_and
     counted restart."""
     h100 = {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}
     kube.apply(job_manifest("pinned", scheduling={"nodeSelector": h100}), namespace)
-    s = wait_status(
-        kube,
-        namespace,
-        "pinned",
-        "MetricReady False/Unschedulable",
-        lambda s: _condition(s, "MetricReady").get("reason") == "Unschedulable",
-    )
+    s = wait_condition(kube, namespace, "pinned", "MetricReady", reason="Unschedulable")
     message = _condition(s, "MetricReady")["message"]
     assert "pinned-metric-" in message and "gpuNodeSelector" in message, message
     assert "node affinity/selector" in message, message  # the scheduler's own words

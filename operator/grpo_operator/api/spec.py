@@ -509,10 +509,14 @@ class ImagePullSecret(ApiModel):
     )
 
 
+# Label values are at most 63 characters (Kubernetes label syntax).
+NodeLabels = dict[str, Annotated[str, Field(max_length=63)]]
+
+
 class SchedulingSpec(ApiModel):
     """Where the job's pods may run and how they queue."""
 
-    node_selector: dict[str, Annotated[str, Field(max_length=63)]] = Field(
+    node_selector: NodeLabels = Field(
         default_factory=dict,
         max_length=32,
         description=(
@@ -520,7 +524,7 @@ class SchedulingSpec(ApiModel):
             "node pool). For labels only GPU nodes carry, such as nvidia.com/gpu.product, use gpuNodeSelector."
         ),
     )
-    gpu_node_selector: dict[str, Annotated[str, Field(max_length=63)]] = Field(
+    gpu_node_selector: NodeLabels = Field(
         default_factory=dict,
         max_length=32,
         description=(

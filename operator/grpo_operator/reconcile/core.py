@@ -570,7 +570,7 @@ def _ttl(step: _Step, job: Job) -> None:
         step.requeue_at(expiry)
 
 
-# Container waiting reasons that do not go away by waiting: worth a Warning event, not just a condition.
+# Metric pod states that do not go away by waiting: worth a Warning event, not just a condition.
 _METRIC_STUCK_REASONS = frozenset(
     {
         "Unschedulable",
@@ -615,15 +615,15 @@ def _metric_not_ready(job: Job, observed: Observed) -> tuple[str, str]:
     pods = [p for p in observed.pods() if p.role == "metric" and not p.terminating]
     for pod in pods:
         blocked = pod.unschedulable()
-        if blocked is not None:
-            why, detail = blocked
-            reason = "Unschedulable" if why != "SchedulingGated" else "SchedulingGated"
-            return reason, (
-                f"metric pod {pod.name} cannot be scheduled: {detail.rstrip('. ')}. spec.scheduling.nodeSelector "
-                "applies to the metric pod too; use spec.scheduling.gpuNodeSelector for labels only GPU nodes carry"
-                if reason == "Unschedulable"
-                else f"metric pod {pod.name}: {detail}"
-            )
+        if blocked is None:
+            continue
+        why, detail = blocked
+        if why == "SchedulingGated":
+            return why, f"metric pod {pod.name}: {detail}"
+        return "Unschedulable", (
+            f"metric pod {pod.name} cannot be scheduled: {detail.rstrip('. ')}. spec.scheduling.nodeSelector "
+            "applies to the metric pod too; use spec.scheduling.gpuNodeSelector for labels only GPU nodes carry"
+        )
     for pod in pods:
         waiting = pod.waiting()
         if waiting is not None:
