@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 ENV_PREFIX = "GRPO_OPERATOR_"
+POD_SECURITY_LEVELS = ("restricted", "baseline")
+MAX_ID = 2**31 - 1
 
 
 class SettingsError(ValueError):
@@ -91,6 +93,15 @@ class OperatorSettings:
     default_trainer_requests: Mapping[str, str] = field(
         default_factory=lambda: {"cpu": "8", "memory": "64Gi"}
     )
+    # Pod Security Standard every job pod meets (builders/security.py, docs/platform.md): "restricted"
+    # (non-root, RuntimeDefault seccomp, no capabilities; tenant namespaces may enforce restricted) or
+    # "baseline" (the same, but the image's own user, root included; namespaces may enforce baseline).
+    pod_security: str = "restricted"
+    # User and group job containers run as under "restricted" (the project's images use 65532), and the
+    # group that owns the job's volume (fsGroup, both levels) so the trainer can write checkpoints.
+    pod_run_as_user: int = 65532
+    pod_run_as_group: int = 65532
+    pod_fs_group: int = 65532
     # Trainer exit codes that mean "retrying cannot help" (the trainer's invalid-configuration code):
     # the job fails at once instead of spending its backoffLimit.
     permanent_exit_codes: tuple[int, ...] = (2,)
@@ -111,6 +122,17 @@ class OperatorSettings:
                 "watch either all namespaces or a list of namespaces, not both: "
                 "drop --all-namespaces or the --namespace flags"
             )
+        if self.pod_security not in POD_SECURITY_LEVELS:
+            raise SettingsError(
+                f"pod_security ({ENV_PREFIX}POD_SECURITY, Helm: jobDefaults.podSecurity.level) is "
+                f"{self.pod_security!r}: use one of {', '.join(POD_SECURITY_LEVELS)}"
+            )
+        for name in ("pod_run_as_user", "pod_run_as_group", "pod_fs_group"):
+            value = getattr(self, name)
+            if not 0 < value <= MAX_ID:
+                raise SettingsError(
+                    f"{name} ({ENV_PREFIX}{name.upper()}) is {value}: use a non-root id 1..{MAX_ID}, e.g. 65532"
+                )
         for index, peer in enumerate(self.metrics_scrapers):
             problem = _peer_problem(peer)
             if problem:

@@ -43,6 +43,7 @@ from grpo_operator.builders.common import (
 )
 from grpo_operator.builders.config import config_hash
 from grpo_operator.builders.scheduling import image_pull_secrets, kueue_labels, pod_placement
+from grpo_operator.builders.security import secure_pod_spec
 from grpo_operator.settings import OperatorSettings
 
 # Environment the trainer contract fixes (docs/operations.md); a spec.trainer.env entry with one of
@@ -236,7 +237,7 @@ def generation_pod(job: Job, settings: OperatorSettings, attempt: int, index: in
         "metadata": _pod_metadata(
             job, generation_pod_name(job, attempt, index), "generation", attempt, {}, {}
         ),
-        "spec": pod_spec,
+        "spec": secure_pod_spec(pod_spec, settings),
     }
 
 
@@ -340,7 +341,6 @@ def trainer_pod(job: Job, settings: OperatorSettings, attempt: int, rank: int, r
         # The trainer writes a one-line failure reason here; the operator shows it in status.message.
         "terminationMessagePath": "/dev/termination-log",
         "terminationMessagePolicy": "FallbackToLogsOnError",
-        "securityContext": {"allowPrivilegeEscalation": False},
     }
     pod_spec: dict[str, Any] = {
         "restartPolicy": "Never",
@@ -365,7 +365,7 @@ def trainer_pod(job: Job, settings: OperatorSettings, attempt: int, rank: int, r
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": _pod_metadata(job, name, "trainer", attempt, {LABEL_NODE_RANK: str(rank)}, annotations),
-        "spec": pod_spec,
+        "spec": secure_pod_spec(pod_spec, settings),
     }
 
 

@@ -15,6 +15,7 @@ from grpo_operator.builders.common import (
     with_hash,
 )
 from grpo_operator.builders.scheduling import image_pull_secrets, pod_placement
+from grpo_operator.builders.security import secure_pod_spec
 from grpo_operator.settings import OperatorSettings
 
 METRIC_PORT_NAME = "http"
@@ -57,13 +58,11 @@ def metric_deployment(job: Job, settings: OperatorSettings) -> Manifest:
             "periodSeconds": 10,
             "failureThreshold": 6,
         },
-        "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}},
     }
     pod_spec: dict[str, Any] = {
         # User code: no Kubernetes API credentials and no service-link environment.
         "automountServiceAccountToken": False,
         "enableServiceLinks": False,
-        "securityContext": {"seccompProfile": {"type": "RuntimeDefault"}},
         "containers": [container],
         **pod_placement(job, settings, gpu=False),
         **image_pull_secrets(job, settings),
@@ -76,7 +75,10 @@ def metric_deployment(job: Job, settings: OperatorSettings) -> Manifest:
             "spec": {
                 "replicas": spec.replicas,
                 "selector": {"matchLabels": selector_labels(job, "metric")},
-                "template": {"metadata": {"labels": labels(job, "metric")}, "spec": pod_spec},
+                "template": {
+                    "metadata": {"labels": labels(job, "metric")},
+                    "spec": secure_pod_spec(pod_spec, settings),
+                },
             },
         }
     )

@@ -31,7 +31,7 @@ from grpo_operator.handlers.informer import ClusterCache
 from grpo_operator.handlers.kube import CHILD_RESOURCES, GRPOJOB, NODE, Kube, Obj, resource_for
 from grpo_operator.handlers.workqueue import WorkQueue
 from grpo_operator.observability import HealthState, OperatorMetrics
-from grpo_operator.reconcile import Observed, Plan, reconcile
+from grpo_operator.reconcile import Observed, Plan, Refusal, reconcile
 from grpo_operator.reconcile.conditions import format_time
 from grpo_operator.settings import OperatorSettings
 
@@ -66,6 +66,10 @@ class Controller:
         self._executor = ThreadPoolExecutor(max_workers=4 * settings.workers, thread_name_prefix="grpo-api")
         self._tasks: list[asyncio.Task[None]] = []
         self._written_rv: dict[Key, str] = {}
+        # What the API server refused in each job's last executed plan. The next reconcile reads it:
+        # a refused child does not exist, so only the refusal says why it is missing. Lost on restart
+        # and rebuilt by the next attempt to create the child.
+        self._refusals: dict[Key, tuple[Refusal, ...]] = {}
         self._recent_events: dict[tuple[Key, str, str], float] = {}
         self._nodes: tuple[float, frozenset[str] | None] = (0.0, None)
         self._nodes_forbidden = False
@@ -85,6 +89,7 @@ class Controller:
         if event_type == "DELETED":
             self.phases.pop(key, None)
             self._written_rv.pop(key, None)
+            self._refusals.pop(key, None)
             self.queue.discard(key)
             return
         self.phases.setdefault(key, None)
@@ -192,6 +197,7 @@ class Controller:
                 self.queue.add(key)
         for key in set(self.phases) - seen:
             self.phases.pop(key, None)
+            self._refusals.pop(key, None)
         self.metrics.queue_depth.set(len(self.queue))
 
     # --- workers -----------------------------------------------------------------------------------------------
@@ -281,7 +287,11 @@ class Controller:
                 if obj["kind"] == "Pod" and not _pod_of_this_job(obj, uid, meta.get("creationTimestamp")):
                     continue  # a pod of an earlier job with the same name, on its way out
                 objects.append(obj)
-        return Observed(objects=tuple(objects), nodes=await self._node_names())
+        return Observed(
+            objects=tuple(objects),
+            nodes=await self._node_names(),
+            refusals=self._refusals.get((namespace, name), ()),
+        )
 
     async def _node_names(self) -> frozenset[str] | None:
         watched = self.cache.node_names() if self.cache is not None else None
@@ -354,14 +364,20 @@ class Controller:
                     raise
         # Children within one group do not depend on each other: send them concurrently. The groups
         # stay in order, so pods are created only after their ConfigMap, PVC and ServiceAccount exist.
-        failures: list[str] = []
+        failures: list[Refusal] = []
         await asyncio.gather(*(self._write(self.kube.apply, "apply", m, failures) for m in plan.applies))
         await asyncio.gather(*(self._write(self.kube.create, "create", m, failures) for m in plan.creates))
         for event in plan.events:
             await self.post_event(job, event.type, event.reason, event.message)
+        self._refusals[key] = tuple(failures)
         for failure in failures:
             # Quota, admission webhooks and policy engines refuse children with 4xx: tell the user why.
-            await self.post_event(job, "Warning", "ChildRejected", f"the API server refused {failure}")
+            await self.post_event(
+                job,
+                "Warning",
+                "ChildRejected",
+                f"the API server refused {failure.kind} {failure.name}: {failure.message}",
+            )
         if plan.restart is not None:
             self.metrics.restarts.labels(
                 namespace=namespace,
@@ -380,7 +396,9 @@ class Controller:
         if failures:
             self.queue.add_rate_limited(key, base=5.0)
 
-    async def _write(self, fn: Callable[[Obj], Obj], verb: str, manifest: Obj, failures: list[str]) -> None:
+    async def _write(
+        self, fn: Callable[[Obj], Obj], verb: str, manifest: Obj, failures: list[Refusal]
+    ) -> None:
         """Apply or create one child. 409 on create means it exists (made before an operator restart):
         that is success. Other 4xx (quota, admission policies) are collected for a ChildRejected event."""
         meta = manifest["metadata"]
@@ -392,7 +410,7 @@ class Controller:
             self._api_error(verb, manifest["kind"], exc)
             if exc.status is None or exc.status >= 500 or exc.status == 429:
                 raise
-            failures.append(f"{manifest['kind']} {meta['name']}: {_api_message(exc)}")
+            failures.append(Refusal(manifest["kind"], meta["name"], exc.status, _api_message(exc)))
             return
         if verb == "create":
             job = (meta.get("labels") or {}).get(LABEL_JOB, "?")

@@ -386,7 +386,13 @@ def _waiting(step: _Step, job: Job, observed: Observed, expected: list[str], pre
     """Pods exist (or are being created) but not all run: Pending, Initializing or Restarting."""
     attempt = step.attempt
     blocked = next(((p, p.unschedulable()) for p in present if p.unschedulable() is not None), None)
-    if blocked is not None:
+    refused = _refusal(observed, expected, present)
+    if refused is not None:
+        # The ChildRejected event with the same words comes from the write that was refused.
+        step.condition(SCHEDULED, "False", "ChildRejected", refused)
+        step.condition(RUNNING, "False", "Pending", refused)
+        step.set_phase("Pending", "ChildRejected", refused)
+    elif blocked is not None:
         pod, (why, detail) = blocked[0], blocked[1]  # type: ignore[misc]
         if why == "SchedulingGated":
             reason = "WaitingForAdmission"
@@ -423,6 +429,24 @@ def _waiting(step: _Step, job: Job, observed: Observed, expected: list[str], pre
         step.set_phase(phase, reason, message)
     _not_suspended(step)
     _startup_deadline(step, job, observed, present)
+
+
+def _refusal(observed: Observed, expected: list[str], present: list[PodView]) -> str | None:
+    """Why children are missing when the API server refused them (quota, Pod Security, admission
+    policies), in the refusal's own words; None when nothing was refused. A refused pod of this attempt
+    comes first: it is what keeps the gang from running."""
+    missing = set(expected) - {p.name for p in present}
+    pods = [r for r in observed.refusals if r.kind == "Pod" and r.name in missing]
+    refusals = pods or [r for r in observed.refusals if r.kind != "Pod"]
+    if not refusals:
+        return None
+    first = refusals[0]
+    more = f" ({len(refusals) - 1} more refused)" if len(refusals) > 1 else ""
+    return (
+        f"the API server refused to create {first.kind} {first.name}{more}: {first.message.rstrip('. ')}. "
+        "The namespace's ResourceQuota, Pod Security level or an admission policy does not admit it; "
+        "the operator retries until it does"
+    )
 
 
 def _not_suspended(step: _Step) -> None:
@@ -579,6 +603,7 @@ _METRIC_STUCK_REASONS = frozenset(
         "InvalidImageName",
         "CrashLoopBackOff",
         "CreateContainerConfigError",
+        "FailedCreate",
         "CreateContainerError",
         "RunContainerError",
     }
@@ -612,6 +637,17 @@ def _metric_readiness(step: _Step, job: Job, observed: Observed) -> None:
 
 
 def _metric_not_ready(job: Job, observed: Observed) -> tuple[str, str]:
+    # The ReplicaSet controller's refusals (quota, Pod Security, admission policies) reach the
+    # Deployment as its ReplicaFailure condition; no pod exists to tell anything else.
+    deployment = observed.get("Deployment", metric_name(job)) or {}
+    for cond in (deployment.get("status") or {}).get("conditions") or []:
+        if cond.get("type") == "ReplicaFailure" and cond.get("status") == "True":
+            detail = str(cond.get("message") or "").rstrip(". ")
+            return str(cond.get("reason") or "FailedCreate"), (
+                f"the API server refused the metric pods of Deployment {metric_name(job)}: {detail}. "
+                "The namespace's ResourceQuota, Pod Security level or an admission policy does not admit "
+                "them; the ReplicaSet retries until it does"
+            )
     pods = [p for p in observed.pods() if p.role == "metric" and not p.terminating]
     for pod in pods:
         blocked = pod.unschedulable()

@@ -34,12 +34,26 @@ def parse_time(value: Any) -> datetime | None:
 
 
 @dataclass(frozen=True)
+class Refusal:
+    """The API server refused to create or update a child (quota, Pod Security, an admission policy):
+    an HTTP 4xx answer and its message, word for word."""
+
+    kind: str
+    name: str
+    code: int
+    message: str
+
+
+@dataclass(frozen=True)
 class Observed:
     """Every child of one job (objects labelled grpo.dev/job=<job> in its namespace), each with its
-    ``kind`` set, plus the names of the cluster's nodes when known (None: not checked)."""
+    ``kind`` set, plus the names of the cluster's nodes when known (None: not checked), and the
+    refusals the API server answered the operator's last writes of the job's children with (a refused
+    child does not exist, so only the answer tells why it is missing)."""
 
     objects: tuple[Obj, ...] = ()
     nodes: frozenset[str] | None = None
+    refusals: tuple[Refusal, ...] = ()
 
     def of_kind(self, kind: str) -> list[Obj]:
         return [o for o in self.objects if o.get("kind") == kind]
