@@ -123,7 +123,8 @@ def test_the_checkpoint_volume_is_writable_by_the_pods_group() -> None:
 
 def test_every_container_has_a_writable_home_and_tmp_and_a_user_name() -> None:
     """Images run as a uid they were not built for (stock vLLM runs as root) need somewhere to write
-    their caches, and torch asks getpass.getuser(), which needs USER for a uid missing from /etc/passwd."""
+    their caches, and getpass.getuser() (called by some torch versions) needs USER for a uid missing from
+    /etc/passwd."""
     for name, spec in pod_specs(job_object(), OperatorSettings()).items():
         volumes = {v["name"]: v for v in spec["volumes"]}
         for container in spec["containers"]:

@@ -9,9 +9,9 @@ images that must run as root, and needs namespaces that enforce no more than *ba
 Running an image as a user it was not built for (the stock vLLM image runs as root) works only if
 what it writes is writable by that user and nothing asks the user database for its name. Every
 container therefore gets an emptyDir ``/tmp``, an emptyDir home directory in ``HOME`` (where HF,
-vLLM, Triton, FlashInfer and pip put their caches) and ``USER``: torch's compile cache names its
-directory after ``getpass.getuser()``, which fails for a uid missing from /etc/passwd unless USER is
-set. The pod's ``fsGroup`` makes the job's volume group-writable for that user.
+vLLM, Triton, FlashInfer and pip put their caches) and ``USER``: Python's ``getpass.getuser()``,
+which some torch releases call unguarded to name their compile caches, raises KeyError for a uid
+missing from /etc/passwd unless USER is set. The pod's ``fsGroup`` makes the job's volume group-writable for that user.
 """
 
 from __future__ import annotations
