@@ -16,8 +16,8 @@ GRPOJob's pods, and only for them:
 
 What differs from a real pod, and why: there is no cluster DNS here, so the metric URL's host is
 rewritten to 127.0.0.1; there is no vLLM server (no GPU), so generation runs in-process
-(``generation.backend: transformers``); paths under /workspace are rewritten to the claim's directory.
-Nothing else in the rendered config is changed. Only single-process trainer gangs (1 node x 1 GPU)
+(``generation.backend: transformers``); paths under /workspace are rewritten to the claim's directory,
+and the pod's emptyDir home directory (HOME) to a directory of the runner's. Nothing else in the rendered config is changed. Only single-process trainer gangs (1 node x 1 GPU)
 are run locally.
 """
 
@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 import yaml
+from grpo_operator.builders.security import HOME_DIR
 
 from tests.harness.kube import Cluster
 
@@ -184,7 +185,7 @@ class LocalJobRunner:
                 f"no local command for metric image {container['image']!r}; pass --metric IMAGE=COMMAND"
             )
         self.metric_port = free_port()
-        env = {**os.environ, **container_env(pod), "GRPO_METRIC_PORT": str(self.metric_port)}
+        env = {**os.environ, **self.local_home(container_env(pod)), "GRPO_METRIC_PORT": str(self.metric_port)}
         log = self.workdir / "metric.log"
         handle = log.open("ab")
         popen = subprocess.Popen(command, env=env, stdout=handle, stderr=subprocess.STDOUT, cwd=REPO)
@@ -199,6 +200,15 @@ class LocalJobRunner:
                     raise RuntimeError(f"metric server exited with {popen.returncode}; see {log}") from None
                 time.sleep(0.3)
         raise RuntimeError(f"metric server did not answer /healthz within 60s; see {log}")
+
+    def local_home(self, env: dict[str, str]) -> dict[str, str]:
+        """``env`` with the pod's emptyDir HOME replaced by a directory of the runner's (a user's own HOME,
+        e.g. under /workspace, is kept)."""
+        if env.get("HOME") != HOME_DIR:
+            return env
+        home = self.workdir / "home"
+        home.mkdir(parents=True, exist_ok=True)
+        return {**env, "HOME": str(home)}
 
     # --- trainer -------------------------------------------------------------------------------
     def trainer_config(self, workspace: Path) -> Path:
@@ -220,7 +230,7 @@ class LocalJobRunner:
         if int(env.get("WORLD_SIZE", "1")) != 1:
             raise RuntimeError("the local runner runs single-process trainer gangs only (1 node x 1 GPU)")
         workspace = self.workspace()
-        env = {k: str(rewrite_paths(v, workspace)) for k, v in env.items()}
+        env = {k: str(rewrite_paths(v, workspace)) for k, v in self.local_home(env).items()}
         env.update(
             GRPO_CONFIG=str(self.trainer_config(workspace)),
             KUBECONFIG=str(self.service_account_kubeconfig()),
