@@ -151,7 +151,7 @@ def test_trainer_pods_refused_by_a_quota_are_reported_until_the_quota_allows_the
     )
     # Which pods the quota admits depends on the order the creates arrive in; some are refused.
     assert "exceeded quota: gpus" in status["message"], status["message"]
-    assert "the API server refused to create Pod math-" in status["message"]
+    assert "the API server refused Pod math-" in status["message"]
     wait_for(
         "a ChildRejected event naming the quota",
         lambda: any(

@@ -261,3 +261,20 @@ def test_a_refused_metric_replicaset_shows_in_metric_ready_and_one_warning() -> 
     warnings = [e for e in plan.events if e.reason == "MetricNotReady"]
     assert len(warnings) == 1 and PSA_REFUSAL in warnings[0].message
     assert ("Warning", "MetricNotReady") not in events(world.step())
+
+
+def test_the_message_does_not_depend_on_the_order_of_concurrent_refusals() -> None:
+    """Pods are created concurrently and refused in any order; the status must not flap with it."""
+    refusals = [
+        Refusal("Pod", name, 403, f'pods "{name}" is forbidden: exceeded quota: gpus')
+        for name in ("math-trainer-1-1", "math-gen-1-0", "math-trainer-1-0")
+    ]
+    messages = set()
+    for order in (refusals, refusals[::-1]):
+        world = AdmittingWorld(job_object(), refuse=lambda manifest: "exceeded quota: gpus")
+        world.step()
+        world.refusals = tuple(order)
+        world.step()
+        messages.add(world.status()["message"])
+    (message,) = messages
+    assert message.startswith("the API server refused Pod math-gen-1-0 (2 more refused): ")

@@ -436,14 +436,16 @@ def _refusal(observed: Observed, expected: list[str], present: list[PodView]) ->
     policies), in the refusal's own words; None when nothing was refused. A refused pod of this attempt
     comes first: it is what keeps the gang from running."""
     missing = set(expected) - {p.name for p in present}
-    pods = [r for r in observed.refusals if r.kind == "Pod" and r.name in missing]
-    refusals = pods or [r for r in observed.refusals if r.kind != "Pod"]
+    # Sorted: concurrent writes are refused in any order, and the message must not change with it.
+    ordered = sorted(observed.refusals, key=lambda r: (r.kind, r.name))
+    pods = [r for r in ordered if r.kind == "Pod" and r.name in missing]
+    refusals = pods or [r for r in ordered if r.kind != "Pod"]
     if not refusals:
         return None
     first = refusals[0]
     more = f" ({len(refusals) - 1} more refused)" if len(refusals) > 1 else ""
     return (
-        f"the API server refused to create {first.kind} {first.name}{more}: {first.message.rstrip('. ')}. "
+        f"the API server refused {first.kind} {first.name}{more}: {first.message.rstrip('. ')}. "
         "The namespace's ResourceQuota, Pod Security level or an admission policy does not admit it; "
         "the operator retries until it does"
     )
