@@ -91,9 +91,9 @@ class OperatorSettings:
     default_trainer_requests: Mapping[str, str] = field(
         default_factory=lambda: {"cpu": "8", "memory": "64Gi"}
     )
-    # Trainer exit codes that mean "retrying cannot help" (the trainer's invalid-configuration code):
-    # the job fails at once instead of spending its backoffLimit.
-    permanent_exit_codes: tuple[int, ...] = (2,)
+    # Trainer exit codes that mean "retrying cannot help" (invalid configuration, 2; a checkpoint of another
+    # job or other weights, 4): the job fails at once instead of spending its backoffLimit.
+    permanent_exit_codes: tuple[int, ...] = (2, 4)
 
     # --- identity -----------------------------------------------------------------------------------------
     # Field manager and event source of everything the operator writes.
