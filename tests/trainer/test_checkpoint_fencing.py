@@ -1,0 +1,169 @@
+"""Checkpoint ownership on the volume: attempts of one job fence each other, checkpoints of another job or
+for other weights are neither resumed nor pruned. Runs publish/claim/resolve_resume on real directories
+laid out as HF Trainer stages them."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from grpo_trainer.checkpoints import (
+    GRPO_STATE_FILE,
+    Owner,
+    claim,
+    publish,
+    read_manifest,
+    resolve_resume,
+)
+from grpo_trainer.errors import CheckpointMismatch, ConfigError
+
+pytestmark = pytest.mark.trainer
+
+JOB = Owner(
+    namespace="team",
+    name="math",
+    uid="uid-1",
+    attempt=1,
+    model="Qwen/Qwen2.5-1.5B-Instruct",
+    revision="main",
+    lora=None,
+)
+
+
+def stage(root: Path, step: int, owner: Owner) -> Path:
+    """A checkpoint as HF Trainer leaves it in .partial, with the owner the trainer stamps into it."""
+    staged = root / ".partial" / f"checkpoint-{step}"
+    staged.mkdir(parents=True)
+    (staged / "trainer_state.json").write_text(json.dumps({"global_step": step}))
+    (staged / "model.safetensors").write_bytes(b"weights")
+    (staged / GRPO_STATE_FILE).write_text(json.dumps({"step": step, "owner": owner.to_json()}))
+    return staged
+
+
+def save(root: Path, step: int, owner: Owner, keep_last: int = 1) -> object:
+    return publish(stage(root, step, owner), root, step, keep_last, owner)
+
+
+def steps_on_disk(root: Path) -> list[str]:
+    return sorted((p.name for p in root.glob("step-*")), key=lambda n: int(n.split("-")[1]))
+
+
+def test_manifest_records_job_attempt_and_weights(tmp_path: Path) -> None:
+    save(tmp_path, 10, JOB)
+    raw = json.loads((tmp_path / "latest.json").read_text())
+    assert raw["step"] == 10 and raw["path"] == str(tmp_path / "step-10")
+    assert raw["job"] == {"namespace": "team", "name": "math", "uid": "uid-1"}
+    assert raw["attempt"] == 1
+    assert raw["model"] == {"name": "Qwen/Qwen2.5-1.5B-Instruct", "revision": "main"}
+    assert raw["lora"] is None
+
+
+def test_sigterm_checkpoint_of_a_replaced_attempt_cannot_take_the_newer_attempts_resume_point(
+    tmp_path: Path,
+) -> None:
+    """keepLast 1: attempt 1 is still writing its SIGTERM checkpoint (step 57) when attempt 2 starts from
+    step 50. Attempt 2 claims the manifest; attempt 1's late publish must neither move it nor prune step 50."""
+    save(tmp_path, 50, JOB)
+    new = replace(JOB, attempt=2)
+    claim(tmp_path, new)
+    assert resolve_resume(str(tmp_path / "step-50"), tmp_path, new) == str(tmp_path / "step-50")
+
+    assert save(tmp_path, 57, JOB) is None  # the late SIGTERM checkpoint of attempt 1
+    manifest = read_manifest(tmp_path)
+    assert manifest is not None and manifest.step == 50 and manifest.owner is not None
+    assert manifest.owner.attempt == 2
+    assert steps_on_disk(tmp_path) == ["step-50"]
+    assert not (tmp_path / ".partial" / "checkpoint-57").exists()
+
+    # Attempt 2 goes on publishing and pruning normally.
+    assert save(tmp_path, 55, new) is not None
+    assert steps_on_disk(tmp_path) == ["step-55"]
+
+
+def test_resume_falls_back_to_the_manifest_when_resume_from_was_pruned(tmp_path: Path) -> None:
+    """Attempt 1 published step 57 (pruning step 50) before attempt 2 could claim: attempt 2's RESUME_FROM
+    is gone, and it resumes from the job's newest checkpoint instead of failing for good."""
+    save(tmp_path, 50, JOB)
+    save(tmp_path, 57, JOB)
+    assert steps_on_disk(tmp_path) == ["step-57"]
+    new = replace(JOB, attempt=2)
+    assert resolve_resume(str(tmp_path / "step-50"), tmp_path, new) == str(tmp_path / "step-57")
+
+
+def test_missing_resume_from_without_a_manifest_of_the_job_is_a_config_error(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"RESUME_FROM=.*step-50 is not a complete checkpoint"):
+        resolve_resume(str(tmp_path / "step-50"), tmp_path, JOB)
+
+
+def test_another_jobs_checkpoints_are_refused_and_never_pruned(tmp_path: Path) -> None:
+    """A shared existingClaim (or a same-name job on a retained claim): the other job's manifest is not
+    resumed, and its checkpoints survive this job's publishing with keepLast 1."""
+    other = replace(JOB, name="math", uid="uid-OLD", attempt=3)
+    save(tmp_path, 400, other)
+    with pytest.raises(CheckpointMismatch) as refused:
+        resolve_resume(None, tmp_path, JOB)
+    message = str(refused.value)
+    assert "belongs to GRPOJob team/math, uid uid-OLD" in message and "uid uid-1" in message
+    assert "its own volume" in message
+
+    # Even when this job publishes into the same directory (the other manifest gone), keepLast only counts
+    # this job's checkpoints.
+    (tmp_path / "latest.json").unlink()
+    save(tmp_path, 10, JOB)
+    save(tmp_path, 20, JOB)
+    assert steps_on_disk(tmp_path) == ["step-20", "step-400"]
+
+
+def test_publishing_over_another_jobs_manifest_is_refused(tmp_path: Path) -> None:
+    save(tmp_path, 400, replace(JOB, uid="uid-OTHER"))
+    with pytest.raises(CheckpointMismatch, match="uid-OTHER"):
+        save(tmp_path, 10, JOB)
+    manifest = read_manifest(tmp_path)
+    assert manifest is not None and manifest.step == 400
+    assert steps_on_disk(tmp_path) == ["step-400"]
+
+
+@pytest.mark.parametrize(
+    ("written", "resumed", "expected"),
+    [
+        (None, (16, ("q_proj", "v_proj")), "full weights, but this job trains .* LoRA r=16"),
+        (
+            (16, ("q_proj",)),
+            None,
+            "LoRA r=16 targetModules=\\['q_proj'\\], but this job trains .* full weights",
+        ),
+        ((16, ("q_proj",)), (8, ("q_proj",)), "LoRA r=16 .* LoRA r=8"),
+    ],
+)
+def test_a_checkpoint_for_other_weights_is_refused(
+    tmp_path: Path,
+    written: tuple[int, tuple[str, ...]] | None,
+    resumed: tuple[int, tuple[str, ...]] | None,
+    expected: str,
+) -> None:
+    save(tmp_path, 10, replace(JOB, lora=written))
+    me = replace(JOB, lora=resumed, attempt=2)
+    with pytest.raises(CheckpointMismatch, match=expected):
+        resolve_resume(None, tmp_path, me)
+    with pytest.raises(CheckpointMismatch, match=expected):
+        resolve_resume(str(tmp_path / "step-10"), tmp_path, me)
+
+
+def test_another_model_is_refused(tmp_path: Path) -> None:
+    save(tmp_path, 10, JOB)
+    with pytest.raises(CheckpointMismatch, match=r"Qwen2\.5-1\.5B-Instruct@main.*Qwen2\.5-7B-Instruct@main"):
+        resolve_resume(None, tmp_path, replace(JOB, model="Qwen/Qwen2.5-7B-Instruct"))
+
+
+def test_checkpoints_written_before_owners_were_recorded_are_resumed(tmp_path: Path) -> None:
+    step = tmp_path / "step-5"
+    step.mkdir()
+    (step / "trainer_state.json").write_text(json.dumps({"global_step": 5}))
+    (tmp_path / "latest.json").write_text(
+        json.dumps({"step": 5, "path": str(step), "time": "2026-01-01T00:00:00Z"})
+    )
+    assert resolve_resume(None, tmp_path, JOB) == str(step)
+    save(tmp_path, 6, JOB)
+    assert steps_on_disk(tmp_path) == ["step-6"]  # an unowned old checkpoint counts as the job's
