@@ -5,10 +5,14 @@ laid out as HF Trainer stages them."""
 from __future__ import annotations
 
 import json
+import signal
+import time
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from grpo_metric import MetricServer
 from grpo_trainer.checkpoints import (
     GRPO_STATE_FILE,
     Owner,
@@ -18,6 +22,8 @@ from grpo_trainer.checkpoints import (
     resolve_resume,
 )
 from grpo_trainer.errors import CheckpointMismatch, ConfigError
+
+from tests.trainer.toy import free_port, start_trainer, trainer_config
 
 pytestmark = pytest.mark.trainer
 
@@ -167,3 +173,53 @@ def test_checkpoints_written_before_owners_were_recorded_are_resumed(tmp_path: P
     assert resolve_resume(None, tmp_path, JOB) == str(step)
     save(tmp_path, 6, JOB)
     assert steps_on_disk(tmp_path) == ["step-6"]  # an unowned old checkpoint counts as the job's
+
+
+def test_a_replaced_attempts_sigterm_checkpoint_leaves_the_new_attempt_alone(
+    tmp_path: Path, tiny_model: Path, toy_metric: MetricServer
+) -> None:
+    """Two real trainer processes of one job, keepLast 1: attempt 1 keeps checkpointing while attempt 2
+    starts from its RESUME_FROM; attempt 1 gets SIGTERM only after attempt 2 has claimed the manifest, as
+    when the operator deletes the old gang's pods. Attempt 1's SIGTERM checkpoint is discarded, and attempt
+    2 resumes (from RESUME_FROM, or from the manifest if attempt 1 pruned it meanwhile) and finishes."""
+    config = trainer_config(tmp_path, tiny_model, toy_metric.url, steps=10_000, every_steps=2, keep_last=1)
+    old = start_trainer(config, tmp_path / "attempt-1.log", GRPO_TRAINER_ATTEMPT="1")
+    manifest_path = tmp_path / "ckpt" / "latest.json"
+    wait_until(lambda: manifest_path.is_file(), "attempt 1's first checkpoint")
+    resume_from = json.loads(manifest_path.read_text())["path"]
+
+    new_config = tmp_path / "attempt-2.json"
+    raw = json.loads(config.read_text())
+    raw["metricsPort"] = free_port()  # both attempts run at once here
+    new_config.write_text(json.dumps(raw))
+    new = start_trainer(
+        new_config, tmp_path / "attempt-2.log", GRPO_TRAINER_ATTEMPT="2", RESUME_FROM=resume_from
+    )
+    wait_until(lambda: json.loads(manifest_path.read_text()).get("attempt") == 2, "attempt 2's claim")
+    claimed_step = json.loads(manifest_path.read_text())["step"]
+    old.send_signal(signal.SIGTERM)
+    assert old.wait(timeout=300) == 0
+    old_log = (tmp_path / "attempt-1.log").read_text()
+    assert "was replaced by attempt 2" in old_log, old_log[-3000:]
+    assert json.loads(manifest_path.read_text())["attempt"] == 2  # attempt 1 never took it back
+
+    # Attempt 2 trains on, publishes and prunes as usual, then stops on its own SIGTERM.
+    wait_until(lambda: json.loads(manifest_path.read_text())["step"] > claimed_step, "attempt 2's checkpoint")
+    new.send_signal(signal.SIGTERM)
+    assert new.wait(timeout=300) == 0, (tmp_path / "attempt-2.log").read_text()[-3000:]
+    final = read_manifest(tmp_path / "ckpt")
+    assert final is not None and final.owner is not None and final.owner.attempt == 2
+    assert final.step > claimed_step
+    assert steps_on_disk(tmp_path / "ckpt") == [f"step-{final.step}"]
+
+
+def wait_until(predicate: Callable[[], bool], what: str, timeout: float = 300) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if predicate():
+                return
+        except (OSError, ValueError):  # the manifest is replaced atomically, but may not exist yet
+            pass
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
