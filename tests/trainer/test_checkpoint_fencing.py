@@ -15,11 +15,14 @@ import pytest
 from grpo_metric import MetricServer
 from grpo_trainer.checkpoints import (
     GRPO_STATE_FILE,
+    Manifest,
     Owner,
     claim,
+    clean_staging,
     publish,
     read_manifest,
     resolve_resume,
+    write_manifest,
 )
 from grpo_trainer.errors import CheckpointMismatch, ConfigError
 
@@ -173,6 +176,22 @@ def test_checkpoints_written_before_owners_were_recorded_are_resumed(tmp_path: P
     assert resolve_resume(None, tmp_path, JOB) == str(step)
     save(tmp_path, 6, JOB)
     assert steps_on_disk(tmp_path) == ["step-6"]  # an unowned old checkpoint counts as the job's
+
+
+def test_staging_of_dead_attempts_is_removed_but_not_the_replaced_attempts(tmp_path: Path) -> None:
+    save(tmp_path, 10, JOB)
+    staging = tmp_path / ".partial"
+    for name in ("attempt-1", "attempt-2", "attempt-3", "checkpoint-7"):
+        (staging / name / "checkpoint-12").mkdir(parents=True)
+    clean_staging(tmp_path, replace(JOB, attempt=3))
+    # attempt-2 may still be writing its SIGTERM checkpoint; attempt-1 and the pre-attempt layout are dead.
+    assert sorted(p.name for p in staging.iterdir()) == ["attempt-2", "attempt-3"]
+
+    # With another job's manifest the staging area may be that job's: nothing is touched.
+    foreign = Manifest(400, str(tmp_path / "step-400"), "2026-01-01T00:00:00Z", replace(JOB, uid="uid-OTHER"))
+    write_manifest(tmp_path, foreign)
+    clean_staging(tmp_path, replace(JOB, attempt=9))
+    assert sorted(p.name for p in staging.iterdir()) == ["attempt-2", "attempt-3"]
 
 
 def test_a_replaced_attempts_sigterm_checkpoint_leaves_the_new_attempt_alone(

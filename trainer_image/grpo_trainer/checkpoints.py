@@ -2,7 +2,7 @@
 manifest ``<dir>/latest.json``.
 
 HF Trainer writes a checkpoint (model, optimizer, scheduler, RNG, trainer_state with the data position)
-into ``<dir>/.partial/checkpoint-N``; :func:`publish` then renames it to ``step-N`` (same filesystem, so
+into ``<dir>/.partial/attempt-<A>/checkpoint-N``; :func:`publish` then renames it to ``step-N`` (same filesystem, so
 atomic), moves the manifest with write-tmp + fsync + os.replace, and only then deletes old checkpoints.
 A crash at any point leaves latest.json naming a complete checkpoint.
 
@@ -31,6 +31,7 @@ from typing import Any
 
 from grpo_operator.api.trainer_config import TrainerConfig
 
+from grpo_trainer.config import STAGING_DIRNAME
 from grpo_trainer.errors import CheckpointMismatch, ConfigError
 
 log = logging.getLogger("grpo_trainer.checkpoints")
@@ -39,6 +40,7 @@ MANIFEST = "latest.json"
 # Written into every step-N directory: the owner, the dynamic-sampling stream position.
 GRPO_STATE_FILE = "grpo_state.json"
 STEP_DIR_RE = re.compile(r"^step-(\d+)$")
+ATTEMPT_DIR_RE = re.compile(r"^attempt-(\d+)$")
 
 
 @dataclass(frozen=True)
@@ -222,6 +224,23 @@ def claim(checkpoint_dir: Path, me: Owner) -> None:
     owner = Owner(**{**current.owner.__dict__, "attempt": me.attempt})
     write_manifest(checkpoint_dir, Manifest(current.step, current.path, current.time, owner))
     log.info("gang attempt %d claimed %s (step %d)", me.attempt, checkpoint_dir / MANIFEST, current.step)
+
+
+def clean_staging(checkpoint_dir: Path, me: Owner) -> None:
+    """Delete half-written checkpoints that attempts older than the one this attempt replaces left in
+    ``.partial`` (they were killed mid-save). The replaced attempt's own directory stays: it may still be
+    writing its SIGTERM checkpoint. Only done when the manifest is the job's: with another job's (or
+    none) the directory may be someone else's staging area."""
+    current = read_manifest(checkpoint_dir)
+    staging = checkpoint_dir / STAGING_DIRNAME
+    if current is None or current.owner is None or not current.owner.same_job(me) or not staging.is_dir():
+        return
+    for entry in staging.iterdir():
+        match = ATTEMPT_DIR_RE.match(entry.name)
+        stale = int(match.group(1)) < me.attempt - 1 if match else entry.name.startswith("checkpoint-")
+        if stale:
+            shutil.rmtree(entry, ignore_errors=True)
+            log.info("removed the half-written checkpoint staging directory %s", entry)
 
 
 def publish(staged: Path, checkpoint_dir: Path, step: int, keep_last: int, owner: Owner) -> Manifest | None:

@@ -14,7 +14,9 @@ from pydantic import ValidationError
 
 from grpo_trainer.errors import ConfigError
 
-# Directory under checkpoints.dir where HF Trainer writes a checkpoint before it is published as step-N.
+# Directory under checkpoints.dir where HF Trainer writes a checkpoint before it is published as step-N;
+# one subdirectory per gang attempt, so an attempt still writing its SIGTERM checkpoint and its successor
+# never write the same checkpoint-N directory.
 STAGING_DIRNAME = ".partial"
 
 
@@ -134,8 +136,8 @@ def plan_batches(
     )
 
 
-def staging_dir(config: TrainerConfig) -> str:
-    return str(Path(config.checkpoints.dir) / STAGING_DIRNAME)
+def staging_dir(config: TrainerConfig, attempt: int = 0) -> str:
+    return str(Path(config.checkpoints.dir) / STAGING_DIRNAME / f"attempt-{attempt}")
 
 
 @dataclass(frozen=True)
@@ -157,13 +159,15 @@ def precision(dtype: str, *, lora: bool, cuda: bool) -> Precision:
     return Precision(load_dtype=dtype, bf16=cuda and dtype == "bfloat16", fp16=cuda and dtype == "float16")
 
 
-def grpo_config_kwargs(config: TrainerConfig, plan: BatchPlan, *, cuda: bool) -> dict[str, Any]:
+def grpo_config_kwargs(
+    config: TrainerConfig, plan: BatchPlan, *, cuda: bool, attempt: int = 0
+) -> dict[str, Any]:
     """Keyword arguments for trl.GRPOConfig. Generation goes through the job's vLLM server in server mode
     (``generation.backend: vllm-server``) or through transformers in-process (``transformers``)."""
     g = config.grpo
     mixed = precision(config.model.dtype, lora=g.lora.enabled, cuda=cuda)
     kwargs: dict[str, Any] = {
-        "output_dir": staging_dir(config),
+        "output_dir": staging_dir(config, attempt),
         "num_generations": g.group_size,
         # One validation answer per prompt; validation is run by the trainer itself (validation.py).
         "num_generations_eval": 1,

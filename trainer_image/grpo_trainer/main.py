@@ -65,7 +65,7 @@ def run(config: TrainerConfig, env: RuntimeEnv) -> int:
     from transformers import AutoTokenizer
     from trl.trainer.grpo_config import GRPOConfig
 
-    from grpo_trainer.checkpoints import Owner, claim, resolve_resume
+    from grpo_trainer.checkpoints import Owner, claim, clean_staging, resolve_resume
     from grpo_trainer.data import load_rows, prepare
     from grpo_trainer.progress import ProgressCallback, Validation, truncate_jsonl
     from grpo_trainer.prom import TrainerMetrics
@@ -84,6 +84,7 @@ def run(config: TrainerConfig, env: RuntimeEnv) -> int:
     if env.is_main:
         output_dir.mkdir(parents=True, exist_ok=True)
         checkpoint_dir.mkdir(parents=True, exist_ok=True)
+        clean_staging(checkpoint_dir, owner)
 
     m = config.metric
     client = MetricClient(
@@ -130,7 +131,7 @@ def run(config: TrainerConfig, env: RuntimeEnv) -> int:
             )
 
         cuda = torch.cuda.is_available()
-        kwargs = grpo_config_kwargs(config, plan, cuda=cuda)
+        kwargs = grpo_config_kwargs(config, plan, cuda=cuda, attempt=env.attempt)
         if revision:
             kwargs["model_init_kwargs"]["revision"] = revision
         args = GRPOConfig(**kwargs)
