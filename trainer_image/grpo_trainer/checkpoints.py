@@ -24,7 +24,7 @@ import logging
 import os
 import re
 import shutil
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -221,7 +221,7 @@ def claim(checkpoint_dir: Path, me: Owner) -> None:
         return
     if current.owner.attempt >= me.attempt:
         return
-    owner = Owner(**{**current.owner.__dict__, "attempt": me.attempt})
+    owner = replace(current.owner, attempt=me.attempt)
     write_manifest(checkpoint_dir, Manifest(current.step, current.path, current.time, owner))
     log.info("gang attempt %d claimed %s (step %d)", me.attempt, checkpoint_dir / MANIFEST, current.step)
 

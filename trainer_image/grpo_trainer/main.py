@@ -33,8 +33,8 @@ def _is_local_dir(name: str) -> bool:
 
 
 def run(config: TrainerConfig, env: RuntimeEnv) -> int:
-    """Train to the end (or to SIGTERM); return the exit code. Raises ConfigError and
-    MetricServiceUnavailable for the caller to classify."""
+    """Train to the end (or to SIGTERM); return the exit code. Raises ConfigError,
+    MetricServiceUnavailable, CheckpointMismatch and NonFiniteTraining for the caller to classify."""
     stop = StopFlag()
     signal.signal(signal.SIGTERM, stop.set)
 
