@@ -12,7 +12,7 @@ STAMP := $(VENV)/.installed-$(DEPS_KEY)
 # the repository; installs then run offline from them.
 WHEELHOUSE ?= $(HOME)/.cache/grpo-wheels/$(DEPS_KEY)
 
-.PHONY: venv prometheus testbins cluster-up cluster-down generate lint test test-unit demo clean
+.PHONY: venv prometheus testbins cluster-up cluster-down generate lint test test-unit demo gpu-check clean
 
 venv: $(STAMP)
 $(STAMP): pyproject.toml
@@ -57,6 +57,12 @@ test-unit: venv
 
 demo: venv testbins
 	PATH=$(CURDIR)/$(BIN):$$PATH bash hack/demo.sh
+
+# The trainer for real on a CUDA machine: learning, SIGKILL + resume, bf16/fp16/fp32, LoRA, overhead against
+# bare TRL; writes out/gpu-check.json. Without CUDA it says so and exits 0 (GPU_CHECK_ARGS=--cpu-smoke runs
+# the same code paths on the CPU with tiny sizes).
+gpu-check: venv
+	$(BIN)/python -m bench.gpu_check $(GPU_CHECK_ARGS)
 
 clean: cluster-down
 	rm -rf $(VENV)

@@ -52,12 +52,25 @@ def write_data(path: Path) -> None:
             handle.write(json.dumps({"prompt": f"q{i % 10}{chr(98 + i % 20)}:", "answer": "a"}) + "\n")
 
 
-def bare_trl(model: Path, data: Path, out: Path, steps: int) -> list[float]:
+def bare_trl(
+    model: Path,
+    data: Path,
+    out: Path,
+    steps: int,
+    *,
+    cuda: bool = False,
+    dtype: str = "float32",
+    completion_tokens: int = COMPLETION_TOKENS,
+) -> list[float]:
+    """Step times of bare TRL. On CUDA it uses the precision and gradient checkpointing this trainer
+    chooses for ``dtype`` (grpo_trainer.config.precision), so the comparison is like for like."""
     from datasets import load_dataset
+    from grpo_trainer.config import precision
     from transformers import AutoTokenizer, TrainerCallback
     from trl.trainer.grpo_config import GRPOConfig
     from trl.trainer.grpo_trainer import GRPOTrainer
 
+    mixed = precision(dtype, lora=False, cuda=cuda)
     durations: list[float] = []
 
     class Timer(TrainerCallback):  # type: ignore[misc]
@@ -84,17 +97,18 @@ def bare_trl(model: Path, data: Path, out: Path, steps: int) -> list[float]:
         per_device_train_batch_size=GROUP,
         gradient_accumulation_steps=PROMPTS,
         max_steps=steps,
-        max_completion_length=COMPLETION_TOKENS,
+        max_completion_length=completion_tokens,
         learning_rate=LR,
         seed=SEED,
         logging_steps=1,
         save_strategy="no",
         report_to=[],
-        use_cpu=True,
-        bf16=False,
-        gradient_checkpointing=False,
+        use_cpu=not cuda,
+        bf16=mixed.bf16,
+        fp16=mixed.fp16,
+        gradient_checkpointing=cuda,
         disable_tqdm=True,
-        model_init_kwargs={"dtype": "float32"},
+        model_init_kwargs={"dtype": mixed.load_dtype},
     )
     trainer = GRPOTrainer(
         model=str(model),

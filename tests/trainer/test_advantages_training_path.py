@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 from datasets import Dataset
+from grpo_trainer.checkpoints import Owner
 from grpo_trainer.trainer import ProjectGRPOTrainer
 from transformers import AutoTokenizer
 from trl.trainer.grpo_config import GRPOConfig
@@ -66,6 +67,7 @@ def make_trainer(
         scale_rewards_mode=scale,  # type: ignore[arg-type]
         checkpoint_dir=str(tmp_path / "ckpt"),
         keep_last=1,
+        owner=Owner("default", "advantages", None, 0, str(model), "main", None),
     )
     trainer.seen = []
     return trainer

@@ -69,7 +69,11 @@ def test_vllm_server_mode_mapping_is_accepted_by_trl() -> None:
     assert kwargs["vllm_group_port"] == 51216
     assert kwargs["num_generations"] == 8 and kwargs["max_steps"] == 500
     assert kwargs["gradient_accumulation_steps"] == 8 and kwargs["per_device_train_batch_size"] == 8
-    assert kwargs["output_dir"] == "/workspace/checkpoints/.partial"
+    assert kwargs["output_dir"] == "/workspace/checkpoints/.partial/attempt-0"
+    assert (
+        grpo_config_kwargs(c, plan, cuda=False, attempt=3)["output_dir"]
+        == "/workspace/checkpoints/.partial/attempt-3"
+    )
     args = GRPOConfig(**kwargs)
     # TRL derives the generation batch: B*G completions per process group and step.
     assert args.generation_batch_size == 64 * 8 // 8 and args.steps_per_generation == 8

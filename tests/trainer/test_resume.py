@@ -37,6 +37,7 @@ CATALOG = [
     "grpo_loss",
     "grpo_last_step_timestamp_seconds",
     "grpo_metric_score_seconds_total",
+    "grpo_non_finite_steps_total",
 ]
 
 

@@ -356,6 +356,9 @@ IMMUTABLE_UPDATES: list[tuple[str, dict[str, Any]]] = [
     ("spec.model", {"spec.model.revision": "v2"}),
     ("spec.grpo.groupSize", {"spec.grpo.groupSize": 8}),
     ("spec.grpo.promptsPerStep", {"spec.grpo.promptsPerStep": 4}),
+    # Full-weight and LoRA checkpoints (or adapters of another rank) cannot be resumed from each other.
+    ("spec.grpo.lora", {"spec.grpo.lora": {"enabled": True}}),
+    ("spec.grpo.lora", {"spec.grpo.lora": {"r": 8}}),
     (
         "spec.trainer.nodes",
         {"spec.trainer": {"nodes": 2}, "spec.checkpoints.volume.accessMode": "ReadWriteMany"},

@@ -388,6 +388,54 @@ def test_invalid_configuration_exit_code_fails_at_once() -> None:
     assert "dataset column" in world.status()["message"]
 
 
+def test_checkpoint_mismatch_fails_at_once_with_its_own_reason() -> None:
+    world = running_world()
+    message = (
+        "checkpoint /workspace/checkpoints/step-40 holds model m@main, full weights, but this job trains "
+        "model m@main, LoRA r=16 targetModules=['q_proj']"
+    )
+    world.terminate("math-trainer-1-0", 4, message)
+    plan = world.step()
+    status = world.status()
+    assert status["phase"] == "Failed" and status["reason"] == "CheckpointMismatch"
+    assert "full weights, but this job trains" in status["message"]
+    assert world.condition("Failed")["reason"] == "CheckpointMismatch"
+    assert ("Warning", "CheckpointMismatch") in events(plan)
+    assert status.get("restarts", 0) == 0
+
+
+def test_non_finite_step_is_a_counted_restart_with_its_own_reason() -> None:
+    world = running_world(runPolicy={"backoffLimit": 1})
+    world.terminate(
+        "math-trainer-1-0", 5, "step 12: the loss is not finite; nothing from this step is published"
+    )
+    plan = world.step()
+    status = world.status()
+    assert status["phase"] == "Restarting" and status["reason"] == "NonFiniteTraining"
+    assert status["restarts"] == 1 and plan.restart is not None and plan.restart.counted
+    assert plan.restart.reason == "NonFiniteTraining"
+    assert ("Warning", "NonFiniteTraining") in events(plan)
+    assert "the loss is not finite" in status["message"]
+    world.settle()
+    world.run_all()
+    world.settle()
+    world.terminate("math-trainer-2-0", 5, "step 12: the loss is not finite")
+    world.step()
+    assert world.status()["phase"] == "Failed" and world.status()["reason"] == "BackoffLimitExceeded"
+
+
+def test_trainer_exit_reasons_match_the_trainers_exit_codes() -> None:
+    from grpo_operator.reconcile.core import TRAINER_EXIT_REASONS
+    from grpo_trainer.errors import ExitCode
+
+    assert TRAINER_EXIT_REASONS == {
+        ExitCode.CHECKPOINT_MISMATCH: "CheckpointMismatch",
+        ExitCode.NON_FINITE: "NonFiniteTraining",
+    }
+    assert ExitCode.CHECKPOINT_MISMATCH in SETTINGS.permanent_exit_codes
+    assert ExitCode.NON_FINITE not in SETTINGS.permanent_exit_codes
+
+
 @pytest.mark.parametrize(
     ("condition_reason", "reported"),
     [

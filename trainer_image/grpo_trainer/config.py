@@ -14,7 +14,9 @@ from pydantic import ValidationError
 
 from grpo_trainer.errors import ConfigError
 
-# Directory under checkpoints.dir where HF Trainer writes a checkpoint before it is published as step-N.
+# Directory under checkpoints.dir where HF Trainer writes a checkpoint before it is published as step-N;
+# one subdirectory per gang attempt, so an attempt still writing its SIGTERM checkpoint and its successor
+# never write the same checkpoint-N directory.
 STAGING_DIRNAME = ".partial"
 
 
@@ -28,6 +30,8 @@ class RuntimeEnv:
     resume_from: str | None = None
     job_namespace: str | None = None
     job_name: str | None = None
+    # The gang attempt (status.trainerAttempt) this process belongs to; fences checkpoints of older attempts.
+    attempt: int = 0
 
     @property
     def is_main(self) -> bool:
@@ -59,6 +63,7 @@ class RuntimeEnv:
             resume_from=env.get("RESUME_FROM") or None,
             job_namespace=env.get("GRPO_JOB_NAMESPACE") or None,
             job_name=env.get("GRPO_JOB_NAME") or None,
+            attempt=integer("GRPO_TRAINER_ATTEMPT", 0),
         )
 
 
@@ -131,16 +136,38 @@ def plan_batches(
     )
 
 
-def staging_dir(config: TrainerConfig) -> str:
-    return str(Path(config.checkpoints.dir) / STAGING_DIRNAME)
+def staging_dir(config: TrainerConfig, attempt: int = 0) -> str:
+    return str(Path(config.checkpoints.dir) / STAGING_DIRNAME / f"attempt-{attempt}")
 
 
-def grpo_config_kwargs(config: TrainerConfig, plan: BatchPlan, *, cuda: bool) -> dict[str, Any]:
+@dataclass(frozen=True)
+class Precision:
+    """How model.dtype becomes load dtype and mixed-precision flags."""
+
+    load_dtype: str
+    bf16: bool
+    fp16: bool
+
+
+def precision(dtype: str, *, lora: bool, cuda: bool) -> Precision:
+    """bfloat16 and float32 train in the weights' own dtype. float16 full fine-tuning keeps fp32 master
+    weights under fp16 autocast: the GradScaler that fp16 needs refuses to unscale fp16 gradients
+    ("Attempting to unscale FP16 gradients"), and pure fp16 Adam updates underflow. With LoRA the frozen
+    base stays fp16 (PEFT keeps the trainable adapters in fp32). vLLM serves float16 either way."""
+    if dtype == "float16" and not lora:
+        return Precision(load_dtype="float32", bf16=False, fp16=cuda)
+    return Precision(load_dtype=dtype, bf16=cuda and dtype == "bfloat16", fp16=cuda and dtype == "float16")
+
+
+def grpo_config_kwargs(
+    config: TrainerConfig, plan: BatchPlan, *, cuda: bool, attempt: int = 0
+) -> dict[str, Any]:
     """Keyword arguments for trl.GRPOConfig. Generation goes through the job's vLLM server in server mode
     (``generation.backend: vllm-server``) or through transformers in-process (``transformers``)."""
     g = config.grpo
+    mixed = precision(config.model.dtype, lora=g.lora.enabled, cuda=cuda)
     kwargs: dict[str, Any] = {
-        "output_dir": staging_dir(config),
+        "output_dir": staging_dir(config, attempt),
         "num_generations": g.group_size,
         # One validation answer per prompt; validation is run by the trainer itself (validation.py).
         "num_generations_eval": 1,
@@ -169,10 +196,10 @@ def grpo_config_kwargs(config: TrainerConfig, plan: BatchPlan, *, cuda: bool) ->
         "remove_unused_columns": False,
         "log_completions": False,
         "dataloader_num_workers": 0,
-        "model_init_kwargs": {"dtype": config.model.dtype},
-        # bf16 mixed precision and gradient checkpointing only pay off on GPUs.
-        "bf16": cuda and config.model.dtype == "bfloat16",
-        "fp16": cuda and config.model.dtype == "float16",
+        "model_init_kwargs": {"dtype": mixed.load_dtype},
+        # Mixed precision and gradient checkpointing only pay off on GPUs.
+        "bf16": mixed.bf16,
+        "fp16": mixed.fp16,
         "gradient_checkpointing": cuda,
         "use_cpu": not cuda,
     }

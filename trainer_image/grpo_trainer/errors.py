@@ -20,10 +20,25 @@ class ExitCode(IntEnum):
     # The metric service stayed unavailable past metric.errorBudget (or never became ready): transient on
     # the trainer's side, worth a restart once the metric Deployment is healthy.
     METRIC_UNAVAILABLE = 3
+    # The checkpoint to resume from belongs to another job, or was written for a different model or LoRA
+    # setting: resuming would load the wrong weights (or none), and a restart finds the same checkpoint.
+    CHECKPOINT_MISMATCH = 4
+    # A step produced a non-finite loss or gradient norm (or non-finite weights): nothing from it is
+    # published; a restart resumes from the last good checkpoint and counts against backoffLimit.
+    NON_FINITE = 5
 
 
 class ConfigError(ValueError):
     """A configuration or input the user must change; exits with ExitCode.CONFIG_INVALID."""
+
+
+class CheckpointMismatch(ValueError):
+    """The checkpoint found is not this job's, or not for this model/LoRA setting; exits with
+    ExitCode.CHECKPOINT_MISMATCH. The message names the mismatch and what to do."""
+
+
+class NonFiniteTraining(RuntimeError):
+    """A step's loss, gradient norm or weights are NaN or infinite; exits with ExitCode.NON_FINITE."""
 
 
 def write_termination_message(message: str, path: Path = TERMINATION_LOG) -> None:

@@ -13,7 +13,7 @@ from typing import Any
 from grpo_operator.api.trainer_config import TrainerConfig
 
 from grpo_trainer.config import RuntimeEnv, grpo_config_kwargs, load_config, plan_batches
-from grpo_trainer.errors import ConfigError, ExitCode, fail
+from grpo_trainer.errors import CheckpointMismatch, ConfigError, ExitCode, NonFiniteTraining, fail
 from grpo_trainer.metric_client import ClientSettings, ErrorBudget, MetricClient, MetricServiceUnavailable
 from grpo_trainer.signals import StopFlag
 
@@ -33,8 +33,8 @@ def _is_local_dir(name: str) -> bool:
 
 
 def run(config: TrainerConfig, env: RuntimeEnv) -> int:
-    """Train to the end (or to SIGTERM); return the exit code. Raises ConfigError and
-    MetricServiceUnavailable for the caller to classify."""
+    """Train to the end (or to SIGTERM); return the exit code. Raises ConfigError,
+    MetricServiceUnavailable, CheckpointMismatch and NonFiniteTraining for the caller to classify."""
     stop = StopFlag()
     signal.signal(signal.SIGTERM, stop.set)
 
@@ -65,7 +65,7 @@ def run(config: TrainerConfig, env: RuntimeEnv) -> int:
     from transformers import AutoTokenizer
     from trl.trainer.grpo_config import GRPOConfig
 
-    from grpo_trainer.checkpoints import resolve_resume
+    from grpo_trainer.checkpoints import Owner, claim, clean_staging, resolve_resume
     from grpo_trainer.data import load_rows, prepare
     from grpo_trainer.progress import ProgressCallback, Validation, truncate_jsonl
     from grpo_trainer.prom import TrainerMetrics
@@ -74,10 +74,17 @@ def run(config: TrainerConfig, env: RuntimeEnv) -> int:
 
     checkpoint_dir = Path(config.checkpoints.dir)
     output_dir = Path(config.output_dir)
-    resume = resolve_resume(env.resume_from, checkpoint_dir)
+    namespace = env.job_namespace or config.job.namespace
+    name = env.job_name or config.job.name
+    owner = Owner.from_config(config, env.attempt, namespace, name)
+    if env.is_main:
+        # Before anything is loaded: the attempt this one replaces may still be writing its SIGTERM checkpoint.
+        claim(checkpoint_dir, owner)
+    resume = resolve_resume(env.resume_from, checkpoint_dir, owner)
     if env.is_main:
         output_dir.mkdir(parents=True, exist_ok=True)
         checkpoint_dir.mkdir(parents=True, exist_ok=True)
+        clean_staging(checkpoint_dir, owner)
 
     m = config.metric
     client = MetricClient(
@@ -124,7 +131,7 @@ def run(config: TrainerConfig, env: RuntimeEnv) -> int:
             )
 
         cuda = torch.cuda.is_available()
-        kwargs = grpo_config_kwargs(config, plan, cuda=cuda)
+        kwargs = grpo_config_kwargs(config, plan, cuda=cuda, attempt=env.attempt)
         if revision:
             kwargs["model_init_kwargs"]["revision"] = revision
         args = GRPOConfig(**kwargs)
@@ -144,8 +151,6 @@ def run(config: TrainerConfig, env: RuntimeEnv) -> int:
 
         reward = MetricReward(client, config.grpo.format_failure_score, rank=env.rank)
         window = int(os.environ.get(ERROR_WINDOW_ENV, DEFAULT_ERROR_WINDOW_STEPS))
-        namespace = env.job_namespace or config.job.namespace
-        name = env.job_name or config.job.name
         metrics = None
         status = None
         if env.is_main:
@@ -174,11 +179,14 @@ def run(config: TrainerConfig, env: RuntimeEnv) -> int:
             scale_rewards_mode=config.grpo.scale_rewards,
             checkpoint_dir=str(checkpoint_dir),
             keep_last=config.checkpoints.keep_last,
+            owner=owner,
             dynamic_sampling=config.grpo.dynamic_sampling,
             on_scored=callback.on_scored,
             pad_token_id=int(tokenizer.pad_token_id),
         )
         callback.trainer = trainer
+        if metrics is not None:
+            trainer.grpo_on_non_finite = lambda _: metrics.non_finite_steps.inc()
         resumed_step = _checkpoint_step(resume) if resume else 0
         if resume:
             log.info("resuming from %s", resume)
@@ -274,6 +282,10 @@ def main(argv: list[str] | None = None) -> int:
         return fail(ExitCode.CONFIG_INVALID, str(exc))
     except MetricServiceUnavailable as exc:
         return fail(ExitCode.METRIC_UNAVAILABLE, str(exc))
+    except CheckpointMismatch as exc:
+        return fail(ExitCode.CHECKPOINT_MISMATCH, str(exc))
+    except NonFiniteTraining as exc:
+        return fail(ExitCode.NON_FINITE, str(exc))
     except KeyboardInterrupt:
         return fail(ExitCode.TRANSIENT, "interrupted")
     except Exception as exc:

@@ -147,6 +147,9 @@ class ProgressCallback(TrainerCallback):  # type: ignore[misc]
             "step_seconds": round(self._last_step_seconds, 4),
             "metric_seconds": round(self.reward.client.stats.seconds_in_score, 4),
         }
+        if torch.cuda.is_available():
+            # Peak since the process started, on this rank's GPU: what a memory request must cover.
+            record["gpu_memory_peak_bytes"] = int(torch.cuda.max_memory_allocated())
         if self.validation and self.validation.last_step == step:
             record["validation_mean"] = self.validation.last_mean
         self._append(self.output_dir / "metrics.jsonl", [record])

@@ -35,6 +35,7 @@ class TrainerMetrics:
     last_checkpoint_timestamp: Gauge
     last_step_timestamp: Gauge
     metric_score_seconds: Counter
+    non_finite_steps: Counter
 
     @staticmethod
     def create(job: str, namespace: str, registry: CollectorRegistry | None = None) -> TrainerMetrics:
@@ -98,6 +99,11 @@ class TrainerMetrics:
             ),
             metric_score_seconds=counter(
                 "grpo_metric_score_seconds_total", "Wall time spent waiting for the metric service."
+            ),
+            non_finite_steps=counter(
+                "grpo_non_finite_steps_total",
+                "Steps refused because the loss, gradient norm or weights were not finite (the trainer then "
+                "exits 5; the operator counts the restart as NonFiniteTraining).",
             ),
         )
 

@@ -5,13 +5,16 @@
 * tied ("no diversity") groups are counted every step and, with ``dynamicSampling``, replaced by freshly
   generated informative groups (DAPO), up to MAX_REFILL_ROUNDS extra generation rounds per step;
 * checkpoints are published as ``step-N`` + ``latest.json`` (checkpoints.py) instead of HF's
-  ``checkpoint-N`` rotation.
+  ``checkpoint-N`` rotation, stamped with their owner (job, attempt, weights);
+* a step whose loss or gradient norm is NaN or infinite, or a checkpoint whose trainable weights are,
+  stops training with NonFiniteTraining before anything of it is published.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,11 +24,10 @@ import torch
 from trl.trainer.grpo_trainer import GRPOTrainer
 
 from grpo_trainer.advantages import AdvantageResult, ScaleRewards, compute_advantages
-from grpo_trainer.checkpoints import Manifest, publish
+from grpo_trainer.checkpoints import GRPO_STATE_FILE, Manifest, Owner, publish
+from grpo_trainer.errors import NonFiniteTraining
 
 log = logging.getLogger("grpo_trainer.trainer")
-
-GRPO_STATE_FILE = "grpo_state.json"
 # Extra generation rounds one step may spend replacing tied groups before training on what it has.
 MAX_REFILL_ROUNDS = 4
 
@@ -121,6 +123,7 @@ class ProjectGRPOTrainer(GRPOTrainer):  # type: ignore[misc]
         scale_rewards_mode: ScaleRewards,
         checkpoint_dir: str,
         keep_last: int,
+        owner: Owner,
         dynamic_sampling: bool = False,
         on_scored: Callable[[StepStats], None] | None = None,
         pad_token_id: int = 0,
@@ -132,6 +135,11 @@ class ProjectGRPOTrainer(GRPOTrainer):  # type: ignore[misc]
         self.grpo_group_size = int(self.num_generations or 0)
         self.grpo_checkpoint_dir = Path(checkpoint_dir)
         self.grpo_keep_last = keep_last
+        self.grpo_owner = owner
+        # Set on every rank when a micro-step of the current optimizer step had a non-finite loss.
+        self.grpo_step_loss_finite = True
+        # Called on rank 0 with a description before NonFiniteTraining is raised (metrics, logs).
+        self.grpo_on_non_finite: Callable[[str], None] | None = None
         self.grpo_dynamic_sampling = dynamic_sampling
         self.grpo_on_scored = on_scored
         self.grpo_pad_token_id = pad_token_id
@@ -285,6 +293,54 @@ class ProjectGRPOTrainer(GRPOTrainer):  # type: ignore[misc]
                 out[key] = _pad_cat(value, other, left=False, value=0)
         return out
 
+    # -- non-finite guard --------------------------------------------------------------------------------
+
+    def training_step(self, model: Any, inputs: Any, num_items_in_batch: Any = None) -> torch.Tensor:
+        loss: torch.Tensor = super().training_step(model, inputs, num_items_in_batch)  # type: ignore[no-untyped-call]
+        # transformers' logging_nan_inf_filter hides a NaN loss in the logged average: look at each one.
+        if not bool(torch.isfinite(loss.detach()).all()):
+            self.grpo_step_loss_finite = False
+        return loss
+
+    def _any_rank(self, flag: bool) -> bool:
+        if self.accelerator.num_processes == 1:
+            return flag
+        tensor = torch.tensor([1 if flag else 0], device=self.accelerator.device)
+        return bool(self.accelerator.gather(tensor).max().item())
+
+    def _trainable_weights_finite(self) -> bool:
+        model = self.model
+        assert model is not None
+        finite = all(bool(torch.isfinite(p.detach()).all()) for p in model.parameters() if p.requires_grad)
+        return not self._any_rank(not finite)
+
+    def _non_finite(self, what: str) -> None:
+        step = self.state.global_step
+        message = (
+            f"step {step}: {what}; nothing from this step is published and the last good checkpoint is kept. "
+            "Lower grpo.learningRate, check the metric's rewards (finite, sensible scale) or use "
+            "scaleRewards: group; the restart resumes from the last good checkpoint"
+        )
+        if self.accelerator.is_main_process and self.grpo_on_non_finite is not None:
+            self.grpo_on_non_finite(message)
+        raise NonFiniteTraining(message)
+
+    def _maybe_log_save_evaluate(self, tr_loss: Any, grad_norm: Any, *args: Any, **kwargs: Any) -> None:
+        """Runs after every optimizer step, before its logs and its checkpoint: refuse a non-finite step."""
+        loss_finite = not self._any_rank(not self.grpo_step_loss_finite)
+        self.grpo_step_loss_finite = True
+        norm = float(grad_norm.item() if isinstance(grad_norm, torch.Tensor) else grad_norm or 0.0)
+        # With fp16 mixed precision the GradScaler skips a step with inf/NaN gradients (and lowers its scale):
+        # the weights did not move, which is the scaler working, not divergence.
+        skipped = bool(self.accelerator.optimizer_step_was_skipped)
+        if not loss_finite:
+            self._non_finite("the loss is not finite")
+        if not math.isfinite(norm) and not skipped:
+            self._non_finite(f"the gradient norm is {norm} and the optimizer applied it")
+        if self.control.should_save and not self._trainable_weights_finite():
+            self._non_finite("the weights are not finite")
+        super()._maybe_log_save_evaluate(tr_loss, grad_norm, *args, **kwargs)
+
     # -- checkpoints ---------------------------------------------------------------------------------------
 
     def _save_checkpoint(self, model: Any, trial: Any) -> None:
@@ -292,13 +348,20 @@ class ProjectGRPOTrainer(GRPOTrainer):  # type: ignore[misc]
         step = self.state.global_step
         staged = Path(str(self.args.output_dir)) / f"checkpoint-{step}"
         if self.accelerator.is_main_process:
-            extra = {"step": step, "refill": self.grpo_refill.state() if self.grpo_refill else None}
+            extra = {
+                "step": step,
+                "refill": self.grpo_refill.state() if self.grpo_refill else None,
+                "owner": self.grpo_owner.to_json(),
+            }
             (staged / GRPO_STATE_FILE).write_text(json.dumps(extra), encoding="utf-8")
         # Every rank has written its RNG state and shards before rank 0 publishes the directory.
         self.accelerator.wait_for_everyone()
         if self.accelerator.is_main_process:
-            self.grpo_last_manifest = publish(staged, self.grpo_checkpoint_dir, step, self.grpo_keep_last)
-            log.info("checkpoint step %d published at %s", step, self.grpo_last_manifest.path)
+            self.grpo_last_manifest = publish(
+                staged, self.grpo_checkpoint_dir, step, self.grpo_keep_last, self.grpo_owner
+            )
+            if self.grpo_last_manifest is not None:
+                log.info("checkpoint step %d published at %s", step, self.grpo_last_manifest.path)
         self.accelerator.wait_for_everyone()
 
     def restore_grpo_state(self, checkpoint: str) -> None:

@@ -620,7 +620,9 @@ class GRPOJobSpec(ApiModel):
         },
     )
     dataset: DatasetSpec = Field(description="Training (and optional validation) prompts.")
-    grpo: GRPOSpec = Field(description="GRPO hyper-parameters; groupSize and promptsPerStep are immutable.")
+    grpo: GRPOSpec = Field(
+        description="GRPO hyper-parameters; groupSize, promptsPerStep and lora are immutable."
+    )
     metric: MetricSpec = Field(description="The reward (metric) service.")
     generation: GenerationSpec = Field(
         default_factory=GenerationSpec, description="The vLLM generation server."
@@ -676,7 +678,9 @@ class GRPOJobSpec(ApiModel):
 # Transition rules (self == oldSelf) for the immutable parts of the spec, keyed by the object they sit
 # on. The generator attaches them; check_immutable below is their pydantic twin.
 IMMUTABLE_FIELDS: dict[str, tuple[str, ...]] = {
-    "grpo": ("groupSize", "promptsPerStep"),
+    # lora: full-weight and adapter checkpoints (or adapters of another rank or modules) cannot be resumed
+    # from each other.
+    "grpo": ("groupSize", "promptsPerStep", "lora"),
     "trainer": ("nodes", "gpusPerNode", "perDeviceBatchSize"),
 }
 

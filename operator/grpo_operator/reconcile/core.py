@@ -59,6 +59,11 @@ OWNED_STATUS_FIELDS = (
 
 GANG_ROLES = ("trainer", "generation")
 
+# Trainer exit codes with a reason of their own (the trainer's ExitCode, docs/trainer.md "Exit codes"):
+# 4 = the checkpoint found is another job's or for other weights (permanent), 5 = a non-finite step
+# (a counted restart from the last good checkpoint).
+TRAINER_EXIT_REASONS = {4: "CheckpointMismatch", 5: "NonFiniteTraining"}
+
 # DisruptionTarget / pod status reasons -> the restart reason the operator reports.
 _DISRUPTION_REASONS = {
     "EvictionByEvictionAPI": "Evicted",
@@ -321,13 +326,26 @@ def _run_gang(step: _Step, job: Job, observed: Observed) -> None:
         summary = first.failure_summary()
         reason = "TrainerFailed" if first.role == "trainer" else "GenerationFailed"
         term = first.termination()
+        special = (
+            TRAINER_EXIT_REASONS.get(term.exit_code)
+            if first.role == "trainer" and term and term.exit_code is not None
+            else None
+        )
+        if special is not None:
+            reason = special
+            step.event("Warning", special, summary)
         if first.role == "trainer" and term and term.exit_code in step.settings.permanent_exit_codes:
+            meaning = (
+                "the checkpoint on the volume cannot be resumed by this job"
+                if special == "CheckpointMismatch"
+                else "the configuration is invalid"
+            )
             _fail(
                 step,
                 job,
                 observed,
-                "PermanentFailure",
-                f"{summary} (exit code {term.exit_code} means the configuration is invalid; retrying cannot "
+                special or "PermanentFailure",
+                f"{summary} (exit code {term.exit_code} means {meaning}; retrying cannot "
                 "help: fix the spec and recreate the job)",
             )
             return

@@ -1,0 +1,446 @@
+"""The trainer on a real GPU, end to end, in one JSON file.
+
+    make gpu-check                                  # or: .venv/bin/python -m bench.gpu_check [--out PATH]
+    .venv/bin/python -m bench.gpu_check --cpu-smoke # tiny sizes, few steps: the code paths, on the CPU
+
+Checks, each a real ``python -m grpo_trainer`` process (in-process transformers generation, the toy metric
+served over HTTP by the metric SDK, exactly as the CPU tests run it):
+
+* ``learning``: the toy task of tests/trainer/toy.py; the mean reward must rise to >= 0.8;
+* ``kill_resume``: SIGKILL after the first checkpoint, start again: every step logged once, finished;
+* ``dtype_<d>``: full fine-tuning in bfloat16, float16 (fp32 master weights under fp16 autocast) and
+  float32: exit 0, every loss finite, and the dtype the checkpoint's weights were saved in;
+* ``lora``: LoRA adapters train and are checkpointed;
+* ``overhead``: step time and peak GPU memory of this trainer against bare TRL
+  (bench/trainer_overhead.py) on a ~150M-parameter model, runs interleaved (bare, ours, bare, ours),
+  warm-up steps left out of the medians.
+
+Without CUDA (and without --cpu-smoke) it says so and exits 0. Exit 1 when a check fails.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from grpo_metric import MetricServer
+
+from bench.trainer_overhead import bare_trl
+from tests.trainer.toy import (
+    REPO,
+    fraction_of_target,
+    read_jsonl,
+    start_trainer,
+    trainer_config,
+    write_dataset,
+)
+
+DEFAULT_OUT = REPO / "out" / "gpu-check.json"
+
+
+@dataclass(frozen=True)
+class Sizes:
+    learn_steps: int
+    resume_steps: int
+    dtype_steps: int
+    measured_steps: int
+    warmup_steps: int
+    rounds: int
+    # The overhead model: tiny.build(hidden_size, layers) with the character tokenizer.
+    hidden_size: int
+    layers: int
+    completion_tokens: int
+    timeout_seconds: float
+
+
+# hidden 1024 x 16 layers: ~151M parameters (tiny.build's MLP is 2x hidden, 4 heads, 2 KV heads).
+GPU = Sizes(
+    learn_steps=30,
+    resume_steps=8,
+    dtype_steps=6,
+    measured_steps=20,
+    warmup_steps=3,
+    rounds=2,
+    hidden_size=1024,
+    layers=16,
+    completion_tokens=64,
+    timeout_seconds=900,
+)
+SMOKE = Sizes(
+    learn_steps=3,
+    resume_steps=4,
+    dtype_steps=2,
+    measured_steps=2,
+    warmup_steps=1,
+    rounds=1,
+    hidden_size=64,
+    layers=2,
+    completion_tokens=8,
+    timeout_seconds=600,
+)
+
+
+@dataclass
+class Run:
+    code: int
+    records: list[dict[str, Any]]
+    log_tail: str
+    workdir: Path
+
+    def manifest(self) -> dict[str, Any] | None:
+        path = self.workdir / "ckpt" / "latest.json"
+        return json.loads(path.read_text()) if path.is_file() else None
+
+
+class Checker:
+    def __init__(self, work: Path, model: Path, metric_url: str, sizes: Sizes, cuda: bool):
+        self.work, self.model, self.metric_url, self.sizes, self.cuda = work, model, metric_url, sizes, cuda
+        self.default_dtype = "bfloat16" if cuda else "float32"
+
+    def config(
+        self,
+        name: str,
+        *,
+        steps: int,
+        every_steps: int,
+        model: Path | None = None,
+        dtype: str | None = None,
+        lora: bool = False,
+        completion_tokens: int = 8,
+    ) -> tuple[Path, Path]:
+        workdir = self.work / name
+        workdir.mkdir(parents=True, exist_ok=True)
+        path = trainer_config(
+            workdir,
+            model or self.model,
+            self.metric_url,
+            steps=steps,
+            every_steps=every_steps,
+            keep_last=2,
+            max_completion_length=completion_tokens,
+            job=("gpu-check", name.replace("_", "-")),
+        )
+        raw = json.loads(path.read_text())
+        raw["model"]["dtype"] = dtype or self.default_dtype
+        if lora:
+            raw["grpo"]["lora"] = {
+                "enabled": True,
+                "r": 8,
+                "alpha": 16,
+                "targetModules": ["q_proj", "v_proj"],
+            }
+        path.write_text(json.dumps(raw, indent=2))
+        return workdir, path
+
+    def run(self, workdir: Path, config: Path, name: str = "trainer") -> Run:
+        log = workdir / f"{name}.log"
+        process = start_trainer(config, log)
+        try:
+            code = process.wait(timeout=self.sizes.timeout_seconds)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            code = process.wait()
+        return Run(code, read_jsonl(workdir / "out" / "metrics.jsonl"), log.read_text()[-2000:], workdir)
+
+    # -- checks ------------------------------------------------------------------------------------------
+
+    def learning(self) -> dict[str, Any]:
+        steps = self.sizes.learn_steps
+        workdir, config = self.config("learning", steps=steps, every_steps=steps, dtype="float32")
+        run = self.run(workdir, config)
+        rewards = [r["reward_mean"] for r in run.records]
+        learned = bool(rewards) and rewards[0] < 0.3 and max(rewards[-5:]) >= 0.8
+        out: dict[str, Any] = {"exit_code": run.code, "steps": len(rewards), "rewards": rewards}
+        out["learned"] = learned
+        # A few CPU smoke steps cannot learn the task; there the check is that the run completes.
+        out["ok"] = run.code == 0 and len(rewards) == steps and (learned or self.sizes is SMOKE)
+        if not out["ok"]:
+            out["log_tail"] = run.log_tail
+        return out
+
+    def kill_resume(self) -> dict[str, Any]:
+        steps = self.sizes.resume_steps
+        workdir, config = self.config("kill_resume", steps=steps, every_steps=2)
+        process = start_trainer(config, workdir / "killed.log")
+        manifest = workdir / "ckpt" / "latest.json"
+        deadline = time.monotonic() + self.sizes.timeout_seconds
+        while time.monotonic() < deadline and not manifest.is_file() and process.poll() is None:
+            time.sleep(0.05)
+        process.send_signal(signal.SIGKILL)
+        process.wait()
+        killed_at = json.loads(manifest.read_text())["step"] if manifest.is_file() else None
+        run = self.run(workdir, config, "resumed")
+        logged = [r["step"] for r in run.records]
+        final = run.manifest()
+        out: dict[str, Any] = {
+            "killed_after_checkpoint_step": killed_at,
+            "exit_code": run.code,
+            "steps_logged": logged,
+            "final_checkpoint_step": final["step"] if final else None,
+        }
+        out["ok"] = (
+            killed_at is not None
+            and run.code == 0
+            and logged == list(range(1, steps + 1))
+            and out["final_checkpoint_step"] == steps
+        )
+        if not out["ok"]:
+            out["log_tail"] = run.log_tail
+        return out
+
+    def full_fine_tuning(self, dtype: str) -> dict[str, Any]:
+        steps = self.sizes.dtype_steps
+        workdir, config = self.config(f"dtype_{dtype}", steps=steps, every_steps=steps, dtype=dtype)
+        run = self.run(workdir, config)
+        losses = [r["loss"] for r in run.records]
+        manifest = run.manifest()
+        out: dict[str, Any] = {
+            "exit_code": run.code,
+            "steps": len(run.records),
+            "losses": losses,
+            "median_step_seconds": _median([r["step_seconds"] for r in run.records]),
+            "saved_weights_dtype": _weights_dtype(Path(manifest["path"])) if manifest else None,
+            "gpu_memory_peak_bytes": _peak(run.records),
+        }
+        out["ok"] = run.code == 0 and len(losses) == steps and all(v is not None for v in losses)
+        if not out["ok"]:
+            out["log_tail"] = run.log_tail
+        return out
+
+    def lora(self) -> dict[str, Any]:
+        steps = self.sizes.dtype_steps
+        workdir, config = self.config("lora", steps=steps, every_steps=steps, lora=True)
+        run = self.run(workdir, config)
+        manifest = run.manifest()
+        adapter = bool(manifest) and (Path(manifest["path"]) / "adapter_model.safetensors").is_file()  # type: ignore[index]
+        out: dict[str, Any] = {
+            "exit_code": run.code,
+            "steps": len(run.records),
+            "adapter_in_checkpoint": adapter,
+            "median_step_seconds": _median([r["step_seconds"] for r in run.records]),
+            "gpu_memory_peak_bytes": _peak(run.records),
+        }
+        out["ok"] = run.code == 0 and len(run.records) == steps and adapter
+        if not out["ok"]:
+            out["log_tail"] = run.log_tail
+        return out
+
+    def overhead(self) -> dict[str, Any]:
+        from grpo_trainer.tiny import build
+
+        s = self.sizes
+        model = build(self.work / "overhead-model", hidden_size=s.hidden_size, layers=s.layers)
+        parameters = _parameter_count(model)
+        steps = s.warmup_steps + s.measured_steps
+        data = write_dataset(self.work / "overhead-data.jsonl")
+        bare: list[float] = []
+        ours: list[float] = []
+        bare_peak: list[int] = []
+        ours_peak: list[int] = []
+        codes: list[int] = []
+        for round_ in range(s.rounds):  # interleaved, so drift (clocks, thermals) hits both alike
+            result = _bare_worker(
+                model, data, self.work / f"bare-{round_}", steps, self.cuda, self.default_dtype, s
+            )
+            bare += result["durations"][s.warmup_steps :]
+            if result["peak_bytes"] is not None:
+                bare_peak.append(result["peak_bytes"])
+            workdir, config = self.config(
+                f"overhead_{round_}",
+                steps=steps,
+                every_steps=1_000_000,  # only the final step checkpoints, after the measurement
+                model=model,
+                completion_tokens=s.completion_tokens,
+            )
+            run = self.run(workdir, config)
+            codes.append(run.code)
+            ours += [r["step_seconds"] for r in run.records][s.warmup_steps :]
+            peak = _peak(run.records)
+            if peak is not None:
+                ours_peak.append(peak)
+        bare_median, ours_median = _median(bare), _median(ours)
+        out: dict[str, Any] = {
+            "parameters": parameters,
+            "completion_tokens": s.completion_tokens,
+            "rounds": s.rounds,
+            "warmup_steps_left_out": s.warmup_steps,
+            "measured_steps": {"bare_trl": len(bare), "this_trainer": len(ours)},
+            "median_step_seconds": {"bare_trl": bare_median, "this_trainer": ours_median},
+            "step_time_ratio": ours_median / bare_median if bare_median and ours_median else None,
+            "gpu_memory_peak_bytes": {
+                "bare_trl": max(bare_peak) if bare_peak else None,
+                "this_trainer": max(ours_peak) if ours_peak else None,
+            },
+            "exit_codes": codes,
+        }
+        out["ok"] = all(c == 0 for c in codes) and len(ours) == len(bare) == s.rounds * s.measured_steps
+        return out
+
+
+def _median(values: list[float]) -> float | None:
+    return statistics.median(values) if values else None
+
+
+def _peak(records: list[dict[str, Any]]) -> int | None:
+    peaks = [int(r["gpu_memory_peak_bytes"]) for r in records if r.get("gpu_memory_peak_bytes") is not None]
+    return max(peaks) if peaks else None
+
+
+def _weights_dtype(checkpoint: Path) -> str | None:
+    from safetensors import safe_open
+
+    path = checkpoint / "model.safetensors"
+    if not path.is_file():
+        return None
+    with safe_open(str(path), framework="pt") as handle:
+        dtypes = {str(handle.get_slice(key).get_dtype()) for key in handle.keys()}  # noqa: SIM118
+    return ",".join(sorted(dtypes))
+
+
+def _parameter_count(model: Path) -> int:
+    from safetensors import safe_open
+
+    total = 0
+    with safe_open(str(model / "model.safetensors"), framework="pt") as handle:
+        for key in handle.keys():  # noqa: SIM118
+            count = 1
+            for dim in handle.get_slice(key).get_shape():
+                count *= int(dim)
+            total += count
+    return total
+
+
+def _bare_worker(
+    model: Path, data: Path, out: Path, steps: int, cuda: bool, dtype: str, sizes: Sizes
+) -> dict[str, Any]:
+    """Bare TRL in its own process, so its peak GPU memory is its own."""
+    request = {
+        "model": str(model),
+        "data": str(data),
+        "out": str(out),
+        "steps": steps,
+        "cuda": cuda,
+        "dtype": dtype,
+        "completion_tokens": sizes.completion_tokens,
+    }
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "KUBECONFIG")}
+    env.update(HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false", OMP_NUM_THREADS="1")
+    result = subprocess.run(
+        [sys.executable, "-m", "bench.gpu_check", "--bare-worker", json.dumps(request)],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=sizes.timeout_seconds,
+        check=False,
+    )
+    if result.returncode != 0:
+        raise RuntimeError(f"bare TRL failed (exit {result.returncode}): {result.stderr[-2000:]}")
+    answer: dict[str, Any] = json.loads(result.stdout.strip().splitlines()[-1])
+    return answer
+
+
+def bare_worker_main(request_json: str) -> None:
+    import torch
+
+    request = json.loads(request_json)
+    torch.set_num_threads(1)
+    durations = bare_trl(
+        Path(request["model"]),
+        Path(request["data"]),
+        Path(request["out"]),
+        int(request["steps"]),
+        cuda=bool(request["cuda"]),
+        dtype=str(request["dtype"]),
+        completion_tokens=int(request["completion_tokens"]),
+    )
+    peak = int(torch.cuda.max_memory_allocated()) if torch.cuda.is_available() else None
+    print(json.dumps({"durations": durations, "peak_bytes": peak}))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"JSON result (default {DEFAULT_OUT})")
+    parser.add_argument("--cpu-smoke", action="store_true", help="tiny sizes and few steps, on the CPU")
+    parser.add_argument("--bare-worker", help=argparse.SUPPRESS)
+    options = parser.parse_args(argv)
+    if options.bare_worker:
+        bare_worker_main(options.bare_worker)
+        return 0
+
+    import torch
+
+    cuda = torch.cuda.is_available() and not options.cpu_smoke
+    if not cuda and not options.cpu_smoke:
+        print(
+            "gpu-check: no CUDA device here; nothing checked (--cpu-smoke exercises the code paths on the CPU)"
+        )
+        return 0
+    sizes = GPU if cuda else SMOKE
+    started = time.monotonic()
+    result: dict[str, Any] = {
+        "mode": "gpu" if cuda else "cpu-smoke",
+        "device": torch.cuda.get_device_name(0) if cuda else platform.processor() or platform.machine(),
+        "versions": _versions(),
+        "sizes": asdict(sizes),
+        "checks": {},
+    }
+    with (
+        tempfile.TemporaryDirectory(prefix="grpo-gpu-check-") as tmp,
+        MetricServer(fraction_of_target) as metric,
+    ):
+        from grpo_trainer.tiny import build
+
+        work = Path(tmp)
+        checker = Checker(work, build(work / "toy-model"), metric.url, sizes, cuda)
+        checks = result["checks"]
+        plan: list[tuple[str, Any]] = [
+            ("learning", checker.learning),
+            ("kill_resume", checker.kill_resume),
+            ("dtype_bfloat16", lambda: checker.full_fine_tuning("bfloat16")),
+            ("dtype_float16", lambda: checker.full_fine_tuning("float16")),
+            ("dtype_float32", lambda: checker.full_fine_tuning("float32")),
+            ("lora", checker.lora),
+            ("overhead", checker.overhead),
+        ]
+        for name, check in plan:
+            began = time.monotonic()
+            try:
+                checks[name] = check()
+            except Exception as exc:  # one broken check must not hide the others' results
+                checks[name] = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
+            checks[name]["seconds"] = round(time.monotonic() - began, 1)
+            print(f"gpu-check: {name}: {'ok' if checks[name]['ok'] else 'FAILED'}", flush=True)
+    result["ok"] = all(c["ok"] for c in result["checks"].values())
+    result["seconds"] = round(time.monotonic() - started, 1)
+    options.out.parent.mkdir(parents=True, exist_ok=True)
+    options.out.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+    print(f"gpu-check: {'all checks passed' if result['ok'] else 'some checks FAILED'}; wrote {options.out}")
+    return 0 if result["ok"] else 1
+
+
+def _versions() -> dict[str, str]:
+    from importlib.metadata import PackageNotFoundError, version
+
+    out = {}
+    for package in ("torch", "transformers", "trl", "accelerate", "peft"):
+        try:
+            out[package] = version(package)
+        except PackageNotFoundError:
+            out[package] = "absent"
+    return out
+
+
+if __name__ == "__main__":
+    sys.exit(main())
