@@ -17,7 +17,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from grpo_operator.api.trainer_config import TRAINER_METRICS_PORT, VLLM_SERVER_PORT, WEIGHT_SYNC_PORT
+
 ENV_PREFIX = "GRPO_OPERATOR_"
+# Field metadata key marking a setting the trainer must see too (in trainer.json or its environment):
+# the operator puts the same value on the pods and Services, so the two sides can only agree if the
+# builders render it. tests/unit/test_builders.py checks every field so marked.
+DATA_PLANE = "data_plane"
 
 
 class SettingsError(ValueError):
@@ -55,11 +61,16 @@ class OperatorSettings:
         {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},
     )
 
-    # --- data-plane ports (must match the trainer's config; TRL's defaults) -----------------------------
-    master_port: int = 29500  # torch.distributed rendezvous on trainer rank 0
-    vllm_port: int = 8000  # vLLM HTTP server (OpenAI API + TRL's dev-mode RL routes)
-    weight_sync_port: int = 51216  # TRL vllm_group_port: TCPStore bound by trainer rank 0, vLLM connects
-    trainer_metrics_port: int = 9090  # trainer rank 0 /metrics
+    # --- data-plane ports: on the pods and Services, and rendered into each trainer's config -----------
+    # torch.distributed rendezvous on trainer rank 0 (trainer env MASTER_PORT).
+    master_port: int = field(default=29500, metadata={DATA_PLANE: True})
+    # vLLM HTTP server: OpenAI API and TRL's dev-mode RL routes (trainer.json generation.serverPort).
+    vllm_port: int = field(default=VLLM_SERVER_PORT, metadata={DATA_PLANE: True})
+    # TRL vllm_group_port: TCPStore bound by trainer rank 0, vLLM workers connect to it
+    # (trainer.json generation.weightSyncPort).
+    weight_sync_port: int = field(default=WEIGHT_SYNC_PORT, metadata={DATA_PLANE: True})
+    # Trainer rank 0 /metrics (trainer.json metricsPort).
+    trainer_metrics_port: int = field(default=TRAINER_METRICS_PORT, metadata={DATA_PLANE: True})
 
     # --- who may scrape vLLM ------------------------------------------------------------------------------
     # NetworkPolicyPeer objects (podSelector / namespaceSelector / ipBlock, as in a NetworkPolicy's
@@ -106,6 +117,17 @@ class OperatorSettings:
             raise SettingsError(f"workers must be >= 1, got {self.workers}")
         if not 0 <= self.http_port <= 65535:
             raise SettingsError(f"http_port must be 0..65535, got {self.http_port}")
+        trainer_ports = {"master_port": self.master_port, "weight_sync_port": self.weight_sync_port}
+        trainer_ports["trainer_metrics_port"] = self.trainer_metrics_port
+        for name, port in {**trainer_ports, "vllm_port": self.vllm_port}.items():
+            if not 1 <= port <= 65535:
+                raise SettingsError(f"{name} ({ENV_PREFIX}{name.upper()}) must be 1..65535, got {port}")
+        if len(set(trainer_ports.values())) < len(trainer_ports):
+            # All three are bound by trainer rank 0: the second bind would fail at run time.
+            raise SettingsError(
+                "master_port, weight_sync_port and trainer_metrics_port are all bound by trainer rank 0 and "
+                f"must differ, got {trainer_ports}: change one of them"
+            )
         if self.all_namespaces and self.namespaces:
             raise SettingsError(
                 "watch either all namespaces or a list of namespaces, not both: "

@@ -127,10 +127,14 @@ class TrainerConfig(_ConfigModel):
         metric_url: str,
         generation_host: str | None,
         backend: Literal["vllm-server", "transformers"] = "vllm-server",
+        vllm_port: int = VLLM_SERVER_PORT,
+        weight_sync_port: int = WEIGHT_SYNC_PORT,
+        metrics_port: int = TRAINER_METRICS_PORT,
         checkpoint_dir: str = DEFAULT_CHECKPOINT_DIR,
         output_dir: str = DEFAULT_OUTPUT_DIR,
     ) -> TrainerConfig:
-        """Render the trainer config for a job (pure: same inputs, same config)."""
+        """Render the trainer config for a job (pure: same inputs, same config). The ports are the
+        operator's settings, the same values it puts on the pods and Services."""
         if backend == "vllm-server" and not generation_host:
             raise ValueError("backend vllm-server needs generation_host (the <job>-gen Service's DNS name)")
         return cls(
@@ -143,7 +147,12 @@ class TrainerConfig(_ConfigModel):
                 gpus_per_node=spec.trainer.gpus_per_node,
                 per_device_batch_size=spec.trainer.per_device_batch_size,
             ),
-            generation=GenerationConfig(backend=backend, server_host=generation_host),
+            generation=GenerationConfig(
+                backend=backend,
+                server_host=generation_host,
+                server_port=vllm_port,
+                weight_sync_port=weight_sync_port,
+            ),
             metric=MetricClientConfig(
                 url=metric_url,
                 batch_size=spec.metric.batch_size,
@@ -158,6 +167,7 @@ class TrainerConfig(_ConfigModel):
                 keep_last=spec.checkpoints.keep_last,
             ),
             output_dir=output_dir,
+            metrics_port=metrics_port,
         )
 
     def dump_json(self) -> str:

@@ -30,7 +30,7 @@ def infrastructure(job: Job, settings: OperatorSettings) -> list[Manifest]:
     """Children that live as long as the job runs or is suspended (everything except the gang pods and
     the metric Deployment): config, volume, identity, Services, NetworkPolicies."""
     out = [
-        trainer_config_map(job),
+        trainer_config_map(job, settings),
         trainer_service_account(job),
         trainer_role(job),
         trainer_role_binding(job),

@@ -120,14 +120,20 @@ def _shm_volume(settings: OperatorSettings) -> dict[str, Any]:
 
 
 def _pod_metadata(
-    job: Job, name: str, role: Role, attempt: int, extra_labels: dict[str, str], annotations: dict[str, str]
+    job: Job,
+    settings: OperatorSettings,
+    name: str,
+    role: Role,
+    attempt: int,
+    extra_labels: dict[str, str],
+    annotations: dict[str, str],
 ) -> dict[str, Any]:
     meta = metadata(job, name, role)
     kueue_lbls, kueue_annotations = kueue_labels(job, attempt)
     meta["labels"].update({LABEL_ATTEMPT: str(attempt), **extra_labels, **kueue_lbls})
     meta["annotations"] = {
         ANNOTATION_HASH: gang_hash(job),
-        ANNOTATION_CONFIG_HASH: config_hash(job),
+        ANNOTATION_CONFIG_HASH: config_hash(job, settings),
         **annotations,
         **kueue_annotations,
     }
@@ -234,7 +240,7 @@ def generation_pod(job: Job, settings: OperatorSettings, attempt: int, index: in
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": _pod_metadata(
-            job, generation_pod_name(job, attempt, index), "generation", attempt, {}, {}
+            job, settings, generation_pod_name(job, attempt, index), "generation", attempt, {}, {}
         ),
         "spec": pod_spec,
     }
@@ -364,7 +370,9 @@ def trainer_pod(job: Job, settings: OperatorSettings, attempt: int, rank: int, r
     return {
         "apiVersion": "v1",
         "kind": "Pod",
-        "metadata": _pod_metadata(job, name, "trainer", attempt, {LABEL_NODE_RANK: str(rank)}, annotations),
+        "metadata": _pod_metadata(
+            job, settings, name, "trainer", attempt, {LABEL_NODE_RANK: str(rank)}, annotations
+        ),
         "spec": pod_spec,
     }
 

@@ -1,0 +1,113 @@
+"""The data plane between the pods of a job: the ports and settings the operator puts on pods and
+Services must be the ones the trainer is told about, whatever the operator's settings say."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Any
+
+import pytest
+from grpo_operator.api import TrainerConfig
+from grpo_operator.builders import gang_pods, infrastructure
+from grpo_operator.builders.gang import generation_service, trainer_service
+from grpo_operator.settings import DATA_PLANE, OperatorSettings, SettingsError
+
+from tests.unit.test_builders import env_of, make_job
+
+# Every data-plane port moved off its default (and off every other default), as a platform might.
+MOVED_PORTS = OperatorSettings(
+    vllm_port=8100, weight_sync_port=52000, trainer_metrics_port=9400, master_port=29600
+)
+
+
+def _config(settings: OperatorSettings) -> tuple[TrainerConfig, dict[str, Any]]:
+    (config_map,) = [m for m in infrastructure(make_job(), settings) if m["kind"] == "ConfigMap"]
+    text = config_map["data"]["trainer.json"]
+    return TrainerConfig.model_validate_json(text), json.loads(text)
+
+
+def _port(container: dict[str, Any], name: str) -> int:
+    return int(next(p["containerPort"] for p in container["ports"] if p["name"] == name))
+
+
+def test_non_default_ports_reach_the_trainer_config_pods_and_services() -> None:
+    job = make_job()
+    config, _ = _config(MOVED_PORTS)
+    vllm, rank0 = gang_pods(job, MOVED_PORTS, 1, "")
+    (vllm_container,) = vllm["spec"]["containers"]
+    (trainer_container,) = rank0["spec"]["containers"]
+    args = vllm_container["args"]
+
+    # What vLLM listens on and what the trainer connects to are the same port.
+    assert args[args.index("--port") + 1] == "8100"
+    assert _port(vllm_container, "http") == 8100
+    assert generation_service(job, MOVED_PORTS)["spec"]["ports"][0]["port"] == 8100
+    assert config.generation.server_port == 8100
+    assert env_of(rank0)["GRPO_VLLM_URL"] == "http://math-gen.team-a.svc:8100"
+
+    # What rank 0 binds (TRL's vllm_group_port and /metrics) is what its pod and Service publish.
+    assert config.generation.weight_sync_port == _port(trainer_container, "weight-sync") == 52000
+    assert config.metrics_port == _port(trainer_container, "metrics") == 9400
+    assert rank0["metadata"]["annotations"]["prometheus.io/port"] == "9400"
+    service_ports = {p["name"]: p["port"] for p in trainer_service(job, MOVED_PORTS)["spec"]["ports"]}
+    assert service_ports == {"rendezvous": 29600, "weight-sync": 52000, "metrics": 9400}
+    assert env_of(rank0)["MASTER_PORT"] == "29600"
+
+
+def _leaves(value: Any) -> list[Any]:
+    if isinstance(value, dict):
+        return [leaf for item in value.values() for leaf in _leaves(item)]
+    if isinstance(value, list):
+        return [leaf for item in value for leaf in _leaves(item)]
+    return [value]
+
+
+DATA_PLANE_SETTINGS = [f for f in dataclasses.fields(OperatorSettings) if f.metadata.get(DATA_PLANE)]
+
+
+def test_the_ports_are_marked_as_data_plane_settings() -> None:
+    assert {f.name for f in DATA_PLANE_SETTINGS} >= {
+        "vllm_port",
+        "weight_sync_port",
+        "trainer_metrics_port",
+        "master_port",
+    }
+
+
+@pytest.mark.parametrize("setting", DATA_PLANE_SETTINGS, ids=lambda f: f.name)
+def test_every_data_plane_setting_is_rendered_for_the_trainer(setting: dataclasses.Field[Any]) -> None:
+    """A setting the trainer must agree on reaches it, as a trainer.json value or an environment
+    variable of its own, whenever the operator's value changes."""
+    unusual = 41234
+    assert getattr(OperatorSettings(), setting.name) != unusual
+    changes: dict[str, Any] = {setting.name: unusual}
+    settings = dataclasses.replace(OperatorSettings(), **changes)
+    _, raw = _config(settings)
+    rank0 = gang_pods(make_job(), settings, 1, "")[1]
+    seen = [*_leaves(raw), *env_of(rank0).values()]
+    assert unusual in seen or str(unusual) in seen, (
+        f"OperatorSettings.{setting.name} is a data-plane setting but neither trainer.json nor the trainer's "
+        "environment carries its value: render it in builders/config.py or builders/gang.py"
+    )
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"vllm_port": 0}, "vllm_port"),
+        ({"weight_sync_port": 70000}, "weight_sync_port"),
+        ({"trainer_metrics_port": 29500}, "must differ"),
+    ],
+)
+def test_unusable_ports_are_refused_at_start_up(changes: dict[str, int], message: str) -> None:
+    with pytest.raises(SettingsError, match=message):
+        OperatorSettings(**changes)  # type: ignore[arg-type]
+
+
+def test_ports_from_the_environment_reach_the_trainer_config() -> None:
+    settings = OperatorSettings.from_env(
+        {"GRPO_OPERATOR_VLLM_PORT": "8200", "GRPO_OPERATOR_TRAINER_METRICS_PORT": "9500"}
+    )
+    config, _ = _config(settings)
+    assert (config.generation.server_port, config.metrics_port) == (8200, 9500)
