@@ -108,6 +108,18 @@ INVALID_CASES: list[Case] = [
         {"spec.generation": {"gpus": 3, "tensorParallelSize": 2}},
     ),
     _case(
+        "data-parallel-generation",
+        "spec.generation.tensorParallelSize",
+        {"spec.generation": {"gpus": 8, "tensorParallelSize": 4}},
+    ),
+    _case(
+        "generation-gpus-without-tensor-parallel",
+        "spec.generation.tensorParallelSize",
+        {"spec.generation.gpus": 2},
+    ),
+    _case("model-name-is-an-option", "spec.model.name", {"spec.model.name": "--trust-remote-code"}),
+    _case("model-name-starts-with-dash", "spec.model.name", {"spec.model.name": "-Qwen/Qwen2.5"}),
+    _case(
         "gpu-memory-utilization-0",
         "spec.generation.gpuMemoryUtilization",
         {"spec.generation.gpuMemoryUtilization": 0},
@@ -236,9 +248,9 @@ VALID_CASES: list[Case] = [
         {"spec.dataset.train": "hf://gsm8k@refs/convert/parquet#train[:90%]"},
     ),
     _case(
-        "tensor-parallel-4-of-8",
+        "tensor-parallel-4-of-4",
         "",
-        {"spec.generation": {"gpus": 8, "tensorParallelSize": 4, "maxModelLen": 4096}},
+        {"spec.generation": {"gpus": 4, "tensorParallelSize": 4, "maxModelLen": 4096}},
     ),
     _case(
         "multi-node-rwx",
@@ -345,8 +357,12 @@ def test_valid_manifest_accepted(case: Case) -> None:
 
 
 def test_cross_field_messages_say_the_fix() -> None:
-    errors = pydantic_errors(with_changes({"spec.generation": {"gpus": 3, "tensorParallelSize": 2}}))
-    assert any("set gpus to a multiple of tensorParallelSize" in e for e in errors)
+    errors = pydantic_errors(with_changes({"spec.generation": {"gpus": 4, "tensorParallelSize": 2}}))
+    assert any(
+        "must equal spec.generation.gpus" in e and "Set tensorParallelSize to gpus" in e for e in errors
+    )
+    errors = pydantic_errors(with_changes({"spec.model.name": "--enforce-eager"}))
+    assert any("must not start with '-'" in e for e in errors)
     errors = pydantic_errors(with_changes({"spec.grpo.formatFailureScore": 0.0}))
     assert any("lower formatFailureScore" in e for e in errors)
 
@@ -369,7 +385,7 @@ MUTABLE_UPDATES: list[dict[str, Any]] = [
     {"spec.grpo.learningRate": 2e-6, "spec.grpo.temperature": 0.9},
     {"spec.suspend": True},
     {"spec.metric.image": "ghcr.io/grpo-operator/metric-math:0.2.0"},
-    {"spec.generation.gpus": 2},
+    {"spec.generation": {"gpus": 2, "tensorParallelSize": 2}},
 ]
 
 

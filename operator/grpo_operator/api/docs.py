@@ -198,13 +198,16 @@ the field and the fix:
 
 - G >= 2, B >= 1, S >= 1, temperature > 0, GPU counts between 1 and {MAX_GPUS_PER_NODE} (GPUs of one node);
 - `grpo.formatFailureScore < grpo.failureScore`; `grpo.epsilonHigh >= grpo.epsilon`;
-- `generation.tensorParallelSize` divides `generation.gpus`;
+- `generation.tensorParallelSize` equals `generation.gpus`: one vLLM server shards the model over all
+  its GPUs. Data parallelism inside the vLLM server (`gpus` > `tensorParallelSize`) fails for dense
+  models with TRL's server mode, so it is refused until multi-server generation is supported;
 - B * G is divisible by `trainer.nodes * trainer.gpusPerNode * trainer.perDeviceBatchSize`: each
   optimisation step splits the B * G completions evenly over the data-parallel processes
   (the trainer accumulates gradients over (B * G) / (that product) micro-steps);
 - `grpo.validation.everySteps > 0` needs `dataset.validation`;
 - `trainer.nodes > 1` needs `checkpoints.volume.accessMode: ReadWriteMany` (or an `existingClaim`);
-- non-empty `model.name` and `metric.image`; dataset URIs as above;
+- non-empty `model.name` and `metric.image`; `model.name` must not start with `-` (it is the first
+  argument of `vllm serve`, which would read it as an option); dataset URIs as above;
 - the job name:
 {name_rules}
 

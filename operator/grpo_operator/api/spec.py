@@ -85,6 +85,15 @@ DEFAULT_TRAINER_IMAGE = "ghcr.io/grpo-operator/trainer:0.1.0"
 class ModelSpec(ApiModel):
     """The policy model to fine-tune."""
 
+    cel_rules: ClassVar[tuple[CelRule, ...]] = (
+        CelRule(
+            "!self.name.startsWith('-')",
+            "spec.model.name must not start with '-': it is the first argument of `vllm serve`, which would "
+            "read it as an option. Give a Hugging Face model id (org/name) or an absolute path",
+            ".name",
+        ),
+    )
+
     name: str = Field(
         min_length=1,
         max_length=512,
@@ -102,6 +111,12 @@ class ModelSpec(ApiModel):
     dtype: Literal["bfloat16", "float16", "float32"] = Field(
         default="bfloat16", description="Weight dtype for training and generation."
     )
+
+    @model_validator(mode="after")
+    def _not_an_option(self) -> ModelSpec:
+        if self.name.startswith("-"):
+            raise self.cel_rules[0].violation()
+        return self
 
 
 def _dataset_uri_field(description: str, *, required: bool) -> Any:
@@ -333,9 +348,10 @@ class GenerationSpec(ApiModel):
 
     cel_rules: ClassVar[tuple[CelRule, ...]] = (
         CelRule(
-            "self.gpus % self.tensorParallelSize == 0",
-            "spec.generation.tensorParallelSize must divide spec.generation.gpus: "
-            "set gpus to a multiple of tensorParallelSize",
+            "self.tensorParallelSize == self.gpus",
+            "spec.generation.tensorParallelSize must equal spec.generation.gpus: the vLLM server shards the "
+            "model over all its GPUs, and data parallelism (gpus > tensorParallelSize) fails for dense models "
+            "with TRL's server mode, so it is not supported yet. Set tensorParallelSize to gpus",
             ".tensorParallelSize",
         ),
     )
@@ -344,7 +360,11 @@ class GenerationSpec(ApiModel):
         default=1, ge=1, le=MAX_GPUS_PER_NODE, description="GPUs for vLLM (one pod, one node)."
     )
     tensor_parallel_size: K8sInt = Field(
-        default=1, ge=1, le=MAX_GPUS_PER_NODE, description="vLLM tensor-parallel size; must divide gpus."
+        default=1,
+        ge=1,
+        le=MAX_GPUS_PER_NODE,
+        description="vLLM tensor-parallel size; must equal gpus. Several vLLM data-parallel replicas "
+        "(gpus > tensorParallelSize) are refused: TRL documents them as failing for dense models.",
     )
     image: str = Field(
         default=DEFAULT_VLLM_IMAGE,
@@ -366,8 +386,8 @@ class GenerationSpec(ApiModel):
     )
 
     @model_validator(mode="after")
-    def _tp_divides_gpus(self) -> GenerationSpec:
-        if self.gpus % self.tensor_parallel_size != 0:
+    def _tp_is_all_gpus(self) -> GenerationSpec:
+        if self.tensor_parallel_size != self.gpus:
             raise self.cel_rules[0].violation()
         return self
 

@@ -181,10 +181,8 @@ def generation_pod(job: Job, settings: OperatorSettings, attempt: int, index: in
         "--max-logprobs",
         "-1",
     ]
-    data_parallel = gen.gpus // gen.tensor_parallel_size
-    if data_parallel > 1:
-        # TRL 1.16 supports data parallelism > 1 only for MoE models (scripts/vllm_serve.py:38-40).
-        args += ["--data-parallel-size", str(data_parallel)]
+    # No --data-parallel-size: the spec requires gpus == tensorParallelSize, because TRL 1.16 supports
+    # vLLM data parallelism only for MoE models (scripts/vllm_serve.py:38-40).
     if gen.max_model_len is not None:
         args += ["--max-model-len", str(gen.max_model_len)]
 
