@@ -81,6 +81,11 @@ class OperatorSettings:
     # by default and only to peers named explicitly (e.g. the Prometheus pods of the monitoring
     # namespace). Environment: a JSON list, as the Helm value metrics.podMonitors.generation.allowFrom.
     metrics_scrapers: tuple[Mapping[str, Any], ...] = ()
+    # NetworkPolicyPeers admitted to trainer rank 0's metrics port (trainer_metrics_port) only, in
+    # addition to metrics_scrapers: each job's trainer NetworkPolicy otherwise admits only that job's
+    # vLLM and trainer pods. That port serves nothing but /metrics, so naming a scraper here does not open
+    # vLLM's API. Environment: a JSON list, as the Helm value metrics.podMonitors.trainer.allowFrom.
+    trainer_metrics_scrapers: tuple[Mapping[str, Any], ...] = ()
 
     # --- pods ---------------------------------------------------------------------------------------------
     image_pull_policy: str = "IfNotPresent"
@@ -133,14 +138,20 @@ class OperatorSettings:
                 "watch either all namespaces or a list of namespaces, not both: "
                 "drop --all-namespaces or the --namespace flags"
             )
-        for index, peer in enumerate(self.metrics_scrapers):
-            problem = _peer_problem(peer)
-            if problem:
+        scrapers = {
+            "metrics_scrapers": ("generation", self.metrics_scrapers),
+            "trainer_metrics_scrapers": ("trainer", self.trainer_metrics_scrapers),
+        }
+        for setting, (role, peers) in scrapers.items():
+            for index, peer in enumerate(peers):
+                problem = _peer_problem(peer)
+                if not problem:
+                    continue
                 # Caught here, at start-up: a peer the API server rejects (or reads as broader than
                 # meant) would otherwise go into every job's NetworkPolicy.
                 raise SettingsError(
-                    f"metrics_scrapers[{index}] ({ENV_PREFIX}METRICS_SCRAPERS, Helm: "
-                    f"metrics.podMonitors.generation.allowFrom) {problem}: give each entry as a "
+                    f"{setting}[{index}] ({ENV_PREFIX}{setting.upper()}, Helm: "
+                    f"metrics.podMonitors.{role}.allowFrom) {problem}: give each entry as a "
                     'NetworkPolicyPeer, e.g. {"namespaceSelector": {"matchLabels": '
                     '{"kubernetes.io/metadata.name": "monitoring"}}, "podSelector": '
                     '{"matchLabels": {"app.kubernetes.io/name": "prometheus"}}}'

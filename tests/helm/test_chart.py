@@ -321,6 +321,7 @@ def test_operator_settings_and_flags_parse_as_the_operator_parses_them(values: P
     assert settings.clusterwide == merged["watch"]["allNamespaces"]
     assert set(settings.namespaces) == set(merged["watch"]["namespaces"])
     assert list(settings.metrics_scrapers) == merged["metrics"]["podMonitors"]["generation"]["allowFrom"]
+    assert list(settings.trainer_metrics_scrapers) == merged["metrics"]["podMonitors"]["trainer"]["allowFrom"]
     assert list(settings.image_pull_secrets) == job_defaults["imagePullSecrets"]
 
 

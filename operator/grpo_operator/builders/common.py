@@ -104,6 +104,10 @@ def metric_policy_name(job: Job) -> str:
     return f"{job.name}-metric"
 
 
+def trainer_policy_name(job: Job) -> str:
+    return f"{job.name}-trainer"
+
+
 def trainer_pod_name(job: Job, attempt: int, rank: int) -> str:
     return f"{job.name}-trainer-{attempt}-{rank}"
 
