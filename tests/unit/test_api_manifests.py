@@ -117,6 +117,59 @@ INVALID_CASES: list[Case] = [
         "spec.generation.tensorParallelSize",
         {"spec.generation.gpus": 2},
     ),
+    _case(
+        "env-value-and-value-from",
+        "spec.trainer.env[0].valueFrom",
+        {
+            "spec.trainer.env": [
+                {"name": "T", "value": "x", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}}
+            ]
+        },
+    ),
+    _case(
+        "env-value-from-both-refs",
+        "spec.metric.env[0].valueFrom",
+        {
+            "spec.metric.env": [
+                {
+                    "name": "T",
+                    "valueFrom": {
+                        "secretKeyRef": {"name": "s", "key": "k"},
+                        "configMapKeyRef": {"name": "c", "key": "k"},
+                    },
+                }
+            ]
+        },
+    ),
+    _case(
+        "env-value-from-empty",
+        "spec.generation.env[0].valueFrom",
+        {"spec.generation.env": [{"name": "T", "valueFrom": {}}]},
+    ),
+    _case(
+        "env-secret-bad-name",
+        "spec.trainer.env[0].valueFrom.secretKeyRef.name",
+        {
+            "spec.trainer.env": [
+                {"name": "T", "valueFrom": {"secretKeyRef": {"name": "My_Secret", "key": "k"}}}
+            ]
+        },
+    ),
+    _case(
+        "env-value-from-field-ref",
+        "spec.trainer.env[0].valueFrom.fieldRef",
+        {"spec.trainer.env": [{"name": "T", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}]},
+    ),
+    _case(
+        "model-token-without-key",
+        "spec.model.tokenSecretRef.key",
+        {"spec.model.tokenSecretRef": {"name": "hf"}},
+    ),
+    _case(
+        "model-token-bad-key",
+        "spec.model.tokenSecretRef.key",
+        {"spec.model.tokenSecretRef": {"name": "hf", "key": "a/b"}},
+    ),
     _case("model-name-is-an-option", "spec.model.name", {"spec.model.name": "--trust-remote-code"}),
     _case("model-name-starts-with-dash", "spec.model.name", {"spec.model.name": "-Qwen/Qwen2.5"}),
     _case(
@@ -325,6 +378,25 @@ VALID_CASES: list[Case] = [
             "spec.suspend": True,
         },
     ),
+    _case(
+        "secrets-and-private-model",
+        "",
+        {
+            "spec.model.tokenSecretRef": {"name": "hf-token", "key": "token"},
+            "spec.trainer.env": [
+                {"name": "WANDB_API_KEY", "valueFrom": {"secretKeyRef": {"name": "wandb", "key": "api-key"}}},
+                {
+                    "name": "MODE",
+                    "valueFrom": {"configMapKeyRef": {"name": "settings", "key": "mode", "optional": True}},
+                },
+                {"name": "EMPTY"},
+            ],
+            "spec.generation.env": [{"name": "VLLM_LOGGING_LEVEL", "value": "DEBUG"}],
+            "spec.metric.env": [
+                {"name": "JUDGE_KEY", "valueFrom": {"secretKeyRef": {"name": "judge", "key": "key"}}}
+            ],
+        },
+    ),
     _case("explicit-null-optional", "", {"spec.grpo.epsilonHigh": None, "spec.dataset.validation": None}),
 ]
 
@@ -385,6 +457,8 @@ MUTABLE_UPDATES: list[dict[str, Any]] = [
     {"spec.grpo.learningRate": 2e-6, "spec.grpo.temperature": 0.9},
     {"spec.suspend": True},
     {"spec.metric.image": "ghcr.io/grpo-operator/metric-math:0.2.0"},
+    # The access token may be added (or its Secret renamed) without recreating the job.
+    {"spec.model.tokenSecretRef": {"name": "hf-token", "key": "token"}},
     {"spec.generation": {"gpus": 2, "tensorParallelSize": 2}},
 ]
 

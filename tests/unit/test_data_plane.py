@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 from grpo_operator.api import TrainerConfig
-from grpo_operator.builders import gang_pods, infrastructure
+from grpo_operator.builders import gang_pods, infrastructure, metric_workload
 from grpo_operator.builders.gang import generation_service, trainer_service
 from grpo_operator.settings import DATA_PLANE, OperatorSettings, SettingsError
 
@@ -111,3 +111,76 @@ def test_ports_from_the_environment_reach_the_trainer_config() -> None:
     )
     config, _ = _config(settings)
     assert (config.generation.server_port, config.metrics_port) == (8200, 9500)
+
+
+# --- secrets and private models ------------------------------------------------------------------------
+
+HF_TOKEN = {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf-token", "key": "token"}}}
+WANDB = {"name": "WANDB_API_KEY", "valueFrom": {"secretKeyRef": {"name": "wandb", "key": "api-key"}}}
+MODE = {
+    "name": "MODE",
+    "valueFrom": {"configMapKeyRef": {"name": "settings", "key": "mode", "optional": True}},
+}
+
+
+def _env_list(pod: dict[str, Any]) -> list[dict[str, Any]]:
+    return list(pod["spec"]["containers"][0]["env"])
+
+
+def test_the_model_token_reaches_vllm_and_every_trainer_as_a_secret_reference() -> None:
+    job = make_job(
+        model={"tokenSecretRef": {"name": "hf-token", "key": "token"}},
+        trainer={"nodes": 2, "gpusPerNode": 1},
+        checkpoints={"volume": {"accessMode": "ReadWriteMany"}},
+    )
+    pods = gang_pods(job, OperatorSettings(), 1, "")
+    assert len(pods) == 3
+    for pod in pods:
+        assert HF_TOKEN in _env_list(pod), pod["metadata"]["name"]
+    # The metric service (the user's scoring code) gets no model token.
+    (deployment,) = metric_workload(job, OperatorSettings())
+    assert "HF_TOKEN" not in {
+        e["name"] for e in deployment["spec"]["template"]["spec"]["containers"][0]["env"]
+    }
+
+
+def test_without_a_token_no_pod_gets_hf_token() -> None:
+    for pod in gang_pods(make_job(), OperatorSettings(), 1, ""):
+        assert "HF_TOKEN" not in env_of(pod)
+
+
+def test_the_token_wins_over_a_plain_hf_token_entry() -> None:
+    job = make_job(
+        model={"tokenSecretRef": {"name": "hf-token", "key": "token"}},
+        trainer={"env": [{"name": "HF_TOKEN", "value": "hf_plaintext"}]},
+        generation={"env": [{"name": "HF_TOKEN", "value": "hf_plaintext"}]},
+    )
+    for pod in gang_pods(job, OperatorSettings(), 1, ""):
+        entries = [e for e in _env_list(pod) if e["name"] == "HF_TOKEN"]
+        assert entries == [HF_TOKEN]
+
+
+def test_value_from_env_reaches_trainer_vllm_and_metric_pods_unresolved() -> None:
+    job = make_job(
+        trainer={"env": [WANDB, MODE, {"name": "EMPTY"}]},
+        generation={"env": [WANDB, {"name": "VLLM_LOGGING_LEVEL", "value": "DEBUG"}]},
+        metric={"env": [WANDB, {"name": "STRICT", "value": "1"}]},
+    )
+    vllm, trainer = gang_pods(job, OperatorSettings(), 1, "")
+    (deployment,) = metric_workload(job, OperatorSettings())
+    metric_env = deployment["spec"]["template"]["spec"]["containers"][0]["env"]
+    assert WANDB in _env_list(trainer) and MODE in _env_list(trainer)
+    assert {"name": "EMPTY", "value": ""} in _env_list(trainer)
+    assert WANDB in _env_list(vllm) and {"name": "VLLM_LOGGING_LEVEL", "value": "DEBUG"} in _env_list(vllm)
+    assert WANDB in metric_env and {"name": "STRICT", "value": "1"} in metric_env
+    # Nothing the operator renders holds a resolved secret: only references.
+    rendered = json.dumps([vllm, trainer, deployment, *infrastructure(job, OperatorSettings())])
+    assert "api-key" in rendered and '"value": "hf_' not in rendered
+
+
+def test_users_cannot_turn_off_vllm_dev_mode() -> None:
+    job = make_job(generation={"env": [{"name": "VLLM_SERVER_DEV_MODE", "value": "0"}]})
+    vllm = gang_pods(job, OperatorSettings(), 1, "")[0]
+    assert [e for e in _env_list(vllm) if e["name"] == "VLLM_SERVER_DEV_MODE"] == [
+        {"name": "VLLM_SERVER_DEV_MODE", "value": "1"}
+    ]

@@ -213,7 +213,8 @@ the field and the fix:
 
   Child objects append suffixes to the name, hence at most {MAX_JOB_NAME_LENGTH} characters.
 
-**Immutable while the job exists** (CEL transition rules `self == oldSelf`): `spec.model`,
+**Immutable while the job exists** (CEL transition rules `self == oldSelf`): `spec.model` (except
+`tokenSecretRef`),
 `spec.grpo.groupSize`, `spec.grpo.promptsPerStep`, `spec.trainer.nodes`, `spec.trainer.gpusPerNode`,
 `spec.trainer.perDeviceBatchSize`. Changing them would invalidate checkpoints and the data order;
 delete the job and create a new one. Every other field may be changed while the job exists.

@@ -40,6 +40,8 @@ DNS1123_SUBDOMAIN_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9
 DNS1123_LABEL_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 # Environment variable names as Kubernetes accepts them.
 ENV_NAME_PATTERN = r"^[-._a-zA-Z][-._a-zA-Z0-9]*$"
+# Keys of a Secret or ConfigMap as Kubernetes accepts them.
+CONFIG_KEY_PATTERN = r"^[-._a-zA-Z0-9]+$"
 
 
 def _integral_float_to_int(value: Any) -> Any:
@@ -82,6 +84,38 @@ DEFAULT_VLLM_IMAGE = "vllm/vllm-openai:v0.31.0"
 DEFAULT_TRAINER_IMAGE = "ghcr.io/grpo-operator/trainer:0.1.0"
 
 
+class SecretKeySelector(ApiModel):
+    """One key of a Secret in the job's namespace."""
+
+    name: str = Field(
+        min_length=1,
+        max_length=253,
+        pattern=DNS1123_SUBDOMAIN_PATTERN,
+        description="Name of the Secret (in the job's namespace).",
+    )
+    key: str = Field(
+        min_length=1, max_length=253, pattern=CONFIG_KEY_PATTERN, description="The key whose value is used."
+    )
+
+
+class KeyRef(ApiModel):
+    """One key of a Secret or ConfigMap in the job's namespace."""
+
+    name: str = Field(
+        min_length=1,
+        max_length=253,
+        pattern=DNS1123_SUBDOMAIN_PATTERN,
+        description="Name of the Secret or ConfigMap (in the job's namespace).",
+    )
+    key: str = Field(
+        min_length=1, max_length=253, pattern=CONFIG_KEY_PATTERN, description="The key whose value is used."
+    )
+    optional: bool | None = Field(
+        default=None,
+        description="true: a missing object or key leaves the variable unset instead of failing.",
+    )
+
+
 class ModelSpec(ApiModel):
     """The policy model to fine-tune."""
 
@@ -110,6 +144,12 @@ class ModelSpec(ApiModel):
     )
     dtype: Literal["bfloat16", "float16", "float32"] = Field(
         default="bfloat16", description="Weight dtype for training and generation."
+    )
+    token_secret_ref: SecretKeySelector | None = Field(
+        default=None,
+        description="Secret key holding a Hugging Face access token for a gated or private model, e.g. "
+        "{name: hf-token, key: token}. Given to vLLM and the trainers as HF_TOKEN; the token itself never "
+        "appears in the GRPOJob. May be added or changed later (the gang restarts).",
     )
 
     @model_validator(mode="after")
@@ -276,11 +316,55 @@ class GRPOSpec(ApiModel):
         return self
 
 
+class EnvVarSource(ApiModel):
+    """Where a variable's value comes from, as in a Pod: exactly one of secretKeyRef and configMapKeyRef."""
+
+    cel_rules: ClassVar[tuple[CelRule, ...]] = (
+        CelRule(
+            "has(self.secretKeyRef) != has(self.configMapKeyRef)",
+            "valueFrom must set exactly one of secretKeyRef and configMapKeyRef",
+        ),
+    )
+
+    secret_key_ref: KeyRef | None = Field(
+        default=None, description="A key of a Secret: the value never appears in the GRPOJob."
+    )
+    config_map_key_ref: KeyRef | None = Field(default=None, description="A key of a ConfigMap.")
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> EnvVarSource:
+        if (self.secret_key_ref is None) == (self.config_map_key_ref is None):
+            raise self.cel_rules[0].violation()
+        return self
+
+
 class EnvVar(ApiModel):
-    """An environment variable for a container."""
+    """An environment variable for a container: a plain value, or valueFrom a Secret or ConfigMap key."""
+
+    cel_rules: ClassVar[tuple[CelRule, ...]] = (
+        CelRule(
+            "!has(self.value) || !has(self.valueFrom)",
+            "an environment variable takes value or valueFrom, not both: keep one",
+            ".valueFrom",
+        ),
+    )
 
     name: str = Field(min_length=1, max_length=256, pattern=ENV_NAME_PATTERN, description="Variable name.")
-    value: str = Field(default="", max_length=32768, description="Variable value.")
+    value: str | None = Field(
+        default=None,
+        max_length=32768,
+        description="Variable value, stored in plain text in the GRPOJob: use valueFrom.secretKeyRef for "
+        "tokens and passwords. Unset (and no valueFrom) means the empty string.",
+    )
+    value_from: EnvVarSource | None = Field(
+        default=None, description="Take the value from a Secret or ConfigMap key in the job's namespace."
+    )
+
+    @model_validator(mode="after")
+    def _value_or_source(self) -> EnvVar:
+        if self.value is not None and self.value_from is not None:
+            raise self.cel_rules[0].violation()
+        return self
 
 
 def _unique_env_names(env: list[EnvVar]) -> list[EnvVar]:
@@ -383,6 +467,11 @@ class GenerationSpec(ApiModel):
     resources: ResourceRequirements = Field(
         default_factory=ResourceRequirements,
         description="CPU/memory for the vLLM pod (GPUs come from gpus).",
+    )
+    env: EnvList = Field(
+        default_factory=list,
+        json_schema_extra=_ENV_LIST_SCHEMA,
+        description="Extra environment variables of the vLLM server (VLLM_SERVER_DEV_MODE is the operator's).",
     )
 
     @model_validator(mode="after")
@@ -600,6 +689,13 @@ class RunPolicySpec(ApiModel):
     )
 
 
+# spec.model's transition rule: which model is trained never changes; the access token may (a rotated
+# or a forgotten Secret must not force recreating the job and losing its checkpoints).
+MODEL_IDENTITY_UNCHANGED = (
+    "self.name == oldSelf.name && self.revision == oldSelf.revision && self.dtype == oldSelf.dtype"
+)
+
+
 class GRPOJobSpec(ApiModel):
     """Desired state of a GRPOJob."""
 
@@ -629,11 +725,11 @@ class GRPOJobSpec(ApiModel):
     )
 
     model: ModelSpec = Field(
-        description="The model to fine-tune. Immutable.",
+        description="The model to fine-tune. Immutable, except tokenSecretRef.",
         json_schema_extra={
             "x-kubernetes-validations": [
                 CelRule(
-                    "self == oldSelf",
+                    MODEL_IDENTITY_UNCHANGED,
                     "spec.model is immutable: delete the job and create a new one to train another model",
                 ).to_schema()
             ]
@@ -720,7 +816,9 @@ def immutability_rules() -> dict[str, list[CelRule]]:
 def check_immutable(old: GRPOJobSpec, new: GRPOJobSpec) -> list[str]:
     """Messages for every immutable field ``new`` changes relative to ``old`` (empty: update is fine)."""
     errors: list[str] = []
-    if old.model != new.model:
+    if old.model.model_copy(update={"token_secret_ref": None}) != new.model.model_copy(
+        update={"token_secret_ref": None}
+    ):
         errors.append("spec.model is immutable: delete the job and create a new one to train another model")
     old_d, new_d = old.to_dict(), new.to_dict()
     for obj, rules in immutability_rules().items():

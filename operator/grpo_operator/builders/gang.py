@@ -8,9 +8,10 @@ re-joined by either side (grpo-trainer.md §4.4-4.5). Every pod therefore has re
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
+from grpo_operator.api.spec import EnvVar
 from grpo_operator.api.trainer_config import CONFIG_ENV
 from grpo_operator.builders.common import (
     ANNOTATION_CONFIG_HASH,
@@ -80,6 +81,37 @@ TRAINER_ARGS = [
     "-m",
     "grpo_trainer",
 ]
+
+
+# Variables of the vLLM container the operator fixes: TRL's weight-update routes exist only in dev mode.
+RESERVED_GENERATION_ENV = frozenset({"VLLM_SERVER_DEV_MODE"})
+# The Hugging Face access token variable both vLLM and the trainer (huggingface_hub) read.
+HF_TOKEN_ENV = "HF_TOKEN"
+
+
+def _env_with_user(
+    defaults: Mapping[str, str], user: Sequence[EnvVar], reserved: frozenset[str], job: Job
+) -> list[dict[str, Any]]:
+    """The operator's overridable defaults, then the user's variables (plain or valueFrom, as written),
+    then HF_TOKEN from spec.model.tokenSecretRef, which wins over a user entry of the same name."""
+    token = job.spec.model.token_secret_ref
+    skip = reserved | ({HF_TOKEN_ENV} if token is not None else frozenset())
+    entries: dict[str, dict[str, Any]] = {
+        name: {"name": name, "value": value} for name, value in defaults.items()
+    }
+    for var in user:
+        if var.name not in skip:
+            entries[var.name] = (
+                var.to_dict() if var.value_from is not None else {"name": var.name, "value": var.value or ""}
+            )
+    if token is not None:
+        # Only a reference goes into the pod: the kubelet resolves it, so the token is never in the
+        # GRPOJob, the pod spec, the operator's memory, its logs or events.
+        entries[HF_TOKEN_ENV] = {
+            "name": HF_TOKEN_ENV,
+            "valueFrom": {"secretKeyRef": {"name": token.name, "key": token.key}},
+        }
+    return list(entries.values())
 
 
 def gang_hash(job: Job) -> str:
@@ -205,9 +237,12 @@ def generation_pod(job: Job, settings: OperatorSettings, attempt: int, index: in
         "args": args,
         "env": [
             {"name": "VLLM_SERVER_DEV_MODE", "value": "1"},
-            {"name": "VLLM_NO_USAGE_STATS", "value": "1"},
-            {"name": "HF_HOME", "value": hf_home},
-            {"name": "HF_HUB_DISABLE_TELEMETRY", "value": "1"},
+            *_env_with_user(
+                {"VLLM_NO_USAGE_STATS": "1", "HF_HOME": hf_home, "HF_HUB_DISABLE_TELEMETRY": "1"},
+                gen.env,
+                RESERVED_GENERATION_ENV,
+                job,
+            ),
         ],
         "ports": [{"name": "http", "containerPort": settings.vllm_port, "protocol": "TCP"}],
         "readinessProbe": {
@@ -275,8 +310,7 @@ def trainer_env(
         "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True",
         "NCCL_DEBUG": "WARN",
     }
-    user = {var.name: var.value for var in spec.trainer.env if var.name not in RESERVED_TRAINER_ENV}
-    env: list[dict[str, Any]] = [{"name": k, "value": v} for k, v in {**defaults, **user}.items()]
+    env = _env_with_user(defaults, spec.trainer.env, RESERVED_TRAINER_ENV, job)
     env += [
         {"name": CONFIG_ENV, "value": CONFIG_FILE},
         {"name": "RESUME_FROM", "value": resume_from},
