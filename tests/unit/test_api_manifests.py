@@ -170,6 +170,12 @@ INVALID_CASES: list[Case] = [
         "spec.model.tokenSecretRef.key",
         {"spec.model.tokenSecretRef": {"name": "hf", "key": "a/b"}},
     ),
+    _case("model-on-rwo-volume", "spec.model.name", {"spec.model.name": "/workspace/models/qwen"}),
+    _case(
+        "model-on-rwo-existing-claim",
+        "spec.model.name",
+        {"spec.model.name": "/workspace/models/qwen", "spec.checkpoints.volume": {"existingClaim": "models"}},
+    ),
     _case("model-name-is-an-option", "spec.model.name", {"spec.model.name": "--trust-remote-code"}),
     _case("model-name-starts-with-dash", "spec.model.name", {"spec.model.name": "-Qwen/Qwen2.5"}),
     _case(
@@ -397,6 +403,23 @@ VALID_CASES: list[Case] = [
             ],
         },
     ),
+    _case(
+        "model-on-rwx-volume",
+        "",
+        {
+            "spec.model.name": "/workspace/models/qwen",
+            "spec.checkpoints.volume": {"accessMode": "ReadWriteMany"},
+        },
+    ),
+    _case(
+        "model-on-rwx-existing-claim",
+        "",
+        {
+            "spec.model.name": "/workspace/models/qwen",
+            "spec.checkpoints.volume": {"existingClaim": "models", "accessMode": "ReadWriteMany"},
+        },
+    ),
+    _case("model-in-the-image", "", {"spec.model.name": "/models/qwen"}),
     _case("explicit-null-optional", "", {"spec.grpo.epsilonHigh": None, "spec.dataset.validation": None}),
 ]
 

@@ -184,3 +184,41 @@ def test_users_cannot_turn_off_vllm_dev_mode() -> None:
     assert [e for e in _env_list(vllm) if e["name"] == "VLLM_SERVER_DEV_MODE"] == [
         {"name": "VLLM_SERVER_DEV_MODE", "value": "1"}
     ]
+
+
+# --- models on the job's volume ------------------------------------------------------------------------
+
+
+def _claims(pod: dict[str, Any]) -> list[str]:
+    return [
+        v["persistentVolumeClaim"]["claimName"]
+        for v in pod["spec"]["volumes"]
+        if "persistentVolumeClaim" in v
+    ]
+
+
+def _mounts(pod: dict[str, Any]) -> set[str]:
+    return {m["mountPath"] for m in pod["spec"]["containers"][0]["volumeMounts"]}
+
+
+def test_a_model_on_a_rwx_volume_is_mounted_where_vllm_reads_it() -> None:
+    job = make_job(
+        model={"name": "/workspace/models/qwen"}, checkpoints={"volume": {"accessMode": "ReadWriteMany"}}
+    )
+    vllm, trainer = gang_pods(job, OperatorSettings(), 1, "")
+    assert vllm["spec"]["containers"][0]["args"][0] == "/workspace/models/qwen"
+    assert _claims(vllm) == _claims(trainer) == ["math-ckpt"]
+    assert "/workspace" in _mounts(vllm) and "/workspace" in _mounts(trainer)
+
+
+def test_an_existing_claim_declared_rwx_is_mounted_by_vllm_too() -> None:
+    job = make_job(
+        model={"name": "/workspace/models/qwen"},
+        checkpoints={"volume": {"existingClaim": "team-models", "accessMode": "ReadWriteMany"}},
+    )
+    vllm, trainer = gang_pods(job, OperatorSettings(), 1, "")
+    assert _claims(vllm) == _claims(trainer) == ["team-models"]
+    assert "/workspace" in _mounts(vllm)
+    # Without the declaration the claim may be ReadWriteOnce: vLLM does not try to attach it.
+    rwo = make_job(checkpoints={"volume": {"existingClaim": "team-models"}})
+    assert _claims(gang_pods(rwo, OperatorSettings(), 1, "")[0]) == []

@@ -206,6 +206,9 @@ the field and the fix:
   (the trainer accumulates gradients over (B * G) / (that product) micro-steps);
 - `grpo.validation.everySteps > 0` needs `dataset.validation`;
 - `trainer.nodes > 1` needs `checkpoints.volume.accessMode: ReadWriteMany` (or an `existingClaim`);
+- a `model.name` on the job's volume (`/workspace/...`) needs `checkpoints.volume.accessMode:
+  ReadWriteMany`: the vLLM pod, usually on another node than the trainers, mounts the volume only then
+  (for an `existingClaim`, declare `ReadWriteMany` only if the claim is);
 - non-empty `model.name` and `metric.image`; `model.name` must not start with `-` (it is the first
   argument of `vllm serve`, which would read it as an option); dataset URIs as above;
 - the job name:

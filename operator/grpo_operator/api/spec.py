@@ -80,6 +80,9 @@ Quantity = Annotated[
     ),
 ]
 
+# Where the job's volume is mounted in trainer pods (and in the vLLM pod when it is ReadWriteMany).
+VOLUME_MOUNT_PATH = "/workspace"
+
 DEFAULT_VLLM_IMAGE = "vllm/vllm-openai:v0.31.0"
 DEFAULT_TRAINER_IMAGE = "ghcr.io/grpo-operator/trainer:0.1.0"
 
@@ -535,7 +538,9 @@ class VolumeSpec(ApiModel):
     )
     access_mode: Literal["ReadWriteOnce", "ReadWriteMany"] = Field(
         default="ReadWriteOnce",
-        description="Access mode of the created PVC; ReadWriteMany is required when trainer.nodes > 1.",
+        description="Access mode of the created PVC (with existingClaim: the claim's, as you declare it). "
+        "ReadWriteMany is required when trainer.nodes > 1 and lets the vLLM pod mount the volume too "
+        "(a model on the volume, the shared model cache).",
     )
 
 
@@ -715,6 +720,15 @@ class GRPOJobSpec(ApiModel):
             ".grpo.validation.everySteps",
         ),
         CelRule(
+            f"!self.model.name.startsWith('{VOLUME_MOUNT_PATH}/') || "
+            "self.checkpoints.volume.accessMode == 'ReadWriteMany'",
+            f"spec.model.name is a path on the job's volume ({VOLUME_MOUNT_PATH}/...), which the vLLM pod can "
+            "mount only when it is ReadWriteMany (vLLM usually runs on another node than the trainers): set "
+            "spec.checkpoints.volume.accessMode: ReadWriteMany (with an existingClaim, only if the claim is "
+            "ReadWriteMany), or load the model from the Hub or from a path inside both images",
+            ".model.name",
+        ),
+        CelRule(
             "self.trainer.nodes == 1 || has(self.checkpoints.volume.existingClaim) || "
             "self.checkpoints.volume.accessMode == 'ReadWriteMany'",
             "spec.checkpoints.volume.accessMode must be ReadWriteMany when spec.trainer.nodes > 1 "
@@ -768,13 +782,19 @@ class GRPOJobSpec(ApiModel):
             raise self.cel_rules[0].violation()
         if self.grpo.validation.every_steps > 0 and self.dataset.validation is None:
             raise self.cel_rules[1].violation()
+        if self.model_on_volume() and self.checkpoints.volume.access_mode != "ReadWriteMany":
+            raise self.cel_rules[2].violation()
         if (
             self.trainer.nodes > 1
             and self.checkpoints.volume.existing_claim is None
             and self.checkpoints.volume.access_mode != "ReadWriteMany"
         ):
-            raise self.cel_rules[2].violation()
+            raise self.cel_rules[3].violation()
         return self
+
+    def model_on_volume(self) -> bool:
+        """model.name is a directory on the job's volume (mounted at VOLUME_MOUNT_PATH in the pods)."""
+        return self.model.name.startswith(f"{VOLUME_MOUNT_PATH}/")
 
     def trainer_world_size(self) -> int:
         """Training processes across the gang (one per trainer GPU)."""

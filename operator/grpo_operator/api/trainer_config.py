@@ -14,13 +14,13 @@ from typing import Literal
 from pydantic import ConfigDict, Field
 
 from grpo_operator.api.base import ApiModel
+from grpo_operator.api.spec import VOLUME_MOUNT_PATH as VOLUME_MOUNT_PATH
 from grpo_operator.api.spec import DatasetSpec, GRPOJobSpec, GRPOSpec, ModelSpec
 
 CONFIG_MAP_KEY = "trainer.json"
 CONFIG_MOUNT_DIR = "/etc/grpo"
 CONFIG_PATH = f"{CONFIG_MOUNT_DIR}/{CONFIG_MAP_KEY}"
 CONFIG_ENV = "GRPO_CONFIG"
-VOLUME_MOUNT_PATH = "/workspace"
 DEFAULT_CHECKPOINT_DIR = f"{VOLUME_MOUNT_PATH}/checkpoints"
 DEFAULT_OUTPUT_DIR = f"{VOLUME_MOUNT_PATH}/output"
 VLLM_SERVER_PORT = 8000

@@ -173,10 +173,10 @@ def _pod_metadata(
 
 
 def volume_shared_with_generation(job: Job) -> bool:
-    """vLLM mounts the job's volume (shared model cache) only when it can: a ReadWriteOnce claim
-    attaches to one node, and the vLLM pod usually runs on another node than the trainers."""
-    volume = job.spec.checkpoints.volume
-    return volume.existing_claim is None and volume.access_mode == "ReadWriteMany"
+    """vLLM mounts the job's volume (shared model cache, a model on the volume) only when it can: a
+    ReadWriteOnce claim attaches to one node, and the vLLM pod usually runs on another node than the
+    trainers. For an existing claim the spec's accessMode says what the user declares it to be."""
+    return job.spec.checkpoints.volume.access_mode == "ReadWriteMany"
 
 
 def generation_pod(job: Job, settings: OperatorSettings, attempt: int, index: int = 0) -> Manifest:
