@@ -467,6 +467,13 @@ class GenerationSpec(ApiModel):
         default=None,
         description="vLLM context length; unset means the model's (prompt + completion must fit).",
     )
+    startup_timeout_seconds: K8sInt = Field(
+        default=1800,
+        ge=60,
+        le=86_400,
+        description="Time the vLLM server gets from its pod's start to Ready (image pull, model download, "
+        "CUDA graph capture). Trainers wait this long for its /health; past it the gang restarts (counted).",
+    )
     resources: ResourceRequirements = Field(
         default_factory=ResourceRequirements,
         description="CPU/memory for the vLLM pod (GPUs come from gpus).",

@@ -67,8 +67,16 @@ class GenerationConfig(_ConfigModel):
     weight_sync_port: int = Field(
         default=WEIGHT_SYNC_PORT, ge=1, le=65535, description="NCCL weight-sync port on trainer rank 0."
     )
+    startup_timeout_seconds: float = Field(
+        default=1800.0,
+        gt=0,
+        description="How long to wait for the vLLM server's /health before giving up (its start-up budget); "
+        "TRL's own client starts only once it answers.",
+    )
     request_timeout_seconds: float = Field(
-        default=600.0, gt=0, description="How long to wait for the vLLM server (start-up and requests)."
+        default=600.0,
+        gt=0,
+        description="How long TRL's client waits for a vLLM server that already answered.",
     )
 
 
@@ -152,6 +160,7 @@ class TrainerConfig(_ConfigModel):
                 server_host=generation_host,
                 server_port=vllm_port,
                 weight_sync_port=weight_sync_port,
+                startup_timeout_seconds=float(spec.generation.startup_timeout_seconds),
             ),
             metric=MetricClientConfig(
                 url=metric_url,
