@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -20,6 +21,7 @@ from typing import Any
 from grpo_operator.api.trainer_config import TRAINER_METRICS_PORT, VLLM_SERVER_PORT, WEIGHT_SYNC_PORT
 
 ENV_PREFIX = "GRPO_OPERATOR_"
+_DNS1123_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
 # Field metadata key marking a setting the trainer must see too (in trainer.json or its environment):
 # the operator puts the same value on the pods and Services, so the two sides can only agree if the
 # builders render it. tests/unit/test_builders.py checks every field so marked.
@@ -87,6 +89,13 @@ class OperatorSettings:
     # vLLM's API. Environment: a JSON list, as the Helm value metrics.podMonitors.trainer.allowFrom.
     trainer_metrics_scrapers: tuple[Mapping[str, Any], ...] = ()
 
+    # --- model cache ----------------------------------------------------------------------------------------
+    # Name of a PersistentVolumeClaim (ReadWriteMany) that exists in every namespace running jobs, mounted
+    # at /cache in vLLM and trainer pods as the Hugging Face cache (HF_HOME=/cache/huggingface): gang
+    # restarts and later jobs in that namespace reuse downloaded models. Empty: the cache is on the job's
+    # volume (for vLLM only when it is ReadWriteMany, else in the vLLM pod's emptyDir).
+    model_cache_claim: str = ""
+
     # --- pods ---------------------------------------------------------------------------------------------
     image_pull_policy: str = "IfNotPresent"
     # Pull secrets every job's pods get, before the job's own spec.imagePullSecrets: a registry secret the
@@ -137,6 +146,12 @@ class OperatorSettings:
             raise SettingsError(
                 "watch either all namespaces or a list of namespaces, not both: "
                 "drop --all-namespaces or the --namespace flags"
+            )
+        if self.model_cache_claim and not _DNS1123_SUBDOMAIN.fullmatch(self.model_cache_claim):
+            raise SettingsError(
+                f"model_cache_claim ({ENV_PREFIX}MODEL_CACHE_CLAIM, Helm: jobDefaults.modelCacheClaim) "
+                f"{self.model_cache_claim!r} is not a PersistentVolumeClaim name: use lower-case letters, digits, "
+                "'-' and '.', or leave it empty"
             )
         scrapers = {
             "metrics_scrapers": ("generation", self.metrics_scrapers),

@@ -313,6 +313,7 @@ def test_operator_settings_and_flags_parse_as_the_operator_parses_them(values: P
     assert settings.trainer_termination_grace_seconds == job_defaults["trainerTerminationGracePeriodSeconds"]
     assert settings.trainer_metrics_port == job_defaults["trainerMetricsPort"]
     assert settings.vllm_port == job_defaults["vllmPort"]
+    assert settings.model_cache_claim == job_defaults["modelCacheClaim"]
     assert settings.weight_sync_port == job_defaults["weightSyncPort"]
     assert settings.master_port == job_defaults["masterPort"]
     assert settings.http_port == merged["operator"]["httpPort"]

@@ -222,3 +222,33 @@ def test_an_existing_claim_declared_rwx_is_mounted_by_vllm_too() -> None:
     # Without the declaration the claim may be ReadWriteOnce: vLLM does not try to attach it.
     rwo = make_job(checkpoints={"volume": {"existingClaim": "team-models"}})
     assert _claims(gang_pods(rwo, OperatorSettings(), 1, "")[0]) == []
+
+
+# --- the model cache ------------------------------------------------------------------------------------
+
+
+def test_a_platform_cache_claim_holds_the_hf_cache_of_vllm_and_trainers() -> None:
+    settings = OperatorSettings(model_cache_claim="hf-cache")
+    vllm, trainer = gang_pods(make_job(), settings, 3, "")
+    for pod in (vllm, trainer):
+        assert "hf-cache" in _claims(pod), pod["metadata"]["name"]
+        assert "/cache" in _mounts(pod)
+        assert env_of(pod)["HF_HOME"] == "/cache/huggingface"
+        # Nothing in memory or on the pod's own disk: a restarted gang finds the download.
+        assert not any("emptyDir" in v and v["name"] == "model-cache" for v in pod["spec"]["volumes"])
+
+
+def test_without_a_cache_claim_vllm_caches_on_a_rwx_job_volume() -> None:
+    rwx = make_job(checkpoints={"volume": {"accessMode": "ReadWriteMany"}})
+    vllm, trainer = gang_pods(rwx, OperatorSettings(), 1, "")
+    assert env_of(vllm)["HF_HOME"] == env_of(trainer)["HF_HOME"] == "/workspace/hf-cache"
+    assert _claims(vllm) == ["math-ckpt"]
+    # ReadWriteOnce: vLLM cannot mount the job's volume and falls back to its pod's emptyDir.
+    vllm_rwo = gang_pods(make_job(), OperatorSettings(), 1, "")[0]
+    assert env_of(vllm_rwo)["HF_HOME"] == "/cache/huggingface"
+    assert {"name": "model-cache", "emptyDir": {}} in vllm_rwo["spec"]["volumes"]
+
+
+def test_a_bad_cache_claim_name_is_refused_at_start_up() -> None:
+    with pytest.raises(SettingsError, match="GRPO_OPERATOR_MODEL_CACHE_CLAIM"):
+        OperatorSettings.from_env({"GRPO_OPERATOR_MODEL_CACHE_CLAIM": "HF_Cache"})

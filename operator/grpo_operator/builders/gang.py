@@ -172,6 +172,24 @@ def _pod_metadata(
     return meta
 
 
+# The platform's model cache claim (settings.model_cache_claim), or the vLLM pod's emptyDir without one.
+MODEL_CACHE_VOLUME = "model-cache"
+MODEL_CACHE_MOUNT = "/cache"
+
+
+def _model_cache_volume(settings: OperatorSettings) -> dict[str, Any]:
+    return {"name": MODEL_CACHE_VOLUME, "persistentVolumeClaim": {"claimName": settings.model_cache_claim}}
+
+
+def hf_cache_dir(job: Job, settings: OperatorSettings) -> str:
+    """HF_HOME of vLLM and the trainers: the platform's cache claim when named (shared by restarts and
+    later jobs in the namespace), else the job's volume (vLLM only when ReadWriteMany), else the vLLM
+    pod's emptyDir."""
+    if settings.model_cache_claim:
+        return f"{MODEL_CACHE_MOUNT}/huggingface"
+    return HF_CACHE
+
+
 def volume_shared_with_generation(job: Job) -> bool:
     """vLLM mounts the job's volume (shared model cache, a model on the volume) only when it can: a
     ReadWriteOnce claim attaches to one node, and the vLLM pod usually runs on another node than the
@@ -218,16 +236,21 @@ def generation_pod(job: Job, settings: OperatorSettings, attempt: int, index: in
     if gen.max_model_len is not None:
         args += ["--max-model-len", str(gen.max_model_len)]
 
-    shared = volume_shared_with_generation(job)
-    hf_home = HF_CACHE if shared else "/cache/huggingface"
     mounts: list[dict[str, Any]] = [{"name": "dshm", "mountPath": "/dev/shm"}]
     volumes: list[dict[str, Any]] = [_shm_volume(settings)]
-    if shared:
+    if volume_shared_with_generation(job):
         mounts.append({"name": "workspace", "mountPath": WORKSPACE})
         volumes.append({"name": "workspace", "persistentVolumeClaim": {"claimName": pvc_claim_name(job)}})
-    else:
-        mounts.append({"name": "cache", "mountPath": "/cache"})
-        volumes.append({"name": "cache", "emptyDir": {}})
+    hf_home = hf_cache_dir(job, settings)
+    if settings.model_cache_claim:
+        mounts.append({"name": MODEL_CACHE_VOLUME, "mountPath": MODEL_CACHE_MOUNT})
+        volumes.append(_model_cache_volume(settings))
+    elif not volume_shared_with_generation(job):
+        # No volume vLLM can mount: the download lives as long as the pod, and every gang restart
+        # downloads the model again (docs/operations.md: ReadWriteMany, or a cache claim, avoid it).
+        mounts.append({"name": MODEL_CACHE_VOLUME, "mountPath": MODEL_CACHE_MOUNT})
+        volumes.append({"name": MODEL_CACHE_VOLUME, "emptyDir": {}})
+        hf_home = f"{MODEL_CACHE_MOUNT}/huggingface"
 
     container: dict[str, Any] = {
         "name": "vllm",
@@ -305,7 +328,7 @@ def trainer_env(
     spec = job.spec
     nproc = spec.trainer.gpus_per_node
     defaults = {
-        "HF_HOME": HF_CACHE,
+        "HF_HOME": hf_cache_dir(job, settings),
         "HF_HUB_DISABLE_TELEMETRY": "1",
         "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True",
         "NCCL_DEBUG": "WARN",
@@ -374,6 +397,11 @@ def trainer_pod(job: Job, settings: OperatorSettings, attempt: int, rank: int, r
             {"name": "config", "mountPath": CONFIG_DIR, "readOnly": True},
             {"name": "workspace", "mountPath": WORKSPACE},
             {"name": "dshm", "mountPath": "/dev/shm"},
+            *(
+                [{"name": MODEL_CACHE_VOLUME, "mountPath": MODEL_CACHE_MOUNT}]
+                if settings.model_cache_claim
+                else []
+            ),
         ],
         # The trainer writes a one-line failure reason here; the operator shows it in status.message.
         "terminationMessagePath": "/dev/termination-log",
@@ -395,6 +423,7 @@ def trainer_pod(job: Job, settings: OperatorSettings, attempt: int, rank: int, r
             {"name": "config", "configMap": {"name": config_map_name(job)}},
             {"name": "workspace", "persistentVolumeClaim": {"claimName": pvc_claim_name(job)}},
             _shm_volume(settings),
+            *([_model_cache_volume(settings)] if settings.model_cache_claim else []),
         ],
         **pod_placement(job, settings, gpu=True),
         **image_pull_secrets(job, settings),
