@@ -46,7 +46,8 @@ def test_while_vllm_loads_the_job_is_initializing_and_says_for_how_long() -> Non
     running = world.condition("Running")
     assert (running["status"], running["message"]) == ("False", status["message"])
     # The status follows the clock: a reconcile within the minute is due.
-    assert world.reconcile().requeue_after is not None and world.reconcile().requeue_after <= 60
+    requeue = world.reconcile().requeue_after
+    assert requeue is not None and requeue <= 60
     _vllm_ready(world)
     world.step()
     assert world.status()["phase"] == "Running"
