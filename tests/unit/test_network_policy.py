@@ -12,6 +12,7 @@ from grpo_operator.builders.network import generation_network_policy, trainer_ne
 from grpo_operator.settings import OperatorSettings, SettingsError
 
 from tests.unit.test_builders import make_job
+from tests.unit.test_reconcile import World, job_object
 
 TRAINERS = {"podSelector": {"matchLabels": {"grpo.dev/job": "math", "grpo.dev/role": "trainer"}}}
 PROMETHEUS = {
@@ -171,3 +172,13 @@ def test_bad_trainer_scrapers_name_their_own_setting() -> None:
     text = str(caught.value)
     assert text.startswith("trainer_metrics_scrapers[0] (GRPO_OPERATOR_TRAINER_METRICS_SCRAPERS, Helm: ")
     assert "metrics.podMonitors.trainer.allowFrom" in text
+
+
+def test_reconcile_creates_the_trainer_policy_and_restores_it_when_deleted() -> None:
+    world = World(job_object())
+    plan = world.step()
+    assert ("NetworkPolicy", "math-trainer") in {(m["kind"], m["metadata"]["name"]) for m in plan.applies}
+    world.settle()
+    del world.objects[("NetworkPolicy", "math-trainer")]
+    again = world.reconcile()
+    assert [m["metadata"]["name"] for m in again.applies if m["kind"] == "NetworkPolicy"] == ["math-trainer"]
