@@ -3,13 +3,18 @@
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 
 import pytest
+from grpo_metric import MetricServer
 from grpo_operator.api import TrainerConfig
 from grpo_operator.api.spec import GRPOJobSpec
 from grpo_trainer.vllm_wait import GenerationUnavailable, vllm_healthy, wait_for_vllm
+
+from tests.trainer.toy import free_port, start_trainer, trainer_config
 
 
 class _FakeClock:
@@ -85,3 +90,32 @@ def test_the_budget_comes_from_the_spec_through_trainer_json() -> None:
     assert again.generation.startup_timeout_seconds == 3600
     default = GRPOJobSpec.model_validate({**spec.to_dict(), "generation": {}})
     assert default.generation.startup_timeout_seconds >= 1800
+
+
+@pytest.mark.trainer
+def test_a_trainer_whose_vllm_never_answers_exits_transient_naming_the_budget(
+    tmp_path: Path, tiny_model: Path, toy_metric: MetricServer
+) -> None:
+    """The wait is on the trainer's real start-up path: python -m grpo_trainer with backend vllm-server."""
+    closed = free_port()  # nothing listens here: vLLM "never becomes ready"
+    config = trainer_config(
+        tmp_path,
+        tiny_model,
+        toy_metric.url,
+        extra={
+            "generation": {
+                "backend": "vllm-server",
+                "serverHost": "127.0.0.1",
+                "serverPort": closed,
+                "startupTimeoutSeconds": 3,
+            }
+        },
+    )
+    started = time.monotonic()
+    process = start_trainer(config, tmp_path / "trainer.log")
+    code = process.wait(timeout=300)
+    log = (tmp_path / "trainer.log").read_text()
+    assert code == 1, log[-3000:]
+    assert f"vLLM server at http://127.0.0.1:{closed} did not answer GET /health" in log
+    assert "within 3s (spec.generation.startupTimeoutSeconds)" in log
+    assert time.monotonic() - started < 240
