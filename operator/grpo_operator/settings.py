@@ -13,13 +13,21 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from grpo_operator.api.trainer_config import TRAINER_METRICS_PORT, VLLM_SERVER_PORT, WEIGHT_SYNC_PORT
+
 ENV_PREFIX = "GRPO_OPERATOR_"
 POD_SECURITY_LEVELS = ("restricted", "baseline")
 MAX_ID = 2**31 - 1
+_DNS1123_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+# Field metadata key marking a setting the trainer must see too (in trainer.json or its environment):
+# the operator puts the same value on the pods and Services, so the two sides can only agree if the
+# builders render it. tests/unit/test_builders.py checks every field so marked.
+DATA_PLANE = "data_plane"
 
 
 class SettingsError(ValueError):
@@ -57,11 +65,16 @@ class OperatorSettings:
         {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},
     )
 
-    # --- data-plane ports (must match the trainer's config; TRL's defaults) -----------------------------
-    master_port: int = 29500  # torch.distributed rendezvous on trainer rank 0
-    vllm_port: int = 8000  # vLLM HTTP server (OpenAI API + TRL's dev-mode RL routes)
-    weight_sync_port: int = 51216  # TRL vllm_group_port: TCPStore bound by trainer rank 0, vLLM connects
-    trainer_metrics_port: int = 9090  # trainer rank 0 /metrics
+    # --- data-plane ports: on the pods and Services, and rendered into each trainer's config -----------
+    # torch.distributed rendezvous on trainer rank 0 (trainer env MASTER_PORT).
+    master_port: int = field(default=29500, metadata={DATA_PLANE: True})
+    # vLLM HTTP server: OpenAI API and TRL's dev-mode RL routes (trainer.json generation.serverPort).
+    vllm_port: int = field(default=VLLM_SERVER_PORT, metadata={DATA_PLANE: True})
+    # TRL vllm_group_port: TCPStore bound by trainer rank 0, vLLM workers connect to it
+    # (trainer.json generation.weightSyncPort).
+    weight_sync_port: int = field(default=WEIGHT_SYNC_PORT, metadata={DATA_PLANE: True})
+    # Trainer rank 0 /metrics (trainer.json metricsPort).
+    trainer_metrics_port: int = field(default=TRAINER_METRICS_PORT, metadata={DATA_PLANE: True})
 
     # --- who may scrape vLLM ------------------------------------------------------------------------------
     # NetworkPolicyPeer objects (podSelector / namespaceSelector / ipBlock, as in a NetworkPolicy's
@@ -72,6 +85,18 @@ class OperatorSettings:
     # by default and only to peers named explicitly (e.g. the Prometheus pods of the monitoring
     # namespace). Environment: a JSON list, as the Helm value metrics.podMonitors.generation.allowFrom.
     metrics_scrapers: tuple[Mapping[str, Any], ...] = ()
+    # NetworkPolicyPeers admitted to trainer rank 0's metrics port (trainer_metrics_port) only, in
+    # addition to metrics_scrapers: each job's trainer NetworkPolicy otherwise admits only that job's
+    # vLLM and trainer pods. That port serves nothing but /metrics, so naming a scraper here does not open
+    # vLLM's API. Environment: a JSON list, as the Helm value metrics.podMonitors.trainer.allowFrom.
+    trainer_metrics_scrapers: tuple[Mapping[str, Any], ...] = ()
+
+    # --- model cache ----------------------------------------------------------------------------------------
+    # Name of a PersistentVolumeClaim (ReadWriteMany) that exists in every namespace running jobs, mounted
+    # at /cache in vLLM and trainer pods as the Hugging Face cache (HF_HOME=/cache/huggingface): gang
+    # restarts and later jobs in that namespace reuse downloaded models. Empty: the cache is on the job's
+    # volume (for vLLM only when it is ReadWriteMany, else in the vLLM pod's emptyDir).
+    model_cache_claim: str = ""
 
     # --- pods ---------------------------------------------------------------------------------------------
     image_pull_policy: str = "IfNotPresent"
@@ -117,6 +142,17 @@ class OperatorSettings:
             raise SettingsError(f"workers must be >= 1, got {self.workers}")
         if not 0 <= self.http_port <= 65535:
             raise SettingsError(f"http_port must be 0..65535, got {self.http_port}")
+        trainer_ports = {"master_port": self.master_port, "weight_sync_port": self.weight_sync_port}
+        trainer_ports["trainer_metrics_port"] = self.trainer_metrics_port
+        for name, port in {**trainer_ports, "vllm_port": self.vllm_port}.items():
+            if not 1 <= port <= 65535:
+                raise SettingsError(f"{name} ({ENV_PREFIX}{name.upper()}) must be 1..65535, got {port}")
+        if len(set(trainer_ports.values())) < len(trainer_ports):
+            # All three are bound by trainer rank 0: the second bind would fail at run time.
+            raise SettingsError(
+                "master_port, weight_sync_port and trainer_metrics_port are all bound by trainer rank 0 and "
+                f"must differ, got {trainer_ports}: change one of them"
+            )
         if self.all_namespaces and self.namespaces:
             raise SettingsError(
                 "watch either all namespaces or a list of namespaces, not both: "
@@ -133,14 +169,26 @@ class OperatorSettings:
                 raise SettingsError(
                     f"{name} ({ENV_PREFIX}{name.upper()}) is {value}: use a non-root id 1..{MAX_ID}, e.g. 65532"
                 )
-        for index, peer in enumerate(self.metrics_scrapers):
-            problem = _peer_problem(peer)
-            if problem:
+        if self.model_cache_claim and not _DNS1123_SUBDOMAIN.fullmatch(self.model_cache_claim):
+            raise SettingsError(
+                f"model_cache_claim ({ENV_PREFIX}MODEL_CACHE_CLAIM, Helm: jobDefaults.modelCacheClaim) "
+                f"{self.model_cache_claim!r} is not a PersistentVolumeClaim name: use lower-case letters, digits, "
+                "'-' and '.', or leave it empty"
+            )
+        scrapers = {
+            "metrics_scrapers": ("generation", self.metrics_scrapers),
+            "trainer_metrics_scrapers": ("trainer", self.trainer_metrics_scrapers),
+        }
+        for setting, (role, peers) in scrapers.items():
+            for index, peer in enumerate(peers):
+                problem = _peer_problem(peer)
+                if not problem:
+                    continue
                 # Caught here, at start-up: a peer the API server rejects (or reads as broader than
                 # meant) would otherwise go into every job's NetworkPolicy.
                 raise SettingsError(
-                    f"metrics_scrapers[{index}] ({ENV_PREFIX}METRICS_SCRAPERS, Helm: "
-                    f"metrics.podMonitors.generation.allowFrom) {problem}: give each entry as a "
+                    f"{setting}[{index}] ({ENV_PREFIX}{setting.upper()}, Helm: "
+                    f"metrics.podMonitors.{role}.allowFrom) {problem}: give each entry as a "
                     'NetworkPolicyPeer, e.g. {"namespaceSelector": {"matchLabels": '
                     '{"kubernetes.io/metadata.name": "monitoring"}}, "podSelector": '
                     '{"matchLabels": {"app.kubernetes.io/name": "prometheus"}}}'

@@ -317,12 +317,17 @@ def test_operator_settings_and_flags_parse_as_the_operator_parses_them(values: P
     assert settings.pod_run_as_user == pod_security["runAsUser"]
     assert settings.pod_run_as_group == pod_security["runAsGroup"]
     assert settings.pod_fs_group == pod_security["fsGroup"]
+    assert settings.vllm_port == job_defaults["vllmPort"]
+    assert settings.model_cache_claim == job_defaults["modelCacheClaim"]
+    assert settings.weight_sync_port == job_defaults["weightSyncPort"]
+    assert settings.master_port == job_defaults["masterPort"]
     assert settings.http_port == merged["operator"]["httpPort"]
     assert settings.workers == merged["operator"]["workers"]
     assert settings.resync_seconds == merged["operator"]["resyncSeconds"]
     assert settings.clusterwide == merged["watch"]["allNamespaces"]
     assert set(settings.namespaces) == set(merged["watch"]["namespaces"])
     assert list(settings.metrics_scrapers) == merged["metrics"]["podMonitors"]["generation"]["allowFrom"]
+    assert list(settings.trainer_metrics_scrapers) == merged["metrics"]["podMonitors"]["trainer"]["allowFrom"]
     assert list(settings.image_pull_secrets) == job_defaults["imagePullSecrets"]
 
 

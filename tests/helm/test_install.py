@@ -128,6 +128,9 @@ def test_install_run_a_job_as_the_chart_serviceaccount_and_uninstall(
                 ) from None
             # The per-job trainer Role was created (RBAC lets the operator grant only what it holds).
             assert kube.get("role", f"{job}-trainer", job_namespace) is not None
+            # So were the three NetworkPolicies, the trainers' one included.
+            for policy in (f"{job}-gen", f"{job}-metric", f"{job}-trainer"):
+                assert kube.get("networkpolicy", policy, job_namespace) is not None, policy
             metrics = operator.metrics()
             errors = re.findall(r"^grpo_operator_api_errors_total\{([^}]*)\} ([0-9.e+]+)$", metrics, re.M)
             assert not [e for e in errors if 'code="403"' in e[0] and float(e[1]) > 0], errors

@@ -225,6 +225,7 @@ def test_a_job_brings_up_every_child_on_gpu_nodes_and_runs(
         ("service", "math-metric"),
         ("networkpolicy", "math-gen"),
         ("networkpolicy", "math-metric"),
+        ("networkpolicy", "math-trainer"),
         ("deployment", "math-metric"),
     ]:
         obj = kube.get(kind, name, namespace)

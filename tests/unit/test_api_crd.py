@@ -11,7 +11,15 @@ from grpo_operator.api import GRPOJobSpec, GRPOJobStatus
 from grpo_operator.api.crd import GENERATED_HEADER, build_crd, model_openapi_schema
 from grpo_operator.api.docs import render_api_md
 from grpo_operator.api.generate import outputs, repo_root, stale_files
-from grpo_operator.api.spec import GenerationSpec, GRPOSpec, Toleration
+from grpo_operator.api.spec import (
+    MODEL_IDENTITY_UNCHANGED,
+    EnvVar,
+    EnvVarSource,
+    GenerationSpec,
+    GRPOSpec,
+    ModelSpec,
+    Toleration,
+)
 
 ROOT = repo_root()
 
@@ -157,7 +165,11 @@ def test_every_model_rule_is_in_the_crd() -> None:
     assert all(r.rule in rules(props["generation"]) for r in GenerationSpec.cel_rules)
     toleration = props["scheduling"]["properties"]["tolerations"]["items"]
     assert all(r.rule in rules(toleration) for r in Toleration.cel_rules)
-    assert "self == oldSelf" in rules(props["model"])
+    assert MODEL_IDENTITY_UNCHANGED in rules(props["model"])
+    assert all(r.rule in rules(props["model"]) for r in ModelSpec.cel_rules)
+    env_item = props["trainer"]["properties"]["env"]["items"]
+    assert all(r.rule in rules(env_item) for r in EnvVar.cel_rules)
+    assert all(r.rule in rules(env_item["properties"]["valueFrom"]) for r in EnvVarSource.cel_rules)
     assert "self.groupSize == oldSelf.groupSize" in rules(props["grpo"])
     assert "self.nodes == oldSelf.nodes" in rules(props["trainer"])
     root_rules = rules(_schema())

@@ -108,6 +108,77 @@ INVALID_CASES: list[Case] = [
         {"spec.generation": {"gpus": 3, "tensorParallelSize": 2}},
     ),
     _case(
+        "data-parallel-generation",
+        "spec.generation.tensorParallelSize",
+        {"spec.generation": {"gpus": 8, "tensorParallelSize": 4}},
+    ),
+    _case(
+        "generation-gpus-without-tensor-parallel",
+        "spec.generation.tensorParallelSize",
+        {"spec.generation.gpus": 2},
+    ),
+    _case(
+        "env-value-and-value-from",
+        "spec.trainer.env[0].valueFrom",
+        {
+            "spec.trainer.env": [
+                {"name": "T", "value": "x", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}}
+            ]
+        },
+    ),
+    _case(
+        "env-value-from-both-refs",
+        "spec.metric.env[0].valueFrom",
+        {
+            "spec.metric.env": [
+                {
+                    "name": "T",
+                    "valueFrom": {
+                        "secretKeyRef": {"name": "s", "key": "k"},
+                        "configMapKeyRef": {"name": "c", "key": "k"},
+                    },
+                }
+            ]
+        },
+    ),
+    _case(
+        "env-value-from-empty",
+        "spec.generation.env[0].valueFrom",
+        {"spec.generation.env": [{"name": "T", "valueFrom": {}}]},
+    ),
+    _case(
+        "env-secret-bad-name",
+        "spec.trainer.env[0].valueFrom.secretKeyRef.name",
+        {
+            "spec.trainer.env": [
+                {"name": "T", "valueFrom": {"secretKeyRef": {"name": "My_Secret", "key": "k"}}}
+            ]
+        },
+    ),
+    _case(
+        "env-value-from-field-ref",
+        "spec.trainer.env[0].valueFrom.fieldRef",
+        {"spec.trainer.env": [{"name": "T", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}]},
+    ),
+    _case(
+        "model-token-without-key",
+        "spec.model.tokenSecretRef.key",
+        {"spec.model.tokenSecretRef": {"name": "hf"}},
+    ),
+    _case(
+        "model-token-bad-key",
+        "spec.model.tokenSecretRef.key",
+        {"spec.model.tokenSecretRef": {"name": "hf", "key": "a/b"}},
+    ),
+    _case("model-on-rwo-volume", "spec.model.name", {"spec.model.name": "/workspace/models/qwen"}),
+    _case(
+        "model-on-rwo-existing-claim",
+        "spec.model.name",
+        {"spec.model.name": "/workspace/models/qwen", "spec.checkpoints.volume": {"existingClaim": "models"}},
+    ),
+    _case("model-name-is-an-option", "spec.model.name", {"spec.model.name": "--trust-remote-code"}),
+    _case("model-name-starts-with-dash", "spec.model.name", {"spec.model.name": "-Qwen/Qwen2.5"}),
+    _case(
         "gpu-memory-utilization-0",
         "spec.generation.gpuMemoryUtilization",
         {"spec.generation.gpuMemoryUtilization": 0},
@@ -236,9 +307,9 @@ VALID_CASES: list[Case] = [
         {"spec.dataset.train": "hf://gsm8k@refs/convert/parquet#train[:90%]"},
     ),
     _case(
-        "tensor-parallel-4-of-8",
+        "tensor-parallel-4-of-4",
         "",
-        {"spec.generation": {"gpus": 8, "tensorParallelSize": 4, "maxModelLen": 4096}},
+        {"spec.generation": {"gpus": 4, "tensorParallelSize": 4, "maxModelLen": 4096}},
     ),
     _case(
         "multi-node-rwx",
@@ -313,6 +384,42 @@ VALID_CASES: list[Case] = [
             "spec.suspend": True,
         },
     ),
+    _case(
+        "secrets-and-private-model",
+        "",
+        {
+            "spec.model.tokenSecretRef": {"name": "hf-token", "key": "token"},
+            "spec.trainer.env": [
+                {"name": "WANDB_API_KEY", "valueFrom": {"secretKeyRef": {"name": "wandb", "key": "api-key"}}},
+                {
+                    "name": "MODE",
+                    "valueFrom": {"configMapKeyRef": {"name": "settings", "key": "mode", "optional": True}},
+                },
+                {"name": "EMPTY"},
+            ],
+            "spec.generation.env": [{"name": "VLLM_LOGGING_LEVEL", "value": "DEBUG"}],
+            "spec.metric.env": [
+                {"name": "JUDGE_KEY", "valueFrom": {"secretKeyRef": {"name": "judge", "key": "key"}}}
+            ],
+        },
+    ),
+    _case(
+        "model-on-rwx-volume",
+        "",
+        {
+            "spec.model.name": "/workspace/models/qwen",
+            "spec.checkpoints.volume": {"accessMode": "ReadWriteMany"},
+        },
+    ),
+    _case(
+        "model-on-rwx-existing-claim",
+        "",
+        {
+            "spec.model.name": "/workspace/models/qwen",
+            "spec.checkpoints.volume": {"existingClaim": "models", "accessMode": "ReadWriteMany"},
+        },
+    ),
+    _case("model-in-the-image", "", {"spec.model.name": "/models/qwen"}),
     _case("explicit-null-optional", "", {"spec.grpo.epsilonHigh": None, "spec.dataset.validation": None}),
 ]
 
@@ -345,8 +452,12 @@ def test_valid_manifest_accepted(case: Case) -> None:
 
 
 def test_cross_field_messages_say_the_fix() -> None:
-    errors = pydantic_errors(with_changes({"spec.generation": {"gpus": 3, "tensorParallelSize": 2}}))
-    assert any("set gpus to a multiple of tensorParallelSize" in e for e in errors)
+    errors = pydantic_errors(with_changes({"spec.generation": {"gpus": 4, "tensorParallelSize": 2}}))
+    assert any(
+        "must equal spec.generation.gpus" in e and "Set tensorParallelSize to gpus" in e for e in errors
+    )
+    errors = pydantic_errors(with_changes({"spec.model.name": "--enforce-eager"}))
+    assert any("must not start with '-'" in e for e in errors)
     errors = pydantic_errors(with_changes({"spec.grpo.formatFailureScore": 0.0}))
     assert any("lower formatFailureScore" in e for e in errors)
 
@@ -372,7 +483,9 @@ MUTABLE_UPDATES: list[dict[str, Any]] = [
     {"spec.grpo.learningRate": 2e-6, "spec.grpo.temperature": 0.9},
     {"spec.suspend": True},
     {"spec.metric.image": "ghcr.io/grpo-operator/metric-math:0.2.0"},
-    {"spec.generation.gpus": 2},
+    # The access token may be added (or its Secret renamed) without recreating the job.
+    {"spec.model.tokenSecretRef": {"name": "hf-token", "key": "token"}},
+    {"spec.generation": {"gpus": 2, "tensorParallelSize": 2}},
 ]
 
 

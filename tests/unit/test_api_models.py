@@ -257,6 +257,7 @@ def test_trainer_config_from_spec_round_trips() -> None:
         "serverHost": "job-gen.ns.svc",
         "serverPort": 8000,
         "weightSyncPort": 51216,
+        "startupTimeoutSeconds": 1800.0,
         "requestTimeoutSeconds": 600.0,
     }
     assert data["metric"]["url"] == "http://job-metric:8080" and data["metric"]["errorBudget"] == 0.05

@@ -85,6 +85,7 @@ def test_every_child_has_a_fixed_name_the_labels_and_the_namespace() -> None:
         ("Service", "math-metric"),
         ("NetworkPolicy", "math-gen"),
         ("NetworkPolicy", "math-metric"),
+        ("NetworkPolicy", "math-trainer"),
         ("Deployment", "math-metric"),
         ("Pod", "math-gen-1-0"),
         ("Pod", "math-trainer-1-0"),

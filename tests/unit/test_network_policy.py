@@ -8,10 +8,11 @@ from typing import Any
 import pytest
 from grpo_operator.builders import infrastructure
 from grpo_operator.builders.common import ANNOTATION_HASH
-from grpo_operator.builders.network import generation_network_policy
+from grpo_operator.builders.network import generation_network_policy, trainer_network_policy
 from grpo_operator.settings import OperatorSettings, SettingsError
 
 from tests.unit.test_builders import make_job
+from tests.unit.test_reconcile import World, job_object
 
 TRAINERS = {"podSelector": {"matchLabels": {"grpo.dev/job": "math", "grpo.dev/role": "trainer"}}}
 PROMETHEUS = {
@@ -118,3 +119,66 @@ def test_bad_scrapers_are_rejected_with_the_setting_and_what_to_do(raw: str, mes
 def test_scrapers_must_be_a_json_list(raw: str) -> None:
     with pytest.raises(SettingsError, match="GRPO_OPERATOR_METRICS_SCRAPERS="):
         OperatorSettings.from_env({"GRPO_OPERATOR_METRICS_SCRAPERS": raw})
+
+
+# --- the trainer policy ---------------------------------------------------------------------------------
+
+VLLM = {"podSelector": {"matchLabels": {"grpo.dev/job": "math", "grpo.dev/role": "generation"}}}
+
+
+def test_trainers_admit_only_the_jobs_own_vllm_and_trainer_pods_by_default() -> None:
+    policies = {
+        c["metadata"]["name"]: c
+        for c in infrastructure(make_job(), OperatorSettings())
+        if c["kind"] == "NetworkPolicy"
+    }
+    policy = policies["math-trainer"]
+    assert policy["spec"]["podSelector"]["matchLabels"] == {
+        "grpo.dev/job": "math",
+        "grpo.dev/role": "trainer",
+    }
+    assert policy["spec"]["policyTypes"] == ["Ingress"]
+    # All ports: the weight-sync store and rendezvous first, then NCCL on ephemeral ports.
+    assert policy["spec"]["ingress"] == [{"from": [VLLM, TRAINERS]}]
+    assert policy["metadata"]["labels"]["grpo.dev/role"] == "trainer"
+    assert policy["metadata"]["ownerReferences"][0]["uid"] == "uid-1234"
+
+
+def test_scrapers_reach_trainers_on_the_metrics_port_only() -> None:
+    settings = OperatorSettings(
+        metrics_scrapers=(PROMETHEUS,),
+        trainer_metrics_scrapers=(PROMETHEUS, SCRAPER_SUBNET),
+        trainer_metrics_port=9400,
+    )
+    policy = trainer_network_policy(make_job(), settings)
+    assert policy["spec"]["ingress"] == [
+        {"from": [VLLM, TRAINERS]},
+        # Scrapers of vLLM may scrape trainers too; one entry per peer.
+        {"from": [PROMETHEUS, SCRAPER_SUBNET], "ports": [{"protocol": "TCP", "port": 9400}]},
+    ]
+    only_trainer = trainer_network_policy(
+        make_job(), OperatorSettings(trainer_metrics_scrapers=(PROMETHEUS,))
+    )
+    assert only_trainer["spec"]["ingress"][1]["from"] == [PROMETHEUS]
+    # A trainer-only scraper does not open vLLM's API.
+    assert generation_network_policy(make_job(), OperatorSettings(trainer_metrics_scrapers=(PROMETHEUS,)))[
+        "spec"
+    ]["ingress"] == [{"from": [TRAINERS]}]
+
+
+def test_bad_trainer_scrapers_name_their_own_setting() -> None:
+    with pytest.raises(SettingsError) as caught:
+        OperatorSettings.from_env({"GRPO_OPERATOR_TRAINER_METRICS_SCRAPERS": "[{}]"})
+    text = str(caught.value)
+    assert text.startswith("trainer_metrics_scrapers[0] (GRPO_OPERATOR_TRAINER_METRICS_SCRAPERS, Helm: ")
+    assert "metrics.podMonitors.trainer.allowFrom" in text
+
+
+def test_reconcile_creates_the_trainer_policy_and_restores_it_when_deleted() -> None:
+    world = World(job_object())
+    plan = world.step()
+    assert ("NetworkPolicy", "math-trainer") in {(m["kind"], m["metadata"]["name"]) for m in plan.applies}
+    world.settle()
+    del world.objects[("NetworkPolicy", "math-trainer")]
+    again = world.reconcile()
+    assert [m["metadata"]["name"] for m in again.applies if m["kind"] == "NetworkPolicy"] == ["math-trainer"]

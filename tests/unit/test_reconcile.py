@@ -120,9 +120,14 @@ class World:
             pod["status"]["conditions"] = [{"type": "PodScheduled", "status": "True"}]
 
     def run_all(self) -> None:
+        """Every pod running and Ready (vLLM answers /health), as the kubelet reports it."""
         self.schedule_all()
         for pod in self.pods():
             pod["status"]["phase"] = "Running"
+            pod["status"]["startTime"] = format_time(self.now)
+            pod["status"]["conditions"].append(
+                {"type": "Ready", "status": "True", "lastTransitionTime": format_time(self.now)}
+            )
 
     def terminate(self, name: str, exit_code: int, message: str = "", phase: str | None = None) -> None:
         pod = self.pod(name)

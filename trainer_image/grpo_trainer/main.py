@@ -16,6 +16,7 @@ from grpo_trainer.config import RuntimeEnv, grpo_config_kwargs, load_config, pla
 from grpo_trainer.errors import CheckpointMismatch, ConfigError, ExitCode, NonFiniteTraining, fail
 from grpo_trainer.metric_client import ClientSettings, ErrorBudget, MetricClient, MetricServiceUnavailable
 from grpo_trainer.signals import StopFlag
+from grpo_trainer.vllm_wait import GenerationUnavailable, wait_for_vllm
 
 log = logging.getLogger("grpo_trainer")
 
@@ -132,6 +133,10 @@ def run(config: TrainerConfig, env: RuntimeEnv) -> int:
 
         cuda = torch.cuda.is_available()
         kwargs = grpo_config_kwargs(config, plan, cuda=cuda, attempt=env.attempt)
+        if config.generation.backend == "vllm-server":
+            # Before GRPOConfig (which joins the process group) and TRL's client (whose own timeout then
+            # only covers a server that already answers): vLLM may still be loading the model.
+            wait_for_vllm(kwargs["vllm_server_base_url"], config.generation.startup_timeout_seconds)
         if revision:
             kwargs["model_init_kwargs"]["revision"] = revision
         args = GRPOConfig(**kwargs)
@@ -286,6 +291,8 @@ def main(argv: list[str] | None = None) -> int:
         return fail(ExitCode.CHECKPOINT_MISMATCH, str(exc))
     except NonFiniteTraining as exc:
         return fail(ExitCode.NON_FINITE, str(exc))
+    except GenerationUnavailable as exc:
+        return fail(ExitCode.TRANSIENT, str(exc))
     except KeyboardInterrupt:
         return fail(ExitCode.TRANSIENT, "interrupted")
     except Exception as exc:

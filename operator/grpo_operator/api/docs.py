@@ -198,19 +198,26 @@ the field and the fix:
 
 - G >= 2, B >= 1, S >= 1, temperature > 0, GPU counts between 1 and {MAX_GPUS_PER_NODE} (GPUs of one node);
 - `grpo.formatFailureScore < grpo.failureScore`; `grpo.epsilonHigh >= grpo.epsilon`;
-- `generation.tensorParallelSize` divides `generation.gpus`;
+- `generation.tensorParallelSize` equals `generation.gpus`: one vLLM server shards the model over all
+  its GPUs. Data parallelism inside the vLLM server (`gpus` > `tensorParallelSize`) fails for dense
+  models with TRL's server mode, so it is refused until multi-server generation is supported;
 - B * G is divisible by `trainer.nodes * trainer.gpusPerNode * trainer.perDeviceBatchSize`: each
   optimisation step splits the B * G completions evenly over the data-parallel processes
   (the trainer accumulates gradients over (B * G) / (that product) micro-steps);
 - `grpo.validation.everySteps > 0` needs `dataset.validation`;
 - `trainer.nodes > 1` needs `checkpoints.volume.accessMode: ReadWriteMany` (or an `existingClaim`);
-- non-empty `model.name` and `metric.image`; dataset URIs as above;
+- a `model.name` on the job's volume (`/workspace/...`) needs `checkpoints.volume.accessMode:
+  ReadWriteMany`: the vLLM pod, usually on another node than the trainers, mounts the volume only then
+  (for an `existingClaim`, declare `ReadWriteMany` only if the claim is);
+- non-empty `model.name` and `metric.image`; `model.name` must not start with `-` (it is the first
+  argument of `vllm serve`, which would read it as an option); dataset URIs as above;
 - the job name:
 {name_rules}
 
   Child objects append suffixes to the name, hence at most {MAX_JOB_NAME_LENGTH} characters.
 
-**Immutable while the job exists** (CEL transition rules `self == oldSelf`): `spec.model`,
+**Immutable while the job exists** (CEL transition rules `self == oldSelf`): `spec.model` (except
+`tokenSecretRef`),
 `spec.grpo.groupSize`, `spec.grpo.promptsPerStep`, `spec.trainer.nodes`, `spec.trainer.gpusPerNode`,
 `spec.trainer.perDeviceBatchSize`. Changing them would invalidate checkpoints and the data order;
 delete the job and create a new one. Every other field may be changed while the job exists.

@@ -40,6 +40,8 @@ DNS1123_SUBDOMAIN_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9
 DNS1123_LABEL_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 # Environment variable names as Kubernetes accepts them.
 ENV_NAME_PATTERN = r"^[-._a-zA-Z][-._a-zA-Z0-9]*$"
+# Keys of a Secret or ConfigMap as Kubernetes accepts them.
+CONFIG_KEY_PATTERN = r"^[-._a-zA-Z0-9]+$"
 
 
 def _integral_float_to_int(value: Any) -> Any:
@@ -78,12 +80,56 @@ Quantity = Annotated[
     ),
 ]
 
+# Where the job's volume is mounted in trainer pods (and in the vLLM pod when it is ReadWriteMany).
+VOLUME_MOUNT_PATH = "/workspace"
+
 DEFAULT_VLLM_IMAGE = "vllm/vllm-openai:v0.31.0"
 DEFAULT_TRAINER_IMAGE = "ghcr.io/grpo-operator/trainer:0.1.0"
 
 
+class SecretKeySelector(ApiModel):
+    """One key of a Secret in the job's namespace."""
+
+    name: str = Field(
+        min_length=1,
+        max_length=253,
+        pattern=DNS1123_SUBDOMAIN_PATTERN,
+        description="Name of the Secret (in the job's namespace).",
+    )
+    key: str = Field(
+        min_length=1, max_length=253, pattern=CONFIG_KEY_PATTERN, description="The key whose value is used."
+    )
+
+
+class KeyRef(ApiModel):
+    """One key of a Secret or ConfigMap in the job's namespace."""
+
+    name: str = Field(
+        min_length=1,
+        max_length=253,
+        pattern=DNS1123_SUBDOMAIN_PATTERN,
+        description="Name of the Secret or ConfigMap (in the job's namespace).",
+    )
+    key: str = Field(
+        min_length=1, max_length=253, pattern=CONFIG_KEY_PATTERN, description="The key whose value is used."
+    )
+    optional: bool | None = Field(
+        default=None,
+        description="true: a missing object or key leaves the variable unset instead of failing.",
+    )
+
+
 class ModelSpec(ApiModel):
     """The policy model to fine-tune."""
+
+    cel_rules: ClassVar[tuple[CelRule, ...]] = (
+        CelRule(
+            "!self.name.startsWith('-')",
+            "spec.model.name must not start with '-': it is the first argument of `vllm serve`, which would "
+            "read it as an option. Give a Hugging Face model id (org/name) or an absolute path",
+            ".name",
+        ),
+    )
 
     name: str = Field(
         min_length=1,
@@ -102,6 +148,18 @@ class ModelSpec(ApiModel):
     dtype: Literal["bfloat16", "float16", "float32"] = Field(
         default="bfloat16", description="Weight dtype for training and generation."
     )
+    token_secret_ref: SecretKeySelector | None = Field(
+        default=None,
+        description="Secret key holding a Hugging Face access token for a gated or private model, e.g. "
+        "{name: hf-token, key: token}. Given to vLLM and the trainers as HF_TOKEN; the token itself never "
+        "appears in the GRPOJob. May be added or changed later (the gang restarts).",
+    )
+
+    @model_validator(mode="after")
+    def _not_an_option(self) -> ModelSpec:
+        if self.name.startswith("-"):
+            raise self.cel_rules[0].violation()
+        return self
 
 
 def _dataset_uri_field(description: str, *, required: bool) -> Any:
@@ -261,11 +319,55 @@ class GRPOSpec(ApiModel):
         return self
 
 
+class EnvVarSource(ApiModel):
+    """Where a variable's value comes from, as in a Pod: exactly one of secretKeyRef and configMapKeyRef."""
+
+    cel_rules: ClassVar[tuple[CelRule, ...]] = (
+        CelRule(
+            "has(self.secretKeyRef) != has(self.configMapKeyRef)",
+            "valueFrom must set exactly one of secretKeyRef and configMapKeyRef",
+        ),
+    )
+
+    secret_key_ref: KeyRef | None = Field(
+        default=None, description="A key of a Secret: the value never appears in the GRPOJob."
+    )
+    config_map_key_ref: KeyRef | None = Field(default=None, description="A key of a ConfigMap.")
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> EnvVarSource:
+        if (self.secret_key_ref is None) == (self.config_map_key_ref is None):
+            raise self.cel_rules[0].violation()
+        return self
+
+
 class EnvVar(ApiModel):
-    """An environment variable for a container."""
+    """An environment variable for a container: a plain value, or valueFrom a Secret or ConfigMap key."""
+
+    cel_rules: ClassVar[tuple[CelRule, ...]] = (
+        CelRule(
+            "!has(self.value) || !has(self.valueFrom)",
+            "an environment variable takes value or valueFrom, not both: keep one",
+            ".valueFrom",
+        ),
+    )
 
     name: str = Field(min_length=1, max_length=256, pattern=ENV_NAME_PATTERN, description="Variable name.")
-    value: str = Field(default="", max_length=32768, description="Variable value.")
+    value: str | None = Field(
+        default=None,
+        max_length=32768,
+        description="Variable value, stored in plain text in the GRPOJob: use valueFrom.secretKeyRef for "
+        "tokens and passwords. Unset (and no valueFrom) means the empty string.",
+    )
+    value_from: EnvVarSource | None = Field(
+        default=None, description="Take the value from a Secret or ConfigMap key in the job's namespace."
+    )
+
+    @model_validator(mode="after")
+    def _value_or_source(self) -> EnvVar:
+        if self.value is not None and self.value_from is not None:
+            raise self.cel_rules[0].violation()
+        return self
 
 
 def _unique_env_names(env: list[EnvVar]) -> list[EnvVar]:
@@ -333,9 +435,10 @@ class GenerationSpec(ApiModel):
 
     cel_rules: ClassVar[tuple[CelRule, ...]] = (
         CelRule(
-            "self.gpus % self.tensorParallelSize == 0",
-            "spec.generation.tensorParallelSize must divide spec.generation.gpus: "
-            "set gpus to a multiple of tensorParallelSize",
+            "self.tensorParallelSize == self.gpus",
+            "spec.generation.tensorParallelSize must equal spec.generation.gpus: the vLLM server shards the "
+            "model over all its GPUs, and data parallelism (gpus > tensorParallelSize) fails for dense models "
+            "with TRL's server mode, so it is not supported yet. Set tensorParallelSize to gpus",
             ".tensorParallelSize",
         ),
     )
@@ -344,7 +447,11 @@ class GenerationSpec(ApiModel):
         default=1, ge=1, le=MAX_GPUS_PER_NODE, description="GPUs for vLLM (one pod, one node)."
     )
     tensor_parallel_size: K8sInt = Field(
-        default=1, ge=1, le=MAX_GPUS_PER_NODE, description="vLLM tensor-parallel size; must divide gpus."
+        default=1,
+        ge=1,
+        le=MAX_GPUS_PER_NODE,
+        description="vLLM tensor-parallel size; must equal gpus. Several vLLM data-parallel replicas "
+        "(gpus > tensorParallelSize) are refused: TRL documents them as failing for dense models.",
     )
     image: str = Field(
         default=DEFAULT_VLLM_IMAGE,
@@ -360,14 +467,26 @@ class GenerationSpec(ApiModel):
         default=None,
         description="vLLM context length; unset means the model's (prompt + completion must fit).",
     )
+    startup_timeout_seconds: K8sInt = Field(
+        default=1800,
+        ge=60,
+        le=86_400,
+        description="Time the vLLM server gets from its pod's start to Ready (image pull, model download, "
+        "CUDA graph capture). Trainers wait this long for its /health; past it the gang restarts (counted).",
+    )
     resources: ResourceRequirements = Field(
         default_factory=ResourceRequirements,
         description="CPU/memory for the vLLM pod (GPUs come from gpus).",
     )
+    env: EnvList = Field(
+        default_factory=list,
+        json_schema_extra=_ENV_LIST_SCHEMA,
+        description="Extra environment variables of the vLLM server (VLLM_SERVER_DEV_MODE is the operator's).",
+    )
 
     @model_validator(mode="after")
-    def _tp_divides_gpus(self) -> GenerationSpec:
-        if self.gpus % self.tensor_parallel_size != 0:
+    def _tp_is_all_gpus(self) -> GenerationSpec:
+        if self.tensor_parallel_size != self.gpus:
             raise self.cel_rules[0].violation()
         return self
 
@@ -426,7 +545,9 @@ class VolumeSpec(ApiModel):
     )
     access_mode: Literal["ReadWriteOnce", "ReadWriteMany"] = Field(
         default="ReadWriteOnce",
-        description="Access mode of the created PVC; ReadWriteMany is required when trainer.nodes > 1.",
+        description="Access mode of the created PVC (with existingClaim: the claim's, as you declare it). "
+        "ReadWriteMany is required when trainer.nodes > 1 and lets the vLLM pod mount the volume too "
+        "(a model on the volume, the shared model cache).",
     )
 
 
@@ -580,6 +701,13 @@ class RunPolicySpec(ApiModel):
     )
 
 
+# spec.model's transition rule: which model is trained never changes; the access token may (a rotated
+# or a forgotten Secret must not force recreating the job and losing its checkpoints).
+MODEL_IDENTITY_UNCHANGED = (
+    "self.name == oldSelf.name && self.revision == oldSelf.revision && self.dtype == oldSelf.dtype"
+)
+
+
 class GRPOJobSpec(ApiModel):
     """Desired state of a GRPOJob."""
 
@@ -599,6 +727,15 @@ class GRPOJobSpec(ApiModel):
             ".grpo.validation.everySteps",
         ),
         CelRule(
+            f"!self.model.name.startsWith('{VOLUME_MOUNT_PATH}/') || "
+            "self.checkpoints.volume.accessMode == 'ReadWriteMany'",
+            f"spec.model.name is a path on the job's volume ({VOLUME_MOUNT_PATH}/...), which the vLLM pod can "
+            "mount only when it is ReadWriteMany (vLLM usually runs on another node than the trainers): set "
+            "spec.checkpoints.volume.accessMode: ReadWriteMany (with an existingClaim, only if the claim is "
+            "ReadWriteMany), or load the model from the Hub or from a path inside both images",
+            ".model.name",
+        ),
+        CelRule(
             "self.trainer.nodes == 1 || has(self.checkpoints.volume.existingClaim) || "
             "self.checkpoints.volume.accessMode == 'ReadWriteMany'",
             "spec.checkpoints.volume.accessMode must be ReadWriteMany when spec.trainer.nodes > 1 "
@@ -609,11 +746,11 @@ class GRPOJobSpec(ApiModel):
     )
 
     model: ModelSpec = Field(
-        description="The model to fine-tune. Immutable.",
+        description="The model to fine-tune. Immutable, except tokenSecretRef.",
         json_schema_extra={
             "x-kubernetes-validations": [
                 CelRule(
-                    "self == oldSelf",
+                    MODEL_IDENTITY_UNCHANGED,
                     "spec.model is immutable: delete the job and create a new one to train another model",
                 ).to_schema()
             ]
@@ -654,13 +791,19 @@ class GRPOJobSpec(ApiModel):
             raise self.cel_rules[0].violation()
         if self.grpo.validation.every_steps > 0 and self.dataset.validation is None:
             raise self.cel_rules[1].violation()
+        if self.model_on_volume() and self.checkpoints.volume.access_mode != "ReadWriteMany":
+            raise self.cel_rules[2].violation()
         if (
             self.trainer.nodes > 1
             and self.checkpoints.volume.existing_claim is None
             and self.checkpoints.volume.access_mode != "ReadWriteMany"
         ):
-            raise self.cel_rules[2].violation()
+            raise self.cel_rules[3].violation()
         return self
+
+    def model_on_volume(self) -> bool:
+        """model.name is a directory on the job's volume (mounted at VOLUME_MOUNT_PATH in the pods)."""
+        return self.model.name.startswith(f"{VOLUME_MOUNT_PATH}/")
 
     def trainer_world_size(self) -> int:
         """Training processes across the gang (one per trainer GPU)."""
@@ -704,7 +847,9 @@ def immutability_rules() -> dict[str, list[CelRule]]:
 def check_immutable(old: GRPOJobSpec, new: GRPOJobSpec) -> list[str]:
     """Messages for every immutable field ``new`` changes relative to ``old`` (empty: update is fine)."""
     errors: list[str] = []
-    if old.model != new.model:
+    if old.model.model_copy(update={"token_secret_ref": None}) != new.model.model_copy(
+        update={"token_secret_ref": None}
+    ):
         errors.append("spec.model is immutable: delete the job and create a new one to train another model")
     old_d, new_d = old.to_dict(), new.to_dict()
     for obj, rules in immutability_rules().items():

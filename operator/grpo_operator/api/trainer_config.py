@@ -14,13 +14,13 @@ from typing import Literal
 from pydantic import ConfigDict, Field
 
 from grpo_operator.api.base import ApiModel
+from grpo_operator.api.spec import VOLUME_MOUNT_PATH as VOLUME_MOUNT_PATH
 from grpo_operator.api.spec import DatasetSpec, GRPOJobSpec, GRPOSpec, ModelSpec
 
 CONFIG_MAP_KEY = "trainer.json"
 CONFIG_MOUNT_DIR = "/etc/grpo"
 CONFIG_PATH = f"{CONFIG_MOUNT_DIR}/{CONFIG_MAP_KEY}"
 CONFIG_ENV = "GRPO_CONFIG"
-VOLUME_MOUNT_PATH = "/workspace"
 DEFAULT_CHECKPOINT_DIR = f"{VOLUME_MOUNT_PATH}/checkpoints"
 DEFAULT_OUTPUT_DIR = f"{VOLUME_MOUNT_PATH}/output"
 VLLM_SERVER_PORT = 8000
@@ -67,8 +67,16 @@ class GenerationConfig(_ConfigModel):
     weight_sync_port: int = Field(
         default=WEIGHT_SYNC_PORT, ge=1, le=65535, description="NCCL weight-sync port on trainer rank 0."
     )
+    startup_timeout_seconds: float = Field(
+        default=1800.0,
+        gt=0,
+        description="How long to wait for the vLLM server's /health before giving up (its start-up budget); "
+        "TRL's own client starts only once it answers.",
+    )
     request_timeout_seconds: float = Field(
-        default=600.0, gt=0, description="How long to wait for the vLLM server (start-up and requests)."
+        default=600.0,
+        gt=0,
+        description="How long TRL's client waits for a vLLM server that already answered.",
     )
 
 
@@ -127,10 +135,14 @@ class TrainerConfig(_ConfigModel):
         metric_url: str,
         generation_host: str | None,
         backend: Literal["vllm-server", "transformers"] = "vllm-server",
+        vllm_port: int = VLLM_SERVER_PORT,
+        weight_sync_port: int = WEIGHT_SYNC_PORT,
+        metrics_port: int = TRAINER_METRICS_PORT,
         checkpoint_dir: str = DEFAULT_CHECKPOINT_DIR,
         output_dir: str = DEFAULT_OUTPUT_DIR,
     ) -> TrainerConfig:
-        """Render the trainer config for a job (pure: same inputs, same config)."""
+        """Render the trainer config for a job (pure: same inputs, same config). The ports are the
+        operator's settings, the same values it puts on the pods and Services."""
         if backend == "vllm-server" and not generation_host:
             raise ValueError("backend vllm-server needs generation_host (the <job>-gen Service's DNS name)")
         return cls(
@@ -143,7 +155,13 @@ class TrainerConfig(_ConfigModel):
                 gpus_per_node=spec.trainer.gpus_per_node,
                 per_device_batch_size=spec.trainer.per_device_batch_size,
             ),
-            generation=GenerationConfig(backend=backend, server_host=generation_host),
+            generation=GenerationConfig(
+                backend=backend,
+                server_host=generation_host,
+                server_port=vllm_port,
+                weight_sync_port=weight_sync_port,
+                startup_timeout_seconds=float(spec.generation.startup_timeout_seconds),
+            ),
             metric=MetricClientConfig(
                 url=metric_url,
                 batch_size=spec.metric.batch_size,
@@ -158,6 +176,7 @@ class TrainerConfig(_ConfigModel):
                 keep_last=spec.checkpoints.keep_last,
             ),
             output_dir=output_dir,
+            metrics_port=metrics_port,
         )
 
     def dump_json(self) -> str:

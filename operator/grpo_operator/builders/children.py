@@ -9,7 +9,11 @@ from grpo_operator.builders.common import Job, Manifest
 from grpo_operator.builders.config import trainer_config_map
 from grpo_operator.builders.gang import generation_service, trainer_service
 from grpo_operator.builders.metric import metric_deployment, metric_service
-from grpo_operator.builders.network import generation_network_policy, metric_network_policy
+from grpo_operator.builders.network import (
+    generation_network_policy,
+    metric_network_policy,
+    trainer_network_policy,
+)
 from grpo_operator.builders.rbac import trainer_role, trainer_role_binding, trainer_service_account
 from grpo_operator.builders.storage import checkpoint_pvc
 from grpo_operator.settings import OperatorSettings
@@ -30,7 +34,7 @@ def infrastructure(job: Job, settings: OperatorSettings) -> list[Manifest]:
     """Children that live as long as the job runs or is suspended (everything except the gang pods and
     the metric Deployment): config, volume, identity, Services, NetworkPolicies."""
     out = [
-        trainer_config_map(job),
+        trainer_config_map(job, settings),
         trainer_service_account(job),
         trainer_role(job),
         trainer_role_binding(job),
@@ -39,6 +43,7 @@ def infrastructure(job: Job, settings: OperatorSettings) -> list[Manifest]:
         metric_service(job),
         generation_network_policy(job, settings),
         metric_network_policy(job),
+        trainer_network_policy(job, settings),
     ]
     pvc = checkpoint_pvc(job)
     if pvc is not None:

@@ -10,8 +10,8 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from grpo_operator.api.resource import API_VERSION, GROUP, KIND
-from grpo_operator.api.spec import GRPOJobSpec
-from grpo_operator.api.trainer_config import CONFIG_MAP_KEY, CONFIG_MOUNT_DIR, CONFIG_PATH, VOLUME_MOUNT_PATH
+from grpo_operator.api.spec import VOLUME_MOUNT_PATH, GRPOJobSpec
+from grpo_operator.api.trainer_config import CONFIG_MAP_KEY, CONFIG_MOUNT_DIR, CONFIG_PATH
 
 Manifest = dict[str, Any]
 Role = Literal["trainer", "generation", "metric"]
@@ -102,6 +102,10 @@ def generation_policy_name(job: Job) -> str:
 
 def metric_policy_name(job: Job) -> str:
     return f"{job.name}-metric"
+
+
+def trainer_policy_name(job: Job) -> str:
+    return f"{job.name}-trainer"
 
 
 def trainer_pod_name(job: Job, attempt: int, rank: int) -> str:

@@ -14,10 +14,12 @@ from grpo_operator.builders.common import (
     metric_url,
     with_hash,
 )
+from grpo_operator.settings import OperatorSettings
 
 
-def trainer_config(job: Job) -> TrainerConfig:
-    """The config the trainer reads; the vLLM server is the job's `<job>-gen` Service."""
+def trainer_config(job: Job, settings: OperatorSettings) -> TrainerConfig:
+    """The config the trainer reads; the vLLM server is the job's `<job>-gen` Service. Every port comes
+    from ``settings``, the same values the pods and Services are built with."""
     return TrainerConfig.from_spec(
         job.namespace,
         job.name,
@@ -26,24 +28,27 @@ def trainer_config(job: Job) -> TrainerConfig:
         metric_url=metric_url(job),
         generation_host=generation_host(job),
         backend="vllm-server",
+        vllm_port=settings.vllm_port,
+        weight_sync_port=settings.weight_sync_port,
+        metrics_port=settings.trainer_metrics_port,
     )
 
 
-def trainer_config_text(job: Job) -> str:
-    return trainer_config(job).dump_json() + "\n"
+def trainer_config_text(job: Job, settings: OperatorSettings) -> str:
+    return trainer_config(job, settings).dump_json() + "\n"
 
 
-def config_hash(job: Job) -> str:
+def config_hash(job: Job, settings: OperatorSettings) -> str:
     """Hash of trainer.json; pods carry it so a config change is a pod change (gang restart)."""
-    return content_hash(trainer_config_text(job))
+    return content_hash(trainer_config_text(job, settings))
 
 
-def trainer_config_map(job: Job) -> Manifest:
+def trainer_config_map(job: Job, settings: OperatorSettings) -> Manifest:
     return with_hash(
         {
             "apiVersion": "v1",
             "kind": "ConfigMap",
             "metadata": metadata(job, config_map_name(job), "trainer"),
-            "data": {CONFIG_KEY: trainer_config_text(job)},
+            "data": {CONFIG_KEY: trainer_config_text(job, settings)},
         }
     )

@@ -8,9 +8,10 @@ re-joined by either side (grpo-trainer.md §4.4-4.5). Every pod therefore has re
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
+from grpo_operator.api.spec import EnvVar
 from grpo_operator.api.trainer_config import CONFIG_ENV
 from grpo_operator.builders.common import (
     ANNOTATION_CONFIG_HASH,
@@ -83,6 +84,37 @@ TRAINER_ARGS = [
 ]
 
 
+# Variables of the vLLM container the operator fixes: TRL's weight-update routes exist only in dev mode.
+RESERVED_GENERATION_ENV = frozenset({"VLLM_SERVER_DEV_MODE"})
+# The Hugging Face access token variable both vLLM and the trainer (huggingface_hub) read.
+HF_TOKEN_ENV = "HF_TOKEN"
+
+
+def _env_with_user(
+    defaults: Mapping[str, str], user: Sequence[EnvVar], reserved: frozenset[str], job: Job
+) -> list[dict[str, Any]]:
+    """The operator's overridable defaults, then the user's variables (plain or valueFrom, as written),
+    then HF_TOKEN from spec.model.tokenSecretRef, which wins over a user entry of the same name."""
+    token = job.spec.model.token_secret_ref
+    skip = reserved | ({HF_TOKEN_ENV} if token is not None else frozenset())
+    entries: dict[str, dict[str, Any]] = {
+        name: {"name": name, "value": value} for name, value in defaults.items()
+    }
+    for var in user:
+        if var.name not in skip:
+            entries[var.name] = (
+                var.to_dict() if var.value_from is not None else {"name": var.name, "value": var.value or ""}
+            )
+    if token is not None:
+        # Only a reference goes into the pod: the kubelet resolves it, so the token is never in the
+        # GRPOJob, the pod spec, the operator's memory, its logs or events.
+        entries[HF_TOKEN_ENV] = {
+            "name": HF_TOKEN_ENV,
+            "valueFrom": {"secretKeyRef": {"name": token.name, "key": token.key}},
+        }
+    return list(entries.values())
+
+
 def gang_hash(job: Job) -> str:
     """Hash of every spec field that shapes the gang's pods or the trainer's config.
 
@@ -121,25 +153,49 @@ def _shm_volume(settings: OperatorSettings) -> dict[str, Any]:
 
 
 def _pod_metadata(
-    job: Job, name: str, role: Role, attempt: int, extra_labels: dict[str, str], annotations: dict[str, str]
+    job: Job,
+    settings: OperatorSettings,
+    name: str,
+    role: Role,
+    attempt: int,
+    extra_labels: dict[str, str],
+    annotations: dict[str, str],
 ) -> dict[str, Any]:
     meta = metadata(job, name, role)
     kueue_lbls, kueue_annotations = kueue_labels(job, attempt)
     meta["labels"].update({LABEL_ATTEMPT: str(attempt), **extra_labels, **kueue_lbls})
     meta["annotations"] = {
         ANNOTATION_HASH: gang_hash(job),
-        ANNOTATION_CONFIG_HASH: config_hash(job),
+        ANNOTATION_CONFIG_HASH: config_hash(job, settings),
         **annotations,
         **kueue_annotations,
     }
     return meta
 
 
+# The platform's model cache claim (settings.model_cache_claim), or the vLLM pod's emptyDir without one.
+MODEL_CACHE_VOLUME = "model-cache"
+MODEL_CACHE_MOUNT = "/cache"
+
+
+def _model_cache_volume(settings: OperatorSettings) -> dict[str, Any]:
+    return {"name": MODEL_CACHE_VOLUME, "persistentVolumeClaim": {"claimName": settings.model_cache_claim}}
+
+
+def hf_cache_dir(job: Job, settings: OperatorSettings) -> str:
+    """HF_HOME of vLLM and the trainers: the platform's cache claim when named (shared by restarts and
+    later jobs in the namespace), else the job's volume (vLLM only when ReadWriteMany), else the vLLM
+    pod's emptyDir."""
+    if settings.model_cache_claim:
+        return f"{MODEL_CACHE_MOUNT}/huggingface"
+    return HF_CACHE
+
+
 def volume_shared_with_generation(job: Job) -> bool:
-    """vLLM mounts the job's volume (shared model cache) only when it can: a ReadWriteOnce claim
-    attaches to one node, and the vLLM pod usually runs on another node than the trainers."""
-    volume = job.spec.checkpoints.volume
-    return volume.existing_claim is None and volume.access_mode == "ReadWriteMany"
+    """vLLM mounts the job's volume (shared model cache, a model on the volume) only when it can: a
+    ReadWriteOnce claim attaches to one node, and the vLLM pod usually runs on another node than the
+    trainers. For an existing claim the spec's accessMode says what the user declares it to be."""
+    return job.spec.checkpoints.volume.access_mode == "ReadWriteMany"
 
 
 def generation_pod(job: Job, settings: OperatorSettings, attempt: int, index: int = 0) -> Manifest:
@@ -176,23 +232,26 @@ def generation_pod(job: Job, settings: OperatorSettings, attempt: int, index: in
         "--max-logprobs",
         "-1",
     ]
-    data_parallel = gen.gpus // gen.tensor_parallel_size
-    if data_parallel > 1:
-        # TRL 1.16 supports data parallelism > 1 only for MoE models (scripts/vllm_serve.py:38-40).
-        args += ["--data-parallel-size", str(data_parallel)]
+    # No --data-parallel-size: the spec requires gpus == tensorParallelSize, because TRL 1.16 supports
+    # vLLM data parallelism only for MoE models (scripts/vllm_serve.py:38-40).
     if gen.max_model_len is not None:
         args += ["--max-model-len", str(gen.max_model_len)]
 
-    shared = volume_shared_with_generation(job)
-    hf_home = HF_CACHE if shared else "/cache/huggingface"
     mounts: list[dict[str, Any]] = [{"name": "dshm", "mountPath": "/dev/shm"}]
     volumes: list[dict[str, Any]] = [_shm_volume(settings)]
-    if shared:
+    if volume_shared_with_generation(job):
         mounts.append({"name": "workspace", "mountPath": WORKSPACE})
         volumes.append({"name": "workspace", "persistentVolumeClaim": {"claimName": pvc_claim_name(job)}})
-    else:
-        mounts.append({"name": "cache", "mountPath": "/cache"})
-        volumes.append({"name": "cache", "emptyDir": {}})
+    hf_home = hf_cache_dir(job, settings)
+    if settings.model_cache_claim:
+        mounts.append({"name": MODEL_CACHE_VOLUME, "mountPath": MODEL_CACHE_MOUNT})
+        volumes.append(_model_cache_volume(settings))
+    elif not volume_shared_with_generation(job):
+        # No volume vLLM can mount: the download lives as long as the pod, and every gang restart
+        # downloads the model again (docs/operations.md: ReadWriteMany, or a cache claim, avoid it).
+        mounts.append({"name": MODEL_CACHE_VOLUME, "mountPath": MODEL_CACHE_MOUNT})
+        volumes.append({"name": MODEL_CACHE_VOLUME, "emptyDir": {}})
+        hf_home = f"{MODEL_CACHE_MOUNT}/huggingface"
 
     container: dict[str, Any] = {
         "name": "vllm",
@@ -202,9 +261,12 @@ def generation_pod(job: Job, settings: OperatorSettings, attempt: int, index: in
         "args": args,
         "env": [
             {"name": "VLLM_SERVER_DEV_MODE", "value": "1"},
-            {"name": "VLLM_NO_USAGE_STATS", "value": "1"},
-            {"name": "HF_HOME", "value": hf_home},
-            {"name": "HF_HUB_DISABLE_TELEMETRY", "value": "1"},
+            *_env_with_user(
+                {"VLLM_NO_USAGE_STATS": "1", "HF_HOME": hf_home, "HF_HUB_DISABLE_TELEMETRY": "1"},
+                gen.env,
+                RESERVED_GENERATION_ENV,
+                job,
+            ),
         ],
         "ports": [{"name": "http", "containerPort": settings.vllm_port, "protocol": "TCP"}],
         "readinessProbe": {
@@ -235,7 +297,7 @@ def generation_pod(job: Job, settings: OperatorSettings, attempt: int, index: in
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": _pod_metadata(
-            job, generation_pod_name(job, attempt, index), "generation", attempt, {}, {}
+            job, settings, generation_pod_name(job, attempt, index), "generation", attempt, {}, {}
         ),
         "spec": secure_pod_spec(pod_spec, settings),
     }
@@ -267,13 +329,12 @@ def trainer_env(
     spec = job.spec
     nproc = spec.trainer.gpus_per_node
     defaults = {
-        "HF_HOME": HF_CACHE,
+        "HF_HOME": hf_cache_dir(job, settings),
         "HF_HUB_DISABLE_TELEMETRY": "1",
         "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True",
         "NCCL_DEBUG": "WARN",
     }
-    user = {var.name: var.value for var in spec.trainer.env if var.name not in RESERVED_TRAINER_ENV}
-    env: list[dict[str, Any]] = [{"name": k, "value": v} for k, v in {**defaults, **user}.items()]
+    env = _env_with_user(defaults, spec.trainer.env, RESERVED_TRAINER_ENV, job)
     env += [
         {"name": CONFIG_ENV, "value": CONFIG_FILE},
         {"name": "RESUME_FROM", "value": resume_from},
@@ -337,6 +398,11 @@ def trainer_pod(job: Job, settings: OperatorSettings, attempt: int, rank: int, r
             {"name": "config", "mountPath": CONFIG_DIR, "readOnly": True},
             {"name": "workspace", "mountPath": WORKSPACE},
             {"name": "dshm", "mountPath": "/dev/shm"},
+            *(
+                [{"name": MODEL_CACHE_VOLUME, "mountPath": MODEL_CACHE_MOUNT}]
+                if settings.model_cache_claim
+                else []
+            ),
         ],
         # The trainer writes a one-line failure reason here; the operator shows it in status.message.
         "terminationMessagePath": "/dev/termination-log",
@@ -357,6 +423,7 @@ def trainer_pod(job: Job, settings: OperatorSettings, attempt: int, rank: int, r
             {"name": "config", "configMap": {"name": config_map_name(job)}},
             {"name": "workspace", "persistentVolumeClaim": {"claimName": pvc_claim_name(job)}},
             _shm_volume(settings),
+            *([_model_cache_volume(settings)] if settings.model_cache_claim else []),
         ],
         **pod_placement(job, settings, gpu=True),
         **image_pull_secrets(job, settings),
@@ -364,7 +431,9 @@ def trainer_pod(job: Job, settings: OperatorSettings, attempt: int, rank: int, r
     return {
         "apiVersion": "v1",
         "kind": "Pod",
-        "metadata": _pod_metadata(job, name, "trainer", attempt, {LABEL_NODE_RANK: str(rank)}, annotations),
+        "metadata": _pod_metadata(
+            job, settings, name, "trainer", attempt, {LABEL_NODE_RANK: str(rank)}, annotations
+        ),
         "spec": secure_pod_spec(pod_spec, settings),
     }
 

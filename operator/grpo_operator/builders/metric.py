@@ -37,7 +37,8 @@ def metric_deployment(job: Job, settings: OperatorSettings) -> Manifest:
     port = spec.port
     env = [{"name": METRIC_PORT_ENV, "value": str(port)}]
     env += [var.to_dict() for var in spec.env if var.name != METRIC_PORT_ENV]
-    env = [{"name": e["name"], "value": e.get("value", "")} for e in env]
+    # A plain value or a valueFrom reference, as written; neither means the empty string.
+    env = [e if "valueFrom" in e else {"name": e["name"], "value": e.get("value", "")} for e in env]
     container: dict[str, Any] = {
         "name": "metric",
         "image": spec.image,

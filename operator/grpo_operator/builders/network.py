@@ -1,9 +1,14 @@
-"""NetworkPolicies: the vLLM server and the metric service accept traffic only from the job's trainers.
+"""NetworkPolicies: every pod of a job accepts traffic only from the peers its role needs.
 
 vLLM in dev mode serves /collective_rpc, /sleep and weight-update routes (grpo-trainer.md §4.2): anyone
 who can reach it can change the model being trained. The metric service runs user code. Both are
 closed to everything but this job's trainer pods, except that the platform may name metrics scrapers
 (settings.metrics_scrapers) admitted to vLLM's HTTP port for /metrics.
+
+Trainer pods bind unauthenticated stores: torch.distributed's rendezvous and TRL's weight-sync TCPStore
+(which then hands out NCCL connections). They accept the job's own vLLM and trainer pods on every port
+and the named scrapers on the metrics port. Being explicit also matters in namespaces with a
+default-deny ingress policy, where without this policy vLLM could not reach rank 0 at all.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from grpo_operator.builders.common import (
     metadata,
     metric_policy_name,
     selector_labels,
+    trainer_policy_name,
     with_hash,
 )
 from grpo_operator.settings import OperatorSettings
@@ -68,6 +74,40 @@ def metric_network_policy(job: Job) -> Manifest:
                         "ports": [{"protocol": "TCP", "port": job.spec.metric.port}],
                     }
                 ],
+            },
+        }
+    )
+
+
+def trainer_network_policy(job: Job, settings: OperatorSettings) -> Manifest:
+    # The job's vLLM and trainer pods on all ports: vLLM workers connect to rank 0's weight-sync store
+    # and then open NCCL connections on ephemeral ports; trainer ranks rendezvous with rank 0 and then
+    # talk NCCL among themselves. Nothing else gets in, except the scrapers on the metrics port.
+    ingress: list[dict[str, Any]] = [
+        {
+            "from": [
+                {"podSelector": {"matchLabels": selector_labels(job, "generation")}},
+                {"podSelector": {"matchLabels": selector_labels(job, "trainer")}},
+            ]
+        }
+    ]
+    scrapers: list[dict[str, Any]] = []
+    for peer in (*settings.metrics_scrapers, *settings.trainer_metrics_scrapers):
+        if dict(peer) not in scrapers:
+            scrapers.append(copy.deepcopy(dict(peer)))
+    if scrapers:
+        ingress.append(
+            {"from": scrapers, "ports": [{"protocol": "TCP", "port": settings.trainer_metrics_port}]}
+        )
+    return with_hash(
+        {
+            "apiVersion": "networking.k8s.io/v1",
+            "kind": "NetworkPolicy",
+            "metadata": metadata(job, trainer_policy_name(job), "trainer"),
+            "spec": {
+                "podSelector": {"matchLabels": selector_labels(job, "trainer")},
+                "policyTypes": ["Ingress"],
+                "ingress": ingress,
             },
         }
     )

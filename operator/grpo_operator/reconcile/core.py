@@ -381,6 +381,10 @@ def _run_gang(step: _Step, job: Job, observed: Observed) -> None:
 
     present = [current[name] for name in expected if name in current]
     all_running = len(present) == len(expected) and all(p.phase == "Running" for p in present)
+    if not was_running:
+        # A new gang runs only once vLLM answers /health: until then the trainers merely wait for it, and
+        # neither the Running phase nor the progress clock may start.
+        all_running = all_running and all(p.ready for p in present if p.role == "generation")
     if all_running:
         if _stalled(step, job, observed):
             return
@@ -436,10 +440,15 @@ def _waiting(step: _Step, job: Job, observed: Observed, expected: list[str], pre
         elif all_scheduled:
             phase, reason = "Initializing", "ContainersStarting"
             message = f"all pods of gang attempt {attempt} are scheduled; containers are starting"
+            generation = _starting_generation(present)
+            if generation is not None:
+                reason = "WaitingForGeneration"
+                message = _generation_wait(step, job, generation)
             if waiting is not None:
                 pod, (why, detail) = waiting[0], waiting[1]  # type: ignore[misc]
                 reason = why
-                message = f"pod {pod.name} is waiting: {why}{': ' + detail if detail else ''}"
+                blocked_on = f"pod {pod.name} is waiting: {why}{': ' + detail if detail else ''}"
+                message = f"{message}; {blocked_on}" if generation is not None else blocked_on
         else:
             phase, reason = "Pending", "Scheduling"
             message = f"gang attempt {attempt}: waiting for {len(expected)} pods to be created and scheduled"
@@ -475,13 +484,72 @@ def _not_suspended(step: _Step) -> None:
         step.condition(SUSPENDED, "False", "Resumed", "the job was resumed")
 
 
+def _starting_generation(present: list[PodView]) -> PodView | None:
+    """The attempt's vLLM pod while it has started (kubelet accepted it) but is not Ready yet."""
+    return next(
+        (p for p in present if p.role == "generation" and p.started is not None and not p.ready), None
+    )
+
+
+def _generation_wait(step: _Step, job: Job, pod: PodView) -> str:
+    budget = job.spec.generation.startup_timeout_seconds
+    elapsed = (step.now - pod.started).total_seconds() if pod.started is not None else 0.0
+    return (
+        f"waiting for vLLM pod {pod.name} to become Ready ({_duration(elapsed)} of {_duration(budget)}: "
+        "image pull, model download, CUDA graph capture)"
+    )
+
+
+def _duration(seconds: float) -> str:
+    """Whole minutes past the first one (the status is not rewritten more than once a minute)."""
+    seconds = max(0, int(seconds))
+    if seconds < 60:
+        return "<1m"
+    hours, minutes = divmod(seconds // 60, 60)
+    return f"{hours}h{minutes}m" if hours and minutes else f"{hours}h" if hours else f"{minutes}m"
+
+
 def _startup_deadline(step: _Step, job: Job, observed: Observed, present: list[PodView]) -> None:
-    """No Running within runPolicy.startupDeadlineSeconds of the attempt's pods being created: fail."""
+    """Three clocks, so that a slow vLLM start-up never spends the startup deadline:
+
+    * while pods wait for the scheduler (or Kueue) and vLLM has not started: runPolicy.startupDeadlineSeconds
+      from the attempt's pods being created; on expiry the job fails;
+    * while vLLM starts (its pod accepted by a node, not Ready yet, every pod scheduled):
+      generation.startupTimeoutSeconds from the vLLM pod's start; on expiry a counted restart, as when the
+      trainers give up waiting for it;
+    * once vLLM is Ready: runPolicy.startupDeadlineSeconds from then, for the trainers to run.
+    """
     created = [p.created for p in present if p.created is not None]
     if not created:
         return
     limit = job.spec.run_policy.startup_deadline_seconds
-    deadline = min(created) + timedelta(seconds=limit)
+    generation = next((p for p in present if p.role == "generation"), None)
+    all_scheduled = all(p.scheduled for p in present)
+    ready_since = generation.ready_since if generation is not None else None
+    if ready_since is not None:
+        deadline = max(min(created), ready_since) + timedelta(seconds=limit)
+    elif generation is not None and generation.started is not None and all_scheduled:
+        budget = job.spec.generation.startup_timeout_seconds
+        deadline = generation.started + timedelta(seconds=budget)
+        if step.now < deadline:
+            step.requeue_at(deadline)
+            # The status shows the elapsed time in minutes: come back to update it.
+            step.requeue_at(step.now + timedelta(seconds=60))
+            return
+        step.plan.events = [e for e in step.plan.events if e.type == "Normal"]
+        _restart_or_fail(
+            step,
+            job,
+            observed,
+            "GenerationStartupTimeout",
+            f"vLLM pod {generation.name} did not become Ready within spec.generation.startupTimeoutSeconds "
+            f"({budget}s) of starting: see its log (kubectl logs {generation.name}); raise "
+            "startupTimeoutSeconds if the download only needs longer",
+            counted=True,
+        )
+        return
+    else:
+        deadline = min(created) + timedelta(seconds=limit)
     if step.now < deadline:
         step.requeue_at(deadline)
         return

@@ -131,6 +131,24 @@ class PodView:
         return parse_time(self.meta.get("creationTimestamp"))
 
     @property
+    def started(self) -> datetime | None:
+        """When the kubelet accepted the pod (status.startTime): after scheduling, before image pulls."""
+        return parse_time(self.status.get("startTime"))
+
+    @property
+    def ready(self) -> bool:
+        cond = self.condition("Ready")
+        return bool(cond and cond.get("status") == "True")
+
+    @property
+    def ready_since(self) -> datetime | None:
+        """When the pod last became Ready (None while it is not)."""
+        cond = self.condition("Ready")
+        if not cond or cond.get("status") != "True":
+            return None
+        return parse_time(cond.get("lastTransitionTime"))
+
+    @property
     def terminating(self) -> bool:
         return bool(self.meta.get("deletionTimestamp"))
 
