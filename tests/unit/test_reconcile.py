@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 from grpo_operator.reconcile import OWNED_STATUS_FIELDS, Observed, Plan, reconcile
 from grpo_operator.reconcile.conditions import format_time
+from grpo_operator.reconcile.record import ANNOTATION_RECORD, record_annotation
 from grpo_operator.settings import OperatorSettings
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -53,6 +54,7 @@ class World:
     now: datetime = T0
     nodes: frozenset[str] | None = frozenset({"gpu-node-0", "gpu-node-1", "cpu-node-0"})
     plans: list[Plan] = field(default_factory=list)
+    serial: int = 0
 
     def observed(self) -> Observed:
         return Observed(objects=tuple(copy.deepcopy(list(self.objects.values()))), nodes=self.nodes)
@@ -65,7 +67,12 @@ class World:
     def apply(
         self, plan: Plan, *, status: bool = True, deletes: bool = True, creates: int | None = None
     ) -> None:
-        """Carry out a plan like the handlers do (optionally only part of it, as a killed operator would)."""
+        """Carry out a plan like the handlers do (optionally only part of it, as a killed operator would),
+        with the API server's preconditions: a write naming a uid reaches only the object with that uid,
+        and a create never replaces an existing object."""
+        if status and plan.record is not None:
+            annotations = self.job["metadata"].setdefault("annotations", {})
+            annotations[ANNOTATION_RECORD] = record_annotation(plan.record)
         if status and plan.status:
             current = self.job.setdefault("status", {})
             for key, value in plan.status.items():
@@ -75,19 +82,38 @@ class World:
                     current[key] = copy.deepcopy(value)
         for child_patch in plan.patches:
             target = self.objects.get((child_patch.ref.kind, child_patch.ref.name))
-            if target is not None:
+            if target is not None and self._same(target, child_patch.ref.uid):
                 annotations = child_patch.patch.get("metadata", {}).get("annotations", {})
                 target["metadata"].setdefault("annotations", {}).update(annotations)
         if deletes:
             for ref in plan.deletes:
-                self.objects.pop((ref.kind, ref.name), None)
+                target = self.objects.get((ref.kind, ref.name))
+                if target is not None and self._same(target, ref.uid):
+                    del self.objects[(ref.kind, ref.name)]
         for manifest in plan.applies:
-            self.objects[(manifest["kind"], manifest["metadata"]["name"])] = copy.deepcopy(manifest)
+            name = (manifest["kind"], manifest["metadata"]["name"])
+            uid = manifest["metadata"].get("uid")
+            existing = self.objects.get(name)
+            if uid is None and existing is None:
+                self.objects[name] = self._created(manifest)
+            elif uid is not None and existing is not None and self._same(existing, uid):
+                self.objects[name] = copy.deepcopy(manifest)
         for manifest in plan.creates[: creates if creates is not None else len(plan.creates)]:
-            obj = copy.deepcopy(manifest)
-            obj["metadata"]["creationTimestamp"] = format_time(self.now)
+            obj = self._created(manifest)
             obj["status"] = {"phase": "Pending"}
             self.objects.setdefault((obj["kind"], obj["metadata"]["name"]), obj)
+
+    def _created(self, manifest: dict[str, Any]) -> dict[str, Any]:
+        obj = copy.deepcopy(manifest)
+        self.serial += 1
+        obj["metadata"]["uid"] = f"uid-{obj['metadata']['name']}-{self.serial}"
+        obj["metadata"]["creationTimestamp"] = format_time(self.now)
+        return obj
+
+    @staticmethod
+    def _same(obj: dict[str, Any], uid: str | None) -> bool:
+        assert uid is not None, f"a write to {obj['metadata']['name']} without a uid precondition"
+        return bool(obj["metadata"].get("uid") == uid)
 
     def step(self) -> Plan:
         plan = self.reconcile()
@@ -284,7 +310,8 @@ def test_a_restarted_kueue_gang_releases_its_old_pod_group() -> None:
     )
     for patch in patched.values():
         assert patch == {"metadata": {"annotations": {"kueue.x-k8s.io/retriable-in-group": "false"}}}
-    new_groups = {m["metadata"]["labels"]["kueue.x-k8s.io/pod-group-name"] for m in plan.creates}
+    world.apply(plan)
+    new_groups = {m["metadata"]["labels"]["kueue.x-k8s.io/pod-group-name"] for m in world.reconcile().creates}
     assert new_groups == {"math-a2"}
     no_queue = running_world()
     no_queue.terminate("math-trainer-1-0", 1)
@@ -322,6 +349,11 @@ def test_trainer_failure_restarts_the_whole_gang_from_the_checkpoint() -> None:
     assert plan.status["reason"] == "TrainerFailed"
     assert "CUDA error" in plan.status["message"] and "exit code 1" in plan.status["message"]
     assert {r.name for r in plan.deletes} == {"math-gen-1-0", "math-trainer-1-0", "math-trainer-1-1"}
+    assert not plan.creates, "the new gang starts only once the old one is gone"
+    assert events(plan) == [("Warning", "Restarting"), ("Normal", "ResumedFromCheckpoint")]
+    assert plan.restart is not None and plan.restart.counted
+    world.apply(plan)
+    plan = world.step()
     assert [m["metadata"]["name"] for m in plan.creates] == [
         "math-gen-2-0",
         "math-trainer-2-0",
@@ -329,9 +361,6 @@ def test_trainer_failure_restarts_the_whole_gang_from_the_checkpoint() -> None:
     ]
     for pod in plan.creates[1:]:
         assert env(pod)["RESUME_FROM"] == CKPT
-    assert events(plan) == [("Warning", "Restarting"), ("Normal", "ResumedFromCheckpoint")]
-    assert plan.restart is not None and plan.restart.counted
-    world.apply(plan)
     assert world.reconcile().is_empty()
     world.run_all()
     world.step()
@@ -345,8 +374,8 @@ def test_generation_failure_replaces_vllm_and_restarts_the_trainers() -> None:
     plan = world.step()
     assert world.status()["reason"] == "GenerationFailed"
     assert world.status()["restarts"] == 1
-    assert "math-gen-2-0" in [m["metadata"]["name"] for m in plan.creates]
     assert "math-trainer-1-0" in [r.name for r in plan.deletes]
+    assert "math-gen-2-0" in [m["metadata"]["name"] for m in world.step().creates]
 
 
 def test_exhausting_the_backoff_limit_fails_the_job_with_the_reason() -> None:
@@ -460,6 +489,7 @@ def test_killed_after_the_status_patch_of_a_restart_converges_without_a_second_r
     assert world.status()["restarts"] == 1
     assert world.status()["trainerAttempt"] == 2
     assert {r.name for r in plan.deletes} == {"math-gen-1-0", "math-trainer-1-0", "math-trainer-1-1"}
+    plan = world.step()
     assert sorted(m["metadata"]["name"] for m in plan.creates) == [
         "math-gen-2-0",
         "math-trainer-2-0",
@@ -485,6 +515,7 @@ def test_missing_pods_keep_the_resume_point_of_their_gang() -> None:
     world = running_world()
     world.job["status"]["checkpoint"] = {"lastStep": 50, "path": CKPT}
     world.terminate("math-trainer-1-0", 1)
+    world.step()  # the restart: the old gang is deleted
     restart = world.reconcile()
     world.apply(restart, creates=2)  # gen + rank 0 created with RESUME_FROM=CKPT, then killed
     world.job["status"]["checkpoint"] = {"lastStep": 60, "path": "/workspace/checkpoints/step-60"}
@@ -553,6 +584,7 @@ def test_progress_clock_starts_when_the_new_gang_runs() -> None:
     world.job["status"]["progress"] = {"step": 3, "lastStepTime": format_time(world.now)}
     world.terminate("math-trainer-1-0", 1)
     world.step()
+    world.step()
     world.advance(2000)  # the new gang took long to start; the old lastStepTime must not count
     world.run_all()
     world.step()
@@ -567,15 +599,19 @@ def test_progress_clock_starts_when_the_new_gang_runs() -> None:
 def test_suspend_stops_all_pods_and_resume_continues_from_the_checkpoint() -> None:
     world = running_world()
     world.job["status"]["checkpoint"] = {"lastStep": 50, "path": CKPT}
-    world.job["status"]["restarts"] = 1
+    world.terminate("math-trainer-1-1", 1)
+    world.settle()
+    world.run_all()
+    world.settle()
+    assert world.status()["restarts"] == 1
     world.job["spec"]["suspend"] = True
     plan = world.step()
     assert world.status()["phase"] == "Suspended"
     assert world.condition("Suspended")["status"] == "True"
     assert {r.name for r in plan.deletes} == {
-        "math-gen-1-0",
-        "math-trainer-1-0",
-        "math-trainer-1-1",
+        "math-gen-2-0",
+        "math-trainer-2-0",
+        "math-trainer-2-1",
         "math-metric",
     }
     assert ("Normal", "Suspended") in events(plan)
@@ -585,7 +621,7 @@ def test_suspend_stops_all_pods_and_resume_continues_from_the_checkpoint() -> No
     world.advance(3600)
     world.job["spec"]["suspend"] = False
     plan = world.step()
-    assert world.status()["trainerAttempt"] == 2
+    assert world.status()["trainerAttempt"] == 3
     assert world.status()["restarts"] == 1, "suspend/resume is not a failure"
     assert world.condition("Suspended")["status"] == "False"
     assert ("Normal", "Resumed") in events(plan) and ("Normal", "ResumedFromCheckpoint") in events(plan)
@@ -649,6 +685,7 @@ def test_a_spec_change_that_shapes_the_pods_replaces_the_gang_uncounted() -> Non
     assert world.status()["reason"] == "SpecChanged"
     assert world.status()["restarts"] == 0
     assert world.status()["observedGeneration"] == 2
+    plan = world.step()
     gen = next(m for m in plan.creates if m["metadata"]["name"] == "math-gen-2-0")
     assert gen["spec"]["containers"][0]["image"] == "vllm/vllm-openai:v0.30.0"
 
@@ -750,8 +787,12 @@ def test_every_reconcile_is_idempotent_and_keeps_the_invariants(actions: list[tu
     world.step()
     for action, index in actions:
         _perturb(world, action, index)
-        plan = world.step()
-        assert set((plan.status or {}).keys()) <= set(OWNED_STATUS_FIELDS)
+        for _ in range(2):
+            plan = world.step()
+            assert set((plan.status or {}).keys()) <= set(OWNED_STATUS_FIELDS)
+            # Fencing: a gang replaced by this plan is deleted now and its successor created by the next.
+            if not plan.deletes:
+                break
         again = world.reconcile()
         assert again.is_empty(), f"not idempotent after {action}: {again}"
         status = world.status()

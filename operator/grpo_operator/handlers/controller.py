@@ -33,6 +33,7 @@ from grpo_operator.handlers.workqueue import WorkQueue
 from grpo_operator.observability import HealthState, OperatorMetrics
 from grpo_operator.reconcile import Observed, Plan, reconcile
 from grpo_operator.reconcile.conditions import format_time
+from grpo_operator.reconcile.record import ANNOTATION_RECORD, record_annotation
 from grpo_operator.settings import OperatorSettings
 
 log = logging.getLogger("grpo_operator")
@@ -224,7 +225,14 @@ class Controller:
                     return None
                 raise
             observed = await self.observe(job)
-            plan = reconcile(job, observed, self.clock(), self.settings)
+            now = self.clock()
+            plan = reconcile(job, observed, now, self.settings)
+            found = await self._probe(job, observed, plan)
+            if found:
+                # Objects already exist under names the plan would create: decide again knowing them
+                # (the job's own, not yet in the cache, or someone else's: a conflict).
+                observed = Observed(objects=observed.objects + tuple(found), nodes=observed.nodes)
+                plan = reconcile(job, observed, now, self.settings)
             await self.execute(job, plan)
         except StatusConflict:
             self.metrics.reconciles.labels(result="conflict").inc()
@@ -283,6 +291,28 @@ class Controller:
                 objects.append(obj)
         return Observed(objects=tuple(objects), nodes=await self._node_names())
 
+    async def _probe(self, job: Obj, observed: Observed, plan: Plan) -> list[Obj]:
+        """Reads every object the plan would create that the caches do not show. The caches hold only
+        what the operator manages, so a same-name object someone else made is found only this way."""
+        namespace = job["metadata"]["namespace"]
+        seen = {(o.get("kind"), (o.get("metadata") or {}).get("name")) for o in observed.objects}
+        wanted = [
+            (m["kind"], m["metadata"]["name"])
+            for m in (*plan.applies, *plan.creates)
+            if not (m.get("metadata") or {}).get("uid")
+        ]
+        wanted = [key for key in dict.fromkeys(wanted) if key not in seen]
+
+        async def read(kind: str, name: str) -> Obj | None:
+            # A list by name needs only the list permission the operator has for every child kind anyway.
+            items = await self._call(
+                self.kube.list, resource_for(kind), namespace, field_selector=f"metadata.name={name}"
+            )
+            return items[0] if items else None
+
+        found = await asyncio.gather(*(read(kind, name) for kind, name in wanted))
+        return [obj for obj in found if obj is not None]
+
     async def _node_names(self) -> frozenset[str] | None:
         watched = self.cache.node_names() if self.cache is not None else None
         if watched is not None:
@@ -312,8 +342,23 @@ class Controller:
         meta = job["metadata"]
         namespace, name = meta["namespace"], meta["name"]
         key = (namespace, name)
+        resource_version = meta.get("resourceVersion")
+        if plan.record is not None:
+            # The operator's record first, so an operator stopped between the two writes decides from it.
+            annotations = {ANNOTATION_RECORD: record_annotation(plan.record)}
+            body = {"metadata": {"resourceVersion": resource_version, "annotations": annotations}}
+            try:
+                written = await self._call(self.kube.merge_patch, GRPOJOB, namespace, name, body)
+            except ApiException as exc:
+                if exc.status == 409:
+                    raise StatusConflict from exc
+                self._api_error("patch", KIND, exc)
+                raise
+            resource_version = (written.get("metadata") or {}).get("resourceVersion")
+            if self.cache is not None and not plan.status:
+                self.cache.put_job(written)
         if plan.status:
-            body = {"metadata": {"resourceVersion": meta.get("resourceVersion")}, "status": plan.status}
+            body = {"metadata": {"resourceVersion": resource_version}, "status": plan.status}
             try:
                 updated = await self._call(self.kube.merge_patch, GRPOJOB, namespace, name, body, "status")
             except ApiException as exc:
@@ -336,27 +381,39 @@ class Controller:
                 )
         for child_patch in plan.patches:
             ref = child_patch.ref
+            patch = child_patch.patch
+            if ref.uid:
+                # A uid in a patch is a precondition: it never reaches a newer object of the same name.
+                patch = {**patch, "metadata": {**patch.get("metadata", {}), "uid": ref.uid}}
             try:
-                await self._call(
-                    self.kube.merge_patch, resource_for(ref.kind), namespace, ref.name, child_patch.patch
-                )
+                await self._call(self.kube.merge_patch, resource_for(ref.kind), namespace, ref.name, patch)
             except ApiException as exc:
-                if exc.status != 404:
+                if exc.status not in (404, 409):
                     self._api_error("patch", ref.kind, exc)
                     raise
         for ref in plan.deletes:
             try:
-                await self._call(self.kube.delete, resource_for(ref.kind), namespace, ref.name)
+                await self._call(self.kube.delete, resource_for(ref.kind), namespace, ref.name, uid=ref.uid)
                 log.info("%s/%s: deleted %s %s", namespace, name, ref.kind, ref.name)
             except ApiException as exc:
-                if exc.status != 404:
+                if exc.status == 409:
+                    # The uid precondition failed: the name belongs to a newer object now, which stays.
+                    log.info(
+                        "%s/%s: %s %s was replaced meanwhile; not deleted",
+                        namespace,
+                        name,
+                        ref.kind,
+                        ref.name,
+                    )
+                elif exc.status != 404:
                     self._api_error("delete", ref.kind, exc)
                     raise
         # Children within one group do not depend on each other: send them concurrently. The groups
         # stay in order, so pods are created only after their ConfigMap, PVC and ServiceAccount exist.
         failures: list[str] = []
-        await asyncio.gather(*(self._write(self.kube.apply, "apply", m, failures) for m in plan.applies))
-        await asyncio.gather(*(self._write(self.kube.create, "create", m, failures) for m in plan.creates))
+        taken: list[str] = []
+        await asyncio.gather(*(self._write(_apply_verb(m), m, failures, taken) for m in plan.applies))
+        await asyncio.gather(*(self._write("create", m, failures, taken) for m in plan.creates))
         for event in plan.events:
             await self.post_event(job, event.type, event.reason, event.message)
         for failure in failures:
@@ -371,23 +428,38 @@ class Controller:
             ).inc()
         if plan.delete_job:
             try:
-                await self._call(self.kube.delete, GRPOJOB, namespace, name)
+                await self._call(self.kube.delete, GRPOJOB, namespace, name, uid=meta.get("uid"))
                 log.info("%s/%s: deleted after ttlSecondsAfterFinished", namespace, name)
             except ApiException as exc:
-                if exc.status != 404:
+                if exc.status == 409:
+                    log.info("%s/%s: a newer job of this name exists; not deleted", namespace, name)
+                elif exc.status != 404:
                     self._api_error("delete", KIND, exc)
                     raise
         if failures:
             self.queue.add_rate_limited(key, base=5.0)
+        elif taken:
+            # A create found the name taken, or an update found the object replaced, since the decision:
+            # decide again (the next reconcile reads the object and reports a conflict if it is not the job's).
+            log.info(
+                "%s/%s: %s changed while this reconcile ran; reconciling again",
+                namespace,
+                name,
+                ", ".join(taken),
+            )
+            self.queue.add_rate_limited(key)
 
-    async def _write(self, fn: Callable[[Obj], Obj], verb: str, manifest: Obj, failures: list[str]) -> None:
-        """Apply or create one child. 409 on create means it exists (made before an operator restart):
-        that is success. Other 4xx (quota, admission policies) are collected for a ChildRejected event."""
+    async def _write(self, verb: str, manifest: Obj, failures: list[str], taken: list[str]) -> None:
+        """Create one child (POST: never touches an existing object) or update one the job owns (server-side
+        apply naming its uid). 409 means the name is taken or the object was replaced since the decision.
+        Other 4xx (quota, admission policies) are collected for a ChildRejected event."""
         meta = manifest["metadata"]
+        fn = self.kube.apply if verb == "apply" else self.kube.create
         try:
             await self._call(fn, manifest)
         except ApiException as exc:
-            if verb == "create" and exc.status == 409:
+            if exc.status == 409:
+                taken.append(f"{manifest['kind']} {meta['name']}")
                 return
             self._api_error(verb, manifest["kind"], exc)
             if exc.status is None or exc.status >= 500 or exc.status == 429:
@@ -437,6 +509,11 @@ class Controller:
         except ApiException as exc:  # events are best effort; the status says the same
             self._api_error("create", "Event", exc)
             log.warning("could not post event %s on %s/%s: HTTP %s", reason, namespace, name, exc.status)
+
+
+def _apply_verb(manifest: Obj) -> str:
+    """Update (server-side apply) a child the job owns, whose observed uid the manifest carries; create the rest."""
+    return "apply" if (manifest.get("metadata") or {}).get("uid") else "create"
 
 
 def _pod_of_this_job(pod: Obj, uid: str | None, job_created: str | None) -> bool:

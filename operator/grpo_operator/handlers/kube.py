@@ -144,9 +144,17 @@ class Kube:
     def get(self, resource: Resource, namespace: str | None, name: str) -> Obj:
         return self.request("GET", resource.path(namespace, name))
 
-    def list(self, resource: Resource, namespace: str | None, label_selector: str | None = None) -> list[Obj]:
-        query = {"labelSelector": label_selector} if label_selector else None
-        items = self.request("GET", resource.path(namespace), query=query).get("items") or []
+    def list(
+        self,
+        resource: Resource,
+        namespace: str | None,
+        label_selector: str | None = None,
+        field_selector: str | None = None,
+    ) -> list[Obj]:
+        query = {"labelSelector": label_selector} if label_selector else {}
+        if field_selector:
+            query["fieldSelector"] = field_selector
+        items = self.request("GET", resource.path(namespace), query=query or None).get("items") or []
         # List items carry no kind; reconcile needs it to tell children apart.
         for item in items:
             item["kind"] = resource.kind
@@ -186,10 +194,17 @@ class Kube:
         )
 
     def delete(
-        self, resource: Resource, namespace: str, name: str, *, propagation: str = "Background"
+        self,
+        resource: Resource,
+        namespace: str,
+        name: str,
+        *,
+        uid: str | None = None,
+        propagation: str = "Background",
     ) -> None:
-        self.request(
-            "DELETE",
-            resource.path(namespace, name),
-            body={"kind": "DeleteOptions", "apiVersion": "v1", "propagationPolicy": propagation},
-        )
+        """Delete one object. With ``uid`` the API server deletes only the object with that uid and answers
+        409 Conflict when the name now belongs to another (newer) object."""
+        body: Obj = {"kind": "DeleteOptions", "apiVersion": "v1", "propagationPolicy": propagation}
+        if uid:
+            body["preconditions"] = {"uid": uid}
+        self.request("DELETE", resource.path(namespace, name), body=body)
