@@ -26,7 +26,8 @@ from typing import Any, TypeVar
 from kubernetes.client.exceptions import ApiException
 
 from grpo_operator.api.resource import API_VERSION, KIND
-from grpo_operator.builders.common import LABEL_JOB, LABEL_ROLE
+from grpo_operator.builders.common import LABEL_JOB, LABEL_MANAGED_BY, LABEL_ROLE, PART_OF
+from grpo_operator.builders.storage import ANNOTATION_JOB_UID
 from grpo_operator.handlers.informer import ClusterCache
 from grpo_operator.handlers.kube import CHILD_RESOURCES, GRPOJOB, NODE, Kube, Obj, resource_for
 from grpo_operator.handlers.workqueue import WorkQueue
@@ -42,6 +43,23 @@ T = TypeVar("T")
 
 NODE_CACHE_SECONDS = 15.0
 EVENT_DEDUPE_SECONDS = 600.0
+
+# What the child caches hold (memory under tenant load): the API server sends only objects carrying the
+# labels the operator sets, and of those the caches keep only what the operator manages (managed_child).
+CHILD_SELECTOR = f"{LABEL_MANAGED_BY}={PART_OF},{LABEL_JOB}"
+# Kinds reconcile reads only the metadata of (labels, annotations with the spec-hash, owner references,
+# uid): watched metadata-only, so no ConfigMap data or object body is ever sent or kept.
+METADATA_ONLY_KINDS = frozenset(
+    {
+        "ConfigMap",
+        "PersistentVolumeClaim",
+        "ServiceAccount",
+        "Role",
+        "RoleBinding",
+        "Service",
+        "NetworkPolicy",
+    }
+)
 
 
 class StatusConflict(Exception):
@@ -115,6 +133,9 @@ class Controller:
                 on_job=self.job_event,
                 on_child=self.child_event,
                 timeout=self.settings.api_timeout_seconds,
+                child_selector=CHILD_SELECTOR,
+                keep_child=managed_child,
+                metadata_only=METADATA_ONLY_KINDS,
             )
             self.cache.informers.start()
         self.health.workers_alive = self._workers_alive
@@ -509,6 +530,22 @@ class Controller:
         except ApiException as exc:  # events are best effort; the status says the same
             self._api_error("create", "Event", exc)
             log.warning("could not post event %s on %s/%s: HTTP %s", reason, namespace, name, exc.status)
+
+
+def managed_child(obj: Obj) -> bool:
+    """Whether a watched child is one the operator manages: controlled by a GRPOJob, a retained checkpoint
+    claim carrying the operator's job-uid mark, or a metric pod of a ReplicaSet (of a job's Deployment).
+    Anything else that merely carries the labels is not kept (reconcile finds same-name objects by name)."""
+    meta = obj.get("metadata") or {}
+    refs = [r for r in meta.get("ownerReferences") or [] if isinstance(r, dict) and r.get("controller")]
+    if any(r.get("kind") == KIND for r in refs):
+        return True
+    if obj.get("kind") == "PersistentVolumeClaim":
+        return not refs and ANNOTATION_JOB_UID in (meta.get("annotations") or {})
+    if obj.get("kind") == "Pod":
+        role = (meta.get("labels") or {}).get(LABEL_ROLE)
+        return role == "metric" and any(r.get("kind") == "ReplicaSet" for r in refs)
+    return False
 
 
 def _apply_verb(manifest: Obj) -> str:
