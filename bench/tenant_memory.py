@@ -25,8 +25,6 @@ import uuid
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
 from _bench import BenchCluster, OperatorProcess, log, operator_identity, wait_for
 from kubernetes import client
 
