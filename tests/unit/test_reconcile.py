@@ -1103,3 +1103,24 @@ def test_an_unreadable_record_falls_back_to_the_status() -> None:
     plan = world.reconcile()
     assert plan.record is not None and plan.record["trainerAttempt"] == 1
     assert plan.status is None
+
+
+def test_a_predecessors_pod_still_terminating_only_delays_the_new_job() -> None:
+    world = World(job_object())
+    world.job["metadata"]["uid"] = "uid-2"
+    old = foreign("Pod", "math-trainer-1-0", deletionTimestamp=format_time(T0))
+    old["metadata"]["ownerReferences"] = [
+        {
+            "apiVersion": "grpo.dev/v1alpha1",
+            "kind": "GRPOJob",
+            "name": "math",
+            "uid": "uid-1",
+            "controller": True,
+        }
+    ]
+    world.objects[("Pod", "math-trainer-1-0")] = old
+    plan = world.step()
+    assert not plan.creates and not plan.deletes
+    assert "still being deleted" in world.condition("Conflict")["message"]
+    del world.objects[("Pod", "math-trainer-1-0")]
+    assert len(world.step().creates) == 3

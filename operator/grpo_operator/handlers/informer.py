@@ -13,6 +13,10 @@ Semantics as in client-go's reflector, which the correctness of a level-based re
 * ``synced`` becomes true after the first complete list and stays true; until then (and for a kind
   the operator may not watch, HTTP 403) the controller falls back to listing that kind per reconcile,
   so a cache is only ever used when it is complete.
+* The child caches hold only what the operator manages (``keep``: controlled by a GRPOJob, or a
+  retained claim with the operator's marks), selected server-side by the labels only the operator sets;
+  kinds whose body reconcile never reads are watched metadata-only. A tenant's objects that merely carry
+  a job's label cost the operator no memory (bench/tenant_memory.py).
 * Our own writes are put into the cache at once (``put``) unless the cache already holds a newer
   resourceVersion, so a decision is never made from an object older than one the operator wrote.
 """

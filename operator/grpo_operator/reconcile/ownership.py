@@ -128,6 +128,11 @@ def conflict_message(obj: Obj, job_meta: Obj) -> str:
                 f"set spec.checkpoints.volume.existingClaim: {name}; to start afresh, delete it "
                 f"(kubectl delete pvc {name}) or rename the job"
             )
+    if controlled_by_other(obj) and _meta(obj).get("deletionTimestamp"):
+        return (
+            f"{kind} {name} belongs to an earlier GRPOJob of this name and is still being deleted; the job "
+            "carries on once it is gone"
+        )
     return (
         f"{kind} {name} already exists and was not created by the operator for this GRPOJob (it has no "
         f"controller reference to {job}); the operator leaves it untouched and starts no pods. Delete or "
