@@ -376,8 +376,10 @@ class Controller:
                 self._api_error("patch", KIND, exc)
                 raise
             resource_version = (written.get("metadata") or {}).get("resourceVersion")
-            if self.cache is not None and not plan.status:
-                self.cache.put_job(written)
+            if not plan.status:
+                self._written_rv[key] = str(resource_version)
+                if self.cache is not None:
+                    self.cache.put_job(written)
         if plan.status:
             body = {"metadata": {"resourceVersion": resource_version}, "status": plan.status}
             try:
