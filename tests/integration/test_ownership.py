@@ -69,8 +69,15 @@ def test_pre_existing_children_are_not_taken_over_used_or_deleted(
     assert kube.get("configmap", "own-config", namespace) is not None
 
     # Freed names: the same job now starts and creates its own.
-    kube.kubectl("delete", "serviceaccount", "own-trainer", "configmap", "own-config", "-n", namespace)
+    kube.kubectl("delete", "serviceaccount/own-trainer", "configmap/own-config", "-n", namespace)
     kube.apply(job_manifest("own"), namespace)
+    # The first job's checkpoint claim was retained (retention Retain) and records that job's uid: the new
+    # job of the same name does not use it silently.
+    s = wait_condition(kube, namespace, "own", "Conflict", status="True")
+    message = next(c for c in s["conditions"] if c["type"] == "Conflict")["message"]
+    assert "PersistentVolumeClaim own-ckpt holds the checkpoints of an earlier GRPOJob named own" in message
+    assert "existingClaim: own-ckpt" in message, message
+    kube.kubectl("delete", "pvc", "own-ckpt", "-n", namespace, "--wait=false")
     wait_phase(kube, namespace, "own", "Running")
     sa = kube.get("serviceaccount", "own-trainer", namespace)
     assert sa is not None and sa["metadata"]["ownerReferences"][0]["kind"] == "GRPOJob"
@@ -86,6 +93,6 @@ def test_a_delete_with_a_stale_uid_leaves_the_newer_object_alone(kube: Cluster, 
     with pytest.raises(ApiException) as refused:
         api.delete(CONFIGMAPS, namespace, "race", uid=old_uid)
     assert refused.value.status == 409, refused.value.body
-    assert "Precondition failed" in json.loads(refused.value.body)["message"]
+    assert "the UID in the precondition" in json.loads(refused.value.body)["message"]
     current = kube.get("configmap", "race", namespace)
     assert current is not None and current["metadata"]["uid"] == new_uid
