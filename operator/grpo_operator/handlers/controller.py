@@ -477,19 +477,23 @@ class Controller:
         apply naming its uid). 409 means the name is taken or the object was replaced since the decision.
         Other 4xx (quota, admission policies) are collected for a ChildRejected event."""
         meta = manifest["metadata"]
-        fn = self.kube.apply if verb == "apply" else self.kube.create
+        fn = {
+            "apply": self.kube.apply,
+            "create": self.kube.create,
+            "create-for-apply": self.kube.create_for_apply,
+        }[verb]
         try:
             await self._call(fn, manifest)
         except ApiException as exc:
             if exc.status == 409:
                 taken.append(f"{manifest['kind']} {meta['name']}")
                 return
-            self._api_error(verb, manifest["kind"], exc)
+            self._api_error("apply" if verb == "apply" else "create", manifest["kind"], exc)
             if exc.status is None or exc.status >= 500 or exc.status == 429:
                 raise
             failures.append(f"{manifest['kind']} {meta['name']}: {_api_message(exc)}")
             return
-        if verb == "create":
+        if verb != "apply":
             job = (meta.get("labels") or {}).get(LABEL_JOB, "?")
             log.info("%s/%s: created %s %s", meta["namespace"], job, manifest["kind"], meta["name"])
 
@@ -552,7 +556,7 @@ def managed_child(obj: Obj) -> bool:
 
 def _apply_verb(manifest: Obj) -> str:
     """Update (server-side apply) a child the job owns, whose observed uid the manifest carries; create the rest."""
-    return "apply" if (manifest.get("metadata") or {}).get("uid") else "create"
+    return "apply" if (manifest.get("metadata") or {}).get("uid") else "create-for-apply"
 
 
 def _pod_of_this_job(pod: Obj, uid: str | None, job_created: str | None) -> bool:

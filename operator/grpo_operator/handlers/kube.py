@@ -182,6 +182,31 @@ class Kube:
             content_type="application/apply-patch+yaml",
         )
 
+    def create_for_apply(self, manifest: Obj) -> Obj:
+        """Create a child that later server-side applies keep up to date.
+
+        A create (POST) fails with 409 when the name is taken, so it can never take over someone else's
+        object, which an apply would. But fields set by a create belong to the manager's ``Update`` entry,
+        and a later apply never removes those (only fields its ``Apply`` entry owned), so a field dropped
+        from the spec would stay. So the new object's ``Update`` entry is turned into the ``Apply`` entry
+        (what kubectl does when it moves an object to server-side apply), naming the uid just created.
+        """
+        created = self.create(manifest)
+        meta = created.get("metadata") or {}
+        entries = meta.get("managedFields") or []
+        upgraded = [
+            {**e, "operation": "Apply"}
+            if e.get("manager") == self.field_manager
+            and e.get("operation") == "Update"
+            and not e.get("subresource")
+            else e
+            for e in entries
+        ]
+        if upgraded == entries:
+            return created
+        patch = {"metadata": {"uid": meta.get("uid"), "managedFields": upgraded}}
+        return self.merge_patch(resource_for(manifest["kind"]), meta["namespace"], meta["name"], patch)
+
     def merge_patch(
         self, resource: Resource, namespace: str, name: str, patch: Obj, subresource: str | None = None
     ) -> Obj:
