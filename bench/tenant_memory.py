@@ -79,6 +79,11 @@ def main() -> int:
     parser.add_argument("--size-mib", type=float, default=1.0, help="data per ConfigMap in MiB (default 1)")
     parser.add_argument("--cluster", default="grpo-memory")
     parser.add_argument("--settle", type=float, default=15.0, help="seconds RSS must stay flat (default 15)")
+    parser.add_argument(
+        "--managed-by",
+        action="store_true",
+        help="also give the ConfigMaps the operator's own label app.kubernetes.io/managed-by=grpo-operator",
+    )
     parser.add_argument("--source", type=Path, help="run the operator from this checkout's operator/ folder")
     parser.add_argument("--json", type=Path, help="also write the figures to this file")
     args = parser.parse_args()
@@ -107,12 +112,15 @@ def main() -> int:
 
         payload = "x" * int(args.size_mib * MIB - 4096)  # room for the object's metadata within 1 MiB
         core = client.CoreV1Api(cluster.api())
+        labels = {"grpo.dev/job": "math"}
+        if args.managed_by:
+            labels["app.kubernetes.io/managed-by"] = "grpo-operator"
 
         def create(i: int) -> None:
             body = {
                 "apiVersion": "v1",
                 "kind": "ConfigMap",
-                "metadata": {"name": f"tenant-{i:05d}", "labels": {"grpo.dev/job": "math"}},
+                "metadata": {"name": f"tenant-{i:05d}", "labels": labels},
                 "data": {"blob": payload},
             }
             core.create_namespaced_config_map(namespace, body)
@@ -126,6 +134,7 @@ def main() -> int:
         figures = {
             "count": args.count,
             "size_mib": args.size_mib,
+            "labels": labels,
             "rss_before_mib": round(before / MIB, 1),
             "rss_after_mib": round(after / MIB, 1),
             "rss_growth_mib": round((after - before) / MIB, 1),
