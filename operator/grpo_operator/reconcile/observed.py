@@ -35,8 +35,9 @@ def parse_time(value: Any) -> datetime | None:
 
 @dataclass(frozen=True)
 class Observed:
-    """Every child of one job (objects labelled grpo.dev/job=<job> in its namespace), each with its
-    ``kind`` set, plus the names of the cluster's nodes when known (None: not checked)."""
+    """What was found of one job's children: the objects labelled grpo.dev/job=<job> in its namespace and
+    any object found under a child's name, each with its ``kind`` set (reconcile tells the job's own from
+    the rest, see ownership.py), plus the names of the cluster's nodes when known (None: not checked)."""
 
     objects: tuple[Obj, ...] = ()
     nodes: frozenset[str] | None = None
