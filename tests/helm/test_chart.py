@@ -363,7 +363,7 @@ def test_custom_values_reach_the_pod() -> None:
 # The operator's rules, spelled out: a change to the chart's RBAC must change this table too, on purpose.
 # Why each verb is needed: templates/operator-rbac.yaml and docs/platform.md.
 NAMESPACED_RULES = {
-    ("grpo.dev", "grpojobs"): {"get", "list", "watch", "delete"},
+    ("grpo.dev", "grpojobs"): {"get", "list", "watch", "patch", "delete"},
     ("grpo.dev", "grpojobs/status"): {"get", "patch"},
     ("grpo.dev", "grpojobs/finalizers"): {"update"},
     ("", "pods"): {"list", "watch", "create", "patch", "delete"},

@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 from grpo_operator.reconcile import OWNED_STATUS_FIELDS, Observed, Plan, reconcile
 from grpo_operator.reconcile.conditions import format_time
+from grpo_operator.reconcile.record import ANNOTATION_RECORD, record_annotation
 from grpo_operator.settings import OperatorSettings
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -53,6 +54,9 @@ class World:
     now: datetime = T0
     nodes: frozenset[str] | None = frozenset({"gpu-node-0", "gpu-node-1", "cpu-node-0"})
     plans: list[Plan] = field(default_factory=list)
+    serial: int = 0
+    # Deleted pods stay, terminating, until gone() (a real kubelet's grace period); else they vanish at once.
+    graceful: bool = False
 
     def observed(self) -> Observed:
         return Observed(objects=tuple(copy.deepcopy(list(self.objects.values()))), nodes=self.nodes)
@@ -65,7 +69,12 @@ class World:
     def apply(
         self, plan: Plan, *, status: bool = True, deletes: bool = True, creates: int | None = None
     ) -> None:
-        """Carry out a plan like the handlers do (optionally only part of it, as a killed operator would)."""
+        """Carry out a plan like the handlers do (optionally only part of it, as a killed operator would),
+        with the API server's preconditions: a write naming a uid reaches only the object with that uid,
+        and a create never replaces an existing object."""
+        if status and plan.record is not None:
+            annotations = self.job["metadata"].setdefault("annotations", {})
+            annotations[ANNOTATION_RECORD] = record_annotation(plan.record)
         if status and plan.status:
             current = self.job.setdefault("status", {})
             for key, value in plan.status.items():
@@ -75,19 +84,42 @@ class World:
                     current[key] = copy.deepcopy(value)
         for child_patch in plan.patches:
             target = self.objects.get((child_patch.ref.kind, child_patch.ref.name))
-            if target is not None:
+            if target is not None and self._same(target, child_patch.ref.uid):
                 annotations = child_patch.patch.get("metadata", {}).get("annotations", {})
                 target["metadata"].setdefault("annotations", {}).update(annotations)
         if deletes:
             for ref in plan.deletes:
-                self.objects.pop((ref.kind, ref.name), None)
+                target = self.objects.get((ref.kind, ref.name))
+                if target is not None and self._same(target, ref.uid):
+                    if self.graceful and ref.kind == "Pod":
+                        # A kubelet keeps the pod for its termination grace period.
+                        target["metadata"]["deletionTimestamp"] = format_time(self.now)
+                    else:
+                        del self.objects[(ref.kind, ref.name)]
         for manifest in plan.applies:
-            self.objects[(manifest["kind"], manifest["metadata"]["name"])] = copy.deepcopy(manifest)
+            name = (manifest["kind"], manifest["metadata"]["name"])
+            uid = manifest["metadata"].get("uid")
+            existing = self.objects.get(name)
+            if uid is None and existing is None:
+                self.objects[name] = self._created(manifest)
+            elif uid is not None and existing is not None and self._same(existing, uid):
+                self.objects[name] = copy.deepcopy(manifest)
         for manifest in plan.creates[: creates if creates is not None else len(plan.creates)]:
-            obj = copy.deepcopy(manifest)
-            obj["metadata"]["creationTimestamp"] = format_time(self.now)
+            obj = self._created(manifest)
             obj["status"] = {"phase": "Pending"}
             self.objects.setdefault((obj["kind"], obj["metadata"]["name"]), obj)
+
+    def _created(self, manifest: dict[str, Any]) -> dict[str, Any]:
+        obj = copy.deepcopy(manifest)
+        self.serial += 1
+        obj["metadata"]["uid"] = f"uid-{obj['metadata']['name']}-{self.serial}"
+        obj["metadata"]["creationTimestamp"] = format_time(self.now)
+        return obj
+
+    @staticmethod
+    def _same(obj: dict[str, Any], uid: str | None) -> bool:
+        assert uid is not None, f"a write to {obj['metadata']['name']} without a uid precondition"
+        return bool(obj["metadata"].get("uid") == uid)
 
     def step(self) -> Plan:
         plan = self.reconcile()
@@ -138,6 +170,11 @@ class World:
                 "state": {"terminated": {"exitCode": exit_code, "reason": "Error", "message": message}},
             }
         ]
+
+    def gone(self) -> None:
+        """Every terminating pod finishes its grace period and leaves the API."""
+        for key in [k for k, o in self.objects.items() if o["metadata"].get("deletionTimestamp")]:
+            del self.objects[key]
 
     def status(self) -> dict[str, Any]:
         return dict(self.job.get("status") or {})
@@ -289,7 +326,8 @@ def test_a_restarted_kueue_gang_releases_its_old_pod_group() -> None:
     )
     for patch in patched.values():
         assert patch == {"metadata": {"annotations": {"kueue.x-k8s.io/retriable-in-group": "false"}}}
-    new_groups = {m["metadata"]["labels"]["kueue.x-k8s.io/pod-group-name"] for m in plan.creates}
+    world.apply(plan)
+    new_groups = {m["metadata"]["labels"]["kueue.x-k8s.io/pod-group-name"] for m in world.reconcile().creates}
     assert new_groups == {"math-a2"}
     no_queue = running_world()
     no_queue.terminate("math-trainer-1-0", 1)
@@ -327,6 +365,11 @@ def test_trainer_failure_restarts_the_whole_gang_from_the_checkpoint() -> None:
     assert plan.status["reason"] == "TrainerFailed"
     assert "CUDA error" in plan.status["message"] and "exit code 1" in plan.status["message"]
     assert {r.name for r in plan.deletes} == {"math-gen-1-0", "math-trainer-1-0", "math-trainer-1-1"}
+    assert not plan.creates, "the new gang starts only once the old one is gone"
+    assert events(plan) == [("Warning", "Restarting"), ("Normal", "ResumedFromCheckpoint")]
+    assert plan.restart is not None and plan.restart.counted
+    world.apply(plan)
+    plan = world.step()
     assert [m["metadata"]["name"] for m in plan.creates] == [
         "math-gen-2-0",
         "math-trainer-2-0",
@@ -334,9 +377,6 @@ def test_trainer_failure_restarts_the_whole_gang_from_the_checkpoint() -> None:
     ]
     for pod in plan.creates[1:]:
         assert env(pod)["RESUME_FROM"] == CKPT
-    assert events(plan) == [("Warning", "Restarting"), ("Normal", "ResumedFromCheckpoint")]
-    assert plan.restart is not None and plan.restart.counted
-    world.apply(plan)
     assert world.reconcile().is_empty()
     world.run_all()
     world.step()
@@ -350,8 +390,8 @@ def test_generation_failure_replaces_vllm_and_restarts_the_trainers() -> None:
     plan = world.step()
     assert world.status()["reason"] == "GenerationFailed"
     assert world.status()["restarts"] == 1
-    assert "math-gen-2-0" in [m["metadata"]["name"] for m in plan.creates]
     assert "math-trainer-1-0" in [r.name for r in plan.deletes]
+    assert "math-gen-2-0" in [m["metadata"]["name"] for m in world.step().creates]
 
 
 def test_exhausting_the_backoff_limit_fails_the_job_with_the_reason() -> None:
@@ -513,6 +553,7 @@ def test_killed_after_the_status_patch_of_a_restart_converges_without_a_second_r
     assert world.status()["restarts"] == 1
     assert world.status()["trainerAttempt"] == 2
     assert {r.name for r in plan.deletes} == {"math-gen-1-0", "math-trainer-1-0", "math-trainer-1-1"}
+    plan = world.step()
     assert sorted(m["metadata"]["name"] for m in plan.creates) == [
         "math-gen-2-0",
         "math-trainer-2-0",
@@ -538,6 +579,7 @@ def test_missing_pods_keep_the_resume_point_of_their_gang() -> None:
     world = running_world()
     world.job["status"]["checkpoint"] = {"lastStep": 50, "path": CKPT}
     world.terminate("math-trainer-1-0", 1)
+    world.step()  # the restart: the old gang is deleted
     restart = world.reconcile()
     world.apply(restart, creates=2)  # gen + rank 0 created with RESUME_FROM=CKPT, then killed
     world.job["status"]["checkpoint"] = {"lastStep": 60, "path": "/workspace/checkpoints/step-60"}
@@ -606,6 +648,7 @@ def test_progress_clock_starts_when_the_new_gang_runs() -> None:
     world.job["status"]["progress"] = {"step": 3, "lastStepTime": format_time(world.now)}
     world.terminate("math-trainer-1-0", 1)
     world.step()
+    world.step()
     world.advance(2000)  # the new gang took long to start; the old lastStepTime must not count
     world.run_all()
     world.step()
@@ -620,15 +663,19 @@ def test_progress_clock_starts_when_the_new_gang_runs() -> None:
 def test_suspend_stops_all_pods_and_resume_continues_from_the_checkpoint() -> None:
     world = running_world()
     world.job["status"]["checkpoint"] = {"lastStep": 50, "path": CKPT}
-    world.job["status"]["restarts"] = 1
+    world.terminate("math-trainer-1-1", 1)
+    world.settle()
+    world.run_all()
+    world.settle()
+    assert world.status()["restarts"] == 1
     world.job["spec"]["suspend"] = True
     plan = world.step()
     assert world.status()["phase"] == "Suspended"
     assert world.condition("Suspended")["status"] == "True"
     assert {r.name for r in plan.deletes} == {
-        "math-gen-1-0",
-        "math-trainer-1-0",
-        "math-trainer-1-1",
+        "math-gen-2-0",
+        "math-trainer-2-0",
+        "math-trainer-2-1",
         "math-metric",
     }
     assert ("Normal", "Suspended") in events(plan)
@@ -638,7 +685,7 @@ def test_suspend_stops_all_pods_and_resume_continues_from_the_checkpoint() -> No
     world.advance(3600)
     world.job["spec"]["suspend"] = False
     plan = world.step()
-    assert world.status()["trainerAttempt"] == 2
+    assert world.status()["trainerAttempt"] == 3
     assert world.status()["restarts"] == 1, "suspend/resume is not a failure"
     assert world.condition("Suspended")["status"] == "False"
     assert ("Normal", "Resumed") in events(plan) and ("Normal", "ResumedFromCheckpoint") in events(plan)
@@ -702,6 +749,7 @@ def test_a_spec_change_that_shapes_the_pods_replaces_the_gang_uncounted() -> Non
     assert world.status()["reason"] == "SpecChanged"
     assert world.status()["restarts"] == 0
     assert world.status()["observedGeneration"] == 2
+    plan = world.step()
     gen = next(m for m in plan.creates if m["metadata"]["name"] == "math-gen-2-0")
     assert gen["spec"]["containers"][0]["image"] == "vllm/vllm-openai:v0.30.0"
 
@@ -761,6 +809,7 @@ ACTIONS = st.sampled_from(
         "suspend",
         "resume",
         "win",
+        "forge",
     ]
 )
 
@@ -794,6 +843,15 @@ def _perturb(world: World, action: str, index: int) -> None:
         world.job["spec"]["suspend"] = action == "suspend"
     elif action == "win" and pod is not None:
         world.terminate(pod["metadata"]["name"], 0)
+    elif action == "forge":
+        # Tenant code with the trainer's ServiceAccount rewrites the operator's status fields.
+        forged = [
+            {"restarts": 0},
+            {"trainerAttempt": 99},
+            {"phase": "Succeeded"},
+            {"startTime": "2099-01-01T00:00:00Z"},
+        ]
+        world.job.setdefault("status", {}).update(forged[index % len(forged)])
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -801,14 +859,20 @@ def _perturb(world: World, action: str, index: int) -> None:
 def test_every_reconcile_is_idempotent_and_keeps_the_invariants(actions: list[tuple[str, int]]) -> None:
     world = World(job_object(runPolicy={"backoffLimit": 3, "progressDeadlineSeconds": 1800}))
     world.step()
+    counted = 0
     for action, index in actions:
         _perturb(world, action, index)
-        plan = world.step()
-        assert set((plan.status or {}).keys()) <= set(OWNED_STATUS_FIELDS)
+        for _ in range(2):
+            plan = world.step()
+            assert set((plan.status or {}).keys()) <= set(OWNED_STATUS_FIELDS)
+            counted += bool(plan.restart and plan.restart.counted)
+            # Fencing: a gang replaced by this plan is deleted now and its successor created by the next.
+            if not plan.deletes:
+                break
         again = world.reconcile()
         assert again.is_empty(), f"not idempotent after {action}: {again}"
         status = world.status()
-        assert status.get("restarts", 0) <= 3
+        assert status.get("restarts", 0) == counted <= 3, "no forged count resets the budget"
         attempt = status.get("trainerAttempt", 0)
         live = [p for p in world.pods() if not p["metadata"].get("deletionTimestamp")]
         # At most one gang exists: every pod still around belongs to the current attempt.
@@ -818,3 +882,310 @@ def test_every_reconcile_is_idempotent_and_keeps_the_invariants(actions: list[tu
         if status.get("phase") in ("Succeeded", "Failed"):
             assert all(p["status"]["phase"] in ("Succeeded", "Failed") for p in live)
             assert ("Deployment", "math-metric") not in world.objects
+
+
+# --- ownership: same name is not ownership ----------------------------------------------------------------------
+
+
+def foreign(kind: str, name: str, **metadata: Any) -> dict[str, Any]:
+    """An object someone else created in the job's namespace (no controller reference to the job)."""
+    meta = {"name": name, "namespace": "ns", "uid": f"theirs-{name}", **metadata}
+    return {"apiVersion": "v1", "kind": kind, "metadata": meta, "data": {"keep": "me"}}
+
+
+def applied_names(plan: Plan) -> set[tuple[str, str]]:
+    return {(m["kind"], m["metadata"]["name"]) for m in plan.applies}
+
+
+def test_pre_existing_same_name_objects_are_reported_and_never_taken_over() -> None:
+    world = World(job_object())
+    sa = foreign("ServiceAccount", "math-trainer")
+    cm = foreign("ConfigMap", "math-config", labels={"grpo.dev/job": "math"})
+    world.objects[("ServiceAccount", "math-trainer")] = copy.deepcopy(sa)
+    world.objects[("ConfigMap", "math-config")] = copy.deepcopy(cm)
+    plan = world.step()
+    assert ("ServiceAccount", "math-trainer") not in applied_names(plan)
+    assert ("ConfigMap", "math-config") not in applied_names(plan)
+    assert not plan.creates, "no pod may run under someone else's ServiceAccount or config"
+    assert not plan.deletes
+    assert world.objects[("ServiceAccount", "math-trainer")] == sa
+    assert world.objects[("ConfigMap", "math-config")] == cm
+    status = world.status()
+    assert status["phase"] == "Pending" and status["reason"] == "ChildConflict"
+    assert "trainerAttempt" not in status, "the job has not started"
+    conflict = world.condition("Conflict")
+    assert conflict["status"] == "True"
+    assert (
+        "ConfigMap math-config" in conflict["message"]
+        and "ServiceAccount math-trainer" in conflict["message"]
+    )
+    assert "Delete or rename" in conflict["message"]
+    assert events(plan) == [("Warning", "ChildConflict")]
+    assert world.reconcile().is_empty(), "the conflict is reported once, not every reconcile"
+
+    # The owner deletes their objects: the job starts as if it had just been created.
+    del world.objects[("ServiceAccount", "math-trainer")]
+    del world.objects[("ConfigMap", "math-config")]
+    plan = world.step()
+    assert {("ServiceAccount", "math-trainer"), ("ConfigMap", "math-config")} <= applied_names(plan)
+    assert [m["metadata"]["name"] for m in plan.creates] == [
+        "math-gen-1-0",
+        "math-trainer-1-0",
+        "math-trainer-1-1",
+    ]
+    assert ("Normal", "Created") in events(plan)
+    assert all(c["type"] != "Conflict" for c in world.status()["conditions"])
+
+
+@pytest.mark.parametrize(
+    ("kind", "name"),
+    [
+        ("PersistentVolumeClaim", "math-ckpt"),
+        ("Role", "math-trainer"),
+        ("RoleBinding", "math-trainer"),
+        ("Service", "math-trainer"),
+        ("Service", "math-gen"),
+        ("Service", "math-metric"),
+        ("NetworkPolicy", "math-gen"),
+        ("NetworkPolicy", "math-metric"),
+        ("Deployment", "math-metric"),
+        ("Pod", "math-trainer-1-1"),
+        ("Pod", "math-gen-1-0"),
+    ],
+)
+def test_every_child_kind_is_protected_from_takeover(kind: str, name: str) -> None:
+    world = World(job_object())
+    theirs = foreign(kind, name, labels={"grpo.dev/job": "math", "grpo.dev/role": "trainer"})
+    world.objects[(kind, name)] = copy.deepcopy(theirs)
+    plan = world.step()
+    assert (kind, name) not in applied_names(plan)
+    assert not plan.creates and not plan.deletes
+    assert world.objects[(kind, name)] == theirs
+    assert f"{kind} {name}" in world.condition("Conflict")["message"]
+
+
+def test_a_labelled_look_alike_is_never_deleted_when_the_job_finishes() -> None:
+    world = running_world()
+    del world.objects[("Deployment", "math-metric")]
+    theirs = foreign("Deployment", "math-metric", labels={"grpo.dev/job": "math", "grpo.dev/role": "metric"})
+    world.objects[("Deployment", "math-metric")] = copy.deepcopy(theirs)
+    world.terminate("math-trainer-1-0", 0)
+    plan = world.step()
+    assert world.status()["phase"] == "Succeeded"
+    assert "math-metric" not in {r.name for r in plan.deletes}
+    assert world.objects[("Deployment", "math-metric")] == theirs
+
+
+def test_a_conflict_arising_mid_run_blocks_new_pods_but_leaves_everything_else_alone() -> None:
+    world = running_world()
+    del world.objects[("ConfigMap", "math-config")]
+    world.objects[("ConfigMap", "math-config")] = foreign("ConfigMap", "math-config")
+    world.terminate("math-trainer-1-1", 1, "boom")
+    world.step()  # the failed gang is replaced: deleted now ...
+    plan = world.step()  # ... but the new one is not created while the config is someone else's
+    assert not plan.creates
+    assert world.status()["reason"] == "ChildConflict"
+    assert world.objects[("ConfigMap", "math-config")]["data"] == {"keep": "me"}
+
+
+def test_a_claim_retained_by_an_earlier_job_of_the_same_name_is_not_reused_silently() -> None:
+    first = running_world()
+    retained = copy.deepcopy(first.objects[("PersistentVolumeClaim", "math-ckpt")])
+    assert "ownerReferences" not in retained["metadata"], "retention Retain: the claim has no owner"
+    assert retained["metadata"]["annotations"]["grpo.dev/job-uid"] == "uid-1"
+
+    # The job is deleted and recreated under the same name: a new uid.
+    second = World(job_object())
+    second.job["metadata"]["uid"] = "uid-2"
+    second.objects[("PersistentVolumeClaim", "math-ckpt")] = copy.deepcopy(retained)
+    plan = second.step()
+    assert not plan.creates and ("PersistentVolumeClaim", "math-ckpt") not in applied_names(plan)
+    message = second.condition("Conflict")["message"]
+    assert "earlier GRPOJob named math (uid uid-1)" in message
+    assert "existingClaim: math-ckpt" in message and "kubectl delete pvc math-ckpt" in message
+    assert second.objects[("PersistentVolumeClaim", "math-ckpt")] == retained
+
+    # Opting in to the old checkpoints: the claim is mounted as an existing claim, never changed.
+    second.job["spec"]["checkpoints"]["volume"]["existingClaim"] = "math-ckpt"
+    plan = second.step()
+    trainers = [m for m in plan.creates if "trainer" in m["metadata"]["name"]]
+    assert trainers
+    assert ("PersistentVolumeClaim", "math-ckpt") not in applied_names(plan)
+    assert second.objects[("PersistentVolumeClaim", "math-ckpt")] == retained
+
+
+def test_the_jobs_own_retained_claim_is_recognised_by_its_marks() -> None:
+    world = running_world()
+    claim = world.objects[("PersistentVolumeClaim", "math-ckpt")]
+    assert world.reconcile().is_empty()
+    claim["metadata"]["annotations"]["grpo.dev/job-uid"] = "uid-someone-else"
+    assert world.reconcile().status is not None, "a claim marked for another job is not this job's"
+
+
+def test_every_write_to_an_existing_child_names_its_uid() -> None:
+    world = running_world()
+    world.job["spec"]["metric"]["image"] = "ghcr.io/grpo-operator/metric-math:0.2.0"
+    (update,) = world.reconcile().applies
+    assert update["metadata"]["uid"] == world.objects[("Deployment", "math-metric")]["metadata"]["uid"]
+    world.terminate("math-trainer-1-0", 1)
+    plan = world.reconcile()
+    assert {(r.name, r.uid) for r in plan.deletes} == {
+        (name, world.pod(name)["metadata"]["uid"])
+        for name in ("math-gen-1-0", "math-trainer-1-0", "math-trainer-1-1")
+    }
+
+
+def test_a_delete_never_removes_a_newer_object_of_the_same_name() -> None:
+    world = running_world()
+    world.terminate("math-trainer-1-0", 1)
+    plan = world.reconcile()
+    # Between the decision and the delete, someone replaced the vLLM pod with one of their own.
+    world.objects[("Pod", "math-gen-1-0")] = foreign("Pod", "math-gen-1-0")
+    world.apply(plan)
+    assert world.objects[("Pod", "math-gen-1-0")]["metadata"]["uid"] == "theirs-math-gen-1-0"
+
+
+# --- fencing: attempt n+1 starts only when attempt n is gone --------------------------------------------------------
+
+
+def test_a_new_attempt_waits_until_every_old_pod_is_gone() -> None:
+    world = running_world()
+    world.graceful = True
+    world.job["status"]["checkpoint"] = {"lastStep": 50, "path": CKPT}
+    world.terminate("math-trainer-1-1", 1, "boom")
+    restart = world.step()
+    assert restart.deletes and not restart.creates
+    plan = world.step()  # rank 0 may still be writing its SIGTERM checkpoint
+    assert not plan.creates
+    status = world.status()
+    assert status["phase"] == "Restarting"
+    assert status["reason"] == "TrainerFailed"
+    assert "math-gen-1-0, math-trainer-1-0, math-trainer-1-1" in status["message"]
+    assert "still terminating" in status["message"]
+    assert world.condition("Running")["reason"] == "Restarting"
+    assert world.reconcile().is_empty()
+    # One pod is gone, the others are not: still waiting, and only for those.
+    del world.objects[("Pod", "math-gen-1-0")]
+    world.step()
+    assert "math-gen-1-0" not in world.status()["message"]
+    assert world.status()["phase"] == "Restarting"
+    world.gone()
+    plan = world.step()
+    assert sorted(m["metadata"]["name"] for m in plan.creates) == [
+        "math-gen-2-0",
+        "math-trainer-2-0",
+        "math-trainer-2-1",
+    ]
+    assert all(env(p)["RESUME_FROM"] == CKPT for p in plan.creates if "trainer" in p["metadata"]["name"])
+
+
+def test_a_resume_waits_for_the_suspended_gang_to_be_gone() -> None:
+    world = running_world()
+    world.graceful = True
+    world.job["spec"]["suspend"] = True
+    world.step()
+    world.job["spec"]["suspend"] = False
+    plan = world.step()
+    assert not plan.creates
+    assert world.status()["phase"] == "Restarting" and "still terminating" in world.status()["message"]
+    world.gone()
+    assert len(world.step().creates) == 3
+
+
+# --- a hostile status: the operator decides from its own record ------------------------------------------------
+
+
+def forge(world: World, **fields: Any) -> None:
+    """What tenant code with the trainer's ServiceAccount can do: merge-patch the job's status."""
+    world.job.setdefault("status", {}).update(fields)
+
+
+def test_a_forged_restart_count_does_not_reset_the_backoff_budget() -> None:
+    world = running_world(runPolicy={"backoffLimit": 1})
+    world.terminate("math-trainer-1-0", 1, "loss is NaN")
+    world.settle()
+    world.run_all()
+    world.settle()
+    assert world.status()["restarts"] == 1
+    forge(world, restarts=0)
+    plan = world.reconcile()
+    assert plan.status == {"restarts": 1}, "the forged value is written back"
+    world.terminate("math-trainer-2-0", 1, "loss is NaN again")
+    world.step()
+    assert world.status()["phase"] == "Failed" and world.status()["reason"] == "BackoffLimitExceeded"
+
+
+def test_a_forged_attempt_or_phase_does_not_mislead_the_operator() -> None:
+    world = running_world()
+    forge(world, trainerAttempt=99, phase="Succeeded", completionTime=format_time(world.now))
+    plan = world.step()
+    assert not plan.deletes and not plan.creates, "the running gang of attempt 1 is left alone"
+    status = world.status()
+    assert status["trainerAttempt"] == 1 and status["phase"] == "Running"
+    assert "completionTime" not in status
+    forge(world, phase="Failed", conditions=[*status["conditions"], {"type": "Failed", "status": "True"}])
+    world.step()
+    assert world.status()["phase"] == "Running"
+    assert all(c["type"] != "Failed" for c in world.status()["conditions"])
+    assert world.reconcile().is_empty()
+
+
+def test_a_forged_start_time_does_not_escape_the_active_deadline() -> None:
+    world = running_world(runPolicy={"activeDeadlineSeconds": 3600})
+    forge(world, startTime="2099-01-01T00:00:00Z")
+    world.advance(3600)
+    world.step()
+    assert world.status()["phase"] == "Failed" and world.status()["reason"] == "DeadlineExceeded"
+
+
+@pytest.mark.parametrize(
+    "garbage",
+    [
+        {"restarts": "many", "trainerAttempt": -4, "phase": "Hacked", "startTime": "yesterday"},
+        {"conditions": "none", "progress": "lots", "checkpoint": ["x"], "rewards": 7},
+        {"conditions": [1, None, {"type": "Running"}, {"type": "Evil", "status": "True"}]},
+        {"checkpoint": {"lastStep": "fifty", "path": {"nested": True}}, "progress": {"lastStepTime": 12}},
+        {"restarts": True, "trainerAttempt": 1.5, "completionTime": None, "message": ["m"], "reason": 3},
+    ],
+)
+def test_garbage_in_the_status_never_crashes_a_reconcile(garbage: dict[str, Any]) -> None:
+    world = running_world()
+    before = {k: world.status()[k] for k in ("phase", "restarts", "trainerAttempt", "startTime")}
+    forge(world, **garbage)
+    world.step()
+    status = world.status()
+    assert {k: status[k] for k in before} == before
+    assert all(isinstance(c, dict) and c["type"] != "Evil" for c in status["conditions"])
+    assert world.reconcile().is_empty()
+    world.terminate("math-trainer-1-0", 1)
+    world.step()
+    assert world.status()["trainerAttempt"] == 2 and world.status()["restarts"] == 1
+
+
+def test_an_unreadable_record_falls_back_to_the_status() -> None:
+    world = running_world()
+    world.job["metadata"]["annotations"]["grpo.dev/status-record"] = "{not json"
+    plan = world.reconcile()
+    assert plan.record is not None and plan.record["trainerAttempt"] == 1
+    assert plan.status is None
+
+
+def test_a_predecessors_pod_still_terminating_only_delays_the_new_job() -> None:
+    world = World(job_object())
+    world.job["metadata"]["uid"] = "uid-2"
+    old = foreign("Pod", "math-trainer-1-0", deletionTimestamp=format_time(T0))
+    old["metadata"]["ownerReferences"] = [
+        {
+            "apiVersion": "grpo.dev/v1alpha1",
+            "kind": "GRPOJob",
+            "name": "math",
+            "uid": "uid-1",
+            "controller": True,
+        }
+    ]
+    world.objects[("Pod", "math-trainer-1-0")] = old
+    plan = world.step()
+    assert not plan.creates and not plan.deletes
+    assert "still being deleted" in world.condition("Conflict")["message"]
+    del world.objects[("Pod", "math-trainer-1-0")]
+    assert len(world.step().creates) == 3

@@ -108,3 +108,47 @@ def test_an_incomplete_or_forbidden_cache_is_never_used() -> None:
 
     c.nodes._replace([obj("gpu-node-0", 1, namespace="", kind="Node")])
     assert c.node_names() == frozenset({"gpu-node-0"})
+
+
+def test_child_caches_keep_only_the_operators_objects_and_no_configmap_data() -> None:
+    from grpo_operator.handlers.controller import METADATA_ONLY_KINDS, managed_child
+
+    touched: list[tuple[str, str]] = []
+    c = ClusterCache(
+        cast(Any, None),
+        [None],
+        job_resource=GRPOJOB,
+        child_resources=CHILD_RESOURCES,
+        node_resource=NODE,
+        job_label="grpo.dev/job",
+        on_job=lambda *_: None,
+        on_child=lambda ns, job: touched.append((ns, job)),
+        keep_child=managed_child,
+        metadata_only=METADATA_ONLY_KINDS,
+    )
+    configmaps = c.children["ConfigMap"][None]
+    assert configmaps.metadata_only and not c.children["Pod"][None].metadata_only
+    owner = {
+        "apiVersion": "grpo.dev/v1alpha1",
+        "kind": "GRPOJob",
+        "name": "j1",
+        "uid": "u1",
+        "controller": True,
+    }
+    ours = obj("j1-config", 1, job="j1", kind="ConfigMap")
+    ours["metadata"]["ownerReferences"] = [owner]
+    ours["data"] = {"trainer.json": "{}"}
+    tenants = [obj(f"bulk-{i}", 10 + i, job="j1", kind="ConfigMap") for i in range(50)]
+    for t in tenants:
+        t["data"] = {"blob": "x" * 1024}
+    configmaps._replace([ours, *tenants])
+    assert list(configmaps.objects) == [("ns", "j1-config")], "a tenant's labelled ConfigMaps are not cached"
+    assert "data" not in configmaps.objects[("ns", "j1-config")], "ConfigMap data is never kept"
+    assert [o["metadata"]["name"] for o in c.children_of("ns", "j1")[0]] == ["j1-config"]
+
+    configmaps._apply("ADDED", obj("bulk-new", 99, job="j1", kind="ConfigMap"))
+    assert ("ns", "bulk-new") not in configmaps.objects
+    touched.clear()
+    released = obj("j1-config", 100, job="j1", kind="ConfigMap")  # its owner reference was removed
+    configmaps._apply("MODIFIED", released)
+    assert configmaps.objects == {} and touched == [("ns", "j1")], "the job hears that its child is gone"

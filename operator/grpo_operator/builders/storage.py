@@ -5,6 +5,9 @@ from __future__ import annotations
 from grpo_operator.builders.common import Job, Manifest, created_pvc_name, metadata, with_hash
 
 ANNOTATION_RETENTION = "grpo.dev/retention"
+# The uid of the job the operator created the claim for. A retained claim has no owner reference, so this
+# mark (with the operator's labels) is how the operator tells its own claim from a same-name one.
+ANNOTATION_JOB_UID = "grpo.dev/job-uid"
 
 
 def checkpoint_pvc(job: Job) -> Manifest | None:
@@ -19,7 +22,7 @@ def checkpoint_pvc(job: Job) -> Manifest | None:
         return None
     retention = job.spec.checkpoints.retention
     meta = metadata(job, created_pvc_name(job), "trainer", owned=retention == "Delete")
-    meta["annotations"] = {ANNOTATION_RETENTION: retention}
+    meta["annotations"] = {ANNOTATION_RETENTION: retention, ANNOTATION_JOB_UID: job.uid}
     spec: dict[str, object] = {
         "accessModes": [volume.access_mode],
         "resources": {"requests": {"storage": volume.size}},

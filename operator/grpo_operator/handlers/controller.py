@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import copy
+import dataclasses
 import functools
 import json
 import logging
@@ -26,13 +27,15 @@ from typing import Any, TypeVar
 from kubernetes.client.exceptions import ApiException
 
 from grpo_operator.api.resource import API_VERSION, KIND
-from grpo_operator.builders.common import LABEL_JOB, LABEL_ROLE
+from grpo_operator.builders.common import LABEL_JOB, LABEL_MANAGED_BY, LABEL_ROLE, PART_OF
+from grpo_operator.builders.storage import ANNOTATION_JOB_UID
 from grpo_operator.handlers.informer import ClusterCache
 from grpo_operator.handlers.kube import CHILD_RESOURCES, GRPOJOB, NODE, Kube, Obj, resource_for
 from grpo_operator.handlers.workqueue import WorkQueue
 from grpo_operator.observability import HealthState, OperatorMetrics
 from grpo_operator.reconcile import Observed, Plan, Refusal, reconcile
 from grpo_operator.reconcile.conditions import format_time
+from grpo_operator.reconcile.record import ANNOTATION_RECORD, record_annotation
 from grpo_operator.settings import OperatorSettings
 
 log = logging.getLogger("grpo_operator")
@@ -41,6 +44,23 @@ T = TypeVar("T")
 
 NODE_CACHE_SECONDS = 15.0
 EVENT_DEDUPE_SECONDS = 600.0
+
+# What the child caches hold (memory under tenant load): the API server sends only objects carrying the
+# labels the operator sets, and of those the caches keep only what the operator manages (managed_child).
+CHILD_SELECTOR = f"{LABEL_MANAGED_BY}={PART_OF},{LABEL_JOB}"
+# Kinds reconcile reads only the metadata of (labels, annotations with the spec-hash, owner references,
+# uid): watched metadata-only, so no ConfigMap data or object body is ever sent or kept.
+METADATA_ONLY_KINDS = frozenset(
+    {
+        "ConfigMap",
+        "PersistentVolumeClaim",
+        "ServiceAccount",
+        "Role",
+        "RoleBinding",
+        "Service",
+        "NetworkPolicy",
+    }
+)
 
 
 class StatusConflict(Exception):
@@ -119,6 +139,9 @@ class Controller:
                 on_job=self.job_event,
                 on_child=self.child_event,
                 timeout=self.settings.api_timeout_seconds,
+                child_selector=CHILD_SELECTOR,
+                keep_child=managed_child,
+                metadata_only=METADATA_ONLY_KINDS,
             )
             self.cache.informers.start()
         self.health.workers_alive = self._workers_alive
@@ -230,7 +253,14 @@ class Controller:
                     return None
                 raise
             observed = await self.observe(job)
-            plan = reconcile(job, observed, self.clock(), self.settings)
+            now = self.clock()
+            plan = reconcile(job, observed, now, self.settings)
+            found = await self._probe(job, observed, plan)
+            if found:
+                # Objects already exist under names the plan would create: decide again knowing them
+                # (the job's own, not yet in the cache, or someone else's: a conflict).
+                observed = dataclasses.replace(observed, objects=observed.objects + tuple(found))
+                plan = reconcile(job, observed, now, self.settings)
             await self.execute(job, plan)
         except StatusConflict:
             self.metrics.reconciles.labels(result="conflict").inc()
@@ -293,6 +323,28 @@ class Controller:
             refusals=self._refusals.get((namespace, name), ()),
         )
 
+    async def _probe(self, job: Obj, observed: Observed, plan: Plan) -> list[Obj]:
+        """Reads every object the plan would create that the caches do not show. The caches hold only
+        what the operator manages, so a same-name object someone else made is found only this way."""
+        namespace = job["metadata"]["namespace"]
+        seen = {(o.get("kind"), (o.get("metadata") or {}).get("name")) for o in observed.objects}
+        wanted = [
+            (m["kind"], m["metadata"]["name"])
+            for m in (*plan.applies, *plan.creates)
+            if not (m.get("metadata") or {}).get("uid")
+        ]
+        wanted = [key for key in dict.fromkeys(wanted) if key not in seen]
+
+        async def read(kind: str, name: str) -> Obj | None:
+            # A list by name needs only the list permission the operator has for every child kind anyway.
+            items = await self._call(
+                self.kube.list, resource_for(kind), namespace, field_selector=f"metadata.name={name}"
+            )
+            return items[0] if items else None
+
+        found = await asyncio.gather(*(read(kind, name) for kind, name in wanted))
+        return [obj for obj in found if obj is not None]
+
     async def _node_names(self) -> frozenset[str] | None:
         watched = self.cache.node_names() if self.cache is not None else None
         if watched is not None:
@@ -322,8 +374,25 @@ class Controller:
         meta = job["metadata"]
         namespace, name = meta["namespace"], meta["name"]
         key = (namespace, name)
+        resource_version = meta.get("resourceVersion")
+        if plan.record is not None:
+            # The operator's record first, so an operator stopped between the two writes decides from it.
+            annotations = {ANNOTATION_RECORD: record_annotation(plan.record)}
+            body = {"metadata": {"resourceVersion": resource_version, "annotations": annotations}}
+            try:
+                written = await self._call(self.kube.merge_patch, GRPOJOB, namespace, name, body)
+            except ApiException as exc:
+                if exc.status == 409:
+                    raise StatusConflict from exc
+                self._api_error("patch", KIND, exc)
+                raise
+            resource_version = (written.get("metadata") or {}).get("resourceVersion")
+            if not plan.status:
+                self._written_rv[key] = str(resource_version)
+                if self.cache is not None:
+                    self.cache.put_job(written)
         if plan.status:
-            body = {"metadata": {"resourceVersion": meta.get("resourceVersion")}, "status": plan.status}
+            body = {"metadata": {"resourceVersion": resource_version}, "status": plan.status}
             try:
                 updated = await self._call(self.kube.merge_patch, GRPOJOB, namespace, name, body, "status")
             except ApiException as exc:
@@ -346,27 +415,39 @@ class Controller:
                 )
         for child_patch in plan.patches:
             ref = child_patch.ref
+            patch = child_patch.patch
+            if ref.uid:
+                # A uid in a patch is a precondition: it never reaches a newer object of the same name.
+                patch = {**patch, "metadata": {**patch.get("metadata", {}), "uid": ref.uid}}
             try:
-                await self._call(
-                    self.kube.merge_patch, resource_for(ref.kind), namespace, ref.name, child_patch.patch
-                )
+                await self._call(self.kube.merge_patch, resource_for(ref.kind), namespace, ref.name, patch)
             except ApiException as exc:
-                if exc.status != 404:
+                if exc.status not in (404, 409):
                     self._api_error("patch", ref.kind, exc)
                     raise
         for ref in plan.deletes:
             try:
-                await self._call(self.kube.delete, resource_for(ref.kind), namespace, ref.name)
+                await self._call(self.kube.delete, resource_for(ref.kind), namespace, ref.name, uid=ref.uid)
                 log.info("%s/%s: deleted %s %s", namespace, name, ref.kind, ref.name)
             except ApiException as exc:
-                if exc.status != 404:
+                if exc.status == 409:
+                    # The uid precondition failed: the name belongs to a newer object now, which stays.
+                    log.info(
+                        "%s/%s: %s %s was replaced meanwhile; not deleted",
+                        namespace,
+                        name,
+                        ref.kind,
+                        ref.name,
+                    )
+                elif exc.status != 404:
                     self._api_error("delete", ref.kind, exc)
                     raise
         # Children within one group do not depend on each other: send them concurrently. The groups
         # stay in order, so pods are created only after their ConfigMap, PVC and ServiceAccount exist.
         failures: list[Refusal] = []
-        await asyncio.gather(*(self._write(self.kube.apply, "apply", m, failures) for m in plan.applies))
-        await asyncio.gather(*(self._write(self.kube.create, "create", m, failures) for m in plan.creates))
+        taken: list[str] = []
+        await asyncio.gather(*(self._write(_apply_verb(m), m, failures, taken) for m in plan.applies))
+        await asyncio.gather(*(self._write("create", m, failures, taken) for m in plan.creates))
         for event in plan.events:
             await self.post_event(job, event.type, event.reason, event.message)
         self._refusals[key] = tuple(failures)
@@ -387,32 +468,49 @@ class Controller:
             ).inc()
         if plan.delete_job:
             try:
-                await self._call(self.kube.delete, GRPOJOB, namespace, name)
+                await self._call(self.kube.delete, GRPOJOB, namespace, name, uid=meta.get("uid"))
                 log.info("%s/%s: deleted after ttlSecondsAfterFinished", namespace, name)
             except ApiException as exc:
-                if exc.status != 404:
+                if exc.status == 409:
+                    log.info("%s/%s: a newer job of this name exists; not deleted", namespace, name)
+                elif exc.status != 404:
                     self._api_error("delete", KIND, exc)
                     raise
         if failures:
             self.queue.add_rate_limited(key, base=5.0)
+        elif taken:
+            # A create found the name taken, or an update found the object replaced, since the decision:
+            # decide again (the next reconcile reads the object and reports a conflict if it is not the job's).
+            log.info(
+                "%s/%s: %s changed while this reconcile ran; reconciling again",
+                namespace,
+                name,
+                ", ".join(taken),
+            )
+            self.queue.add_rate_limited(key)
 
-    async def _write(
-        self, fn: Callable[[Obj], Obj], verb: str, manifest: Obj, failures: list[Refusal]
-    ) -> None:
-        """Apply or create one child. 409 on create means it exists (made before an operator restart):
-        that is success. Other 4xx (quota, admission policies) are collected for a ChildRejected event."""
+    async def _write(self, verb: str, manifest: Obj, failures: list[Refusal], taken: list[str]) -> None:
+        """Create one child (POST: never touches an existing object) or update one the job owns (server-side
+        apply naming its uid). 409 means the name is taken or the object was replaced since the decision.
+        Other 4xx (quota, admission policies) are collected for a ChildRejected event."""
         meta = manifest["metadata"]
+        fn = {
+            "apply": self.kube.apply,
+            "create": self.kube.create,
+            "create-for-apply": self.kube.create_for_apply,
+        }[verb]
         try:
             await self._call(fn, manifest)
         except ApiException as exc:
-            if verb == "create" and exc.status == 409:
+            if exc.status == 409:
+                taken.append(f"{manifest['kind']} {meta['name']}")
                 return
-            self._api_error(verb, manifest["kind"], exc)
+            self._api_error("apply" if verb == "apply" else "create", manifest["kind"], exc)
             if exc.status is None or exc.status >= 500 or exc.status == 429:
                 raise
             failures.append(Refusal(manifest["kind"], meta["name"], exc.status, _api_message(exc)))
             return
-        if verb == "create":
+        if verb != "apply":
             job = (meta.get("labels") or {}).get(LABEL_JOB, "?")
             log.info("%s/%s: created %s %s", meta["namespace"], job, manifest["kind"], meta["name"])
 
@@ -455,6 +553,27 @@ class Controller:
         except ApiException as exc:  # events are best effort; the status says the same
             self._api_error("create", "Event", exc)
             log.warning("could not post event %s on %s/%s: HTTP %s", reason, namespace, name, exc.status)
+
+
+def managed_child(obj: Obj) -> bool:
+    """Whether a watched child is one the operator manages: controlled by a GRPOJob, a retained checkpoint
+    claim carrying the operator's job-uid mark, or a metric pod of a ReplicaSet (of a job's Deployment).
+    Anything else that merely carries the labels is not kept (reconcile finds same-name objects by name)."""
+    meta = obj.get("metadata") or {}
+    refs = [r for r in meta.get("ownerReferences") or [] if isinstance(r, dict) and r.get("controller")]
+    if any(r.get("kind") == KIND for r in refs):
+        return True
+    if obj.get("kind") == "PersistentVolumeClaim":
+        return not refs and ANNOTATION_JOB_UID in (meta.get("annotations") or {})
+    if obj.get("kind") == "Pod":
+        role = (meta.get("labels") or {}).get(LABEL_ROLE)
+        return role == "metric" and any(r.get("kind") == "ReplicaSet" for r in refs)
+    return False
+
+
+def _apply_verb(manifest: Obj) -> str:
+    """Update (server-side apply) a child the job owns, whose observed uid the manifest carries; create the rest."""
+    return "apply" if (manifest.get("metadata") or {}).get("uid") else "create-for-apply"
 
 
 def _pod_of_this_job(pod: Obj, uid: str | None, job_created: str | None) -> bool:

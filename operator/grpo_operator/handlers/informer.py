@@ -13,6 +13,10 @@ Semantics as in client-go's reflector, which the correctness of a level-based re
 * ``synced`` becomes true after the first complete list and stays true; until then (and for a kind
   the operator may not watch, HTTP 403) the controller falls back to listing that kind per reconcile,
   so a cache is only ever used when it is complete.
+* The child caches hold only what the operator manages (``keep``: controlled by a GRPOJob, or a
+  retained claim with the operator's marks), selected server-side by the labels only the operator sets;
+  kinds whose body reconcile never reads are watched metadata-only. A tenant's objects that merely carry
+  a job's label cost the operator no memory (bench/tenant_memory.py).
 * Our own writes are put into the cache at once (``put``) unless the cache already holds a newer
   resourceVersion, so a decision is never made from an object older than one the operator wrote.
 """
@@ -40,6 +44,14 @@ Key = tuple[str, str]
 T = TypeVar("T")
 # (event type, object) for every change: ADDED, MODIFIED, DELETED (also for objects a relist found gone).
 Listener = Callable[[str, Obj], None]
+# Which objects a cache keeps; the others are treated as absent (and never held in memory).
+Keep = Callable[[Obj], bool]
+
+# Metadata-only list and watch (what client-go's metadata informers ask for): the API server sends each
+# object's metadata and nothing else, so a ConfigMap's data never reaches the operator. The trailing plain
+# JSON lets a server without this support answer with whole objects, which ``slim`` then cuts down.
+METADATA_LIST = "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1, application/json"
+METADATA_WATCH = "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1, application/json"
 
 LIST_PAGE = 500
 WATCH_SECONDS = 300  # the server ends each watch after this long; the informer re-watches from where it was
@@ -85,6 +97,8 @@ class Informer:
         label_selector: str | None = None,
         listener: Listener | None = None,
         timeout: float = 30.0,
+        metadata_only: bool = False,
+        keep: Keep | None = None,
     ) -> None:
         self.api = api
         self.resource = resource
@@ -92,6 +106,8 @@ class Informer:
         self.label_selector = label_selector
         self.listener = listener
         self.timeout = timeout
+        self.metadata_only = metadata_only
+        self.keep = keep
         self.objects: dict[Key, Obj] = {}
         self.synced = False
         self.forbidden = False
@@ -118,10 +134,20 @@ class Informer:
         obj.setdefault("apiVersion", self.resource.api_version)
         self.objects[key] = slim(obj)
 
-    def _apply(self, type_: str, obj: Obj) -> None:
-        key = _key(obj)
+    def _trim(self, obj: Obj) -> Obj:
+        if self.metadata_only:
+            obj = {"metadata": obj.get("metadata") or {}}
         obj["kind"] = self.resource.kind
         obj["apiVersion"] = self.resource.api_version
+        return obj
+
+    def _apply(self, type_: str, obj: Obj) -> None:
+        key = _key(obj)
+        obj = self._trim(obj)
+        if type_ != "DELETED" and self.keep is not None and not self.keep(obj):
+            if key not in self.objects:
+                return  # not the operator's: never cached, nobody to tell
+            type_ = "DELETED"  # it stopped being the operator's (e.g. its owner reference was removed)
         if type_ == "DELETED":
             self.objects.pop(key, None)
         else:
@@ -133,6 +159,8 @@ class Informer:
             self.listener(type_, obj)
 
     def _replace(self, items: list[Obj]) -> None:
+        if self.keep is not None:
+            items = [o for o in items if self.keep(self._trim(o))]
         fresh = {_key(o): o for o in items}
         for key in [k for k in self.objects if k not in fresh]:
             self._apply("DELETED", self.objects[key])
@@ -184,7 +212,10 @@ class Informer:
 
     def _request(self, query: dict[str, Any], timeout: Any) -> Any:
         path = self.resource.path(self.namespace) + "?" + urlencode(query)
-        headers = {"Accept": "application/json"}
+        accept = "application/json"
+        if self.metadata_only:
+            accept = METADATA_WATCH if query.get("watch") else METADATA_LIST
+        headers = {"Accept": accept}
         _, url, header_params, _, _ = self.api.param_serialize(
             method="GET", resource_path=path, header_params=headers, auth_settings=["BearerToken"]
         )
@@ -320,7 +351,12 @@ class ClusterCache:
         on_job: Callable[[str, str, str, str | None], None],
         on_child: Callable[[str, str], None],
         timeout: float = 30.0,
+        child_selector: str | None = None,
+        keep_child: Keep | None = None,
+        metadata_only: frozenset[str] = frozenset(),
     ) -> None:
+        """``child_selector`` (default: ``job_label`` present) is the server-side filter of every child
+        watch, ``keep_child`` the client-side one; kinds in ``metadata_only`` are watched as metadata."""
         self.job_label = job_label
         self._on_job = on_job
         self._on_child = on_child
@@ -331,7 +367,14 @@ class ClusterCache:
         self.children: dict[str, dict[str | None, Informer]] = {
             r.kind: {
                 ns: Informer(
-                    api, r, ns, label_selector=job_label, listener=self._child_event, timeout=timeout
+                    api,
+                    r,
+                    ns,
+                    label_selector=child_selector or job_label,
+                    listener=self._child_event,
+                    timeout=timeout,
+                    metadata_only=r.kind in metadata_only,
+                    keep=keep_child,
                 )
                 for ns in namespaces
             }

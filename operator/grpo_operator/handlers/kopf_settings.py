@@ -25,8 +25,9 @@ level-based reconcile loop (handlers/controller.py). The settings follow from th
   the server before any proxy or load balancer silently drops them; kopf's inactivity timeout (with
   bookmarks) catches a stream that goes quiet anyway.
 * **Server-side label filter.** The informers watch only pods (and other children) that carry the
-  grpo.dev/job label, so a big cluster's other pods are never sent to the operator; the kopf setting
-  below says the same for any kopf watch of pods.
+  labels the operator sets (app.kubernetes.io/managed-by=grpo-operator and grpo.dev/job), so a big
+  cluster's other pods are never sent to the operator; the kopf setting below says the same for any
+  kopf watch of pods.
 """
 
 from __future__ import annotations

@@ -144,9 +144,17 @@ class Kube:
     def get(self, resource: Resource, namespace: str | None, name: str) -> Obj:
         return self.request("GET", resource.path(namespace, name))
 
-    def list(self, resource: Resource, namespace: str | None, label_selector: str | None = None) -> list[Obj]:
-        query = {"labelSelector": label_selector} if label_selector else None
-        items = self.request("GET", resource.path(namespace), query=query).get("items") or []
+    def list(
+        self,
+        resource: Resource,
+        namespace: str | None,
+        label_selector: str | None = None,
+        field_selector: str | None = None,
+    ) -> list[Obj]:
+        query = {"labelSelector": label_selector} if label_selector else {}
+        if field_selector:
+            query["fieldSelector"] = field_selector
+        items = self.request("GET", resource.path(namespace), query=query or None).get("items") or []
         # List items carry no kind; reconcile needs it to tell children apart.
         for item in items:
             item["kind"] = resource.kind
@@ -174,6 +182,31 @@ class Kube:
             content_type="application/apply-patch+yaml",
         )
 
+    def create_for_apply(self, manifest: Obj) -> Obj:
+        """Create a child that later server-side applies keep up to date.
+
+        A create (POST) fails with 409 when the name is taken, so it can never take over someone else's
+        object, which an apply would. But fields set by a create belong to the manager's ``Update`` entry,
+        and a later apply never removes those (only fields its ``Apply`` entry owned), so a field dropped
+        from the spec would stay. So the new object's ``Update`` entry is turned into the ``Apply`` entry
+        (what kubectl does when it moves an object to server-side apply), naming the uid just created.
+        """
+        created = self.create(manifest)
+        meta = created.get("metadata") or {}
+        entries = meta.get("managedFields") or []
+        upgraded = [
+            {**e, "operation": "Apply"}
+            if e.get("manager") == self.field_manager
+            and e.get("operation") == "Update"
+            and not e.get("subresource")
+            else e
+            for e in entries
+        ]
+        if upgraded == entries:
+            return created
+        patch = {"metadata": {"uid": meta.get("uid"), "managedFields": upgraded}}
+        return self.merge_patch(resource_for(manifest["kind"]), meta["namespace"], meta["name"], patch)
+
     def merge_patch(
         self, resource: Resource, namespace: str, name: str, patch: Obj, subresource: str | None = None
     ) -> Obj:
@@ -186,10 +219,17 @@ class Kube:
         )
 
     def delete(
-        self, resource: Resource, namespace: str, name: str, *, propagation: str = "Background"
+        self,
+        resource: Resource,
+        namespace: str,
+        name: str,
+        *,
+        uid: str | None = None,
+        propagation: str = "Background",
     ) -> None:
-        self.request(
-            "DELETE",
-            resource.path(namespace, name),
-            body={"kind": "DeleteOptions", "apiVersion": "v1", "propagationPolicy": propagation},
-        )
+        """Delete one object. With ``uid`` the API server deletes only the object with that uid and answers
+        409 Conflict when the name now belongs to another (newer) object."""
+        body: Obj = {"kind": "DeleteOptions", "apiVersion": "v1", "propagationPolicy": propagation}
+        if uid:
+            body["preconditions"] = {"uid": uid}
+        self.request("DELETE", resource.path(namespace, name), body=body)

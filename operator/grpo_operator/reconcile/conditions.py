@@ -12,7 +12,9 @@ SUSPENDED = "Suspended"
 SUCCEEDED = "Succeeded"
 FAILED = "Failed"
 METRIC_READY = "MetricReady"
-CONDITION_ORDER = (SCHEDULED, RUNNING, METRIC_READY, SUSPENDED, SUCCEEDED, FAILED)
+# An object with a child's name exists that the operator did not create for this job.
+CONFLICT = "Conflict"
+CONDITION_ORDER = (SCHEDULED, RUNNING, METRIC_READY, SUSPENDED, SUCCEEDED, FAILED, CONFLICT)
 
 MAX_MESSAGE = 4096
 

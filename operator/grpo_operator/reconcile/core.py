@@ -8,6 +8,7 @@ reaches the same decisions after a restart, so children are never duplicated (de
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
@@ -26,7 +27,9 @@ from grpo_operator.builders.common import (
     metric_name,
     trainer_pod_name,
 )
+from grpo_operator.reconcile import ownership
 from grpo_operator.reconcile.conditions import (
+    CONFLICT,
     FAILED,
     METRIC_READY,
     RUNNING,
@@ -40,6 +43,7 @@ from grpo_operator.reconcile.conditions import (
 )
 from grpo_operator.reconcile.observed import Observed, PodView, parse_time
 from grpo_operator.reconcile.plan import ChildPatch, ChildRef, Event, Plan, Restart
+from grpo_operator.reconcile.record import read_record, sanitize_status, trusted_fields
 from grpo_operator.settings import OperatorSettings
 
 # Status fields the operator owns. The trainer owns progress, rewards and checkpoint; the operator
@@ -93,10 +97,18 @@ class _Step:
     obj: dict[str, Any]
     now: datetime
     settings: OperatorSettings
+    # The status the operator decides from: the job's status with the fields the operator owns taken from
+    # its own record (the trainer can write the status; see record.py), and ``actual``, the status as stored.
     old: dict[str, Any]
     new: dict[str, Any]
+    actual: dict[str, Any] = field(default_factory=dict)
+    record: dict[str, Any] | None = None
     plan: Plan = field(default_factory=Plan)
     requeue: list[float] = field(default_factory=list)
+    # Objects found under a child's name that are not this job's (see ownership.py): never written.
+    foreign: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
+    # Set when such an object blocks the job: the message, and no pod is created while it is set.
+    conflict: str | None = None
 
     @property
     def generation(self) -> int | None:
@@ -118,13 +130,13 @@ class _Step:
 
     @property
     def checkpoint_path(self) -> str:
-        checkpoint = self.old.get("checkpoint") or {}
-        return str(checkpoint.get("path") or "")
+        path = (self.old.get("checkpoint") or {}).get("path")
+        return path if isinstance(path, str) else ""
 
     @property
     def checkpoint_step(self) -> int | None:
         step = (self.old.get("checkpoint") or {}).get("lastStep")
-        return int(step) if step is not None else None
+        return step if isinstance(step, int) and not isinstance(step, bool) else None
 
     def condition(self, type_: str, status: str, reason: str, message: str) -> None:
         conditions = list(self.new.get("conditions") or [])
@@ -149,8 +161,12 @@ class _Step:
         self.requeue.append(max(_MIN_REQUEUE, (moment - self.now).total_seconds()))
 
     def finish(self) -> Plan:
-        patch = {k: self.new.get(k) for k in OWNED_STATUS_FIELDS if self.new.get(k) != self.old.get(k)}
+        # Compared with the status as stored, so a field someone else overwrote is written back.
+        patch = {k: self.new.get(k) for k in OWNED_STATUS_FIELDS if self.new.get(k) != self.actual.get(k)}
         self.plan.status = patch or None
+        record = trusted_fields(self.new)
+        if record != self.record:
+            self.plan.record = record
         self.plan.phase = self.new.get("phase")
         if self.requeue:
             self.plan.requeue_after = min(self.requeue)
@@ -159,10 +175,25 @@ class _Step:
 
 def reconcile(job_obj: dict[str, Any], observed: Observed, now: datetime, settings: OperatorSettings) -> Plan:
     """Decide what to do for one GRPOJob. ``now`` is timezone-aware."""
-    old = dict(job_obj.get("status") or {})
+    raw = job_obj.get("status")
+    actual = dict(raw) if isinstance(raw, dict) else {}
+    record = read_record(job_obj)
+    old = sanitize_status(actual, record)
     new = {k: old[k] for k in OWNED_STATUS_FIELDS if k in old}
-    step = _Step(obj=job_obj, now=now, settings=settings, old=old, new=new)
-    if (job_obj.get("metadata") or {}).get("deletionTimestamp"):
+    meta = job_obj.get("metadata") or {}
+    parts = ownership.split(observed, meta)
+    observed = parts.mine
+    step = _Step(
+        obj=job_obj,
+        now=now,
+        settings=settings,
+        old=old,
+        new=new,
+        actual=actual,
+        record=record,
+        foreign=parts.foreign,
+    )
+    if meta.get("deletionTimestamp"):
         # No finalizer: the garbage collector removes the children through their owner references.
         step.plan.phase = step.old_phase
         return step.plan
@@ -180,6 +211,10 @@ def reconcile(job_obj: dict[str, Any], observed: Observed, now: datetime, settin
         _ttl(step, job)
         return step.finish()
 
+    desired = infrastructure(job, settings)
+    if not job.spec.suspend:
+        desired += metric_workload(job, settings)
+    _check_conflicts(step, job, desired)
     _ensure(step, observed, infrastructure(job, settings))
 
     if job.spec.suspend:
@@ -189,6 +224,10 @@ def reconcile(job_obj: dict[str, Any], observed: Observed, now: datetime, settin
     _ensure(step, observed, metric_workload(job, settings))
     _metric_readiness(step, job, observed)
 
+    if step.conflict is not None and step.attempt == 0:
+        # Nothing has started: no gang, no Created event, until the name is free.
+        step.set_phase("Pending", "ChildConflict", step.conflict)
+        return step.finish()
     if step.old_phase == "Suspended":
         _resume(step, job)
     elif step.attempt == 0:
@@ -369,15 +408,25 @@ def _run_gang(step: _Step, job: Job, observed: Observed) -> None:
         )
         return
 
-    # Steady state: create missing pods, remove pods of earlier attempts, report progress.
+    # Steady state: remove pods of earlier attempts, create missing pods, report progress.
+    _delete_pods(step, observed, lambda pod: pod.role in GANG_ROLES and pod.attempt != attempt)
     resume_from = next(
         (p.resume_from for p in current.values() if p.role == "trainer" and p.resume_from is not None),
         step.checkpoint_path,
     )
-    for manifest in gang_pods(job, step.settings, attempt, resume_from):
-        if manifest["metadata"]["name"] not in current:
-            step.plan.creates.append(manifest)
-    _delete_pods(step, observed, lambda pod: pod.role in GANG_ROLES and pod.attempt != attempt)
+    missing = [
+        m for m in gang_pods(job, step.settings, attempt, resume_from) if m["metadata"]["name"] not in current
+    ]
+    if missing:
+        earlier = sorted(p.name for p in gang if p.attempt != attempt)
+        if earlier:
+            _wait_for_earlier_pods(step, earlier)
+            return
+        if step.conflict is not None:
+            step.set_phase("Pending", "ChildConflict", step.conflict)
+            step.condition(RUNNING, "False", "Pending", step.conflict)
+            return
+        step.plan.creates.extend(missing)
 
     present = [current[name] for name in expected if name in current]
     all_running = len(present) == len(expected) and all(p.phase == "Running" for p in present)
@@ -402,6 +451,23 @@ def _run_gang(step: _Step, job: Job, observed: Observed) -> None:
         return
 
     _waiting(step, job, observed, expected, present)
+
+
+def _wait_for_earlier_pods(step: _Step, names: list[str]) -> None:
+    """Fencing, as a JobSet does: attempt n+1 starts only once attempt n's pods are gone from the API, not
+    merely terminating, because an old trainer rank 0 may still be writing its SIGTERM checkpoint (it has
+    terminationGracePeriodSeconds for that) to the volume the new gang resumes from."""
+    reason = (
+        str(step.new.get("reason") or "Restarting")
+        if step.new.get("phase") == "Restarting"
+        else "PodsTerminating"
+    )
+    message = (
+        f"gang attempt {step.attempt} starts once the pods of the previous attempt are gone (a trainer may "
+        f"still be writing its checkpoint); still terminating: {', '.join(names)}"
+    )
+    step.set_phase("Restarting", reason, message)
+    step.condition(RUNNING, "False", "Restarting", message)
 
 
 def _waiting(step: _Step, job: Job, observed: Observed, expected: list[str], present: list[PodView]) -> None:
@@ -436,7 +502,7 @@ def _waiting(step: _Step, job: Job, observed: Observed, expected: list[str], pre
         waiting = next(((p, p.waiting()) for p in present if p.waiting() is not None), None)
         if step.old_phase == "Restarting":
             phase, reason = "Restarting", str(step.new.get("reason") or "Restarting")
-            message = str(step.new.get("message") or "")
+            message = f"gang attempt {attempt} replaces the previous one ({reason}); its pods are starting"
         elif all_scheduled:
             phase, reason = "Initializing", "ContainersStarting"
             message = f"all pods of gang attempt {attempt} are scheduled; containers are starting"
@@ -630,8 +696,8 @@ def _restart(step: _Step, job: Job, observed: Observed, reason: str, message: st
     if step.checkpoint_path:
         step.event("Normal", "ResumedFromCheckpoint", f"gang attempt {attempt} {where}")
     step.plan.restart = Restart(reason=reason, counted=counted, message=message)
+    # The new gang is created by a later reconcile, once every pod of this one is gone (see _run_gang).
     _delete_pods(step, observed, lambda pod: pod.role in GANG_ROLES)
-    step.plan.creates.extend(gang_pods(job, step.settings, attempt, step.checkpoint_path))
 
 
 def _fail(step: _Step, job: Job, observed: Observed, reason: str, message: str) -> None:
@@ -762,13 +828,48 @@ def _metric_not_ready(job: Job, observed: Observed) -> tuple[str, str]:
 
 
 def _ensure(step: _Step, observed: Observed, desired: list[Manifest]) -> None:
-    """Apply every desired child that is missing or differs from the spec (by its spec-hash)."""
+    """Create every desired child that is missing; update the job's own children that differ from the spec
+    (by their spec-hash), naming the uid they were observed with. A same-name object that is not the
+    job's is left alone (_check_conflicts reports it)."""
     for manifest in desired:
-        current = observed.get(manifest["kind"], manifest["metadata"]["name"])
-        want = manifest["metadata"].get("annotations", {}).get(ANNOTATION_HASH)
-        have = ((current or {}).get("metadata") or {}).get("annotations", {}).get(ANNOTATION_HASH)
-        if current is None or have != want or _scaled_by_hand(manifest, current):
+        kind, name = manifest["kind"], manifest["metadata"]["name"]
+        if (kind, name) in step.foreign:
+            continue
+        current = observed.get(kind, name)
+        if current is None:
             step.plan.applies.append(manifest)
+            continue
+        want = manifest["metadata"].get("annotations", {}).get(ANNOTATION_HASH)
+        have = ((current.get("metadata") or {}).get("annotations") or {}).get(ANNOTATION_HASH)
+        if have != want or _scaled_by_hand(manifest, current):
+            update = copy.deepcopy(manifest)
+            update["metadata"]["uid"] = (current.get("metadata") or {}).get("uid")
+            step.plan.applies.append(update)
+
+
+def _check_conflicts(step: _Step, job: Job, desired: list[Manifest]) -> None:
+    """Objects under a child's name that the operator did not create for this job: reported on the job
+    (condition Conflict and an event) and never touched; while any exists, no pod is created."""
+    wanted = [(m["kind"], m["metadata"]["name"]) for m in desired]
+    if not job.spec.suspend:
+        attempt = max(step.attempt, 1)
+        wanted.append(("Pod", generation_pod_name(job, attempt, 0)))
+        wanted += [("Pod", trainer_pod_name(job, attempt, rank)) for rank in range(job.spec.trainer.nodes)]
+    found = [step.foreign[key] for key in wanted if key in step.foreign]
+    previous = get_condition(list(step.old.get("conditions") or []), CONFLICT)
+    if not found:
+        if previous is not None:
+            step.drop_condition(CONFLICT)
+        return
+    meta = step.obj.get("metadata") or {}
+    message = ownership.conflict_message(found[0], meta)
+    if len(found) > 1:
+        others = ", ".join(f"{o.get('kind')} {(o.get('metadata') or {}).get('name')}" for o in found[1:])
+        message += f". The same holds for {others}"
+    step.conflict = truncate(message)
+    step.condition(CONFLICT, "True", "ChildConflict", message)
+    if previous is None or previous.get("message") != step.conflict:
+        step.event("Warning", "ChildConflict", message)
 
 
 def _scaled_by_hand(manifest: Manifest, current: Manifest) -> bool:
@@ -782,7 +883,7 @@ def _scaled_by_hand(manifest: Manifest, current: Manifest) -> bool:
 def _delete_pods(step: _Step, observed: Observed, which: Any) -> None:
     for pod in observed.pods():
         if which(pod) and not pod.terminating:
-            ref = ChildRef("v1", "Pod", pod.name)
+            ref = ChildRef("v1", "Pod", pod.name, _uid(pod.obj))
             if ref in step.plan.deletes:
                 continue
             if KUEUE_GROUP_LABEL in pod.labels and pod.annotations.get(KUEUE_RETRIABLE_ANNOTATION) != "false":
@@ -794,7 +895,13 @@ def _delete_pods(step: _Step, observed: Observed, which: Any) -> None:
 
 
 def _delete_metric_workload(step: _Step, job: Job, observed: Observed) -> None:
-    if observed.get("Deployment", metric_name(job)) is not None:
-        ref = ChildRef("apps/v1", "Deployment", metric_name(job))
+    deployment = observed.get("Deployment", metric_name(job))
+    if deployment is not None:
+        ref = ChildRef("apps/v1", "Deployment", metric_name(job), _uid(deployment))
         if ref not in step.plan.deletes:
             step.plan.deletes.append(ref)
+
+
+def _uid(obj: dict[str, Any]) -> str | None:
+    value = (obj.get("metadata") or {}).get("uid")
+    return str(value) if value else None

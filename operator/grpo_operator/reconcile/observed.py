@@ -46,9 +46,10 @@ class Refusal:
 
 @dataclass(frozen=True)
 class Observed:
-    """Every child of one job (objects labelled grpo.dev/job=<job> in its namespace), each with its
-    ``kind`` set, plus the names of the cluster's nodes when known (None: not checked), and the
-    refusals the API server answered the operator's last writes of the job's children with (a refused
+    """What was found of one job's children: the objects labelled grpo.dev/job=<job> in its namespace and
+    any object found under a child's name, each with its ``kind`` set (reconcile tells the job's own from
+    the rest, see ownership.py), plus the names of the cluster's nodes when known (None: not checked), and
+    the refusals the API server answered the operator's last writes of the job's children with (a refused
     child does not exist, so only the answer tells why it is missing)."""
 
     objects: tuple[Obj, ...] = ()

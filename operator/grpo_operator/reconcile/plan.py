@@ -10,11 +10,16 @@ Manifest = dict[str, Any]
 
 @dataclass(frozen=True)
 class ChildRef:
-    """A child object by kind and name (the namespace is the job's)."""
+    """A child object by kind and name (the namespace is the job's) and the uid it had when observed.
+
+    Writes that name the uid carry it as a precondition, so they can only ever reach that very object,
+    never a newer one someone created under the same name since.
+    """
 
     api_version: str
     kind: str
     name: str
+    uid: str | None = None
 
 
 @dataclass(frozen=True)
@@ -47,15 +52,20 @@ class Restart:
 class Plan:
     """The actions of one reconcile, executed by the handlers in this order:
 
+    0. ``record``: the operator's own copy of the status fields it decides from, written to an annotation
+       on the job first (the trainer may write the status, never the job's metadata; see core.py).
     1. ``status``: merge patch of the operator's status fields, conditional on the resourceVersion the
        decision was made from. It goes first so that an operator killed half-way re-derives the same
        decision (a restart bumps trainerAttempt before any pod of the new attempt exists, so the old
        pods become stale and the new ones missing — never a second restart).
-    2. ``patches`` (metadata of pods about to be deleted), ``deletes``, then ``applies`` (server-side apply, create-or-update) then ``creates`` (pods;
-       409 AlreadyExists counts as done).
+    2. ``patches`` (metadata of pods about to be deleted), ``deletes`` (with a uid precondition), then
+       ``applies`` then ``creates`` (pods). An apply whose manifest has ``metadata.uid`` updates that object
+       (server-side apply; the uid makes it fail rather than reach a same-name newer object); without it,
+       it creates the object (POST: fails with 409 rather than take over an object someone else made).
     3. ``events``, ``delete_job`` (TTL after finishing).
     """
 
+    record: dict[str, Any] | None = None
     status: dict[str, Any] | None = None
     patches: list[ChildPatch] = field(default_factory=list)
     deletes: list[ChildRef] = field(default_factory=list)
@@ -72,7 +82,8 @@ class Plan:
     def is_empty(self) -> bool:
         """True when the plan changes nothing in the cluster."""
         return not (
-            self.status
+            self.record
+            or self.status
             or self.patches
             or self.deletes
             or self.applies

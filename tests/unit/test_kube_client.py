@@ -1,0 +1,73 @@
+"""What the operator's REST client sends: deletes carry a uid precondition (a real HTTP round trip to a
+local server that records each request, so the test sees the bytes the API server would)."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import pytest
+from grpo_operator.handlers.kube import GRPOJOB, POD, Kube
+from kubernetes import client
+
+Request = tuple[str, str, dict[str, Any]]
+
+
+@pytest.fixture
+def server() -> Iterator[tuple[Kube, list[Request]]]:
+    seen: list[Request] = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_DELETE(self) -> None:
+            length = int(self.headers.get("Content-Length") or 0)
+            seen.append(("DELETE", self.path, json.loads(self.rfile.read(length) or b"{}")))
+            body = b'{"kind":"Status","status":"Success"}'
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    configuration = client.Configuration()
+    configuration.host = f"http://127.0.0.1:{httpd.server_address[1]}"
+    try:
+        yield Kube(client.ApiClient(configuration), field_manager="test", timeout=5), seen
+    finally:
+        httpd.shutdown()
+
+
+def test_a_delete_names_the_uid_it_may_remove(server: tuple[Kube, list[Request]]) -> None:
+    kube, seen = server
+    kube.delete(POD, "ns", "math-trainer-1-0", uid="uid-pod")
+    kube.delete(GRPOJOB, "ns", "math", uid="uid-job")
+    assert seen == [
+        (
+            "DELETE",
+            "/api/v1/namespaces/ns/pods/math-trainer-1-0",
+            {
+                "kind": "DeleteOptions",
+                "apiVersion": "v1",
+                "propagationPolicy": "Background",
+                "preconditions": {"uid": "uid-pod"},
+            },
+        ),
+        (
+            "DELETE",
+            "/apis/grpo.dev/v1alpha1/namespaces/ns/grpojobs/math",
+            {
+                "kind": "DeleteOptions",
+                "apiVersion": "v1",
+                "propagationPolicy": "Background",
+                "preconditions": {"uid": "uid-job"},
+            },
+        ),
+    ]
