@@ -12,7 +12,7 @@ STAMP := $(VENV)/.installed-$(DEPS_KEY)
 # the repository; installs then run offline from them.
 WHEELHOUSE ?= $(HOME)/.cache/grpo-wheels/$(DEPS_KEY)
 
-.PHONY: venv prometheus testbins cluster-up cluster-down generate lint test test-unit demo clean
+.PHONY: venv prometheus testbins cluster-up cluster-down generate lint test test-unit demo images clean
 
 venv: $(STAMP)
 $(STAMP): pyproject.toml
@@ -57,6 +57,11 @@ test-unit: venv
 
 demo: venv testbins
 	PATH=$(CURDIR)/$(BIN):$$PATH bash hack/demo.sh
+
+# Every container image (operator, trainer, example metrics), tagged with the package's version, built with
+# docker, podman or buildah (CONTAINER_ENGINE picks one); fails saying what is missing where none is installed.
+images:
+	$(PY) hack/images.py build
 
 clean: cluster-down
 	rm -rf $(VENV)
