@@ -12,7 +12,7 @@ STAMP := $(VENV)/.installed-$(DEPS_KEY)
 # the repository; installs then run offline from them.
 WHEELHOUSE ?= $(HOME)/.cache/grpo-wheels/$(DEPS_KEY)
 
-.PHONY: venv prometheus testbins cluster-up cluster-down generate lint test test-unit demo images clean
+.PHONY: venv prometheus testbins cluster-up cluster-down generate lint test test-unit demo images smoke clean
 
 venv: $(STAMP)
 $(STAMP): pyproject.toml
@@ -62,6 +62,10 @@ demo: venv testbins
 # docker, podman or buildah (CONTAINER_ENGINE picks one); fails saying what is missing where none is installed.
 images:
 	$(PY) hack/images.py build
+
+# Validate a real GPU cluster (the current kubectl context): examples/smoke/smoke.sh, see docs/quickstart.md.
+smoke:
+	bash examples/smoke/smoke.sh
 
 clean: cluster-down
 	rm -rf $(VENV)

@@ -51,7 +51,7 @@ cleanup() {
 }
 
 say "1/7 job $NS/$JOB, suspended until its volume is seeded"
-kubectl create namespace "$NS" --dry-run=client -o yaml | kubectl apply -f - >/dev/null
+kubectl get namespace "$NS" >/dev/null 2>&1 || kubectl create namespace "$NS" >/dev/null
 "${K[@]}" delete grpojob "$JOB" --ignore-not-found --wait=true --timeout=300s >/dev/null
 "${K[@]}" delete job smoke-seed --ignore-not-found --wait=true --timeout=120s >/dev/null
 trap cleanup EXIT
