@@ -198,7 +198,7 @@ def test_declared_oversized_body_is_refused_before_reading(hostile: Hostile) -> 
     url = hostile.route("big", big)
     results, _ = score(url, max_response_bytes=1024 * 1024)
     assert_all_errors(results, "is over the 1048576-byte cap")
-    # The default cap (8 MiB) accepts the same answer: the cap is what refused it.
+    # The default cap (4 MiB) accepts the same answer: the cap is what refused it.
     results, _ = score(url)
     assert [r.reward for r in results] == [1.0, 1.0, 1.0]
 
@@ -339,7 +339,7 @@ def test_limits_come_from_the_spec_through_trainer_json() -> None:
         return metric
 
     defaults = rendered(_spec())
-    assert (defaults["maxResponseBytes"], defaults["maxAbsReward"]) == (8 * 1024 * 1024, 1e6)
+    assert (defaults["maxResponseBytes"], defaults["maxAbsReward"]) == (4 * 1024 * 1024, 1e6)
     custom = rendered(_spec(maxResponseBytes=65536, maxAbsReward=10))
     assert (custom["maxResponseBytes"], custom["maxAbsReward"]) == (65536, 10.0)
     for bad in ({"maxResponseBytes": 100}, {"maxAbsReward": 0}, {"maxAbsReward": 1e13}):

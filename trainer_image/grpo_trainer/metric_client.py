@@ -39,7 +39,7 @@ T = TypeVar("T")
 # Statuses worth retrying: the service is restarting, overloaded or behind a proxy that timed out.
 RETRYABLE_STATUS = frozenset({408, 429, 500, 502, 503, 504})
 
-DEFAULT_MAX_RESPONSE_BYTES = 8 * 1024 * 1024
+DEFAULT_MAX_RESPONSE_BYTES = 4 * 1024 * 1024
 DEFAULT_MAX_ABS_REWARD = 1e6
 # A conforming response nests three levels ({"results": [{...}]}); the slack is for structured "error"
 # values. The cap keeps str() of a result and the decoder itself far from Python's recursion limit.

@@ -321,7 +321,7 @@ class MetricSpec(ApiModel):
         "run fails.",
     )
     max_response_bytes: K8sInt = Field(
-        default=8 * 1024 * 1024,
+        default=4 * 1024 * 1024,
         ge=1024,
         le=256 * 1024 * 1024,
         description="Largest POST /score response body the trainer reads; a longer one makes its batch "

@@ -82,7 +82,7 @@ class MetricClientConfig(_ConfigModel):
     max_retries: int = Field(default=3, ge=0, description="Retries of a failed batch.")
     error_budget: float = Field(default=0.05, ge=0, le=1, description="Tolerated metric-error fraction.")
     max_response_bytes: int = Field(
-        default=8 * 1024 * 1024, ge=1024, description="Largest /score response body read."
+        default=4 * 1024 * 1024, ge=1024, description="Largest /score response body read."
     )
     max_abs_reward: float = Field(default=1e6, gt=0, description="Largest |reward| accepted.")
 
