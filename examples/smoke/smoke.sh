@@ -54,6 +54,8 @@ say "1/7 job $NS/$JOB, suspended until its volume is seeded"
 kubectl get namespace "$NS" >/dev/null 2>&1 || kubectl create namespace "$NS" >/dev/null
 "${K[@]}" delete grpojob "$JOB" --ignore-not-found --wait=true --timeout=300s >/dev/null
 "${K[@]}" delete job smoke-seed --ignore-not-found --wait=true --timeout=120s >/dev/null
+# A previous run's claim goes with its job (retention: Delete); let it go before the new job wants one.
+"${K[@]}" wait --for=delete pvc/smoke-ckpt --timeout=300s >/dev/null 2>&1 || true
 trap cleanup EXIT
 "${K[@]}" create configmap smoke-seed --from-file=seed.py="$HERE/seed.py" --dry-run=client -o yaml |
   "${K[@]}" apply -f - >/dev/null
