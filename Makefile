@@ -12,7 +12,7 @@ STAMP := $(VENV)/.installed-$(DEPS_KEY)
 # the repository; installs then run offline from them.
 WHEELHOUSE ?= $(HOME)/.cache/grpo-wheels/$(DEPS_KEY)
 
-.PHONY: venv prometheus testbins cluster-up cluster-down generate lint test test-unit demo gpu-check clean
+.PHONY: venv prometheus testbins cluster-up cluster-down generate lint test test-unit demo gpu-check images smoke clean
 
 venv: $(STAMP)
 $(STAMP): pyproject.toml
@@ -63,6 +63,15 @@ demo: venv testbins
 # the same code paths on the CPU with tiny sizes).
 gpu-check: venv
 	$(BIN)/python -m bench.gpu_check $(GPU_CHECK_ARGS)
+
+# Every container image (operator, trainer, example metrics), tagged with the package's version, built with
+# docker, podman or buildah (CONTAINER_ENGINE picks one); fails saying what is missing where none is installed.
+images:
+	$(PY) hack/images.py build
+
+# Validate a real GPU cluster (the current kubectl context): examples/smoke/smoke.sh, see docs/quickstart.md.
+smoke:
+	bash examples/smoke/smoke.sh
 
 clean: cluster-down
 	rm -rf $(VENV)

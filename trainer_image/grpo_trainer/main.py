@@ -95,6 +95,8 @@ def run(config: TrainerConfig, env: RuntimeEnv) -> int:
             concurrency=m.concurrency,
             timeout_seconds=m.timeout_seconds,
             max_retries=m.max_retries,
+            max_response_bytes=m.max_response_bytes,
+            max_abs_reward=m.max_abs_reward,
             breaker_cooldown_seconds=float(os.environ.get(BREAKER_COOLDOWN_ENV, "5")),
         )
     )

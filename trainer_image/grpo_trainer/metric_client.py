@@ -1,11 +1,18 @@
 """Client for the user's metric service: batched, concurrent, with timeouts, retries with backoff and a
 circuit breaker. It never raises for an unreachable service: every item it could not get scored comes back
 as an ``error`` result, which the trainer leaves out of the group statistics and counts against the error
-budget (see ErrorBudget)."""
+budget (see ErrorBudget).
+
+The service runs the tenant's code, so its answers are treated as hostile: redirects are not followed,
+bodies are read incrementally up to a cap, JSON nesting and numbers are bounded, rewards must be finite
+and within ``max_abs_reward``, and every request has a total timeout. Any answer that breaks one of these
+turns into error results for the items it should have scored, never into an exception, a hang or
+unbounded memory in the trainer."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import random
 import threading
@@ -32,6 +39,17 @@ T = TypeVar("T")
 # Statuses worth retrying: the service is restarting, overloaded or behind a proxy that timed out.
 RETRYABLE_STATUS = frozenset({408, 429, 500, 502, 503, 504})
 
+DEFAULT_MAX_RESPONSE_BYTES = 4 * 1024 * 1024
+DEFAULT_MAX_ABS_REWARD = 1e6
+# A conforming response nests three levels ({"results": [{...}]}); the slack is for structured "error"
+# values. The cap keeps str() of a result and the decoder itself far from Python's recursion limit.
+MAX_JSON_DEPTH = 32
+# How much of a non-200 body is read and quoted, and how long an item's error reason may be: reasons end
+# up in logs and samples.jsonl, so a service cannot fill those either.
+ERROR_BODY_BYTES = 300
+MAX_REASON_CHARS = 500
+_READ_CHUNK_BYTES = 64 * 1024
+
 
 class MetricServiceUnavailable(RuntimeError):
     """The metric service did not become healthy in time, or errors exceeded the configured budget."""
@@ -49,6 +67,8 @@ class ClientSettings:
     # Consecutive failed batches (after their retries) that open the breaker, and how long it stays open.
     breaker_threshold: int = 3
     breaker_cooldown_seconds: float = 5.0
+    max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES
+    max_abs_reward: float = DEFAULT_MAX_ABS_REWARD
 
 
 @dataclass
@@ -117,6 +137,8 @@ class MetricClient:
     def __init__(self, settings: ClientSettings):
         if settings.batch_size < 1 or settings.concurrency < 1:
             raise ValueError("metric batch_size and concurrency must be at least 1")
+        if settings.max_response_bytes < 1 or not settings.max_abs_reward > 0:
+            raise ValueError("metric max_response_bytes and max_abs_reward must be positive")
         self.settings = settings
         self.base_url = settings.url.rstrip("/")
         self.breaker = CircuitBreaker(settings.breaker_threshold, settings.breaker_cooldown_seconds)
@@ -133,9 +155,14 @@ class MetricClient:
 
     async def _ensure_session(self) -> aiohttp.ClientSession:
         if self._session is None:
+            # The total timeout bounds every attempt end to end, a body that trickles in included.
+            # Compressed bodies are refused (we ask for identity and do not inflate) so that the size cap
+            # applies to what is held in memory, not to what crossed the wire.
             self._session = aiohttp.ClientSession(
                 timeout=aiohttp.ClientTimeout(total=self.settings.timeout_seconds),
                 connector=aiohttp.TCPConnector(limit=self.settings.concurrency * 2),
+                auto_decompress=False,
+                headers={"Accept-Encoding": "identity"},
             )
             self._semaphore = asyncio.Semaphore(self.settings.concurrency)
         return self._session
@@ -148,7 +175,7 @@ class MetricClient:
     async def _healthy(self) -> bool:
         session = await self._ensure_session()
         try:
-            async with session.get(self.base_url + HEALTH_PATH) as response:
+            async with session.get(self.base_url + HEALTH_PATH, allow_redirects=False) as response:
                 return response.status == 200
         except (aiohttp.ClientError, TimeoutError):
             return False
@@ -200,11 +227,25 @@ class MetricClient:
             if failure is None:
                 self.breaker.record_success()
                 assert results is not None
-                return results
+                return [self._bounded(result) for result in results]
             self.breaker.record_failure()
             self.stats.failed_batches += 1
             log.warning("metric batch of %d items failed: %s", len(batch), failure)
-            return [ScoreResult.error(item.id, failure) for item in batch]
+            reason = _clip(failure)
+            return [ScoreResult.error(item.id, reason) for item in batch]
+
+    def _bounded(self, result: ScoreResult) -> ScoreResult:
+        """Apply the reward bound and clip reasons. A reward of 1e300 is finite, but a group of them
+        overflows the group statistics to inf/NaN and a huge one swamps every other group's advantage."""
+        limit = self.settings.max_abs_reward
+        if result.kind == "reward" and result.reward is not None and not abs(result.reward) <= limit:
+            return ScoreResult.error(
+                result.id,
+                f"reward {result.reward!r} is outside [-{limit:g}, {limit:g}] (spec.metric.maxAbsReward)",
+            )
+        if len(result.reason) > MAX_REASON_CHARS:
+            return ScoreResult(result.id, result.kind, result.reward, _clip(result.reason))
+        return result
 
     async def _post_with_retries(self, batch: list[ScoreItem]) -> tuple[list[ScoreResult] | None, str | None]:
         session = await self._ensure_session()
@@ -221,11 +262,20 @@ class MetricClient:
                 await asyncio.sleep(delay * (0.5 + self._rng.random() / 2))
             self.stats.requests += 1
             try:
-                async with session.post(self.base_url + SCORE_PATH, json=payload) as response:
+                async with session.post(
+                    self.base_url + SCORE_PATH, json=payload, allow_redirects=False
+                ) as response:
                     if response.status == 200:
-                        body = await response.json(content_type=None)
+                        body = decode_json(await read_capped(response, self.settings.max_response_bytes))
                         return parse_score_response(body, ids), None
-                    text = (await response.text())[:300]
+                    if 300 <= response.status < 400:
+                        # Following a redirect would send the batch wherever the tenant's service points.
+                        location = response.headers.get("Location", "")[:200]
+                        return None, (
+                            f"HTTP {response.status} redirect to {location!r} not followed: the metric "
+                            f"service must answer POST {SCORE_PATH} itself"
+                        )
+                    text = (await response.content.read(ERROR_BODY_BYTES)).decode("utf-8", "replace")
                     failure = f"HTTP {response.status} from {SCORE_PATH}: {text}"
                     if response.status not in RETRYABLE_STATUS:
                         # A 4xx other than 408/429 is a contract violation; retrying cannot fix it.
@@ -233,7 +283,7 @@ class MetricClient:
             except ProtocolError as exc:
                 return None, f"metric service broke the protocol: {exc}"
             except TimeoutError:
-                failure = f"timed out after {self.settings.timeout_seconds:.0f}s"
+                failure = f"timed out after {self.settings.timeout_seconds:g}s"
             except (aiohttp.ClientError, ValueError) as exc:
                 failure = f"{type(exc).__name__}: {exc}"
         return None, failure
@@ -248,6 +298,66 @@ class MetricClient:
             self._run(_close())
             self._loop.call_soon_threadsafe(self._loop.stop)
             self._thread.join(timeout=10)
+
+
+async def read_capped(response: aiohttp.ClientResponse, limit: int) -> bytes:
+    """The response body, read chunk by chunk; ProtocolError as soon as it exceeds ``limit`` bytes, so an
+    endless or huge body costs at most ``limit`` plus one chunk of memory."""
+    encoding = response.headers.get("Content-Encoding", "identity").strip().lower()
+    if encoding not in ("", "identity"):
+        raise ProtocolError(
+            f"response is compressed (Content-Encoding: {encoding[:40]}); answer uncompressed"
+        )
+    declared = response.content_length
+    if declared is not None and declared > limit:
+        raise ProtocolError(
+            f"response body of {declared} bytes is over the {limit}-byte cap (spec.metric.maxResponseBytes)"
+        )
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in response.content.iter_chunked(_READ_CHUNK_BYTES):
+        size += len(chunk)
+        if size > limit:
+            raise ProtocolError(
+                f"response body exceeds the {limit}-byte cap (spec.metric.maxResponseBytes); stopped reading"
+            )
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def decode_json(body: bytes) -> Any:
+    """Decode a response body, raising ProtocolError for anything the trainer must not hold: invalid JSON,
+    nesting deeper than MAX_JSON_DEPTH. Integer literals are decoded as floats so that one past float
+    range becomes inf (rejected as non-finite) instead of raising OverflowError on conversion."""
+    try:
+        value = json.loads(body, parse_int=float)
+    except RecursionError:
+        raise ProtocolError(f"response JSON nests deeper than {MAX_JSON_DEPTH} levels") from None
+    except ValueError as exc:  # JSONDecodeError and UnicodeDecodeError
+        raise ProtocolError(f"response is not JSON: {str(exc)[:200]}") from None
+    if _too_deep(value, MAX_JSON_DEPTH):
+        raise ProtocolError(f"response JSON nests deeper than {MAX_JSON_DEPTH} levels")
+    return value
+
+
+def _too_deep(value: Any, limit: int) -> bool:
+    """Whether containers nest more than ``limit`` levels (iterative: no recursion on hostile input)."""
+    if not isinstance(value, dict | list):
+        return False
+    stack: list[tuple[dict[str, Any] | list[Any], int]] = [(value, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if depth > limit:
+            return True
+        children = node.values() if isinstance(node, dict) else node
+        stack.extend((child, depth + 1) for child in children if isinstance(child, dict | list))
+    return False
+
+
+def _clip(reason: str) -> str:
+    if len(reason) <= MAX_REASON_CHARS:
+        return reason
+    return reason[:MAX_REASON_CHARS] + f"... ({len(reason) - MAX_REASON_CHARS} more characters)"
 
 
 class ErrorBudget:

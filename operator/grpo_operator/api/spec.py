@@ -422,6 +422,20 @@ class MetricSpec(ApiModel):
         description="Fraction of rollouts in a sliding window of steps that may be metric errors before the "
         "run fails.",
     )
+    max_response_bytes: K8sInt = Field(
+        default=4 * 1024 * 1024,
+        ge=1024,
+        le=256 * 1024 * 1024,
+        description="Largest POST /score response body the trainer reads; a longer one makes its batch "
+        "metric errors.",
+    )
+    max_abs_reward: float = Field(
+        default=1e6,
+        gt=0.0,
+        le=1e12,
+        description="Largest |reward| accepted; a reward beyond it (or not finite) is a metric error for its "
+        "item.",
+    )
     env: EnvList = Field(
         default_factory=list, json_schema_extra=_ENV_LIST_SCHEMA, description="Extra environment variables."
     )

@@ -89,6 +89,10 @@ class MetricClientConfig(_ConfigModel):
     timeout_seconds: float = Field(default=30.0, gt=0, description="Timeout of one request.")
     max_retries: int = Field(default=3, ge=0, description="Retries of a failed batch.")
     error_budget: float = Field(default=0.05, ge=0, le=1, description="Tolerated metric-error fraction.")
+    max_response_bytes: int = Field(
+        default=4 * 1024 * 1024, ge=1024, description="Largest /score response body read."
+    )
+    max_abs_reward: float = Field(default=1e6, gt=0, description="Largest |reward| accepted.")
 
 
 class CheckpointConfig(_ConfigModel):
@@ -169,6 +173,8 @@ class TrainerConfig(_ConfigModel):
                 timeout_seconds=float(spec.metric.timeout_seconds),
                 max_retries=spec.metric.max_retries,
                 error_budget=spec.metric.error_budget,
+                max_response_bytes=spec.metric.max_response_bytes,
+                max_abs_reward=spec.metric.max_abs_reward,
             ),
             checkpoints=CheckpointConfig(
                 dir=checkpoint_dir,
