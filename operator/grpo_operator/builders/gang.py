@@ -120,10 +120,16 @@ def _shm_volume(settings: OperatorSettings) -> dict[str, Any]:
 
 
 def _pod_metadata(
-    job: Job, name: str, role: Role, attempt: int, extra_labels: dict[str, str], annotations: dict[str, str]
+    job: Job,
+    settings: OperatorSettings,
+    name: str,
+    role: Role,
+    attempt: int,
+    extra_labels: dict[str, str],
+    annotations: dict[str, str],
 ) -> dict[str, Any]:
     meta = metadata(job, name, role)
-    kueue_lbls, kueue_annotations = kueue_labels(job, attempt)
+    kueue_lbls, kueue_annotations = kueue_labels(job, attempt, settings)
     meta["labels"].update({LABEL_ATTEMPT: str(attempt), **extra_labels, **kueue_lbls})
     meta["annotations"] = {
         ANNOTATION_HASH: gang_hash(job),
@@ -234,7 +240,7 @@ def generation_pod(job: Job, settings: OperatorSettings, attempt: int, index: in
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": _pod_metadata(
-            job, generation_pod_name(job, attempt, index), "generation", attempt, {}, {}
+            job, settings, generation_pod_name(job, attempt, index), "generation", attempt, {}, {}
         ),
         "spec": pod_spec,
     }
@@ -346,7 +352,8 @@ def trainer_pod(job: Job, settings: OperatorSettings, attempt: int, rank: int, r
         "restartPolicy": "Never",
         "enableServiceLinks": False,
         "serviceAccountName": trainer_rbac_name(job),
-        "automountServiceAccountToken": True,
+        # Only rank 0 patches the job's status; the other ranks get no API credential at all.
+        "automountServiceAccountToken": rank == 0,
         # Stable DNS through the headless Service: <pod>.<job>-trainer.<namespace>.svc (MASTER_ADDR).
         "hostname": name,
         "subdomain": trainer_service_name(job),
@@ -364,7 +371,9 @@ def trainer_pod(job: Job, settings: OperatorSettings, attempt: int, rank: int, r
     return {
         "apiVersion": "v1",
         "kind": "Pod",
-        "metadata": _pod_metadata(job, name, "trainer", attempt, {LABEL_NODE_RANK: str(rank)}, annotations),
+        "metadata": _pod_metadata(
+            job, settings, name, "trainer", attempt, {LABEL_NODE_RANK: str(rank)}, annotations
+        ),
         "spec": pod_spec,
     }
 
