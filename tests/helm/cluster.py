@@ -208,7 +208,8 @@ def release_objects(kube: Cluster, release: str) -> list[dict[str, Any]]:
     """Every object labelled as part of the Helm release, cluster-wide (what helm uninstall must remove)."""
     kinds = (
         "serviceaccounts,services,configmaps,deployments,roles,rolebindings,"
-        "clusterroles,clusterrolebindings,servicemonitors,podmonitors,prometheusrules"
+        "clusterroles,clusterrolebindings,servicemonitors,podmonitors,prometheusrules,"
+        "validatingadmissionpolicies,validatingadmissionpolicybindings"
     )
     out = kube.kubectl("get", kinds, "-A", "-l", f"app.kubernetes.io/instance={release}", "-o", "json").stdout
     return list(json.loads(out)["items"])

@@ -51,6 +51,8 @@ ALL_KINDS = [
     ("monitoring.coreos.com/v1", "PodMonitor"),
     ("monitoring.coreos.com/v1", "PrometheusRule"),
     ("grpo.dev/v1alpha1", "GRPOJob"),
+    ("admissionregistration.k8s.io/v1", "ValidatingAdmissionPolicy"),
+    ("admissionregistration.k8s.io/v1", "ValidatingAdmissionPolicyBinding"),
 ]
 
 
@@ -319,6 +321,17 @@ def test_operator_settings_and_flags_parse_as_the_operator_parses_them(values: P
     assert set(settings.namespaces) == set(merged["watch"]["namespaces"])
     assert list(settings.metrics_scrapers) == merged["metrics"]["podMonitors"]["generation"]["allowFrom"]
     assert list(settings.image_pull_secrets) == job_defaults["imagePullSecrets"]
+    limits = merged["platformPolicy"]
+    assert list(settings.allowed_image_prefixes) == limits["allowedImagePrefixes"]
+    assert list(settings.allowed_priority_classes) == limits["allowedPriorityClasses"]
+    assert list(settings.allowed_toleration_keys) == limits["allowedTolerationKeys"]
+    assert list(settings.allowed_node_selectors) == limits["allowedNodeSelectors"]
+    assert settings.allow_existing_claims == limits["existingClaims"]["allowed"]
+    assert list(settings.allowed_existing_claims) == limits["existingClaims"]["names"]
+    assert settings.max_gpus_per_job == limits["maxGpusPerJob"]
+    assert settings.default_queue_name == limits["queue"]["default"]
+    assert list(settings.allowed_queue_names) == limits["queue"]["allowed"]
+    assert settings.require_queue_name == limits["queue"]["required"]
 
 
 def deep_merge(base: Any, override: Any) -> Any:
@@ -633,3 +646,91 @@ def test_default_values_keep_the_schema_and_values_file_in_step() -> None:
             walk(value, props[key], f"{path}{key}.")
 
     walk(values, schema, "")
+
+
+# --- admission policies --------------------------------------------------------------------------------
+
+POLICIES = ("platform-limits", "trainer-status", "job-labels")
+OPERATOR_USER = f"system:serviceaccount:{NAMESPACE}:{FULLNAME}"
+
+
+def test_admission_policies_are_bound_cluster_wide_and_exempt_the_operator(defaults: list[Doc]) -> None:
+    for suffix in POLICIES:
+        policy = one(defaults, "ValidatingAdmissionPolicy", f"{FULLNAME}-{suffix}")
+        assert policy["spec"]["failurePolicy"] == "Fail"
+        binding = one(defaults, "ValidatingAdmissionPolicyBinding", f"{FULLNAME}-{suffix}")
+        assert binding["spec"]["policyName"] == f"{FULLNAME}-{suffix}"
+        assert binding["spec"]["validationActions"] == ["Deny"]
+        assert "matchResources" not in binding["spec"], "watch.allNamespaces: every namespace"
+    for suffix in ("trainer-status", "job-labels"):
+        policy = one(defaults, "ValidatingAdmissionPolicy", f"{FULLNAME}-{suffix}")
+        conditions = " ".join(c["expression"] for c in policy["spec"]["matchConditions"])
+        assert f"!= '{OPERATOR_USER}'" in conditions, conditions
+    labels = one(defaults, "ValidatingAdmissionPolicy", f"{FULLNAME}-job-labels")
+    controller = next(v for v in labels["spec"]["variables"] if v["name"] == "controller")
+    assert "'system:serviceaccount:kube-system:replicaset-controller'" in controller["expression"]
+
+
+def test_admission_policies_cover_only_the_watched_namespaces() -> None:
+    docs = render([VALUES_DIR / "namespaced.yaml"], api_versions=MONITORING_APIS)
+    for suffix in POLICIES:
+        binding = one(docs, "ValidatingAdmissionPolicyBinding", f"{FULLNAME}-{suffix}")
+        assert binding["spec"]["matchResources"]["namespaceSelector"]["matchExpressions"] == [
+            {"key": "kubernetes.io/metadata.name", "operator": "In", "values": ["team-a", "team-b"]}
+        ]
+
+
+def test_admission_policies_can_be_left_out() -> None:
+    docs = render(sets={"admissionPolicies.enabled": "false"})
+    assert not find(docs, "ValidatingAdmissionPolicy") and not find(docs, "ValidatingAdmissionPolicyBinding")
+
+
+def test_platform_limits_parameters_are_the_values_the_operator_gets() -> None:
+    docs = render([VALUES_DIR / "platform-policy.yaml"])
+    params = one(docs, "ConfigMap", f"{FULLNAME}-platform-limits", NAMESPACE)["data"]
+    binding = one(docs, "ValidatingAdmissionPolicyBinding", f"{FULLNAME}-platform-limits")
+    assert binding["spec"]["paramRef"] == {
+        "name": f"{FULLNAME}-platform-limits",
+        "namespace": NAMESPACE,
+        "parameterNotFoundAction": "Deny",
+    }
+    settings = OperatorSettings.from_env(env_of(one(docs, "Deployment")))
+    assert params == {
+        "allowedImagePrefixes": ",".join(settings.allowed_image_prefixes),
+        "allowedPriorityClasses": ",".join(settings.allowed_priority_classes),
+        "allowedTolerationKeys": ",".join(settings.allowed_toleration_keys),
+        "allowedNodeSelectors": ",".join(settings.allowed_node_selectors),
+        "existingClaimsAllowed": str(settings.allow_existing_claims).lower(),
+        "existingClaimNames": ",".join(settings.allowed_existing_claims),
+        "maxGpusPerJob": str(settings.max_gpus_per_job),
+        "defaultQueue": settings.default_queue_name,
+        "allowedQueues": ",".join(settings.allowed_queue_names),
+        "queueRequired": str(settings.require_queue_name).lower(),
+    }
+    assert settings.max_gpus_per_job == 16 and settings.default_queue_name == "team-default"
+
+
+def test_a_default_queue_outside_the_allowed_queues_fails_the_install() -> None:
+    proc = render_text(
+        sets={"platformPolicy.queue.default": "q", "platformPolicy.queue.allowed[0]": "r"}, check=False
+    )
+    assert proc.returncode != 0
+    assert 'platformPolicy.queue.default "q" is not in platformPolicy.queue.allowed' in proc.stderr
+
+
+def test_trainer_status_policy_freezes_exactly_the_operators_status_fields(defaults: list[Doc]) -> None:
+    """Each status field is either the operator's (frozen for the trainer) or the trainer's; a field
+    added to the status model without a decision here fails this test."""
+    from grpo_operator.api.status import GRPOJobStatus
+    from grpo_operator.reconcile import OWNED_STATUS_FIELDS
+    from grpo_trainer.status import OWNED_FIELDS as TRAINER_FIELDS
+
+    policy = one(defaults, "ValidatingAdmissionPolicy", f"{FULLNAME}-trainer-status")
+    frozen = {
+        message.split("not status.")[1].split(" ")[0]
+        for v in policy["spec"]["validations"]
+        if "not status." in (message := v.get("message", ""))
+    }
+    every_field = {f.alias or name for name, f in GRPOJobStatus.model_fields.items()}
+    assert frozen == set(OWNED_STATUS_FIELDS)
+    assert frozen | set(TRAINER_FIELDS) == every_field and not frozen & set(TRAINER_FIELDS)
