@@ -81,7 +81,20 @@ def installed(kube: Cluster) -> Iterator[Installed]:
     release_ns = kube.new_namespace("grpo-sys")
     release = f"p{uuid.uuid4().hex[:6]}"
     fullname = f"{release}-grpo-operator"
-    sets = {"watch.allNamespaces": "false", "watch.namespaces[0]": watched, **LIMITS}
+    # kwokctl runs kube-controller-manager with the admin credentials these tests use, not with one
+    # ServiceAccount per controller: that user is the ReplicaSet controller here.
+    admin = kube.kubectl("auth", "whoami", "-o", "jsonpath={.status.userInfo.username}").stdout.strip()
+    controllers = [
+        "system:serviceaccount:kube-system:replicaset-controller",
+        "system:serviceaccount:kube-system:deployment-controller",
+        admin,
+    ]
+    sets = {
+        "watch.allNamespaces": "false",
+        "watch.namespaces[0]": watched,
+        "admissionPolicies.workloadControllers": "{" + ",".join(controllers) + "}",
+        **LIMITS,
+    }
     args = template_args(sets=sets, release=release, namespace=release_ns)
     # The policies, and the user roles that let a tenant with `edit` create GRPOJobs at all.
     shown = ["--show-only", "templates/admission-policies.yaml", "--show-only", "templates/user-rbac.yaml"]
@@ -99,7 +112,9 @@ def installed(kube: Cluster) -> Iterator[Installed]:
     try:
         # The API server picks policies, bindings and their parameters up from its informers: wait
         # until a job over the GPU limit is refused.
-        too_big = grpojob("probe", trainer={"nodes": 1, "gpusPerNode": 8})
+        too_big = grpojob(
+            "probe", trainer={"nodes": 1, "gpusPerNode": 8, "image": "registry.example.com/grpo/trainer:0.1"}
+        )
         wait_for(
             "the platform-limits policy to be enforced",
             lambda: "maxGpusPerJob" in apply_job(kube, too_big, watched, dry_run=True).stderr,

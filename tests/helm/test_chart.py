@@ -149,6 +149,12 @@ def test_example_grpojobs_validate_against_the_crd_schema(schema_dir: Path) -> N
         ({"prometheusRule.alerts.GRPOJobNoLearningSignal.threshold": "1.5"}, "threshold"),
         ({"prometheusRule.alerts.GRPOJobFailed.severity": "page"}, "severity"),
         ({"metrics.serviceMonitor.interval": "30 seconds"}, "interval"),
+        ({"platformPolicy.maxGpusPerJob": "-1"}, "maxGpusPerJob"),
+        (
+            {"platformPolicy.allowedImagePrefix[0]": "x/"},
+            "additional properties 'allowedImagePrefix' not allowed",
+        ),
+        ({"platformPolicy.queue.allowed[0]": "Team_A"}, "allowed"),
         (
             {"metrics.podMonitors.generation.allowFrom[0].podSelectr.matchLabels.app": "prometheus"},
             "additional properties 'podSelectr' not allowed",
@@ -230,6 +236,12 @@ def test_monitoring_is_off_by_default(defaults: list[Doc]) -> None:
         "Deployment",
         "Service",
         "ServiceAccount",
+        "ValidatingAdmissionPolicy",
+        "ValidatingAdmissionPolicy",
+        "ValidatingAdmissionPolicy",
+        "ValidatingAdmissionPolicyBinding",
+        "ValidatingAdmissionPolicyBinding",
+        "ValidatingAdmissionPolicyBinding",
     ]
 
 
@@ -438,9 +450,15 @@ def test_no_secret_access_anywhere() -> None:
 
 def test_rbac_can_be_left_to_the_platform_team() -> None:
     docs = render([VALUES_DIR / "byo-rbac.yaml"])
-    assert {d["kind"] for d in docs} == {"Deployment", "Service"}
+    admission = {"ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"}
+    assert {d["kind"] for d in docs} - admission == {"Deployment", "Service"}
     pod = one(docs, "Deployment")["spec"]["template"]["spec"]
     assert pod["serviceAccountName"] == "platform-grpo-operator"
+    # The admission policies exempt the operator by the ServiceAccount it really runs as.
+    labels = one(docs, "ValidatingAdmissionPolicy", f"{FULLNAME}-job-labels")
+    assert labels["spec"]["matchConditions"][0]["expression"] == (
+        f"request.userInfo.username != 'system:serviceaccount:{NAMESPACE}:platform-grpo-operator'"
+    )
 
 
 def test_user_roles_aggregate_into_admin_edit_and_view(defaults: list[Doc]) -> None:
@@ -685,29 +703,26 @@ def test_admission_policies_can_be_left_out() -> None:
     assert not find(docs, "ValidatingAdmissionPolicy") and not find(docs, "ValidatingAdmissionPolicyBinding")
 
 
-def test_platform_limits_parameters_are_the_values_the_operator_gets() -> None:
+def test_platform_limits_in_the_policy_are_the_values_the_operator_gets() -> None:
     docs = render([VALUES_DIR / "platform-policy.yaml"])
-    params = one(docs, "ConfigMap", f"{FULLNAME}-platform-limits", NAMESPACE)["data"]
-    binding = one(docs, "ValidatingAdmissionPolicyBinding", f"{FULLNAME}-platform-limits")
-    assert binding["spec"]["paramRef"] == {
-        "name": f"{FULLNAME}-platform-limits",
-        "namespace": NAMESPACE,
-        "parameterNotFoundAction": "Deny",
-    }
+    policy = one(docs, "ValidatingAdmissionPolicy", f"{FULLNAME}-platform-limits")
+    # The limits are CEL literals: JSON lists, booleans and integers read as the same values in CEL.
+    literals = {v["name"]: json.loads(v["expression"]) for v in policy["spec"]["variables"][:9]}
     settings = OperatorSettings.from_env(env_of(one(docs, "Deployment")))
-    assert params == {
-        "allowedImagePrefixes": ",".join(settings.allowed_image_prefixes),
-        "allowedPriorityClasses": ",".join(settings.allowed_priority_classes),
-        "allowedTolerationKeys": ",".join(settings.allowed_toleration_keys),
-        "allowedNodeSelectors": ",".join(settings.allowed_node_selectors),
-        "existingClaimsAllowed": str(settings.allow_existing_claims).lower(),
-        "existingClaimNames": ",".join(settings.allowed_existing_claims),
-        "maxGpusPerJob": str(settings.max_gpus_per_job),
-        "defaultQueue": settings.default_queue_name,
-        "allowedQueues": ",".join(settings.allowed_queue_names),
-        "queueRequired": str(settings.require_queue_name).lower(),
+    assert literals == {
+        "prefixes": list(settings.allowed_image_prefixes),
+        "priorityClasses": list(settings.allowed_priority_classes),
+        "tolerationKeys": list(settings.allowed_toleration_keys),
+        "nodeSelectors": list(settings.allowed_node_selectors),
+        "claimsAllowed": settings.allow_existing_claims,
+        "claimNames": list(settings.allowed_existing_claims),
+        "queues": list(settings.allowed_queue_names),
+        # With a default queue, every job ends up in a queue: the policy need not ask for one.
+        "queueRequired": settings.require_queue_name and not settings.default_queue_name,
+        "maxGpus": settings.max_gpus_per_job,
     }
     assert settings.max_gpus_per_job == 16 and settings.default_queue_name == "team-default"
+    assert literals["prefixes"] == ["registry.example.com/", "ghcr.io/grpo-operator/", "vllm/vllm-openai:"]
 
 
 def test_a_default_queue_outside_the_allowed_queues_fails_the_install() -> None:
