@@ -394,6 +394,13 @@ def test_only_the_operator_and_its_metric_deployment_put_job_labels_on_pods(
         ), proc.stderr
         assert "dana may not set them" in proc.stderr, proc.stderr
 
+    # The tenant's own workloads without those labels are none of the policy's business.
+    for kind in ("Deployment", "Job", "CronJob"):
+        own = workload(kind, {"app": "tenant-tool"})
+        own["metadata"]["name"] = f"own-{kind.lower()}"
+        proc = create(kube, own, ns, TENANT)
+        assert proc.returncode == 0, proc.stderr
+
     # Relabelling: a tenant's own pod into the job, or the operator's vLLM pod into another role.
     assert create(kube, plain_pod("tools", {"app": "tools"}), ns, TENANT).returncode == 0
     proc = kube.kubectl("label", "pod", "tools", "-n", ns, "grpo.dev/job=labelled", *TENANT, check=False)
