@@ -31,7 +31,7 @@ from grpo_trainer.status import StatusReporter
 
 from tests.harness.kube import Cluster, kubectl_binary, wait_for
 from tests.helm.chart import REPO, run, template_args
-from tests.helm.cluster import service_account_kubeconfig
+from tests.helm.cluster import service_account_kubeconfig, workload_controllers
 
 pytestmark = pytest.mark.slow
 
@@ -81,18 +81,10 @@ def installed(kube: Cluster) -> Iterator[Installed]:
     release_ns = kube.new_namespace("grpo-sys")
     release = f"p{uuid.uuid4().hex[:6]}"
     fullname = f"{release}-grpo-operator"
-    # kwokctl runs kube-controller-manager with the admin credentials these tests use, not with one
-    # ServiceAccount per controller: that user is the ReplicaSet controller here.
-    admin = kube.kubectl("auth", "whoami", "-o", "jsonpath={.status.userInfo.username}").stdout.strip()
-    controllers = [
-        "system:serviceaccount:kube-system:replicaset-controller",
-        "system:serviceaccount:kube-system:deployment-controller",
-        admin,
-    ]
     sets = {
         "watch.allNamespaces": "false",
         "watch.namespaces[0]": watched,
-        "admissionPolicies.workloadControllers": "{" + ",".join(controllers) + "}",
+        "admissionPolicies.workloadControllers": workload_controllers(kube),
         **LIMITS,
     }
     args = template_args(sets=sets, release=release, namespace=release_ns)

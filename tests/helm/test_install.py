@@ -64,9 +64,6 @@ def test_install_run_a_job_as_the_chart_serviceaccount_and_uninstall(
     )
     apply_monitoring_crds(kube)
 
-    # The local cluster's kube-controller-manager runs with the admin credentials, not one ServiceAccount
-    # per controller: the metric Deployment's ReplicaSet and pods come from that user.
-    admin = kube.kubectl("auth", "whoami", "-o", "jsonpath={.status.userInfo.username}").stdout.strip()
     installed_release = helm_install(
         kube,
         release,
@@ -74,8 +71,6 @@ def test_install_run_a_job_as_the_chart_serviceaccount_and_uninstall(
         {
             "watch.allNamespaces": "false",
             "watch.namespaces[0]": job_namespace,
-            "admissionPolicies.workloadControllers": "{system:serviceaccount:kube-system:replicaset-controller,"
-            f"system:serviceaccount:kube-system:deployment-controller,{admin}}}",
             "metrics.serviceMonitor.enabled": "true",
             "metrics.podMonitors.trainer.enabled": "true",
             "metrics.podMonitors.generation.enabled": "true",
