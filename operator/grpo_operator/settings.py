@@ -131,6 +131,30 @@ class OperatorSettings:
     # job or other weights, 4): the job fails at once instead of spending its backoffLimit.
     permanent_exit_codes: tuple[int, ...] = (2, 4)
 
+    # --- platform limits (Helm: platformPolicy.*; the chart's admission policy enforces the same) ---------
+    # Every limit is off while empty (or 0). The operator checks a job against them before creating its
+    # children; a job that breaks one gets the PlatformPolicy condition and creates no pods.
+    # Image references (metric, trainer, vLLM) must start with one of these, e.g. "registry.example.com/".
+    allowed_image_prefixes: tuple[str, ...] = ()
+    # PriorityClasses a job may name in spec.scheduling.priorityClassName.
+    allowed_priority_classes: tuple[str, ...] = ()
+    # Taint keys a job's own tolerations may name (the operator's GPU tolerations are not the job's).
+    allowed_toleration_keys: tuple[str, ...] = ()
+    # Node labels a job may select on: "key" (any value) or "key=value". With a list set, a job's
+    # nodeAffinity is refused too: its terms could select on any label.
+    allowed_node_selectors: tuple[str, ...] = ()
+    # Whether a job may mount an existing claim (spec.checkpoints.volume.existingClaim), and which ones
+    # (empty: any claim of its namespace).
+    allow_existing_claims: bool = True
+    allowed_existing_claims: tuple[str, ...] = ()
+    # GPUs one job may request in all: generation.gpus + trainer.nodes * trainer.gpusPerNode (0: no limit).
+    max_gpus_per_job: int = 0
+    # Kueue LocalQueue of jobs that name none; the LocalQueues a job may name; whether every job must
+    # end up in a queue (without a default: must name one).
+    default_queue_name: str = ""
+    allowed_queue_names: tuple[str, ...] = ()
+    require_queue_name: bool = False
+
     # --- identity -----------------------------------------------------------------------------------------
     # Field manager and event source of everything the operator writes.
     component: str = "grpo-operator"
@@ -193,6 +217,19 @@ class OperatorSettings:
                     '{"kubernetes.io/metadata.name": "monitoring"}}, "podSelector": '
                     '{"matchLabels": {"app.kubernetes.io/name": "prometheus"}}}'
                 )
+
+        if self.max_gpus_per_job < 0:
+            raise SettingsError(
+                f"max_gpus_per_job must be >= 0 (0: no limit), got {self.max_gpus_per_job} "
+                f"({ENV_PREFIX}MAX_GPUS_PER_JOB, Helm: platformPolicy.maxGpusPerJob)"
+            )
+        default_queue, allowed_queues = self.default_queue_name, self.allowed_queue_names
+        if default_queue and allowed_queues and default_queue not in allowed_queues:
+            raise SettingsError(
+                f"default_queue_name {default_queue!r} is not in allowed_queue_names "
+                f"{list(allowed_queues)}: add it there (Helm: platformPolicy.queue.allowed) "
+                "or pick one of them as the default"
+            )
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str], **overrides: Any) -> OperatorSettings:

@@ -52,9 +52,24 @@ def helm_cmd(kube: Cluster, *args: str, timeout: float = 300) -> subprocess.Comp
     return run([helm(), "--kubeconfig", str(kube.kubeconfig), *args], timeout=timeout, check=False)
 
 
+CONTROLLER_SERVICE_ACCOUNTS = (
+    "system:serviceaccount:kube-system:replicaset-controller",
+    "system:serviceaccount:kube-system:deployment-controller",
+)
+
+
+def workload_controllers(kube: Cluster) -> str:
+    """The chart value admissionPolicies.workloadControllers for this cluster, as a --set list. The
+    local cluster's kube-controller-manager runs with the admin credentials the tests use (not one
+    ServiceAccount per controller), so the metric Deployment's ReplicaSet and pods come from that user."""
+    admin = kube.kubectl("auth", "whoami", "-o", "jsonpath={.status.userInfo.username}").stdout.strip()
+    return "{" + ",".join([*CONTROLLER_SERVICE_ACCOUNTS, admin]) + "}"
+
+
 def helm_install(
     kube: Cluster, release: str, namespace: str, sets: Mapping[str, str], values: Sequence[Path] = ()
 ) -> subprocess.CompletedProcess[str]:
+    sets = {"admissionPolicies.workloadControllers": workload_controllers(kube), **sets}
     args = ["install", release, str(CHART), "--namespace", namespace, "--wait", "--timeout", "3m"]
     for path in values:
         args += ["--values", str(path)]
@@ -208,7 +223,8 @@ def release_objects(kube: Cluster, release: str) -> list[dict[str, Any]]:
     """Every object labelled as part of the Helm release, cluster-wide (what helm uninstall must remove)."""
     kinds = (
         "serviceaccounts,services,configmaps,deployments,roles,rolebindings,"
-        "clusterroles,clusterrolebindings,servicemonitors,podmonitors,prometheusrules"
+        "clusterroles,clusterrolebindings,servicemonitors,podmonitors,prometheusrules,"
+        "validatingadmissionpolicies,validatingadmissionpolicybindings"
     )
     out = kube.kubectl("get", kinds, "-A", "-l", f"app.kubernetes.io/instance={release}", "-o", "json").stdout
     return list(json.loads(out)["items"])

@@ -51,6 +51,8 @@ ALL_KINDS = [
     ("monitoring.coreos.com/v1", "PodMonitor"),
     ("monitoring.coreos.com/v1", "PrometheusRule"),
     ("grpo.dev/v1alpha1", "GRPOJob"),
+    ("admissionregistration.k8s.io/v1", "ValidatingAdmissionPolicy"),
+    ("admissionregistration.k8s.io/v1", "ValidatingAdmissionPolicyBinding"),
 ]
 
 
@@ -147,6 +149,12 @@ def test_example_grpojobs_validate_against_the_crd_schema(schema_dir: Path) -> N
         ({"prometheusRule.alerts.GRPOJobNoLearningSignal.threshold": "1.5"}, "threshold"),
         ({"prometheusRule.alerts.GRPOJobFailed.severity": "page"}, "severity"),
         ({"metrics.serviceMonitor.interval": "30 seconds"}, "interval"),
+        ({"platformPolicy.maxGpusPerJob": "-1"}, "maxGpusPerJob"),
+        (
+            {"platformPolicy.allowedImagePrefix[0]": "x/"},
+            "additional properties 'allowedImagePrefix' not allowed",
+        ),
+        ({"platformPolicy.queue.allowed[0]": "Team_A"}, "allowed"),
         (
             {"metrics.podMonitors.generation.allowFrom[0].podSelectr.matchLabels.app": "prometheus"},
             "additional properties 'podSelectr' not allowed",
@@ -228,6 +236,12 @@ def test_monitoring_is_off_by_default(defaults: list[Doc]) -> None:
         "Deployment",
         "Service",
         "ServiceAccount",
+        "ValidatingAdmissionPolicy",
+        "ValidatingAdmissionPolicy",
+        "ValidatingAdmissionPolicy",
+        "ValidatingAdmissionPolicyBinding",
+        "ValidatingAdmissionPolicyBinding",
+        "ValidatingAdmissionPolicyBinding",
     ]
 
 
@@ -329,6 +343,17 @@ def test_operator_settings_and_flags_parse_as_the_operator_parses_them(values: P
     assert list(settings.metrics_scrapers) == merged["metrics"]["podMonitors"]["generation"]["allowFrom"]
     assert list(settings.trainer_metrics_scrapers) == merged["metrics"]["podMonitors"]["trainer"]["allowFrom"]
     assert list(settings.image_pull_secrets) == job_defaults["imagePullSecrets"]
+    limits = merged["platformPolicy"]
+    assert list(settings.allowed_image_prefixes) == limits["allowedImagePrefixes"]
+    assert list(settings.allowed_priority_classes) == limits["allowedPriorityClasses"]
+    assert list(settings.allowed_toleration_keys) == limits["allowedTolerationKeys"]
+    assert list(settings.allowed_node_selectors) == limits["allowedNodeSelectors"]
+    assert settings.allow_existing_claims == limits["existingClaims"]["allowed"]
+    assert list(settings.allowed_existing_claims) == limits["existingClaims"]["names"]
+    assert settings.max_gpus_per_job == limits["maxGpusPerJob"]
+    assert settings.default_queue_name == limits["queue"]["default"]
+    assert list(settings.allowed_queue_names) == limits["queue"]["allowed"]
+    assert settings.require_queue_name == limits["queue"]["required"]
 
 
 def deep_merge(base: Any, override: Any) -> Any:
@@ -435,9 +460,15 @@ def test_no_secret_access_anywhere() -> None:
 
 def test_rbac_can_be_left_to_the_platform_team() -> None:
     docs = render([VALUES_DIR / "byo-rbac.yaml"])
-    assert {d["kind"] for d in docs} == {"Deployment", "Service"}
+    admission = {"ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"}
+    assert {d["kind"] for d in docs} - admission == {"Deployment", "Service"}
     pod = one(docs, "Deployment")["spec"]["template"]["spec"]
     assert pod["serviceAccountName"] == "platform-grpo-operator"
+    # The admission policies exempt the operator by the ServiceAccount it really runs as.
+    labels = one(docs, "ValidatingAdmissionPolicy", f"{FULLNAME}-job-labels")
+    assert labels["spec"]["matchConditions"][0]["expression"] == (
+        f"request.userInfo.username != 'system:serviceaccount:{NAMESPACE}:platform-grpo-operator'"
+    )
 
 
 def test_user_roles_aggregate_into_admin_edit_and_view(defaults: list[Doc]) -> None:
@@ -643,3 +674,88 @@ def test_default_values_keep_the_schema_and_values_file_in_step() -> None:
             walk(value, props[key], f"{path}{key}.")
 
     walk(values, schema, "")
+
+
+# --- admission policies --------------------------------------------------------------------------------
+
+POLICIES = ("platform-limits", "trainer-status", "job-labels")
+OPERATOR_USER = f"system:serviceaccount:{NAMESPACE}:{FULLNAME}"
+
+
+def test_admission_policies_are_bound_cluster_wide_and_exempt_the_operator(defaults: list[Doc]) -> None:
+    for suffix in POLICIES:
+        policy = one(defaults, "ValidatingAdmissionPolicy", f"{FULLNAME}-{suffix}")
+        assert policy["spec"]["failurePolicy"] == "Fail"
+        binding = one(defaults, "ValidatingAdmissionPolicyBinding", f"{FULLNAME}-{suffix}")
+        assert binding["spec"]["policyName"] == f"{FULLNAME}-{suffix}"
+        assert binding["spec"]["validationActions"] == ["Deny"]
+        assert "matchResources" not in binding["spec"], "watch.allNamespaces: every namespace"
+    for suffix in ("trainer-status", "job-labels"):
+        policy = one(defaults, "ValidatingAdmissionPolicy", f"{FULLNAME}-{suffix}")
+        conditions = " ".join(c["expression"] for c in policy["spec"]["matchConditions"])
+        assert f"!= '{OPERATOR_USER}'" in conditions, conditions
+    labels = one(defaults, "ValidatingAdmissionPolicy", f"{FULLNAME}-job-labels")
+    controller = next(v for v in labels["spec"]["variables"] if v["name"] == "controller")
+    assert "'system:serviceaccount:kube-system:replicaset-controller'" in controller["expression"]
+
+
+def test_admission_policies_cover_only_the_watched_namespaces() -> None:
+    docs = render([VALUES_DIR / "namespaced.yaml"], api_versions=MONITORING_APIS)
+    for suffix in POLICIES:
+        binding = one(docs, "ValidatingAdmissionPolicyBinding", f"{FULLNAME}-{suffix}")
+        assert binding["spec"]["matchResources"]["namespaceSelector"]["matchExpressions"] == [
+            {"key": "kubernetes.io/metadata.name", "operator": "In", "values": ["team-a", "team-b"]}
+        ]
+
+
+def test_admission_policies_can_be_left_out() -> None:
+    docs = render(sets={"admissionPolicies.enabled": "false"})
+    assert not find(docs, "ValidatingAdmissionPolicy") and not find(docs, "ValidatingAdmissionPolicyBinding")
+
+
+def test_platform_limits_in_the_policy_are_the_values_the_operator_gets() -> None:
+    docs = render([VALUES_DIR / "platform-policy.yaml"])
+    policy = one(docs, "ValidatingAdmissionPolicy", f"{FULLNAME}-platform-limits")
+    # The limits are CEL literals: JSON lists, booleans and integers read as the same values in CEL.
+    literals = {v["name"]: json.loads(v["expression"]) for v in policy["spec"]["variables"][:9]}
+    settings = OperatorSettings.from_env(env_of(one(docs, "Deployment")))
+    assert literals == {
+        "prefixes": list(settings.allowed_image_prefixes),
+        "priorityClasses": list(settings.allowed_priority_classes),
+        "tolerationKeys": list(settings.allowed_toleration_keys),
+        "nodeSelectors": list(settings.allowed_node_selectors),
+        "claimsAllowed": settings.allow_existing_claims,
+        "claimNames": list(settings.allowed_existing_claims),
+        "queues": list(settings.allowed_queue_names),
+        # With a default queue, every job ends up in a queue: the policy need not ask for one.
+        "queueRequired": settings.require_queue_name and not settings.default_queue_name,
+        "maxGpus": settings.max_gpus_per_job,
+    }
+    assert settings.max_gpus_per_job == 16 and settings.default_queue_name == "team-default"
+    assert literals["prefixes"] == ["registry.example.com/", "ghcr.io/grpo-operator/", "vllm/vllm-openai:"]
+
+
+def test_a_default_queue_outside_the_allowed_queues_fails_the_install() -> None:
+    proc = render_text(
+        sets={"platformPolicy.queue.default": "q", "platformPolicy.queue.allowed[0]": "r"}, check=False
+    )
+    assert proc.returncode != 0
+    assert 'platformPolicy.queue.default "q" is not in platformPolicy.queue.allowed' in proc.stderr
+
+
+def test_trainer_status_policy_freezes_exactly_the_operators_status_fields(defaults: list[Doc]) -> None:
+    """Each status field is either the operator's (frozen for the trainer) or the trainer's; a field
+    added to the status model without a decision here fails this test."""
+    from grpo_operator.api.status import GRPOJobStatus
+    from grpo_operator.reconcile import OWNED_STATUS_FIELDS
+    from grpo_trainer.status import OWNED_FIELDS as TRAINER_FIELDS
+
+    policy = one(defaults, "ValidatingAdmissionPolicy", f"{FULLNAME}-trainer-status")
+    frozen = {
+        message.split("not status.")[1].split(" ")[0]
+        for v in policy["spec"]["validations"]
+        if "not status." in (message := v.get("message", ""))
+    }
+    every_field = {f.alias or name for name, f in GRPOJobStatus.model_fields.items()}
+    assert frozen == set(OWNED_STATUS_FIELDS)
+    assert frozen | set(TRAINER_FIELDS) == every_field and not frozen & set(TRAINER_FIELDS)

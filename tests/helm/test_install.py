@@ -103,6 +103,9 @@ def test_install_run_a_job_as_the_chart_serviceaccount_and_uninstall(
             ("PodMonitor", f"{fullname}-generation"),
             ("PrometheusRule", fullname),
             ("ConfigMap", f"{fullname}-dashboard"),
+            ("ValidatingAdmissionPolicy", f"{fullname}-platform-limits"),
+            ("ValidatingAdmissionPolicyBinding", f"{fullname}-trainer-status"),
+            ("ValidatingAdmissionPolicyBinding", f"{fullname}-job-labels"),
         ]:
             assert expected in installed, f"{expected} not installed; have {sorted(installed)}"
 

@@ -103,3 +103,29 @@ Usage: include "grpo-operator.requireApi" (list . "monitoring.coreos.com/v1/Serv
 {{- fail (printf "%s=true needs the %s API, which this cluster does not serve: install the Prometheus Operator's CRDs first (or, with `helm template`, pass --api-versions %s)" $value $api $api) }}
 {{- end }}
 {{- end }}
+
+{{/*
+The username the API server gives the operator's ServiceAccount.
+*/}}
+{{- define "grpo-operator.operatorUser" -}}
+{{- printf "system:serviceaccount:%s:%s" .Release.Namespace (include "grpo-operator.serviceAccountName" .) }}
+{{- end }}
+
+{{/*
+matchResources of the chart's admission policy bindings: the watched namespaces, or every namespace.
+Two releases with disjoint watch.namespaces therefore never judge each other's jobs or pods.
+*/}}
+{{- define "grpo-operator.admissionScope" -}}
+{{- $namespaces := include "grpo-operator.watchNamespaces" . | fromJsonArray }}
+{{- if $namespaces }}
+matchResources:
+  namespaceSelector:
+    matchExpressions:
+      - key: kubernetes.io/metadata.name
+        operator: In
+        values:
+          {{- range $namespaces }}
+          - {{ . | quote }}
+          {{- end }}
+{{- end }}
+{{- end }}

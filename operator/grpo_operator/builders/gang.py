@@ -162,7 +162,7 @@ def _pod_metadata(
     annotations: dict[str, str],
 ) -> dict[str, Any]:
     meta = metadata(job, name, role)
-    kueue_lbls, kueue_annotations = kueue_labels(job, attempt)
+    kueue_lbls, kueue_annotations = kueue_labels(job, attempt, settings)
     meta["labels"].update({LABEL_ATTEMPT: str(attempt), **extra_labels, **kueue_lbls})
     meta["annotations"] = {
         ANNOTATION_HASH: gang_hash(job),
@@ -412,7 +412,8 @@ def trainer_pod(job: Job, settings: OperatorSettings, attempt: int, rank: int, r
         "restartPolicy": "Never",
         "enableServiceLinks": False,
         "serviceAccountName": trainer_rbac_name(job),
-        "automountServiceAccountToken": True,
+        # Only rank 0 patches the job's status; the other ranks get no API credential at all.
+        "automountServiceAccountToken": rank == 0,
         # Stable DNS through the headless Service: <pod>.<job>-trainer.<namespace>.svc (MASTER_ADDR).
         "hostname": name,
         "subdomain": trainer_service_name(job),

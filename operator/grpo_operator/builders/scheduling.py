@@ -65,9 +65,13 @@ def kueue_group_name(job: Job, attempt: int) -> str:
     return f"{job.name}-a{attempt}"
 
 
-def kueue_labels(job: Job, attempt: int) -> tuple[dict[str, str], dict[str, str]]:
-    """(labels, annotations) that make Kueue admit the gang's pods as one pod group, or empty."""
-    queue = job.spec.scheduling.queue_name
+def kueue_labels(job: Job, attempt: int, settings: OperatorSettings) -> tuple[dict[str, str], dict[str, str]]:
+    """(labels, annotations) that make Kueue admit the gang's pods as one pod group, or empty.
+
+    A job that names no queue goes to the platform's default queue, when there is one (read here, not
+    folded into the spec, so a changed default reaches the next gang without restarting running ones).
+    """
+    queue = job.spec.scheduling.queue_name or settings.default_queue_name
     if not queue:
         return {}, {}
     return (

@@ -43,6 +43,7 @@ from grpo_operator.reconcile.conditions import (
 )
 from grpo_operator.reconcile.observed import Observed, PodView, parse_time
 from grpo_operator.reconcile.plan import ChildPatch, ChildRef, Event, Plan, Restart
+from grpo_operator.reconcile.policy import PLATFORM_POLICY, platform_violations
 from grpo_operator.reconcile.record import read_record, sanitize_status, trusted_fields
 from grpo_operator.settings import OperatorSettings
 
@@ -211,6 +212,12 @@ def reconcile(job_obj: dict[str, Any], observed: Observed, now: datetime, settin
         _ttl(step, job)
         return step.finish()
 
+    violations = platform_violations(job.spec, settings)
+    if violations:
+        return _policy_violation(step, violations)
+    if get_condition(list(step.old.get("conditions") or []), PLATFORM_POLICY) is not None:
+        step.condition(PLATFORM_POLICY, "True", "Allowed", "the job meets the platform's limits")
+
     desired = infrastructure(job, settings)
     if not job.spec.suspend:
         desired += metric_workload(job, settings)
@@ -255,6 +262,22 @@ def _invalid_spec(step: _Step, exc: ValidationError) -> Plan:
         step.new["completionTime"] = format_time(step.now)
         step.condition(FAILED, "True", "InvalidSpec", message)
         step.event("Warning", "InvalidSpec", message)
+    return step.finish()
+
+
+def _policy_violation(step: _Step, violations: list[str]) -> Plan:
+    """Nothing is created or replaced for a job that breaks a platform limit; pods already running
+    (a limit tightened after the job started) are left alone. Fixing the spec lets it carry on."""
+    message = (
+        "the job breaks the platform's limits, so the operator creates no pods for it until the spec "
+        "is changed to fit: " + "; ".join(violations)
+    )
+    previous = get_condition(list(step.old.get("conditions") or []), PLATFORM_POLICY)
+    step.condition(PLATFORM_POLICY, "False", "PolicyViolation", message)
+    if previous is None or previous.get("status") != "False" or previous.get("message") != truncate(message):
+        step.event("Warning", "PolicyViolation", message)
+    if step.attempt == 0:
+        step.set_phase("Pending", "PolicyViolation", message)
     return step.finish()
 
 

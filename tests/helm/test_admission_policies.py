@@ -1,0 +1,415 @@
+"""The chart's ValidatingAdmissionPolicies against the real API server: platform limits refuse a GRPOJob
+at `kubectl apply` with the message the operator would give, the trainer's identity may report only
+progress, rewards and checkpoint of its own job, and only the operator (and, for the metric Deployment
+it owns, the ReplicaSet controller) can put a job's labels on a pod.
+
+The policies are rendered from the chart (`helm template --show-only`) and applied as they would be
+installed, bound to one test namespace (watch.namespaces), so they judge nothing else on the cluster.
+Users are impersonated: a tenant with the built-in `edit` role, and the operator's ServiceAccount name.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import subprocess
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from grpo_operator.builders import job_from_object
+from grpo_operator.builders.gang import generation_pod
+from grpo_operator.builders.metric import metric_deployment
+from grpo_operator.builders.rbac import trainer_role, trainer_role_binding, trainer_service_account
+from grpo_operator.reconcile.policy import platform_violations
+from grpo_operator.settings import OperatorSettings
+from grpo_trainer.status import StatusReporter
+
+from tests.harness.kube import Cluster, kubectl_binary, wait_for
+from tests.helm.chart import REPO, run, template_args
+from tests.helm.cluster import service_account_kubeconfig, workload_controllers
+
+pytestmark = pytest.mark.slow
+
+TENANT = ["--as=dana", "--as-group=tenant-devs"]
+LIMITS = {
+    "platformPolicy.allowedImagePrefixes": "{registry.example.com/}",
+    "platformPolicy.allowedPriorityClasses": "{grpo-batch}",
+    "platformPolicy.allowedTolerationKeys": "{team}",
+    "platformPolicy.allowedNodeSelectors": "{pool}",
+    "platformPolicy.existingClaims.names": "{shared-models}",
+    "platformPolicy.maxGpusPerJob": "8",
+    "platformPolicy.queue.allowed": "{team-a,team-b}",
+    "platformPolicy.queue.required": "true",
+}
+
+
+@dataclass
+class Installed:
+    namespace: str  # the watched namespace the policies are bound to
+    release_namespace: str
+    fullname: str
+    operator_user: str
+    settings: OperatorSettings  # what the operator reads from the same values
+
+
+def grpojob(name: str, **spec: Any) -> dict[str, Any]:
+    """A job within every limit of LIMITS; keyword arguments replace whole spec sections."""
+    job = yaml.safe_load((REPO / "examples" / "minimal.yaml").read_text())
+    job["metadata"] = {"name": name}
+    job["spec"]["metric"] = {"image": "registry.example.com/team/metric:1.0"}
+    job["spec"]["trainer"] = {
+        **job["spec"].get("trainer", {}),
+        "image": "registry.example.com/grpo/trainer:0.1",
+    }
+    job["spec"]["generation"] = {
+        **job["spec"].get("generation", {}),
+        "image": "registry.example.com/vllm/vllm-openai:v0.31.0",
+    }
+    job["spec"]["scheduling"] = {"queueName": "team-a"}
+    job["spec"].update(copy.deepcopy(spec))
+    return dict(job)
+
+
+@pytest.fixture(scope="module")
+def installed(kube: Cluster) -> Iterator[Installed]:
+    watched = kube.new_namespace("adm")
+    release_ns = kube.new_namespace("grpo-sys")
+    release = f"p{uuid.uuid4().hex[:6]}"
+    fullname = f"{release}-grpo-operator"
+    sets = {
+        "watch.allNamespaces": "false",
+        "watch.namespaces[0]": watched,
+        "admissionPolicies.workloadControllers": workload_controllers(kube),
+        **LIMITS,
+    }
+    args = template_args(sets=sets, release=release, namespace=release_ns)
+    # The policies, and the user roles that let a tenant with `edit` create GRPOJobs at all.
+    shown = ["--show-only", "templates/admission-policies.yaml", "--show-only", "templates/user-rbac.yaml"]
+    rendered = run([*args, *shown]).stdout
+    deployment = run([*args, "--show-only", "templates/deployment.yaml"]).stdout
+    env = {
+        e["name"]: e["value"]
+        for e in yaml.safe_load(deployment)["spec"]["template"]["spec"]["containers"][0]["env"]
+        if "value" in e
+    }
+    kube.kubectl("apply", "-f", "-", input=rendered)
+    kube.kubectl(
+        "create", "rolebinding", "tenant-edit", "-n", watched, "--clusterrole=edit", "--group=tenant-devs"
+    )
+    try:
+        # The API server picks policies, bindings and their parameters up from its informers: wait
+        # until a job over the GPU limit is refused.
+        too_big = grpojob(
+            "probe", trainer={"nodes": 1, "gpusPerNode": 8, "image": "registry.example.com/grpo/trainer:0.1"}
+        )
+        wait_for(
+            "the platform-limits policy to be enforced",
+            lambda: "maxGpusPerJob" in apply_job(kube, too_big, watched, dry_run=True).stderr,
+            timeout=60,
+        )
+        yield Installed(
+            namespace=watched,
+            release_namespace=release_ns,
+            fullname=fullname,
+            operator_user=f"system:serviceaccount:{release_ns}:{fullname}",
+            settings=OperatorSettings.from_env(env),
+        )
+    finally:
+        kube.kubectl("delete", "-f", "-", "--wait=false", input=rendered, check=False)
+        kube.kubectl("delete", "namespace", watched, release_ns, "--wait=false", check=False)
+
+
+def apply_job(
+    kube: Cluster, job: dict[str, Any], namespace: str, *, dry_run: bool = False, as_: list[str] = TENANT
+) -> subprocess.CompletedProcess[str]:
+    args = ["apply", "-n", namespace, "-f", "-", *as_] + (["--dry-run=server"] if dry_run else [])
+    return kube.kubectl(*args, input=yaml.safe_dump(job), check=False)
+
+
+# --- platform limits --------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("spec", "shown"),
+    [
+        ({"metric": {"image": "docker.io/evil/metric:1"}}, None),
+        ({"trainer": {"nodes": 1, "gpusPerNode": 8, "image": "registry.example.com/grpo/trainer:0.1"}}, None),
+        ({"scheduling": {"queueName": "team-a", "priorityClassName": "system-cluster-critical"}}, None),
+        ({"checkpoints": {"volume": {"existingClaim": "someone-elses-data"}}}, None),
+        ({"scheduling": {"queueName": "not-ours"}}, None),
+        ({"scheduling": {}}, None),
+        (
+            {"scheduling": {"queueName": "team-a", "tolerations": [{"operator": "Exists"}]}},
+            "spec.scheduling.tolerations tolerate taint keys that are not allowed: '' (platform limit "
+            "platformPolicy.allowedTolerationKeys: team",
+        ),
+        (
+            {"scheduling": {"queueName": "team-a", "nodeSelector": {"kubernetes.io/hostname": "infra-1"}}},
+            "spec.scheduling.nodeSelector selects on labels that are not allowed: kubernetes.io/hostname=infra-1 "
+            "(platform limit platformPolicy.allowedNodeSelectors: pool)",
+        ),
+    ],
+    ids=[
+        "image",
+        "gpus",
+        "priority-class",
+        "claim",
+        "queue",
+        "queue-required",
+        "tolerations",
+        "node-selector",
+    ],
+)
+def test_kubectl_apply_of_a_job_over_a_limit_is_refused_with_the_limit(
+    kube: Cluster, installed: Installed, spec: dict[str, Any], shown: str | None
+) -> None:
+    job = grpojob(f"over-{uuid.uuid4().hex[:6]}", **spec)
+    proc = apply_job(kube, job, installed.namespace)
+    assert proc.returncode != 0, f"the API server accepted a job over a platform limit: {spec}"
+    assert f"ValidatingAdmissionPolicy '{installed.fullname}-platform-limits'" in proc.stderr, proc.stderr
+    if shown is None:
+        # The same words the operator puts in the job's condition, from the same Helm values.
+        local = {
+            **job,
+            "metadata": {"name": job["metadata"]["name"], "namespace": installed.namespace, "uid": "u"},
+        }
+        (operator_message,) = platform_violations(job_from_object(local).spec, installed.settings)
+        shown = operator_message
+    assert shown in proc.stderr, f"expected {shown!r} in:\n{proc.stderr}"
+    assert kube.get("grpojob", job["metadata"]["name"], installed.namespace) is None
+
+
+def test_a_job_within_the_limits_is_accepted_and_unwatched_namespaces_are_not_judged(
+    kube: Cluster, installed: Installed, namespace: str
+) -> None:
+    proc = apply_job(kube, grpojob("fits"), installed.namespace, dry_run=True)
+    assert proc.returncode == 0, proc.stderr
+    # Another release's namespace: this release's limits do not apply there.
+    elsewhere = apply_job(kube, grpojob("other", metric={"image": "docker.io/x/y:1"}), namespace, as_=[])
+    assert elsewhere.returncode == 0, elsewhere.stderr
+
+
+# --- the trainer's identity -------------------------------------------------------------------------------
+
+
+def kubectl_as(kubeconfig: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [kubectl_binary(), "--kubeconfig", str(kubeconfig), *args], capture_output=True, text=True, timeout=60
+    )
+
+
+def status_patch(
+    kubeconfig: Path, name: str, namespace: str, status: dict[str, Any]
+) -> subprocess.CompletedProcess[str]:
+    patch = json.dumps({"status": status})
+    return kubectl_as(
+        kubeconfig,
+        "patch",
+        "grpojob",
+        name,
+        "-n",
+        namespace,
+        "--subresource=status",
+        "--type=merge",
+        "-p",
+        patch,
+    )
+
+
+def test_the_trainer_may_report_progress_but_not_touch_the_operators_status(
+    kube: Cluster, installed: Installed, tmp_path: Path
+) -> None:
+    ns = installed.namespace
+    assert apply_job(kube, grpojob("trained"), ns).returncode == 0
+    # What the operator writes (as cluster admin here: the policy judges only ServiceAccounts of the namespace).
+    operator_status = {
+        "phase": "Running",
+        "restarts": 1,
+        "trainerAttempt": 2,
+        "startTime": "2026-11-29T08:00:00Z",
+    }
+    kube.kubectl(
+        "patch", "grpojob", "trained", "-n", ns, "--subresource=status", "--type=merge",
+        "-p", json.dumps({"status": {**operator_status, "conditions": [
+            {"type": "Running", "status": "True", "reason": "Running", "lastTransitionTime": "2026-11-29T08:00:00Z"}
+        ]}}),
+    )  # fmt: skip
+    obj = kube.get("grpojob", "trained", ns)
+    assert obj is not None
+    job = job_from_object(obj)
+    # The trainer's identity exactly as the operator creates it.
+    kube.apply([trainer_service_account(job), trainer_role(job), trainer_role_binding(job)], namespace=ns)
+    trainer = service_account_kubeconfig(kube, "trained-trainer", ns, tmp_path / "trainer.kubeconfig")
+
+    # The trainer's own status code, unchanged: progress, rewards and checkpoint go through.
+    from kubernetes import config
+
+    reporter = StatusReporter(
+        ns, "trained", 0.0, uid=obj["metadata"]["uid"], api_client=config.new_client_from_config(str(trainer))
+    )
+    reporter.update(
+        {
+            "progress": {"step": 3, "totalSteps": 10},
+            "rewards": {"mean": 0.5},
+            "checkpoint": {"lastStep": 3, "path": "/workspace/checkpoints/step-3"},
+        },
+        force=True,
+    )
+    reporter.close()
+    assert (reporter.patches_sent, reporter.failures) == (1, 0)
+    status = (kube.get("grpojob", "trained", ns) or {})["status"]
+    assert status["progress"]["step"] == 3 and status["checkpoint"]["lastStep"] == 3
+
+    # A trainer image that tries more is refused, field by field, and nothing changes.
+    forged: list[dict[str, Any]] = [
+        {"phase": "Succeeded"},
+        {"phase": None},
+        {"restarts": 0},
+        {"trainerAttempt": 1},
+        {"startTime": "2030-01-01T00:00:00Z"},
+        {"completionTime": "2026-11-29T09:00:00Z"},
+        {"conditions": [{"type": "Succeeded", "status": "True", "reason": "Completed"}]},
+        {"progress": {"step": 4}, "phase": "Succeeded"},
+    ]
+    for attempt in forged:
+        proc = status_patch(trainer, "trained", ns, attempt)
+        assert proc.returncode != 0, f"the trainer changed {attempt}"
+        field = next(iter(k for k in attempt if k != "progress"))
+        assert f"not status.{field} (the operator's)" in proc.stderr, proc.stderr
+    after = (kube.get("grpojob", "trained", ns) or {})["status"]
+    assert {k: after.get(k) for k in operator_status} == operator_status
+    assert after["progress"]["step"] == 3 and after["conditions"][0]["type"] == "Running"
+
+    # Another job's trainer, even if RBAC were opened to it, may not report for this job.
+    assert apply_job(kube, grpojob("other"), ns).returncode == 0
+    other = job_from_object(kube.get("grpojob", "other", ns) or {})
+    kube.apply([trainer_service_account(other)], namespace=ns)
+    kube.kubectl(
+        "create", "rolebinding", "too-wide", "-n", ns, "--role=trained-trainer",
+        "--serviceaccount", f"{ns}:other-trainer",
+    )  # fmt: skip
+    intruder = service_account_kubeconfig(kube, "other-trainer", ns, tmp_path / "other.kubeconfig")
+    proc = status_patch(intruder, "trained", ns, {"progress": {"step": 9}})
+    assert (
+        proc.returncode != 0 and "only that job's trainer (ServiceAccount trained-trainer)" in proc.stderr
+    ), proc.stderr
+
+
+# --- job labels ---------------------------------------------------------------------------------------------
+
+
+def create(
+    kube: Cluster, manifest: dict[str, Any], namespace: str, as_: list[str]
+) -> subprocess.CompletedProcess[str]:
+    return kube.kubectl(
+        "create", "-n", namespace, "-f", "-", *as_, input=yaml.safe_dump(manifest), check=False
+    )
+
+
+def plain_pod(name: str, labels: dict[str, str]) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "labels": labels},
+        "spec": {"containers": [{"name": "c", "image": "registry.example.com/tools:1"}]},
+    }
+
+
+def workload(kind: str, labels: dict[str, str]) -> dict[str, Any]:
+    template = {"metadata": {"labels": labels}, "spec": plain_pod("x", {})["spec"]}
+    selector = {"matchLabels": labels}
+    name = f"forged-{kind.lower()}"
+    if kind == "Deployment":
+        return {"apiVersion": "apps/v1", "kind": kind, "metadata": {"name": name},
+                "spec": {"selector": selector, "template": template}}  # fmt: skip
+    if kind == "ReplicaSet":
+        return {"apiVersion": "apps/v1", "kind": kind, "metadata": {"name": name},
+                "spec": {"selector": selector, "template": template}}  # fmt: skip
+    if kind == "StatefulSet":
+        return {"apiVersion": "apps/v1", "kind": kind, "metadata": {"name": name},
+                "spec": {"selector": selector, "serviceName": name, "template": template}}  # fmt: skip
+    template["spec"]["restartPolicy"] = "Never"
+    if kind == "Job":
+        return {
+            "apiVersion": "batch/v1",
+            "kind": kind,
+            "metadata": {"name": name},
+            "spec": {"template": template},
+        }
+    assert kind == "CronJob"
+    return {"apiVersion": "batch/v1", "kind": kind, "metadata": {"name": name},
+            "spec": {"schedule": "* * * * *", "jobTemplate": {"spec": {"template": template}}}}  # fmt: skip
+
+
+def test_only_the_operator_and_its_metric_deployment_put_job_labels_on_pods(
+    kube: Cluster, installed: Installed
+) -> None:
+    ns = installed.namespace
+    operator = [f"--as={installed.operator_user}", "--as-group=system:masters"]
+    assert apply_job(kube, grpojob("labelled"), ns).returncode == 0
+    job = job_from_object(kube.get("grpojob", "labelled", ns) or {})
+    settings = OperatorSettings()
+
+    # The operator creates the vLLM pod itself and the metric pods through its Deployment.
+    vllm = generation_pod(job, settings, 1)
+    created = create(kube, vllm, ns, operator)
+    assert created.returncode == 0, created.stderr
+    deployment = metric_deployment(job, settings)
+    created = create(kube, deployment, ns, operator)
+    assert created.returncode == 0, created.stderr
+    selector = ",".join(f"{k}={v}" for k, v in deployment["spec"]["selector"]["matchLabels"].items())
+
+    def metric_pods() -> list[str]:
+        out = kube.kubectl("get", "pods", "-n", ns, "-l", selector, "-o", "name").stdout.split()
+        return out if len(out) >= 1 else []
+
+    wait_for("the ReplicaSet controller to create the metric pod", metric_pods, timeout=60)
+
+    job_labels = {"grpo.dev/job": "labelled", "grpo.dev/role": "trainer"}
+    refused: list[tuple[str, dict[str, Any]]] = [
+        ("a pod with the job's labels", plain_pod("fake-trainer", job_labels)),
+        ("a pod with the role label alone", plain_pod("fake-role", {"grpo.dev/role": "trainer"})),
+        *[(f"a {kind} whose pods carry them", workload(kind, job_labels))
+          for kind in ("Deployment", "ReplicaSet", "StatefulSet", "Job", "CronJob")],
+    ]  # fmt: skip
+    for what, manifest in refused:
+        proc = create(kube, manifest, ns, TENANT)
+        assert proc.returncode != 0, f"a tenant created {what}"
+        assert (
+            "the labels grpo.dev/job and grpo.dev/role are reserved for pods the grpo-operator creates"
+            in (proc.stderr)
+        ), proc.stderr
+        assert "dana may not set them" in proc.stderr, proc.stderr
+
+    # The tenant's own workloads without those labels are none of the policy's business.
+    for kind in ("Deployment", "Job", "CronJob"):
+        own = workload(kind, {"app": "tenant-tool"})
+        own["metadata"]["name"] = f"own-{kind.lower()}"
+        proc = create(kube, own, ns, TENANT)
+        assert proc.returncode == 0, proc.stderr
+
+    # Relabelling: a tenant's own pod into the job, or the operator's vLLM pod into another role.
+    assert create(kube, plain_pod("tools", {"app": "tools"}), ns, TENANT).returncode == 0
+    proc = kube.kubectl("label", "pod", "tools", "-n", ns, "grpo.dev/job=labelled", *TENANT, check=False)
+    assert proc.returncode != 0 and "reserved for pods the grpo-operator creates" in proc.stderr, proc.stderr
+    name = vllm["metadata"]["name"]
+    proc = kube.kubectl(
+        "label", "pod", name, "-n", ns, "--overwrite", "grpo.dev/role=trainer", *TENANT, check=False
+    )
+    assert proc.returncode != 0 and "reserved" in proc.stderr, proc.stderr
+
+    # What keeps the labels as they are still works (Kueue lifting a gate, an annotation, scaling).
+    proc = kube.kubectl("annotate", "pod", name, "-n", ns, "note=checked", *TENANT, check=False)
+    assert proc.returncode == 0, proc.stderr
+    proc = kube.kubectl(
+        "scale", "deployment", deployment["metadata"]["name"], "-n", ns, "--replicas=2", check=False
+    )
+    assert proc.returncode == 0, proc.stderr
+    wait_for("the second metric pod", lambda: len(metric_pods()) >= 2 or None, timeout=60)
+    labels = (kube.get("pod", name, ns) or {})["metadata"]["labels"]
+    assert labels["grpo.dev/role"] == "generation"
