@@ -1,4 +1,4 @@
-"""TRL's GRPOTrainer with this project's semantics (DESIGN.md):
+"""TRL's GRPOTrainer with this project's semantics (docs/concepts.md, docs/trainer.md):
 
 * advantages from :func:`grpo_trainer.advantages.compute_advantages` (population sigma, exact zeros for
   tied groups, metric errors excluded) replace TRL's (sample sigma + 1e-4) on every generation round;
