@@ -6,7 +6,6 @@ kept outside the repository, fails here with the file and line."""
 from __future__ import annotations
 
 import ast
-import importlib
 import re
 import subprocess
 from functools import cache
@@ -81,18 +80,33 @@ def test_every_repository_path_named_exists() -> None:
     assert not wrong, "these name paths that do not exist (renamed or removed?):\n" + "\n".join(wrong)
 
 
+def _module_file(parts: list[str]) -> Path | None:
+    roots = {
+        "grpo_operator": REPO / "operator",
+        "grpo_trainer": REPO / "trainer_image",
+        "grpo_metric": REPO / "trainer_image",
+    }
+    base = roots[parts[0]] / Path(*parts)
+    if (base / "__init__.py").is_file():
+        return base / "__init__.py"
+    return base.with_suffix(".py") if base.with_suffix(".py").is_file() else None
+
+
+def _names_in(path: Path) -> set[str]:
+    return _names_of_tree(ast.parse(path.read_text(encoding="utf-8")))
+
+
 def _resolves(dotted: str) -> bool:
+    """Resolved from the source files, not by importing them: the trainer's modules need torch."""
     parts = dotted.split(".")
     for cut in range(len(parts), 0, -1):
-        try:
-            obj: object = importlib.import_module(".".join(parts[:cut]))
-        except ImportError:
+        module = _module_file(parts[:cut])
+        if module is None:
             continue
-        for part in parts[cut:]:
-            if not hasattr(obj, part):
-                return False
-            obj = getattr(obj, part)
-        return True
+        rest = parts[cut:]
+        if rest and rest[0] not in _names_in(module) and _module_file([*parts[:cut], rest[0]]) is None:
+            return False
+        return all(part in _names_in(module) for part in rest[1:])
     return False
 
 
@@ -117,21 +131,27 @@ def test_every_dotted_project_name_resolves() -> None:
     assert not wrong, "these name modules or attributes that do not exist:\n" + "\n".join(wrong)
 
 
+def _names_of_tree(tree: ast.AST) -> set[str]:
+    """Every name a module defines, binds, imports or reads an attribute of."""
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef):
+            names.add(node.name)
+        elif isinstance(node, ast.Name | ast.arg):
+            names.add(node.id if isinstance(node, ast.Name) else node.arg)
+        elif isinstance(node, ast.Attribute):
+            names.add(node.attr)
+        elif isinstance(node, ast.alias):
+            names.add((node.asname or node.name).split(".")[-1])
+    return names
+
+
 @cache
 def _defined_names() -> set[str]:
     names: set[str] = set()
     for path in tracked():
-        if path.suffix != ".py":
-            continue
-        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-            if isinstance(node, ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef):
-                names.add(node.name)
-            elif isinstance(node, ast.Name | ast.arg):
-                names.add(node.id if isinstance(node, ast.Name) else node.arg)
-            elif isinstance(node, ast.Attribute):
-                names.add(node.attr)
-            elif isinstance(node, ast.alias):
-                names.add((node.asname or node.name).split(".")[-1])
+        if path.suffix == ".py":
+            names |= _names_of_tree(ast.parse(path.read_text(encoding="utf-8")))
     return names
 
 
