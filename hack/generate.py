@@ -30,12 +30,17 @@ def shown(path: Path) -> str:
     return str(path.relative_to(REPO)) if path.is_relative_to(REPO) else str(path)
 
 
-def stale_files() -> list[Path]:
+def differing(expected: dict[Path, str]) -> list[Path]:
     return [
         path
-        for path, text in outputs().items()
+        for path, text in expected.items()
         if not path.exists() or path.read_text(encoding="utf-8") != text
     ]
+
+
+def stale_files() -> list[Path]:
+    """Generated files whose checked-in content differs from what their sources produce."""
+    return differing(outputs())
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -49,9 +54,10 @@ def main(argv: list[str] | None = None) -> int:
         for path in stale:
             print(f"stale: {shown(path)} (run `make generate`)", file=sys.stderr)
         return 1 if stale else 0
-    for path in stale_files():
+    expected = outputs()
+    for path in differing(expected):
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(outputs()[path], encoding="utf-8")
+        path.write_text(expected[path], encoding="utf-8")
         print(f"wrote {shown(path)}")
     return 0
 
