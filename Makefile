@@ -36,7 +36,7 @@ cluster-down:
 	bash hack/cluster.sh down
 
 generate: venv
-	$(BIN)/python -m grpo_operator.api.generate
+	$(BIN)/python -m hack.generate
 
 lint: venv
 	$(BIN)/ruff check .

@@ -1,6 +1,6 @@
 """Fails when a module imports across the project's layers the wrong way.
 
-Layers (DESIGN.md): api -> builders -> reconcile -> handlers; each may import only the layers
+Layers (docs/design.md): api -> builders -> reconcile -> handlers; each may import only the layers
 below it. ``api`` imports neither kopf nor kubernetes, so the trainer and tools can use it alone.
 The trainer (grpo_trainer) and the metric SDK (grpo_metric) share only ``grpo_operator.api``.
 """
@@ -63,7 +63,7 @@ def main() -> int:
     for line in problems:
         print(f"layer violation: {line}", file=sys.stderr)
     if problems:
-        print("Move the code to the right layer (see DESIGN.md 'Layers').", file=sys.stderr)
+        print("Move the code to the right layer (see docs/design.md, 'Layers').", file=sys.stderr)
         return 1
     print("layers ok")
     return 0

@@ -1,4 +1,4 @@
-"""The advantage definition of DESIGN.md on the function the trainer calls (see also
+"""The advantage definition of docs/concepts.md on the function the trainer calls (see also
 tests/trainer/test_advantages_training_path.py, which goes through GRPOTrainer itself)."""
 
 from __future__ import annotations
@@ -10,8 +10,6 @@ import pytest
 torch = pytest.importorskip("torch", reason="the advantage code uses torch; install the [trainer] extra")
 
 from grpo_trainer.advantages import compute_advantages  # noqa: E402
-
-pytestmark = pytest.mark.trainer
 
 SEED_REWARDS = [0.9, 0.6, 0.3, 0.2]
 SEED_ADVANTAGES = [1.4606, 0.3651, -0.7303, -1.0954]

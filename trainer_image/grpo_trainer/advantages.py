@@ -1,8 +1,8 @@
-"""Group-relative advantages exactly as DESIGN.md defines them.
+"""Group-relative advantages exactly as docs/concepts.md defines them (population sigma).
 
 TRL 1.16 divides by the Bessel-corrected (sample) standard deviation plus 1e-4. This project uses the
 population standard deviation, gives *exactly* zero advantage to groups whose rewards are all equal, and
-leaves metric-service errors (NaN rewards) out of the group statistics. ``GRPOTrainerWithPopulationStd``
+leaves metric-service errors (NaN rewards) out of the group statistics. ``ProjectGRPOTrainer``
 (trainer.py) calls :func:`compute_advantages` on the gathered rewards of every generation round, so the
 function tested here is the one training uses.
 """

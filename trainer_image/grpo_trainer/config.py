@@ -169,7 +169,7 @@ def grpo_config_kwargs(
     kwargs: dict[str, Any] = {
         "output_dir": staging_dir(config, attempt),
         "num_generations": g.group_size,
-        # One validation answer per prompt; validation is run by the trainer itself (validation.py).
+        # One validation answer per prompt; validation is run by the trainer itself (progress.py).
         "num_generations_eval": 1,
         "per_device_train_batch_size": plan.per_device_batch_size,
         "gradient_accumulation_steps": plan.gradient_accumulation_steps,

@@ -16,6 +16,7 @@ from grpo_trainer.config import RuntimeEnv, grpo_config_kwargs, load_config, pla
 from grpo_trainer.errors import CheckpointMismatch, ConfigError, ExitCode, NonFiniteTraining, fail
 from grpo_trainer.metric_client import ClientSettings, ErrorBudget, MetricClient, MetricServiceUnavailable
 from grpo_trainer.signals import StopFlag
+from grpo_trainer.trl_adapter import load_checkpoint_weights
 from grpo_trainer.vllm_wait import GenerationUnavailable, wait_for_vllm
 
 log = logging.getLogger("grpo_trainer")
@@ -217,7 +218,7 @@ def run(config: TrainerConfig, env: RuntimeEnv) -> int:
                 resumed_step,
                 config.grpo.steps,
             )
-            trainer._load_from_checkpoint(resume)
+            load_checkpoint_weights(trainer, resume)
             trainer.state.global_step = resumed_step
         else:
             trainer.train(resume_from_checkpoint=resume)

@@ -22,6 +22,7 @@ from grpo_trainer.reward import MetricReward
 from grpo_trainer.signals import StopFlag
 from grpo_trainer.status import StatusReporter
 from grpo_trainer.trainer import ProjectGRPOTrainer, StepStats
+from grpo_trainer.trl_adapter import LOG_KEYS, clear_eval_metrics, generate_completions
 
 log = logging.getLogger("grpo_trainer.progress")
 
@@ -139,11 +140,11 @@ class ProgressCallback(TrainerCallback):  # type: ignore[misc]
             "groups": stats.groups,
             "tied_groups": stats.tied_groups,
             "refill_rounds": stats.refill_rounds,
-            "loss": finite(logs.get("loss")),
-            "kl": finite(logs.get("kl")),
-            "clip_ratio": finite(logs.get("clip_ratio/region_mean")),
-            "completion_length": finite(logs.get("completions/mean_length")),
-            "learning_rate": finite(logs.get("learning_rate")),
+            "loss": finite(logs.get(LOG_KEYS["loss"])),
+            "kl": finite(logs.get(LOG_KEYS["kl"])),
+            "clip_ratio": finite(logs.get(LOG_KEYS["clip_ratio"])),
+            "completion_length": finite(logs.get(LOG_KEYS["completion_length"])),
+            "learning_rate": finite(logs.get(LOG_KEYS["learning_rate"])),
             "step_seconds": round(self._last_step_seconds, 4),
             "metric_seconds": round(self.reward.client.stats.seconds_in_score, 4),
         }
@@ -214,10 +215,10 @@ class ProgressCallback(TrainerCallback):  # type: ignore[misc]
         for gauge, value in (
             (m.reward_mean, stats.rewards_mean),
             (m.reward_std, stats.rewards_std),
-            (m.kl, logs.get("kl")),
-            (m.clip_ratio, logs.get("clip_ratio/region_mean")),
-            (m.completion_length, logs.get("completions/mean_length")),
-            (m.loss, logs.get("loss")),
+            (m.kl, logs.get(LOG_KEYS["kl"])),
+            (m.clip_ratio, logs.get(LOG_KEYS["clip_ratio"])),
+            (m.completion_length, logs.get(LOG_KEYS["completion_length"])),
+            (m.loss, logs.get(LOG_KEYS["loss"])),
         ):
             number = finite(value)
             if number is not None:
@@ -228,7 +229,7 @@ class ProgressCallback(TrainerCallback):  # type: ignore[misc]
         m.groups.inc(stats.groups)
         m.zero_std_group_ratio.set(stats.zero_std_group_ratio)
         m.rollouts.inc(stats.rollouts)
-        tokens = finite(logs.get("num_tokens")) or 0.0  # TRL reports a running total
+        tokens = finite(logs.get(LOG_KEYS["tokens"])) or 0.0  # TRL reports a running total
         if tokens > self._last_tokens:
             m.tokens.inc(tokens - self._last_tokens)
             self._last_tokens = tokens
@@ -287,10 +288,10 @@ class ProgressCallback(TrainerCallback):  # type: ignore[misc]
         model.eval()
         try:
             with torch.no_grad():
-                completions = trainer._generate(prompts)[3]
+                completions = generate_completions(trainer, prompts)
         finally:
             model.train(was_training)
-            trainer._metrics["eval"].clear()
+            clear_eval_metrics(trainer)
         columns = {key: [row[key] for row in shard] for key in shard[0]} if shard else {}
         columns.pop("prompt", None)
         items = self.reward.build_items(prompts, completions, columns, tag=f"v{step}")[:real]

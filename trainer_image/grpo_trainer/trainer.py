@@ -1,4 +1,4 @@
-"""TRL's GRPOTrainer with this project's semantics (DESIGN.md):
+"""TRL's GRPOTrainer with this project's semantics (docs/concepts.md, docs/trainer.md):
 
 * advantages from :func:`grpo_trainer.advantages.compute_advantages` (population sigma, exact zeros for
   tied groups, metric errors excluded) replace TRL's (sample sigma + 1e-4) on every generation round;
@@ -8,6 +8,8 @@
   ``checkpoint-N`` rotation, stamped with their owner (job, attempt, weights);
 * a step whose loss or gradient norm is NaN or infinite, or a checkpoint whose trainable weights are,
   stops training with NonFiniteTraining before anything of it is published.
+
+The TRL and transformers internals these overrides depend on are recorded in trl_adapter.py.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from trl.trainer.grpo_trainer import GRPOTrainer
 from grpo_trainer.advantages import AdvantageResult, ScaleRewards, compute_advantages
 from grpo_trainer.checkpoints import GRPO_STATE_FILE, Manifest, Owner, publish
 from grpo_trainer.errors import NonFiniteTraining
+from grpo_trainer.trl_adapter import staged_checkpoint_dir
 
 log = logging.getLogger("grpo_trainer.trainer")
 # Extra generation rounds one step may spend replacing tied groups before training on what it has.
@@ -346,7 +349,7 @@ class ProjectGRPOTrainer(GRPOTrainer):  # type: ignore[misc]
     def _save_checkpoint(self, model: Any, trial: Any) -> None:
         super()._save_checkpoint(model, trial)  # type: ignore[no-untyped-call]
         step = self.state.global_step
-        staged = Path(str(self.args.output_dir)) / f"checkpoint-{step}"
+        staged = staged_checkpoint_dir(str(self.args.output_dir), step)
         if self.accelerator.is_main_process:
             extra = {
                 "step": step,

@@ -1,4 +1,4 @@
-"""``make generate``: write the CRD and docs/api.md from the models.
+"""The API part of ``make generate`` (hack/generate.py): write the CRD and docs/api.md from the models.
 
 python -m grpo_operator.api.generate            # write the files
 python -m grpo_operator.api.generate --check    # exit 1 listing the files that are stale

@@ -84,7 +84,8 @@ def metric_name(job: Job) -> str:
 
 def generation_service_name(job: Job) -> str:
     # Never "vllm": Kubernetes would inject VLLM_PORT=tcp://... into every pod of the namespace and
-    # vLLM refuses to start with a URI there (grpo-trainer.md §0.8). enableServiceLinks=false guards too.
+    # vLLM reads VLLM_PORT as its own port setting and refuses to start with a URI there.
+    # enableServiceLinks=false guards too.
     return f"{job.name}-gen"
 
 

@@ -3,7 +3,7 @@
 Pods are managed directly (not through Deployments or Jobs) so the operator decides what a failure
 means: any failure restarts the whole gang — vLLM and trainers — under a new attempt number, because
 TRL's NCCL weight-sync group is formed once between trainer rank 0 and the vLLM workers and cannot be
-re-joined by either side (grpo-trainer.md §4.4-4.5). Every pod therefore has restartPolicy Never.
+re-joined by either side (TRL's VLLMClient.init_communicator). Every pod therefore has restartPolicy Never.
 """
 
 from __future__ import annotations
@@ -201,8 +201,8 @@ def volume_shared_with_generation(job: Job) -> bool:
 def generation_pod(job: Job, settings: OperatorSettings, attempt: int, index: int = 0) -> Manifest:
     """The vLLM server, started the way TRL 1.16 needs it in server mode.
 
-    TRL's own `trl vllm-serve` only exec's `vllm serve` with these additions (grpo-trainer.md §4.1,
-    TRL scripts/vllm_serve.py:266-293): `--weight-transfer-config '{"backend":"nccl"}'` (else
+    TRL's own `trl vllm-serve` only exec's `vllm serve` with these additions (TRL 1.16
+    scripts/vllm_serve.py:266-293): `--weight-transfer-config '{"backend":"nccl"}'` (else
     init_communicator raises), `--logprobs-mode processed_logprobs` (else the importance-sampling
     correction is biased), `--max-logprobs -1`, and `VLLM_SERVER_DEV_MODE=1` (else /server_info and the
     weight-update routes return 404). So the pod needs no TRL, only the vLLM image.
@@ -306,7 +306,7 @@ def generation_pod(job: Job, settings: OperatorSettings, attempt: int, index: in
 def generation_service(job: Job, settings: OperatorSettings) -> Manifest:
     # Selects by role only, not by attempt: the Service stays put while the pod behind it changes.
     # The weight-sync port is not here on purpose: trainer rank 0 binds it and vLLM connects to it
-    # (grpo-trainer.md §4.4), so it is published on the trainer Service.
+    # when TRL forms the NCCL group, so it is published on the trainer Service.
     return with_hash(
         {
             "apiVersion": "v1",
@@ -354,7 +354,7 @@ def trainer_env(
         {"name": "GRPO_VLLM_URL", "value": f"http://{generation_host(job)}:{settings.vllm_port}"},
         {"name": "GRPO_METRIC_URL", "value": metric_url(job)},
         # vLLM workers connect back to trainer rank 0 at this address for weight sync; without it
-        # vLLM guesses the address from a route to 8.8.8.8 (grpo-trainer.md §4.4).
+        # vLLM guesses the address from a route to 8.8.8.8.
         {"name": "VLLM_HOST_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
         {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
     ]

@@ -1,6 +1,6 @@
 """NetworkPolicies: every pod of a job accepts traffic only from the peers its role needs.
 
-vLLM in dev mode serves /collective_rpc, /sleep and weight-update routes (grpo-trainer.md §4.2): anyone
+vLLM in dev mode (VLLM_SERVER_DEV_MODE=1) serves /collective_rpc, /sleep and weight-update routes: anyone
 who can reach it can change the model being trained. The metric service runs user code. Both are
 closed to everything but this job's trainer pods, except that the platform may name metrics scrapers
 (settings.metrics_scrapers) admitted to vLLM's HTTP port for /metrics.

@@ -1,4 +1,7 @@
-"""B, G, S onto TRL's batch settings for the actual world size; vLLM server mode vs in-process generation."""
+"""B, G, S onto TRL's batch settings for the actual world size; vLLM server mode vs in-process generation.
+
+Pure arithmetic and config mapping (no torch), so it runs under `make test-unit`; only the test that hands
+the result to TRL's GRPOConfig needs the [trainer] extra."""
 
 from __future__ import annotations
 
@@ -10,8 +13,6 @@ from grpo_operator.api.spec import GRPOJobSpec
 from grpo_operator.api.trainer_config import TrainerConfig
 from grpo_trainer.config import RuntimeEnv, grpo_config_kwargs, load_config, plan_batches
 from grpo_trainer.errors import ConfigError
-
-pytestmark = pytest.mark.trainer
 
 
 def spec(**grpo: Any) -> GRPOJobSpec:
@@ -58,8 +59,9 @@ def test_unmappable_batch_says_what_to_change() -> None:
         plan_batches(4, 1, 1, 1)
 
 
+@pytest.mark.trainer
 def test_vllm_server_mode_mapping_is_accepted_by_trl() -> None:
-    from trl.trainer.grpo_config import GRPOConfig
+    grpo_config = pytest.importorskip("trl.trainer.grpo_config", reason="needs the [trainer] extra (TRL)")
 
     c = config()
     plan = plan_batches(64, 8, 8, 8)
@@ -74,7 +76,7 @@ def test_vllm_server_mode_mapping_is_accepted_by_trl() -> None:
         grpo_config_kwargs(c, plan, cuda=False, attempt=3)["output_dir"]
         == "/workspace/checkpoints/.partial/attempt-3"
     )
-    args = GRPOConfig(**kwargs)
+    args = grpo_config.GRPOConfig(**kwargs)
     # TRL derives the generation batch: B*G completions per process group and step.
     assert args.generation_batch_size == 64 * 8 // 8 and args.steps_per_generation == 8
 

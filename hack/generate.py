@@ -1,0 +1,66 @@
+"""``make generate``: every generated file of the repository, from its one source.
+
+    python -m hack.generate            # write the files that changed
+    python -m hack.generate --check    # exit 1 listing the stale files, write nothing
+
+The CRD (both copies) and docs/api.md come from the API models (``grpo_operator.api.generate``); the
+chart's Grafana dashboard from its panel list (``hack/helm/dashboard.py``). tests/unit/test_generated.py
+fails while any of them is stale.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from grpo_operator.api import generate as api_generate
+
+from hack.helm import dashboard
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def outputs() -> dict[Path, str]:
+    """Every generated file and the content its source produces."""
+    return {**api_generate.outputs(REPO), dashboard.OUTPUT: dashboard.render_text()}
+
+
+def shown(path: Path) -> str:
+    return str(path.relative_to(REPO)) if path.is_relative_to(REPO) else str(path)
+
+
+def differing(expected: dict[Path, str]) -> list[Path]:
+    return [
+        path
+        for path, text in expected.items()
+        if not path.exists() or path.read_text(encoding="utf-8") != text
+    ]
+
+
+def stale_files() -> list[Path]:
+    """Generated files whose checked-in content differs from what their sources produce."""
+    return differing(outputs())
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--check", action="store_true", help="only report stale files (exit 1 if any)")
+    args = parser.parse_args(argv)
+    if args.check:
+        stale = stale_files()
+        for path in stale:
+            print(f"stale: {shown(path)} (run `make generate`)", file=sys.stderr)
+        return 1 if stale else 0
+    expected = outputs()
+    for path in differing(expected):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(expected[path], encoding="utf-8")
+        print(f"wrote {shown(path)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

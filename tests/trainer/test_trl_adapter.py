@@ -1,0 +1,125 @@
+"""The TRL and transformers internals the trainer depends on (grpo_trainer/trl_adapter.py) are still
+there, with the parameters and results the trainer's code was written for. A TRL upgrade that changes
+one fails here naming it, instead of as a wrong advantage or a lost checkpoint in a long run."""
+
+from __future__ import annotations
+
+import ast
+import inspect
+import textwrap
+from collections.abc import Callable
+from importlib.metadata import version
+from typing import Any
+
+import pytest
+from grpo_trainer import trl_adapter
+from grpo_trainer.trainer import ProjectGRPOTrainer
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
+from trl.trainer.grpo_trainer import GRPOTrainer
+
+pytestmark = pytest.mark.trainer
+
+UPGRADE = (
+    "trainer_image/grpo_trainer/trl_adapter.py records what the trainer relies on; read the new TRL source "
+    "of this item, adapt ProjectGRPOTrainer (trainer.py) and the adapter, then update the record"
+)
+
+
+def _parameters(function: Callable[..., Any]) -> tuple[str, ...]:
+    return tuple(name for name in inspect.signature(function).parameters if name != "self")
+
+
+def _source(function: Callable[..., Any]) -> str:
+    return textwrap.dedent(inspect.getsource(function))
+
+
+@pytest.mark.parametrize("package", sorted(trl_adapter.WRITTEN_FOR))
+def test_installed_versions_are_the_ones_the_adapter_was_checked_against(package: str) -> None:
+    installed, recorded = version(package), trl_adapter.WRITTEN_FOR[package]
+    assert installed == recorded, (
+        f"{package} {installed} is installed; the trainer's use of its internals was checked against {recorded}. "
+        f"Run tests/trainer/test_trl_adapter.py, then: {UPGRADE}, and set WRITTEN_FOR[{package!r}]"
+    )
+
+
+@pytest.mark.parametrize(
+    "internal", [*trl_adapter.OVERRIDDEN, *trl_adapter.CALLED], ids=lambda internal: internal.name
+)
+def test_each_internal_method_still_exists_with_the_recorded_parameters(
+    internal: trl_adapter.Internal,
+) -> None:
+    method = getattr(GRPOTrainer, internal.name, None)
+    assert callable(method), f"GRPOTrainer.{internal.name} is gone ({internal.why}): {UPGRADE}"
+    found = _parameters(method)
+    assert found[: len(internal.parameters)] == internal.parameters, (
+        f"GRPOTrainer.{internal.name} now takes {found}, the trainer was written for {internal.parameters} "
+        f"({internal.why}): {UPGRADE}"
+    )
+
+
+def test_every_method_the_trainer_overrides_is_recorded() -> None:
+    recorded = {internal.name for internal in trl_adapter.OVERRIDDEN}
+    overridden = {
+        name
+        for name, value in vars(ProjectGRPOTrainer).items()
+        if callable(value) and not name.startswith("__") and hasattr(GRPOTrainer, name)
+    }
+    assert overridden == recorded, (
+        f"ProjectGRPOTrainer overrides {sorted(overridden - recorded)} without a record in trl_adapter.OVERRIDDEN, "
+        f"or the record names {sorted(recorded - overridden)}, which it no longer overrides"
+    )
+    # Methods of the project's own must not collide with a TRL name by accident either: they are prefixed.
+    for name in vars(ProjectGRPOTrainer):
+        if name.startswith("grpo_"):
+            assert not hasattr(GRPOTrainer, name), (
+                f"TRL now defines {name}, which ProjectGRPOTrainer also uses"
+            )
+
+
+def test_grpo_trainer_still_sets_the_attributes_the_trainer_reads() -> None:
+    init = _source(GRPOTrainer.__init__)
+    for attribute in trl_adapter.INSTANCE_ATTRIBUTES:
+        assert f"self.{attribute} =" in init, (
+            f"GRPOTrainer.__init__ no longer sets self.{attribute}: {UPGRADE}"
+        )
+
+
+def test_generation_output_still_has_the_keys_the_trainer_replaces_and_pads() -> None:
+    source = _source(GRPOTrainer._generate_and_score_completions)
+    missing = [key for key in trl_adapter.GENERATION_OUTPUT_KEYS if f'"{key}"' not in source]
+    assert not missing, f"GRPOTrainer._generate_and_score_completions no longer returns {missing}: {UPGRADE}"
+
+
+def test_generate_still_returns_the_completion_texts_at_the_recorded_index() -> None:
+    tree = ast.parse(_source(GRPOTrainer._generate))
+    returns = [
+        node.value for node in ast.walk(tree) if isinstance(node, ast.Return) and node.value is not None
+    ]
+    assert returns, f"GRPOTrainer._generate returns nothing: {UPGRADE}"
+    for value in returns:
+        assert isinstance(value, ast.Tuple), f"GRPOTrainer._generate no longer returns a tuple: {UPGRADE}"
+        element = value.elts[trl_adapter.GENERATE_COMPLETIONS_INDEX]
+        assert isinstance(element, ast.Name) and element.id == "completions", (
+            f"element {trl_adapter.GENERATE_COMPLETIONS_INDEX} of GRPOTrainer._generate's result is now "
+            f"{ast.unparse(element)}, not the completion texts: {UPGRADE}"
+        )
+
+
+def test_checkpoints_are_still_staged_where_the_trainer_publishes_them_from() -> None:
+    assert trl_adapter.STAGED_CHECKPOINT_PREFIX == PREFIX_CHECKPOINT_DIR, (
+        f"transformers now writes checkpoints to {PREFIX_CHECKPOINT_DIR}-<step>: {UPGRADE}"
+    )
+    assert trl_adapter.staged_checkpoint_dir("/out", 7).as_posix() == f"/out/{PREFIX_CHECKPOINT_DIR}-7"
+
+
+@pytest.mark.parametrize("exported", sorted(trl_adapter.LOG_KEYS))
+def test_trl_or_transformers_still_logs_each_key_the_trainer_exports(exported: str) -> None:
+    import transformers.trainer
+    import trl.trainer.grpo_trainer
+
+    key = trl_adapter.LOG_KEYS[exported]
+    sources = [inspect.getsource(module) for module in (trl.trainer.grpo_trainer, transformers.trainer)]
+    assert any(f'"{key}"' in source or f"'{key}'" in source for source in sources), (
+        f"neither TRL's GRPOTrainer nor transformers' Trainer logs {key!r} any more, which the trainer exports "
+        f"as {exported} (docs/metrics.md): {UPGRADE}"
+    )
