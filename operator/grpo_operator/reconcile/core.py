@@ -415,6 +415,14 @@ def _waiting(step: _Step, job: Job, observed: Observed, expected: list[str], pre
         if why == "SchedulingGated":
             reason = "WaitingForAdmission"
             message = f"pod {pod.name} is not yet admitted by its queue: {detail}"
+            group = pod.labels.get(KUEUE_GROUP_LABEL)
+            kueue_says = observed.kueue_wait(group) if group else None
+            if kueue_says:
+                message = f"Kueue has not admitted workload {group}: {kueue_says}"
+            if step.new.get("reason") == "Preempted" and step.old_phase in ("Restarting", "Pending"):
+                # Keep saying why the job left Running until Kueue admits it again.
+                reason = "Preempted"
+                message = f"preempted by Kueue; waiting to be admitted again. {message}"
         else:
             reason = "Unschedulable"
             message = f"pod {pod.name} cannot be scheduled: {detail}"
