@@ -8,7 +8,7 @@ from typing import Any
 
 from grpo_operator.reconcile.conditions import format_time
 
-from tests.unit.test_reconcile import World, job_object
+from tests.unit.test_reconcile import World, env, job_object
 
 QUEUE = {"queueName": "gpu-queue"}
 NO_QUOTA = (
@@ -80,12 +80,17 @@ def test_kueue_preemption_restarts_uncounted_and_stays_visible_until_readmitted(
     world.run_all()
     world.settle()
     assert world.status()["phase"] == "Running"
+    world.job["status"]["checkpoint"] = {"path": "/workspace/checkpoints/step-50", "step": 50}
     kueue_stops_the_gang(world, PREEMPTED)
     plan = world.step()
     assert plan.restart is not None and not plan.restart.counted
     assert world.status()["reason"] == "Preempted"
     assert world.status()["restarts"] == 0
     assert world.status()["trainerAttempt"] == 2
+    # The preempted trainers write a SIGTERM checkpoint (step > 50) before Kueue admits the new attempt:
+    # it must resume from the newest checkpoint the volume's latest.json names, not from step 50.
+    new_trainers = [m for m in plan.creates if m["metadata"]["labels"]["grpo.dev/role"] == "trainer"]
+    assert new_trainers and all(env(m)["RESUME_FROM"] == "/workspace/checkpoints" for m in new_trainers)
     # The new attempt's pods are a new pod group that Kueue gates until the quota is back.
     for ref in plan.deletes:
         world.objects.pop((ref.kind, ref.name), None)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from pathlib import PurePosixPath
 from typing import Any
 
 from pydantic import ValidationError
@@ -571,7 +572,13 @@ def _restart(step: _Step, job: Job, observed: Observed, reason: str, message: st
         step.event("Normal", "ResumedFromCheckpoint", f"gang attempt {attempt} {where}")
     step.plan.restart = Restart(reason=reason, counted=counted, message=message)
     _delete_pods(step, observed, lambda pod: pod.role in GANG_ROLES)
-    step.plan.creates.extend(gang_pods(job, step.settings, attempt, step.checkpoint_path))
+    resume_from = step.checkpoint_path
+    if job.spec.scheduling.queue_name and resume_from:
+        # Kueue gates the new attempt's pods until the queue admits them again, which is after the old
+        # attempt has written its SIGTERM checkpoint (a preemption's grace period): name the checkpoint
+        # root, whose latest.json then points at that newer checkpoint, instead of the one known now.
+        resume_from = str(PurePosixPath(resume_from).parent)
+    step.plan.creates.extend(gang_pods(job, step.settings, attempt, resume_from))
 
 
 def _fail(step: _Step, job: Job, observed: Observed, reason: str, message: str) -> None:
