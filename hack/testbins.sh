@@ -168,21 +168,21 @@ build_kueue() {
   local dir main
   dir="$(go list -m -f '{{.Dir}}' sigs.k8s.io/kueue)"
   main="$dir/cmd/kueue/main.go"
-  # One-line overlay (the module itself is untouched): with internalCertManagement off, the manager
-  # reads its metrics-server certificate from the fixed in-container path /etc/kueue/metrics/certs.
-  # A process outside a container cannot use that path without root, so $KUEUE_METRICS_CERT_DIR may
-  # name another directory. Fails loudly if a new Kueue version changes the line.
+  # cmd/kueue is one file, package main, importing only Kueue's public packages; it is built from a copy
+  # in this throwaway module with one line changed (the module itself is untouched): with
+  # internalCertManagement off, the manager reads its metrics-server certificate from the fixed
+  # in-container path /etc/kueue/metrics/certs, which a process outside a container cannot use without
+  # root, so $KUEUE_METRICS_CERT_DIR may name another directory. Fails loudly if the line changes.
   grep -q 'metricsCertPath := "/etc/kueue/metrics/certs"' "$main" || {
     log "cmd/kueue/main.go of $KUEUE_VERSION no longer has the metrics cert path line; update build_kueue"
     return 1
   }
   sed 's#metricsCertPath := "/etc/kueue/metrics/certs"#metricsCertPath := "/etc/kueue/metrics/certs"; if d := os.Getenv("KUEUE_METRICS_CERT_DIR"); d != "" { metricsCertPath = d }#' \
     "$main" > "$WORK/main.go"
-  printf '{"Replace":{"%s":"%s"}}' "$main" "$WORK/main.go" > "$WORK/overlay.json"
-  with_heartbeat "compiling the kueue controller manager $KUEUE_VERSION (~5 min cold on 2 cores)" \
-    timed kueue go build -trimpath -overlay "$WORK/overlay.json" \
+  with_heartbeat "compiling the kueue controller manager $KUEUE_VERSION (~10 min cold on 2 cores)" \
+    timed kueue go build -trimpath \
       -ldflags "-s -w -X sigs.k8s.io/kueue/pkg/version.GitVersion=$KUEUE_VERSION" \
-      -o "$OUT_TMP/kueue" sigs.k8s.io/kueue/cmd/kueue
+      -o "$OUT_TMP/kueue" .
   # Kueue's CRDs and webhook configurations ship in its module source; keep copies beside the binary
   # so the cluster script installs exactly the schema this manager was built against.
   mkdir -p "$OUT_TMP/crds" "$OUT_TMP/webhook"
