@@ -186,7 +186,7 @@ build_kueue() {
   # Kueue's CRDs and webhook configurations ship in its module source; keep copies beside the binary
   # so the cluster script installs exactly the schema this manager was built against.
   mkdir -p "$OUT_TMP/crds" "$OUT_TMP/webhook"
-  cp "$dir"/config/components/crd/bases/*.yaml "$OUT_TMP/crds/"
+  cp "$dir"/config/components/crd/bases/*.yaml "$dir/config/components/crd/kustomization.yaml" "$OUT_TMP/crds/"
   cp "$dir/config/components/webhook/manifests.yaml" "$OUT_TMP/webhook/"
   chmod -R u+w "$OUT_TMP/crds" "$OUT_TMP/webhook"
   finish

@@ -15,6 +15,7 @@ Usage: kueue_manifests.py <testbins kueue dir> <webhook port> <ca.crt>   (prints
 from __future__ import annotations
 
 import base64
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -29,12 +30,21 @@ def client_config(port: int, ca: str, path: str) -> dict[str, Any]:
     return {"url": f"https://127.0.0.1:{port}{path}", "caBundle": ca}
 
 
+def converted_kinds(root: Path) -> set[str]:
+    """Plurals of the CRDs Kueue's own kustomization gives a conversion webhook (the uncommented
+    ``patches/webhook_in_<plural>.yaml`` entries); the others (e.g. ResourceFlavor) convert with
+    strategy None, and the manager answers their conversion requests with an error."""
+    text = (root / "crds" / "kustomization.yaml").read_text()
+    return set(re.findall(r"^- path: patches/webhook_in_([a-z]+)\.yaml", text, flags=re.MULTILINE))
+
+
 def crds(root: Path, port: int, ca: str) -> list[dict[str, Any]]:
     out = []
-    for path in sorted((root / "crds").glob("*.yaml")):
+    converted = converted_kinds(root)
+    for path in sorted((root / "crds").glob("kueue.x-k8s.io_*.yaml")):
         crd = yaml.safe_load(path.read_text())
-        if len(crd["spec"]["versions"]) > 1:
-            # Several served versions (v1beta1, v1beta2): the manager converts between them.
+        if crd["spec"]["names"]["plural"] in converted:
+            # The manager converts between the served versions (v1beta1, v1beta2).
             crd["spec"]["conversion"] = {
                 "strategy": "Webhook",
                 "webhook": {

@@ -4,7 +4,10 @@ queueing with Kueue's reason, the next job admitted when one finishes, priority 
 uncounted restart that resumes from the newest checkpoint, and a multi-node job admitted as one unit.
 
 As in test_operator.py, kwok runs no containers: the tests play the trainer's part (exit codes, the
-checkpoint in the job's status).
+checkpoint in the job's status) and one part of the kubelet that kwok leaves out: a deleted pod's
+container is stopped and the pod reaches a terminal phase. Kueue keeps a finalizer on the pods of a
+group until they are terminal (that is how it knows the group is done), and kwok would leave a deleted
+pod Running forever when a finalizer other than its own holds it.
 """
 
 from __future__ import annotations
@@ -13,7 +16,8 @@ import json
 import os
 import subprocess
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -26,11 +30,10 @@ from tests.integration.test_operator import (
     gang,
     get_job,
     job_manifest,
-    operator,  # noqa: F401 (fixture)
+    pods,
     report_checkpoint,
     status,
     terminate_pod,
-    wait_phase,
     wait_status,
 )
 
@@ -58,6 +61,9 @@ def kueue(kube: Cluster) -> Cluster:
         raise AssertionError(
             "the cluster in KUBECONFIG has no Kueue: start the local one with `hack/cluster.sh up --kueue`"
         )
+    # preemptionPolicy Never: Kueue preempts (it reads the value for ordering and preemption), the
+    # kube-scheduler must not. Without it the scheduler, seeing the preemptor's pods admitted while the
+    # Kueue victim's pods still hold their node, preempts a second job's pods itself (found here).
     for name, value in (("grpo-kueue-low", 100), ("grpo-kueue-high", 1000)):
         kube.apply(
             {
@@ -65,6 +71,7 @@ def kueue(kube: Cluster) -> Cluster:
                 "kind": "PriorityClass",
                 "metadata": {"name": name},
                 "value": value,
+                "preemptionPolicy": "Never",
             }
         )
     kube.apply(
@@ -107,6 +114,28 @@ def cluster_queue(kube: Cluster, gpus: int) -> str:
         }
     )
     return name
+
+
+@pytest.fixture
+def operator(kueue: Cluster, namespace: str, tmp_path: Path) -> Iterator[Operator]:
+    op = Operator(kueue, namespace, tmp_path / "operator.log")
+    op.start()
+    try:
+        yield op
+    finally:
+        op.stop()
+        # Free the quota and the simulated GPUs before the next test.
+        kueue.kubectl("delete", "grpojobs", "--all", "-n", namespace, "--wait=false", check=False)
+
+        def gone() -> bool:
+            stop_deleted_pods(kueue, namespace)
+            return not pods(kueue, namespace, roles=("trainer", "generation"))
+
+        try:
+            wait_for("the jobs' pods to be gone", gone, timeout=90)
+        finally:
+            if os.environ.get("GRPO_SHOW_OPERATOR_LOG"):
+                print(op.log_path.read_text(errors="replace"))
 
 
 def local_queue(kube: Cluster, namespace: str, gpus: int) -> str:
@@ -160,7 +189,65 @@ def assert_all_or_nothing(kube: Cluster, namespace: str, jobs: list[str]) -> Non
         )
 
 
+def stop_deleted_pods(kube: Cluster, namespace: str) -> None:
+    """The kubelet's part kwok skips: a deleted pod that Kueue's finalizer holds is stopped (SIGTERM,
+    exit 143) and reaches phase Failed."""
+    items = json.loads(kube.kubectl("get", "pods", "-n", namespace, "-o", "json").stdout)["items"]
+    for pod in items:
+        meta = pod["metadata"]
+        held = any(f.startswith("kueue.x-k8s.io/") for f in meta.get("finalizers") or [])
+        if not (held and meta.get("deletionTimestamp")) or pod["status"].get("phase") in (
+            "Succeeded",
+            "Failed",
+        ):
+            continue
+        container = pod["spec"]["containers"][0]
+        terminated = {"exitCode": 143, "reason": "Error", "startedAt": None, "finishedAt": None}
+        patch = {
+            "status": {
+                "phase": "Failed",
+                "containerStatuses": [
+                    {
+                        "name": container["name"],
+                        "image": container["image"],
+                        "imageID": "",
+                        "ready": False,
+                        "restartCount": 0,
+                        "state": {"terminated": terminated},
+                    }
+                ],
+            }
+        }
+        # The pod may be gone by now (Kueue let it go): nothing to stop then.
+        kube.kubectl(
+            "patch", "pod", meta["name"], "-n", namespace, "--subresource=status", "--type=merge",
+            "-p", json.dumps(patch), check=False,
+        )  # fmt: skip
+
+
+def wait_job(
+    kube: Cluster,
+    namespace: str,
+    name: str,
+    what: str,
+    predicate: Callable[[dict[str, Any]], bool],
+    timeout: float = 120,
+) -> dict[str, Any]:
+    """Polls the job's status until ``predicate`` holds, stopping deleted pods meanwhile."""
+
+    def check(current: dict[str, Any]) -> bool:
+        stop_deleted_pods(kube, namespace)
+        return predicate(current)
+
+    return wait_status(kube, namespace, name, what, check, timeout)
+
+
+def wait_phase(kube: Cluster, namespace: str, name: str, phase: str, timeout: float = 120) -> dict[str, Any]:
+    return wait_job(kube, namespace, name, f"phase {phase}", lambda s: s.get("phase") == phase, timeout)
+
+
 def phases(kube: Cluster, namespace: str, jobs: list[str]) -> dict[str, str]:
+    stop_deleted_pods(kube, namespace)
     return {j: str(status(kube, namespace, j).get("phase")) for j in jobs}
 
 
@@ -168,7 +255,7 @@ def test_four_jobs_on_sixteen_gpus_two_run_two_wait_with_kueues_reason_then_the_
     kube: Cluster,
     namespace: str,
     queue: str,
-    operator: Operator,  # noqa: F811
+    operator: Operator,
 ) -> None:
     jobs = ["job-a", "job-b", "job-c", "job-d"]
     for job in jobs:
@@ -184,7 +271,7 @@ def test_four_jobs_on_sixteen_gpus_two_run_two_wait_with_kueues_reason_then_the_
     waiting = [j for j, p in phases(kube, namespace, jobs).items() if p == "Pending"]
     running = [j for j in jobs if j not in waiting]
     for job in waiting:
-        s = wait_status(
+        s = wait_job(
             kube,
             namespace,
             job,
@@ -218,7 +305,7 @@ def test_a_higher_priority_job_preempts_one_that_checkpoints_and_resumes_when_re
     kube: Cluster,
     namespace: str,
     queue: str,
-    operator: Operator,  # noqa: F811
+    operator: Operator,
 ) -> None:
     for job in ("low-a", "low-b"):
         kube.apply(queued(job), namespace)
@@ -234,15 +321,17 @@ def test_a_higher_priority_job_preempts_one_that_checkpoints_and_resumes_when_re
     s = status(kube, namespace, victim)
     assert s["phase"] in ("Restarting", "Pending"), s
     assert s["restarts"] == 0, "a preemption is not counted against backoffLimit"
-    assert status(kube, namespace, survivor)["phase"] == "Running"
+    assert status(kube, namespace, survivor)["phase"] == "Running", (
+        status(kube, namespace, survivor),
+        kube.kubectl("get", "events", "-n", namespace, "--sort-by=.lastTimestamp").stdout,
+    )
     restarting = [e for e in events_of(kube, namespace, victim) if e["reason"] == "Restarting"]
-    assert restarting and "Preempted to accommodate" in restarting[0]["message"]
+    assert restarting and "(Preempted)" in restarting[0]["message"]
+    assert "not counted against backoffLimit" in restarting[0]["message"]
     # During its grace period the preempted trainer saves a checkpoint (the SIGTERM path) and rank 0
     # reports it; the new attempt, gated by Kueue meanwhile, must resume from that one.
     report_checkpoint(kube, namespace, victim, 7, "/workspace/checkpoints/step-7")
-    s = wait_status(
-        kube, namespace, victim, "preempted and queued again", lambda s: s.get("phase") == "Pending"
-    )
+    s = wait_job(kube, namespace, victim, "preempted and queued again", lambda s: s.get("phase") == "Pending")
     assert s["reason"] == "Preempted" and "waiting to be admitted again" in s["message"], s
     new_gang = gang(kube, namespace, victim)
     assert new_gang and all(gated(p) for p in new_gang.values()), "the new attempt waits for Kueue"
@@ -290,7 +379,7 @@ def gpu_nodes(count: int, tag: str) -> list[dict[str, Any]]:
 def test_a_four_node_trainer_is_admitted_as_one_unit_within_kueues_pod_set_limit(
     kueue: Cluster,
     namespace: str,
-    operator: Operator,  # noqa: F811
+    operator: Operator,
 ) -> None:
     kube = kueue
     cq = local_queue(kube, namespace, 40)
@@ -298,21 +387,25 @@ def test_a_four_node_trainer_is_admitted_as_one_unit_within_kueues_pod_set_limit
     nodes = gpu_nodes(3, tag)  # the cluster's 2 GPU nodes + 3 = 40 GPUs
     kube.apply(nodes)
     try:
-        spec: dict[str, Any] = {"trainer": {"nodes": 4, "gpusPerNode": 8}, "generation": {"gpus": 8}}
+        spec: dict[str, Any] = {
+            "trainer": {"nodes": 4, "gpusPerNode": 8},
+            "generation": {"gpus": 8},
+            "grpo": {"groupSize": 4, "promptsPerStep": 8},  # 32 completions: one per trainer GPU
+        }
         kube.apply(queued("big", **spec), namespace)
         s = wait_phase(kube, namespace, "big", "Running", timeout=180)
         assert "4 trainer pod(s)" in s["message"]
         wl = workload(kube, namespace, "big-a1")
         assert wl is not None
         pod_sets = wl["spec"]["podSets"]
-        # Kueue groups pods of one shape into one pod set (at most 8 per Workload): all trainer ranks
-        # share one, vLLM has its own, so any number of trainer nodes fits.
-        assert len(pod_sets) == 2, json.dumps(pod_sets)[:2000]
-        assert sorted(ps["count"] for ps in pod_sets) == [1, 4]
+        # Kueue groups pods of one shape into one pod set (at most 8 per Workload): vLLM, trainer rank 0
+        # and the other ranks are three shapes, however many trainer nodes there are.
+        assert len(pod_sets) == 3, [(ps["name"], ps["count"]) for ps in pod_sets]
+        assert sorted(ps["count"] for ps in pod_sets) == [1, 1, 3]
         assert_all_or_nothing(kube, namespace, ["big"])
         # A second big job does not fit the 40 GPUs: none of its 5 pods is admitted.
         kube.apply(queued("big2", **spec), namespace)
-        wait_status(
+        wait_job(
             kube, namespace, "big2", "Kueue's reason", lambda s: "insufficient" in (s.get("message") or "")
         )
         assert_all_or_nothing(kube, namespace, ["big2"])
