@@ -15,6 +15,12 @@ Starts (or reuses) a local cluster of its own (hack/cluster.sh, name ``grpo-scal
     schedulable job is phase Running and every job that cannot fit is Pending with reason
     Unschedulable; per job, time from the job's appearance to its Running.
 
+With ``--kueue`` the same run goes through Kueue (hack/cluster.sh starts its manager): every job gets
+``spec.scheduling.queueName``, all jobs share one ClusterQueue whose GPU quota is the cluster's GPUs,
+and the report adds the time from a job's appearance to Kueue's admission (every gang pod's scheduling
+gate lifted). The floor is skipped then (it does not go through a queue). Deleted pods are stopped by
+the benchmark, as the kubelet would: kwok leaves a pod that Kueue's finalizer holds running.
+
 Then, with nothing changing, the operator's requests over ``--idle`` seconds. Requests are counted by
 the API server: the operator runs as its own ServiceAccount whose requests form one API Priority and
 Fairness flow (bench/_bench.py explains why not apiserver_request_total, which is printed for all
@@ -26,6 +32,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import subprocess
 import tempfile
 import threading
 import time
@@ -34,6 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from _bench import (
+    LABEL_JOB,
     BenchCluster,
     Obj,
     OperatorProcess,
@@ -43,6 +51,7 @@ from _bench import (
     children_of,
     create_namespaces,
     delete_namespaces,
+    gang_size,
     gpu_pods,
     job_informer,
     log,
@@ -87,6 +96,89 @@ class SizeResult:
     load_avg_start: float
     load_avg_end: float
     reconcile_total: float
+    kueue: bool = False
+    admitted_p50_s: float = float("nan")
+    admitted_p95_s: float = float("nan")
+
+
+KUEUE_QUEUE = "bench-queue"
+
+
+def kueue_setup(cluster: BenchCluster, gpus: int) -> None:
+    """Kueue's manager in the bench cluster, a ResourceFlavor and one ClusterQueue holding every GPU."""
+    env = {**os.environ, "GRPO_CLUSTER_NAME": cluster.name}
+    out = subprocess.run(
+        ["bash", str(Path(__file__).resolve().parents[1] / "hack" / "cluster.sh"), "kueue"],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if out.returncode != 0:
+        raise RuntimeError(f"hack/cluster.sh kueue failed:\n{out.stderr[-4000:]}")
+    flavor = {"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "ResourceFlavor", "metadata": {"name": "bench"}}
+    quota = [
+        {"name": "cpu", "nominalQuota": 100000},
+        {"name": "memory", "nominalQuota": "1000Ti"},
+        {"name": "nvidia.com/gpu", "nominalQuota": gpus},
+    ]
+    queue = {
+        "apiVersion": "kueue.x-k8s.io/v1beta2",
+        "kind": "ClusterQueue",
+        "metadata": {"name": "bench"},
+        "spec": {
+            "namespaceSelector": {},
+            "resourceGroups": [
+                {
+                    "coveredResources": ["cpu", "memory", "nvidia.com/gpu"],
+                    "flavors": [{"name": "bench", "resources": quota}],
+                }
+            ],
+        },
+    }
+    cluster.kubectl(
+        "apply", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List", "items": [flavor, queue]})
+    )
+
+
+def kueue_namespaces(cluster: BenchCluster, namespaces: list[str]) -> None:
+    items: list[Obj] = []
+    for ns in namespaces:
+        items.append(
+            {
+                "apiVersion": "v1",
+                "kind": "Namespace",
+                "metadata": {"name": ns, "labels": {"kueue-managed": "true"}},
+            }
+        )
+        items.append(
+            {
+                "apiVersion": "kueue.x-k8s.io/v1beta2",
+                "kind": "LocalQueue",
+                "metadata": {"name": KUEUE_QUEUE, "namespace": ns},
+                "spec": {"clusterQueue": "bench"},
+            }
+        )
+    cluster.kubectl(
+        "apply", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List", "items": items})
+    )
+
+
+def queued(manifest: Obj) -> Obj:
+    spec = manifest["spec"]
+    spec["scheduling"] = {**spec.get("scheduling", {}), "queueName": KUEUE_QUEUE}
+    return manifest
+
+
+def stop_deleted_pods(cluster: BenchCluster) -> None:
+    """What the kubelet does and kwok does not when a finalizer other than kwok's holds a deleted pod."""
+    for pod in cluster.get_list("pods", selector=LABEL_JOB):
+        meta, phase = pod["metadata"], (pod.get("status") or {}).get("phase")
+        if meta.get("deletionTimestamp") and meta.get("finalizers") and phase not in ("Succeeded", "Failed"):
+            cluster.kubectl(
+                "patch", "pod", meta["name"], "-n", meta["namespace"], "--subresource=status", "--type=merge",
+                "-p", json.dumps({"status": {"phase": "Failed"}}), check=False,
+            )  # fmt: skip
 
 
 def floor(
@@ -151,9 +243,29 @@ def operator_run(
     workdir: Path,
     operator_args: list[str],
     source: Path | None,
+    kueue: bool = False,
 ) -> dict[str, Any]:
     namespaces = sorted({m["metadata"]["namespace"] for m in manifests})
     create_namespaces(cluster, namespaces)
+    if kueue:
+        kueue_namespaces(cluster, namespaces)
+    sizes = {(m["metadata"]["namespace"], m["metadata"]["name"]): gang_size(m) for m in manifests}
+    # (namespace, job) -> names of its gang pods seen without Kueue's gate; the job's admission time.
+    ungated: dict[tuple[str, str], set[str]] = {}
+    admitted: dict[str, float] = {}
+
+    def on_pod(type_: str, pod: Obj, t: float) -> None:
+        meta = pod["metadata"]
+        labels = meta.get("labels") or {}
+        key = (meta.get("namespace", ""), labels.get(LABEL_JOB, ""))
+        if key not in sizes or labels.get("grpo.dev/role") not in ("trainer", "generation"):
+            return
+        if type_ != "DELETED" and not (pod.get("spec") or {}).get("schedulingGates"):
+            seen = ungated.setdefault(key, set())
+            seen.add(meta["name"])
+            if len(seen) == sizes[key]:
+                admitted.setdefault(f"{key[0]}/{key[1]}", t)
+
     kinds = {
         (m["metadata"]["namespace"], m["metadata"]["name"]): m["metadata"]["labels"]["grpo.dev/bench-kind"]
         for m in manifests
@@ -187,6 +299,10 @@ def operator_run(
     informer = job_informer(api, on_job)
     informer.start()
     informer.synced.wait(60)
+    pods_seen = pod_informer(api, on_pod)
+    if kueue:
+        pods_seen.start()
+        pods_seen.synced.wait(60)
     time.sleep(2)  # let the operator's initial lists and watches finish before counting
     path = write_list(manifests)
     before = RequestCounts.read(cluster)
@@ -219,6 +335,8 @@ def operator_run(
     cpu_idle1, rss = op.sample()
     reconciles = _operator_metric(op, "grpo_operator_reconcile_total")
     informer.stop()
+    if kueue:
+        pods_seen.stop()
     os.unlink(path)
     log(f"[{tag}] operator: cleaning up")
     # Jobs first: their children go with them (garbage collector), so the operator never sees a
@@ -226,9 +344,16 @@ def operator_run(
     for namespace in namespaces:
         cluster.kubectl("delete", "grpojobs", "--all", "-n", namespace, "--wait=false")
     delete_namespaces(cluster, namespaces)
-    wait_for("the jobs' pods to be gone", lambda: gpu_pods(cluster) == 0, timeout=600, interval=2)
+
+    def pods_gone() -> bool:
+        if kueue:
+            stop_deleted_pods(cluster)
+        return bool(gpu_pods(cluster) == 0)
+
+    wait_for("the jobs' pods to be gone", pods_gone, timeout=600, interval=2)
     op.stop()
     durations = ramp.durations()
+    admission = [admitted[k] - ramp.started[k] for k in admitted if k in ramp.started]
     ramp_counts = after - before
     return {
         "apply_s": t_apply,
@@ -246,6 +371,7 @@ def operator_run(
         "load0": load0,
         "load1": load1,
         "reconciles": reconciles,
+        "admission": admission,
     }
 
 
@@ -271,18 +397,23 @@ def run_size(
     operator_args: list[str],
     source: Path | None,
     skip_floor: bool = False,
+    kueue: bool = False,
 ) -> SizeResult:
     tag = f"{count} jobs"
     run = time.strftime("%H%M%S")
     namespaces = [f"s{count}-{run}-t{i}" for i in range(NAMESPACES_PER_RUN)]
     manifests = bench_jobs(count, namespaces)
+    if kueue:
+        manifests = [queued(m) for m in manifests]
     fit = [m for m in manifests if schedulable(m["metadata"]["labels"]["grpo.dev/bench-kind"])]
     child_objects = sum(len(children_of(m)) for m in manifests)
     nan = float("nan")
     create_s, floor_s, floor_requests = (
         (nan, nan, nan) if skip_floor else floor(cluster, manifests, tag, timeout)
     )
-    res = operator_run(cluster, op_kubeconfig, manifests, tag, idle, timeout, workdir, operator_args, source)
+    res = operator_run(
+        cluster, op_kubeconfig, manifests, tag, idle, timeout, workdir, operator_args, source, kueue
+    )
     durations = res["durations"]
     return SizeResult(
         jobs=count,
@@ -311,6 +442,9 @@ def run_size(
         load_avg_start=res["load0"],
         load_avg_end=res["load1"],
         reconcile_total=res["reconciles"],
+        kueue=kueue,
+        admitted_p50_s=median(res["admission"]) if res["admission"] else nan,
+        admitted_p95_s=percentile(res["admission"], 95) if res["admission"] else nan,
     )
 
 
@@ -323,6 +457,9 @@ ROWS: list[tuple[str, str, str]] = [
     ("    of which kubectl apply", "apply_s", "{r.apply_s:.1f} s"),
     ("b/a (a = create -> Running)", "ratio", "{r.ratio:.2f}"),
     ("b/a (a = kubectl create only)", "ratio_to_create", "{r.ratio_to_create:.2f}"),
+    ("through Kueue", "kueue", "{r.kueue}"),
+    ("time to Kueue admission p50", "admitted_p50_s", "{r.admitted_p50_s:.1f} s"),
+    ("time to Kueue admission p95", "admitted_p95_s", "{r.admitted_p95_s:.1f} s"),
     ("time to Running p50", "p50_s", "{r.p50_s:.1f} s"),
     ("time to Running p95", "p95_s", "{r.p95_s:.1f} s"),
     ("time to Running max", "max_s", "{r.max_s:.1f} s"),
@@ -393,6 +530,11 @@ def main() -> int:
     parser.add_argument(
         "--skip-floor", action="store_true", help="measure only (b) (the floor does not change)"
     )
+    parser.add_argument(
+        "--kueue",
+        action="store_true",
+        help="queue every job through one Kueue ClusterQueue (skips the floor)",
+    )
     args = parser.parse_args()
     sizes = args.jobs or [30, 100, 300]
     args.workdir.mkdir(parents=True, exist_ok=True)
@@ -400,6 +542,8 @@ def main() -> int:
     cluster = BenchCluster.up(args.cluster, args.gpu_nodes, args.cpu_nodes)
     op_kubeconfig = operator_identity(cluster)
     cluster.kubectl("apply", "-f", str(Path(__file__).resolve().parents[1] / "crds"))
+    if args.kueue:
+        kueue_setup(cluster, args.gpu_nodes * 8)
     if gpu_pods(cluster):
         raise SystemExit(f"cluster {args.cluster} still runs GRPO pods from another run: remove them first")
     machine = {
@@ -424,7 +568,8 @@ def main() -> int:
                 args.workdir,
                 args.operator_arg,
                 args.operator_source,
-                args.skip_floor,
+                args.skip_floor or args.kueue,
+                args.kueue,
             )
         )
         print(report(results), flush=True)

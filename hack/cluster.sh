@@ -7,6 +7,8 @@
 #   hack/cluster.sh down      stop and remove all state
 #   hack/cluster.sh status    exit 0 if the cluster answers
 #   hack/cluster.sh env       print `export KUBECONFIG=...; export PATH=...`
+#   hack/cluster.sh up --kueue   also run Kueue's controller manager (same as GRPO_KUEUE=1)
+#   hack/cluster.sh kueue     start Kueue in the running cluster (idempotent; see docs/kueue.md)
 #
 # Environment: GRPO_CLUSTER_NAME (default grpo), GRPO_CLUSTER_HOME (default ~/.cache/grpo-cluster),
 # GPU_NODES (default 2), GPUS_PER_NODE (default 8), CPU_NODES (default 1), GRPO_TESTBINS.
@@ -22,6 +24,7 @@ K8S_BIN="$BINS/k8s-$K8S_VERSION"
 ETCD_BIN="$BINS/etcd-$ETCD_VERSION"
 KWOK_BIN="$BINS/kwok-$KWOK_VERSION"
 HELM_BIN="$BINS/helm-$HELM_VERSION"
+KUEUE_BIN="$BINS/kueue-$KUEUE_VERSION"
 NAME="${GRPO_CLUSTER_NAME:-grpo}"
 export KWOK_WORKDIR="${GRPO_CLUSTER_HOME:-$HOME/.cache/grpo-cluster}"
 STATE="$KWOK_WORKDIR/clusters/$NAME"
@@ -66,6 +69,73 @@ start_provisioner() {
 stop_provisioner() {
   if provisioner_running; then kill "$(cat "$EXTRA/provisioner.pid")" 2>/dev/null || true; fi
   rm -f "$EXTRA/provisioner.pid"
+}
+
+kueue_running() {
+  [ -f "$EXTRA/kueue.pid" ] && kill -0 "$(cat "$EXTRA/kueue.pid")" 2>/dev/null
+}
+
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+
+# Kueue's controller manager as a local process: its webhooks are served on 127.0.0.1 with a
+# self-signed certificate, and the API server calls them by URL (hack/cluster/kueue_manifests.py).
+# Only the "pod" integration is on, for namespaces labelled kueue-managed=true.
+kueue_up() {
+  local t0=$SECONDS
+  answers || { log "cluster '$NAME' is not running: start it with 'hack/cluster.sh up --kueue'"; return 1; }
+  if kueue_running; then log "kueue is already running in cluster '$NAME'"; return 0; fi
+  [ -f "$KUEUE_BIN/.ready" ] || bash "$HERE/testbins.sh" kueue >/dev/null
+  local dir="$EXTRA/kueue" py="${PYTHON:-python3}" webhook_port health_port metrics_port
+  [ -x "$REPO/.venv/bin/python" ] && py="$REPO/.venv/bin/python"
+  rm -rf "$dir"; mkdir -p "$dir/certs"
+  openssl req -x509 -newkey rsa:2048 -nodes -days 3650 -subj "/CN=127.0.0.1" \
+    -addext "subjectAltName=IP:127.0.0.1" -keyout "$dir/certs/tls.key" -out "$dir/certs/tls.crt" 2>/dev/null
+  webhook_port="$(free_port)"; health_port="$(free_port)"; metrics_port="$(free_port)"
+  cat >"$dir/config.yaml" <<YAML
+apiVersion: config.kueue.x-k8s.io/v1beta2
+kind: Configuration
+namespace: kueue-system
+health: {healthProbeBindAddress: "127.0.0.1:$health_port"}
+metrics: {bindAddress: "127.0.0.1:$metrics_port"}
+webhook: {host: 127.0.0.1, port: $webhook_port, certDir: "$dir/certs"}
+leaderElection: {leaderElect: false}
+internalCertManagement: {enable: false}
+manageJobsWithoutQueueName: false
+managedJobsNamespaceSelector: {matchLabels: {kueue-managed: "true"}}
+integrations: {frameworks: ["pod"]}
+# The on-demand visibility API needs an APIService in front of it; nothing here uses it.
+featureGates: {VisibilityOnDemand: false}
+YAML
+  kc create namespace kueue-system --dry-run=client -o yaml | kc apply -f - >/dev/null
+  "$py" "$HERE/cluster/kueue_manifests.py" "$KUEUE_BIN" "$webhook_port" "$dir/certs/tls.crt" \
+    | kc apply --server-side --force-conflicts -f - >/dev/null
+  kc wait --for=condition=Established crd --all --timeout=60s >/dev/null
+  KUBECONFIG="$KUBECONFIG_OUT" KUEUE_METRICS_CERT_DIR="$dir/certs" nohup "$KUEUE_BIN/kueue" \
+    --config "$dir/config.yaml" >"$EXTRA/kueue.log" 2>&1 &
+  echo $! >"$EXTRA/kueue.pid"
+  # Ready when the manager answers /readyz and its webhooks admit a Kueue object (server dry run).
+  local i
+  for ((i = 0; i < 120; i++)); do
+    if ! kueue_running; then log "kueue exited; its log ($EXTRA/kueue.log):"; tail -20 "$EXTRA/kueue.log" >&2; return 1; fi
+    if curl -sf "http://127.0.0.1:$health_port/readyz" >/dev/null 2>&1 \
+      && printf 'apiVersion: kueue.x-k8s.io/v1beta2\nkind: ResourceFlavor\nmetadata: {name: probe}\n' \
+        | kc apply --dry-run=server -f - >/dev/null 2>&1; then
+      log "kueue $KUEUE_VERSION ready in $((SECONDS - t0))s (pid $(cat "$EXTRA/kueue.pid"), webhooks on 127.0.0.1:$webhook_port, log $EXTRA/kueue.log)"
+      return 0
+    fi
+    sleep 1
+  done
+  log "kueue did not become ready in 120s; its log ($EXTRA/kueue.log):"; tail -20 "$EXTRA/kueue.log" >&2
+  return 1
+}
+
+stop_kueue() {
+  if kueue_running; then
+    local pid; pid="$(cat "$EXTRA/kueue.pid")"
+    kill "$pid" 2>/dev/null || true
+    for _ in 1 2 3 4 5 6 7 8 9 10; do kill -0 "$pid" 2>/dev/null || break; sleep 0.5; done
+  fi
+  rm -f "$EXTRA/kueue.pid"
 }
 
 nodes_yaml() {
@@ -121,6 +191,7 @@ up() {
   if answers; then
     log "cluster '$NAME' is already running"
     start_provisioner
+    if [ "$WITH_KUEUE" = 1 ]; then kueue_up; fi
     env_lines
     return 0
   fi
@@ -143,10 +214,12 @@ up() {
   start_provisioner
   kc wait --for=condition=Ready node --all --timeout=60s >/dev/null
   log "cluster '$NAME' up in $((SECONDS - t0))s: $GPU_NODES GPU node(s) x $GPUS_PER_NODE nvidia.com/gpu, $CPU_NODES CPU node(s)"
+  if [ "$WITH_KUEUE" = 1 ]; then kueue_up; fi
   env_lines
 }
 
 down() {
+  stop_kueue
   stop_provisioner
   if [ -d "$STATE" ]; then
     kwokctl delete cluster --name "$NAME" --kubeconfig "$KUBECONFIG_OUT" >&2 || true
@@ -160,10 +233,13 @@ env_lines() {
   echo "export PATH=$K8S_BIN:$HELM_BIN:\$PATH"
 }
 
+WITH_KUEUE="${GRPO_KUEUE:-0}"
+[ "${2:-}" = "--kueue" ] && WITH_KUEUE=1
 case "${1:-}" in
   up) up ;;
+  kueue) kueue_up ;;
   down) down ;;
   status) answers ;;
   env) env_lines ;;
-  *) echo "usage: $0 up|down|status|env" >&2; exit 2 ;;
+  *) echo "usage: $0 up [--kueue]|down|status|env|kueue" >&2; exit 2 ;;
 esac

@@ -6,6 +6,7 @@
 #   $GRPO_TESTBINS/kwok-$KWOK_VERSION/{kwok,kwokctl}
 #   $GRPO_TESTBINS/helm-$HELM_VERSION/helm
 #   $GRPO_TESTBINS/kubeconform-$KUBECONFORM_VERSION/kubeconform
+#   $GRPO_TESTBINS/kueue-$KUEUE_VERSION/{kueue,crds/,webhook/}   (with the others; alone: `hack/testbins.sh kueue`)
 # A component counts as built only when its directory holds a `.ready` file, written last after the
 # binaries were moved into place, so an interrupted or failed build is never mistaken for a good one.
 # Go's module and build caches survive interruption, so a rerun resumes where the last one stopped.
@@ -158,19 +159,52 @@ build_kubeconform() {
   finish
 }
 
+build_kueue() {
+  begin "kueue-$KUEUE_VERSION" || return 0
+  cd "$WORK"
+  go mod init local.invalid/kueue-testbins >/dev/null 2>&1
+  with_heartbeat "resolving kueue $KUEUE_VERSION modules" \
+    go get -tool "sigs.k8s.io/kueue/cmd/kueue@$KUEUE_VERSION"
+  local dir main
+  dir="$(go list -m -f '{{.Dir}}' sigs.k8s.io/kueue)"
+  main="$dir/cmd/kueue/main.go"
+  # cmd/kueue is one file, package main, importing only Kueue's public packages; it is built from a copy
+  # in this throwaway module with one line changed (the module itself is untouched): with
+  # internalCertManagement off, the manager reads its metrics-server certificate from the fixed
+  # in-container path /etc/kueue/metrics/certs, which a process outside a container cannot use without
+  # root, so $KUEUE_METRICS_CERT_DIR may name another directory. Fails loudly if the line changes.
+  grep -q 'metricsCertPath := "/etc/kueue/metrics/certs"' "$main" || {
+    log "cmd/kueue/main.go of $KUEUE_VERSION no longer has the metrics cert path line; update build_kueue"
+    return 1
+  }
+  sed 's#metricsCertPath := "/etc/kueue/metrics/certs"#metricsCertPath := "/etc/kueue/metrics/certs"; if d := os.Getenv("KUEUE_METRICS_CERT_DIR"); d != "" { metricsCertPath = d }#' \
+    "$main" > "$WORK/main.go"
+  with_heartbeat "compiling the kueue controller manager $KUEUE_VERSION (~10 min cold on 2 cores)" \
+    timed kueue go build -trimpath \
+      -ldflags "-s -w -X sigs.k8s.io/kueue/pkg/version.GitVersion=$KUEUE_VERSION" \
+      -o "$OUT_TMP/kueue" .
+  # Kueue's CRDs and webhook configurations ship in its module source; keep copies beside the binary
+  # so the cluster script installs exactly the schema this manager was built against.
+  mkdir -p "$OUT_TMP/crds" "$OUT_TMP/webhook"
+  cp "$dir"/config/components/crd/bases/*.yaml "$dir/config/components/crd/kustomization.yaml" "$OUT_TMP/crds/"
+  cp "$dir/config/components/webhook/manifests.yaml" "$OUT_TMP/webhook/"
+  chmod -R u+w "$OUT_TMP/crds" "$OUT_TMP/webhook"
+  finish
+}
+
 components=("$@")
-[ ${#components[@]} -eq 0 ] && components=(etcd kwok k8s helm kubeconform)
+[ ${#components[@]} -eq 0 ] && components=(etcd kwok k8s helm kubeconform kueue)
 T0=$SECONDS
 for c in "${components[@]}"; do
   case "$c" in
-    k8s|etcd|kwok|helm|kubeconform)
+    k8s|etcd|kwok|helm|kubeconform|kueue)
       # Not `( ... ) || ...`: bash ignores `set -e` inside a subshell that is the left side of `||`.
       set +e; ( set -e; "build_$c" ); rc=$?; set -e
       if [ "$rc" -ne 0 ]; then
         log "component '$c' FAILED (exit $rc); its cache stays un-ready ($ROOT/*.partial). Rerun to resume."
         exit 1
       fi ;;
-    *) log "unknown component '$c' (expected: k8s etcd kwok helm kubeconform)"; exit 2 ;;
+    *) log "unknown component '$c' (expected: k8s etcd kwok helm kubeconform kueue)"; exit 2 ;;
   esac
 done
 log "all requested components ready in $((SECONDS - T0))s under $ROOT"

@@ -428,6 +428,14 @@ def test_cluster_wide_rbac_is_exactly_the_documented_rules(defaults: list[Doc]) 
     assert not find(defaults, "Role") and not find(defaults, "RoleBinding")
 
 
+def test_kueue_enabled_adds_only_get_on_workloads() -> None:
+    # What lets a queued job's status carry Kueue's reason (docs/kueue.md); read-only, nothing more.
+    docs = render(sets={"kueue.enabled": "true"})
+    role = one(docs, "ClusterRole", FULLNAME)
+    kueue_rules = {("kueue.x-k8s.io", "workloads"): {"get"}}
+    assert flatten(role["rules"]) == {**CLUSTER_RULES, **NAMESPACED_RULES, **kueue_rules}
+
+
 def test_namespaced_watch_gets_roles_in_each_namespace_only() -> None:
     docs = render([VALUES_DIR / "namespaced.yaml"], api_versions=MONITORING_APIS)
     cluster_role = one(docs, "ClusterRole", FULLNAME)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import yaml
 from grpo_operator.builders import gang_pods, infrastructure, metric_workload
-from grpo_operator.handlers.kube import CHILD_RESOURCES, EVENT, GRPOJOB, NODE
+from grpo_operator.handlers.kube import CHILD_RESOURCES, EVENT, GRPOJOB, KUEUE_WORKLOAD, NODE
 from grpo_operator.settings import OperatorSettings
 
 from tests.unit.test_builders import make_job
@@ -104,13 +104,16 @@ def test_the_chart_grants_every_verb_the_operator_uses_on_each_child_and_nothing
             f"{RBAC_TEMPLATE.relative_to(REPO)} grants {sorted(granted)} on {resource.plural}; the operator "
             f"needs {sorted(CHILD_VERBS)} on every child kind"
         )
-    # The job itself (with its subresources) and the Events the operator posts are the only other grants.
+    # The job itself (with its subresources), the Events the operator posts and the Kueue Workloads it reads
+    # (only with kueue.enabled) are the only other grants.
     expected = {(r.group, r.plural) for r in CHILD_RESOURCES} | {
         (GRPOJOB.group, GRPOJOB.plural),
         (GRPOJOB.group, f"{GRPOJOB.plural}/status"),
         (GRPOJOB.group, f"{GRPOJOB.plural}/finalizers"),
         (EVENT.group, EVENT.plural),
+        (KUEUE_WORKLOAD.group, KUEUE_WORKLOAD.plural),
     }
+    assert namespaced.get((KUEUE_WORKLOAD.group, KUEUE_WORKLOAD.plural)) == {"get"}
     assert set(namespaced) == expected, (
         f"namespaced grants that match no resource the operator uses: {sorted(set(namespaced) - expected)}; "
         f"resources it uses that are not granted: {sorted(expected - set(namespaced))}"

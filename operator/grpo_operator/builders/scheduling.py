@@ -9,6 +9,7 @@ from grpo_operator.builders.common import (
     KUEUE_GROUP_COUNT_ANNOTATION,
     KUEUE_GROUP_LABEL,
     KUEUE_QUEUE_LABEL,
+    KUEUE_RETRIABLE_ANNOTATION,
     Job,
 )
 from grpo_operator.settings import OperatorSettings
@@ -70,11 +71,15 @@ def kueue_labels(job: Job, attempt: int, settings: OperatorSettings) -> tuple[di
 
     A job that names no queue goes to the platform's default queue, when there is one (read here, not
     folded into the spec, so a changed default reaches the next gang without restarting running ones).
-    """
+
+    The group is marked not retriable from the start: the operator never replaces a pod inside a group
+    (a restart is a new group), and otherwise Kueue keeps the quota and a finalizer on every pod of a
+    group whose pods were deleted without the operator (the GRPOJob deleted, its pods garbage
+    collected), waiting for replacements that never come."""
     queue = job.spec.scheduling.queue_name or settings.default_queue_name
     if not queue:
         return {}, {}
     return (
         {KUEUE_QUEUE_LABEL: queue, KUEUE_GROUP_LABEL: kueue_group_name(job, attempt)},
-        {KUEUE_GROUP_COUNT_ANNOTATION: str(gang_size(job))},
+        {KUEUE_GROUP_COUNT_ANNOTATION: str(gang_size(job)), KUEUE_RETRIABLE_ANNOTATION: "false"},
     )

@@ -27,10 +27,18 @@ from typing import Any, TypeVar
 from kubernetes.client.exceptions import ApiException
 
 from grpo_operator.api.resource import API_VERSION, KIND
-from grpo_operator.builders.common import LABEL_JOB, LABEL_MANAGED_BY, LABEL_ROLE, PART_OF
+from grpo_operator.builders.common import KUEUE_GROUP_LABEL, LABEL_JOB, LABEL_MANAGED_BY, LABEL_ROLE, PART_OF
 from grpo_operator.builders.storage import ANNOTATION_JOB_UID
 from grpo_operator.handlers.informer import ClusterCache
-from grpo_operator.handlers.kube import CHILD_RESOURCES, GRPOJOB, NODE, Kube, Obj, resource_for
+from grpo_operator.handlers.kube import (
+    CHILD_RESOURCES,
+    GRPOJOB,
+    KUEUE_WORKLOAD,
+    NODE,
+    Kube,
+    Obj,
+    resource_for,
+)
 from grpo_operator.handlers.workqueue import WorkQueue
 from grpo_operator.observability import HealthState, OperatorMetrics
 from grpo_operator.reconcile import Observed, Plan, Refusal, reconcile
@@ -93,6 +101,7 @@ class Controller:
         self._recent_events: dict[tuple[Key, str, str], float] = {}
         self._nodes: tuple[float, frozenset[str] | None] = (0.0, None)
         self._nodes_forbidden = False
+        self._workloads_forbidden = False
         self._instance = os.environ.get("POD_NAME") or socket.gethostname()
         # Watch-backed caches (started with the controller); until a kind's cache is complete, and for
         # kinds the operator may not watch, reconcile reads from the API server instead.
@@ -317,6 +326,7 @@ class Controller:
                 if obj["kind"] == "Pod" and not _pod_of_this_job(obj, uid, meta.get("creationTimestamp")):
                     continue  # a pod of an earlier job with the same name, on its way out
                 objects.append(obj)
+        objects += await self._kueue_workloads(namespace, objects)
         return Observed(
             objects=tuple(objects),
             nodes=await self._node_names(),
@@ -344,6 +354,40 @@ class Controller:
 
         found = await asyncio.gather(*(read(kind, name) for kind, name in wanted))
         return [obj for obj in found if obj is not None]
+
+    async def _kueue_workloads(self, namespace: str, objects: list[Obj]) -> list[Obj]:
+        """Kueue's Workload of each pod group whose pods wait for admission (one GET each, only while they
+        wait), so the job's status can say why Kueue has not admitted it. Kueue names the Workload of a
+        pod group after the group."""
+        if self._workloads_forbidden:
+            return []
+        groups = sorted(
+            {
+                str(obj["metadata"]["labels"][KUEUE_GROUP_LABEL])
+                for obj in objects
+                if obj.get("kind") == "Pod"
+                and (obj.get("spec") or {}).get("schedulingGates")
+                and KUEUE_GROUP_LABEL in ((obj.get("metadata") or {}).get("labels") or {})
+            }
+        )
+        found: list[Obj] = []
+        for group in groups:
+            try:
+                workload = await self._call(self.kube.get, KUEUE_WORKLOAD, namespace, group)
+            except ApiException as exc:
+                if exc.status == 403:
+                    log.warning(
+                        "no permission to get Kueue Workloads (HTTP 403): queued jobs show Kueue's scheduling "
+                        "gate but not Kueue's reason; grant get on workloads.kueue.x-k8s.io (Helm: kueue.enabled)"
+                    )
+                    self._workloads_forbidden = True
+                    return []
+                if exc.status == 404:
+                    continue  # Kueue has not created it yet (or Kueue is not installed)
+                raise
+            workload["kind"] = "Workload"
+            found.append(workload)
+        return found
 
     async def _node_names(self) -> frozenset[str] | None:
         watched = self.cache.node_names() if self.cache is not None else None

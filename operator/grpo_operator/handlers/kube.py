@@ -50,6 +50,8 @@ GRPOJOB = Resource(GROUP, VERSION, PLURAL, "GRPOJob")
 POD = Resource("", "v1", "pods", "Pod")
 NODE = Resource("", "v1", "nodes", "Node")
 EVENT = Resource("", "v1", "events", "Event")
+# Kueue's Workload of a queued pod group: read (never written) to show why Kueue has not admitted a job.
+KUEUE_WORKLOAD = Resource("kueue.x-k8s.io", "v1beta2", "workloads", "Workload")
 
 # Every kind the operator creates for a job, in the order they are observed.
 CHILD_RESOURCES: tuple[Resource, ...] = (

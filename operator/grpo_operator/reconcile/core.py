@@ -11,6 +11,7 @@ from __future__ import annotations
 import copy
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from pathlib import PurePosixPath
 from typing import Any
 
 from pydantic import ValidationError
@@ -435,7 +436,7 @@ def _run_gang(step: _Step, job: Job, observed: Observed) -> None:
     _delete_pods(step, observed, lambda pod: pod.role in GANG_ROLES and pod.attempt != attempt)
     resume_from = next(
         (p.resume_from for p in current.values() if p.role == "trainer" and p.resume_from is not None),
-        step.checkpoint_path,
+        _resume_from(job, step),
     )
     missing = [
         m for m in gang_pods(job, step.settings, attempt, resume_from) if m["metadata"]["name"] not in current
@@ -476,6 +477,17 @@ def _run_gang(step: _Step, job: Job, observed: Observed) -> None:
     _waiting(step, job, observed, expected, present)
 
 
+def _resume_from(job: Job, step: _Step) -> str:
+    """RESUME_FROM of a new gang. Under Kueue the new attempt's pods wait at the gate until the queue
+    admits them again, which can be after the old attempt wrote its SIGTERM checkpoint (a preemption's
+    grace period) and before the status shows it: name the checkpoint root, whose latest.json points at
+    the newest checkpoint this job published, instead of the one known now."""
+    queued = job.spec.scheduling.queue_name or step.settings.default_queue_name
+    if queued and step.checkpoint_path:
+        return str(PurePosixPath(step.checkpoint_path).parent)
+    return step.checkpoint_path
+
+
 def _wait_for_earlier_pods(step: _Step, names: list[str]) -> None:
     """Fencing, as a JobSet does: attempt n+1 starts only once attempt n's pods are gone from the API, not
     merely terminating, because an old trainer rank 0 may still be writing its SIGTERM checkpoint (it has
@@ -508,6 +520,14 @@ def _waiting(step: _Step, job: Job, observed: Observed, expected: list[str], pre
         if why == "SchedulingGated":
             reason = "WaitingForAdmission"
             message = f"pod {pod.name} is not yet admitted by its queue: {detail}"
+            group = pod.labels.get(KUEUE_GROUP_LABEL)
+            kueue_says = observed.kueue_wait(group) if group else None
+            if kueue_says:
+                message = f"Kueue has not admitted workload {group}: {kueue_says}"
+            if step.new.get("reason") == "Preempted" and step.old_phase in ("Restarting", "Pending"):
+                # Keep saying why the job left Running until Kueue admits it again.
+                reason = "Preempted"
+                message = f"preempted by Kueue; waiting to be admitted again. {message}"
         else:
             reason = "Unschedulable"
             message = f"pod {pod.name} cannot be scheduled: {detail}"

@@ -16,6 +16,8 @@ from grpo_operator.builders.common import (
 
 Obj = dict[str, Any]
 
+# The pod condition Kueue sets on the pods of a workload it evicts, before it deletes them.
+KUEUE_TERMINATION_CONDITION = "TerminationTarget"
 # Pod status reasons set when a pod is stopped by the platform rather than by its own failure
 # (kubelet node-pressure eviction, preemption, graceful node shutdown, node loss).
 DISRUPTION_STATUS_REASONS = frozenset(
@@ -67,6 +69,19 @@ class Observed:
 
     def pods(self) -> list[PodView]:
         return [PodView(p) for p in self.of_kind("Pod")]
+
+    def kueue_wait(self, group: str) -> str | None:
+        """Kueue's own words for why it has not admitted the pod group ``group`` (its Workload's
+        QuotaReserved or Admitted condition), or None when the Workload is not known or is admitted."""
+        workload = self.get("Workload", group)
+        if workload is None:
+            return None
+        conditions = {c.get("type"): c for c in (workload.get("status") or {}).get("conditions") or []}
+        for type_ in ("QuotaReserved", "Admitted"):
+            cond = conditions.get(type_)
+            if cond is not None and cond.get("status") == "False" and cond.get("message"):
+                return str(cond["message"])
+        return None
 
 
 @dataclass(frozen=True)
@@ -171,6 +186,12 @@ class PodView:
         node pressure), a preemption, a taint-manager or pod-GC deletion, a node that disappeared, or
         any deletion of a pod the operator did not delete itself.
         """
+        # Kueue marks each pod of a workload it evicts (preemption, pods-ready timeout, deactivation)
+        # before deleting it; the message says which.
+        stopped = self.condition(KUEUE_TERMINATION_CONDITION)
+        if stopped and stopped.get("status") == "True":
+            message = str(stopped.get("message") or "")
+            return "Preempted" if "preempt" in message.lower() else "EvictedByKueue"
         target = self.condition("DisruptionTarget")
         if target and target.get("status") == "True":
             return str(target.get("reason") or "DisruptionTarget")

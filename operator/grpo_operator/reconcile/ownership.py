@@ -93,6 +93,10 @@ def controlled_by_other(obj: Obj) -> bool:
     )
 
 
+# Kinds the operator observes but never creates, changes or deletes.
+READ_ONLY_KINDS = frozenset({"Workload"})
+
+
 @dataclass(frozen=True)
 class Split:
     """The observed objects divided into the job's own and everything else found under a child's name."""
@@ -108,7 +112,9 @@ def split(observed: Observed, job_meta: Obj) -> Split:
     mine: list[Obj] = []
     foreign: dict[tuple[str, str], Obj] = {}
     for obj in observed.objects:
-        if is_mine(obj, job_meta):
+        # Kueue's Workloads of the job's pod groups are read for their conditions only, never written: they
+        # belong to Kueue (owned by the pods), so ownership does not apply to them.
+        if obj.get("kind") in READ_ONLY_KINDS or is_mine(obj, job_meta):
             mine.append(obj)
         else:
             foreign[(str(obj.get("kind")), str(_meta(obj).get("name")))] = obj
