@@ -29,8 +29,8 @@ def sparkline(values: Sequence[float | None], width: int = 48) -> str:
     for b in buckets:
         if b is None:
             chars.append(" ")
-        elif span == 0:
-            chars.append(BARS[len(BARS) // 2])
+        elif span == 0:  # flat (often 0% format failures): the bottom bar, not a misleading middle
+            chars.append(BARS[0])
         else:
             chars.append(BARS[min(len(BARS) - 1, int((b - low) / span * len(BARS)))])
     return "".join(chars)
@@ -113,7 +113,8 @@ def status_text(report: dict[str, Any], now: datetime | None = None) -> str:
     if trend.get("steps"):
         lines.append(trend_line("Reward", trend["reward"], number))
         lines.append(trend_line("Format failures", trend["formatFailureRatio"], percent))
-        lines.append(trend_line("Validation", trend["validation"], number))
+        # Validation runs every few steps only: its points side by side, not spread out with gaps.
+        lines.append(trend_line("Validation", [v for v in trend["validation"] if v is not None], number))
     else:
         lines.append(f"{'Reward':<16}{number(rewards.get('mean'))} (std {number(rewards.get('std'))})")
         lines.append(f"{'Format failures':<16}{percent(rewards.get('formatFailureRatio'))}")
