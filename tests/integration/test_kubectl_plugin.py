@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -57,8 +58,8 @@ class Plugin:
     kubeconfig: Path | None = None
     env: dict[str, str] = field(default_factory=dict)
 
-    def __call__(self, *args: str, check: int | None = 0) -> subprocess.CompletedProcess[str]:
-        env = {
+    def environment(self) -> dict[str, str]:
+        return {
             **os.environ,
             "PATH": self.path,
             "PYTHONPATH": os.pathsep.join([str(REPO / "operator"), str(REPO / "trainer_image")]),
@@ -66,9 +67,19 @@ class Plugin:
             "KUBECTL_GRPO_VOLUME_ACCESS": "hostpath",
             **self.env,
         }
+
+    def argv(self, args: tuple[str, ...]) -> list[str]:
         ns = ["-n", self.namespace] if self.kubeconfig is None else []
+        return [kubectl_binary(), "grpo", *args, *ns]
+
+    def popen(self, *args: str) -> subprocess.Popen[str]:
+        return subprocess.Popen(
+            self.argv(args), env=self.environment(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+
+    def __call__(self, *args: str, check: int | None = 0) -> subprocess.CompletedProcess[str]:
         proc = subprocess.run(
-            [kubectl_binary(), "grpo", *args, *ns], env=env, capture_output=True, text=True, timeout=180
+            self.argv(args), env=self.environment(), capture_output=True, text=True, timeout=180
         )
         if check is not None:
             assert proc.returncode == check, (
@@ -141,28 +152,41 @@ def trained(kube: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator
                 runner.step()
                 metrics = volume / "output" / "metrics.jsonl"
                 if not during and phase == "Running" and metrics.exists() and len(jsonl(metrics)) >= 2:
-                    trainer = json.loads(
-                        kube.kubectl(
-                            "get", "pods", "-n", namespace, "-l", "grpo.dev/role=trainer", "-o", "json"
-                        ).stdout
-                    )["items"][0]
-                    during["node"] = trainer["spec"]["nodeName"]
-                    during["samples"] = plugin("samples", "tiny", "-o", "json").stdout
-                    during["status"] = plugin("status", "tiny").stdout
-                    during["events"] = kube.kubectl(
-                        "get",
-                        "events",
-                        "-n",
-                        namespace,
-                        "--field-selector",
-                        "involvedObject.kind=Pod",
-                        "-o",
-                        "json",
-                    ).stdout
+                    # Hold the trainer still while the plugin reads, so "while it runs" and "follow sees
+                    # later steps" do not depend on how fast this machine trains.
+                    for proc in runner.trainers.values():
+                        proc.popen.send_signal(signal.SIGSTOP)
+                    try:
+                        trainer = json.loads(
+                            kube.kubectl(
+                                "get", "pods", "-n", namespace, "-l", "grpo.dev/role=trainer", "-o", "json"
+                            ).stdout
+                        )["items"][0]
+                        during["node"] = trainer["spec"]["nodeName"]
+                        # Follows the samples file until the job has finished, then exits by itself.
+                        follow = plugin.popen("samples", "tiny", "--follow", "-o", "json", "--interval", "1")
+                        assert follow.stdout is not None
+                        during["follow_first"] = follow.stdout.readline()
+                        during["follow"] = follow
+                        during["samples"] = plugin("samples", "tiny", "-o", "json").stdout
+                        during["status"] = plugin("status", "tiny").stdout
+                        during["events"] = kube.kubectl(
+                            "get", "events", "-n", namespace, "--field-selector", "involvedObject.kind=Pod",
+                            "-o", "json",
+                        ).stdout  # fmt: skip
+                    finally:
+                        for proc in runner.trainers.values():
+                            proc.popen.send_signal(signal.SIGCONT)
                 time.sleep(1)
         finally:
             runner.close()
         assert runner.job_phase() == "Succeeded", operator.log_tail()[-3000:]
+        if "follow" in during:
+            follow = during["follow"]
+            follow.wait(timeout=120)
+            # Not communicate(): it reads the pipe's descriptor and would skip what readline() buffered.
+            out, err = follow.stdout.read(), follow.stderr.read()
+            during["follow"] = (follow.returncode, during["follow_first"] + out, err)
         yield Trained(namespace, volume, plugin, during)
     finally:
         operator.stop()
@@ -184,6 +208,17 @@ def test_while_the_job_runs_the_plugin_reads_its_volume_beside_the_trainer(
     ]  # fmt: skip
     assert not scheduled or all(during["node"] in e["message"] for e in scheduled)
     assert no_reader_pods(kube, trained.namespace)
+
+
+def test_samples_follow_prints_each_new_step_and_stops_when_the_job_has_finished(trained: Trained) -> None:
+    code, out, err = trained.during_run["follow"]
+    assert code == 0, err
+    followed = [json.loads(line) for line in out.splitlines()]
+    first = followed[0]["step"]
+    train = [s for s in jsonl(trained.volume / "output" / "samples.jsonl") if s["split"] == "train"]
+    # The newest step when it started, then every later step's samples once, in order.
+    assert followed == [s for s in train if s["step"] >= first]
+    assert followed[-1]["step"] == STEPS and first < STEPS
 
 
 def test_status_shows_phase_step_trends_checkpoint_and_conditions(trained: Trained) -> None:
@@ -408,6 +443,13 @@ def test_edit_role_suffices_and_view_role_is_told_what_is_missing(
             assert "No checkpoints published yet." in listing and "Final model: not written yet" in listing
         finally:
             kube.kubectl("delete", "clusterrolebinding,clusterrole", f"{namespace}-pv-read", check=False)
+        # logs: trainer rank 0 of the current attempt is chosen (simulated nodes have no kubelet to
+        # serve its log, so the API server's error is passed on with exit 1).
+        logs = alice("logs", "tiny", check=None)
+        assert "# pod tiny-trainer-1-0, container trainer" in logs.stderr
+        assert logs.returncode == 0 or "reading the log of pod tiny-trainer-1-0" in logs.stderr, logs.stderr
+        denied_logs = victor("logs", "tiny", "--role", "metric", check=None)
+        assert "# pod tiny-metric-" in denied_logs.stderr
         assert "already not suspended" in alice("resume", "tiny").stdout
         assert "grpojob.grpo.dev/tiny suspended" in alice("suspend", "tiny").stdout
         wait_for("the operator to suspend the job", lambda: phase() == "Suspended", timeout=60)
