@@ -103,8 +103,10 @@ command -v kubectl-grpo >/dev/null || { echo "kubectl-grpo is not on PATH: run '
 export KUBECTL_GRPO_VOLUME_ACCESS=hostpath
 say "kubectl grpo status $JOB -n $NS"
 kubectl grpo status "$JOB" -n "$NS"
-say "kubectl grpo samples $JOB -n $NS --limit 8   (one prompt of the last step, its 8 completions and their rewards)"
-kubectl grpo samples "$JOB" -n "$NS" --limit 8
+say "kubectl grpo samples $JOB -n $NS --step 1 --limit 4   (the untrained model: a prompt, completions, rewards)"
+kubectl grpo samples "$JOB" -n "$NS" --step 1 --limit 4
+say "kubectl grpo samples $JOB -n $NS --limit 4   (the same view at the last step)"
+kubectl grpo samples "$JOB" -n "$NS" --limit 4
 say "kubectl grpo checkpoints $JOB -n $NS"
 kubectl grpo checkpoints "$JOB" -n "$NS"
 PNG="$WORK/reward-curve.png"

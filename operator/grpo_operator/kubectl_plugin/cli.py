@@ -488,9 +488,16 @@ def main(argv: list[str] | None = None) -> int:
         return exc.exit_code
     except KeyboardInterrupt:
         return 130
-    except (OSError, urllib3.exceptions.HTTPError) as exc:
+    except BrokenPipeError:
+        # The reader of our output went away (`| head`): not an error of ours, and nothing left to say.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_OK
+    except urllib3.exceptions.HTTPError as exc:
         print(
             f"{PROG}: error: cannot reach the API server ({exc}); check --context/--kubeconfig",
             file=sys.stderr,
         )
+        return EXIT_ERROR
+    except OSError as exc:  # a local file (--to, --plot) or the API server's socket
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
         return EXIT_ERROR
