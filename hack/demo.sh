@@ -6,8 +6,8 @@
 #   4. simulated nodes run no containers, so the test harness's local runner
 #      (tests/harness/local_runner.py) runs the job's metric server and trainer as local processes,
 #      wired as their pods would be, and mirrors their exits into the pods' status
-#   5. the job trains a tiny model for real (CPU) to Succeeded; checkpoints, samples and a reward
-#      curve (PNG) are printed at the end
+#   5. the job trains a tiny model for real (CPU) to Succeeded; it ends with `kubectl grpo status`, a few
+#      samples, the checkpoints and a reward-curve PNG (the kubectl plugin)
 # Safe to rerun and to interrupt: the job is recreated, local processes are stopped on exit.
 set -euo pipefail
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -95,13 +95,25 @@ kill "$WATCH_PID" 2>/dev/null || true
 
 say "Result"
 kubectl get grpo "$JOB" -n "$NS" -o wide
-kubectl get grpo "$JOB" -n "$NS" -o jsonpath='{.status.rewards}{"\n"}{.status.checkpoint}{"\n"}'
+
+# What a user reads with the kubectl plugin (kubectl-grpo, installed with the package). On a real cluster
+# it reads the job's volume by exec-ing into a short-lived reader pod; simulated nodes run no containers,
+# so here it reads the directory behind the claim's hostPath volume instead.
+command -v kubectl-grpo >/dev/null || { echo "kubectl-grpo is not on PATH: run 'make venv'" >&2; exit 1; }
+export KUBECTL_GRPO_VOLUME_ACCESS=hostpath
+say "kubectl grpo status $JOB -n $NS"
+kubectl grpo status "$JOB" -n "$NS"
+say "kubectl grpo samples $JOB -n $NS --step 1 --limit 4   (the untrained model: a prompt, completions, rewards)"
+kubectl grpo samples "$JOB" -n "$NS" --step 1 --limit 4
+say "kubectl grpo samples $JOB -n $NS --limit 4   (the same view at the last step)"
+kubectl grpo samples "$JOB" -n "$NS" --limit 4
+say "kubectl grpo checkpoints $JOB -n $NS"
+kubectl grpo checkpoints "$JOB" -n "$NS"
 PNG="$WORK/reward-curve.png"
-python hack/plot_rewards.py "$VOLUME/output/metrics.jsonl" "$PNG" "GRPOJob $NS/$JOB: reward per step" >/dev/null
+kubectl grpo rewards "$JOB" -n "$NS" --plot "$PNG" >/dev/null
 echo
-echo "Checkpoints:        $VOLUME/checkpoints  (latest: $(cat "$VOLUME/checkpoints/latest.json" 2>/dev/null))"
-echo "Sample completions: $VOLUME/output/samples.jsonl"
-echo "Per-step metrics:   $VOLUME/output/metrics.jsonl"
-echo "Reward curve:       $PNG"
+echo "Reward curve:       $PNG   (the table: kubectl grpo rewards $JOB -n $NS)"
+echo "More:               kubectl grpo --help  (samples --worst, export --to DIR, logs, suspend/resume)"
 echo
-echo "Done. The cluster stays up: export KUBECONFIG=$KUBECONFIG ; stop it with: make cluster-down"
+echo "Done. The cluster stays up: export KUBECONFIG=$KUBECONFIG KUBECTL_GRPO_VOLUME_ACCESS=hostpath ;"
+echo "stop it with: make cluster-down"

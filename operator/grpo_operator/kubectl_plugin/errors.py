@@ -1,0 +1,23 @@
+"""The plugin's errors and the exit codes they map to (documented in ``kubectl grpo --help``)."""
+
+from __future__ import annotations
+
+EXIT_OK = 0
+EXIT_ERROR = 1  # the request reached the cluster but could not be carried out
+EXIT_USAGE = 2  # bad arguments (argparse's own code)
+EXIT_NOT_FOUND = 3  # no such job, pod, checkpoint or file
+EXIT_FORBIDDEN = 4  # the user lacks a permission the command needs
+
+
+class PluginError(Exception):
+    """An error the user can act on; its message says what was wrong and what to do."""
+
+    exit_code = EXIT_ERROR
+
+
+class NotFound(PluginError):
+    exit_code = EXIT_NOT_FOUND
+
+
+class Forbidden(PluginError):
+    exit_code = EXIT_FORBIDDEN

@@ -1,0 +1,210 @@
+"""Terminal text for the plugin's subcommands (pure functions of the data they are given)."""
+
+from __future__ import annotations
+
+import textwrap
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+BARS = "▁▂▃▄▅▆▇█"
+
+
+def sparkline(values: Sequence[float | None], width: int = 48) -> str:
+    """A one-line chart of ``values``: each character is the mean of a run of values (so a long run
+    fits ``width``), scaled between the series' minimum and maximum; a run without values is a space."""
+    if not values:
+        return ""
+    buckets: list[float | None] = []
+    size = max(1, -(-len(values) // width))  # ceil: at most `width` characters
+    for start in range(0, len(values), size):
+        present = [v for v in values[start : start + size] if v is not None]
+        buckets.append(sum(present) / len(present) if present else None)
+    known = [b for b in buckets if b is not None]
+    if not known:
+        return " " * len(buckets)
+    low, high = min(known), max(known)
+    span = high - low
+    chars = []
+    for b in buckets:
+        if b is None:
+            chars.append(" ")
+        elif span == 0:  # flat (often 0% format failures): the bottom bar, not a misleading middle
+            chars.append(BARS[0])
+        else:
+            chars.append(BARS[min(len(BARS) - 1, int((b - low) / span * len(BARS)))])
+    return "".join(chars)
+
+
+def number(value: Any, digits: int = 4) -> str:
+    return f"{value:.{digits}f}" if isinstance(value, int | float) else "-"
+
+
+def percent(value: Any) -> str:
+    return f"{100 * value:.1f}%" if isinstance(value, int | float) else "-"
+
+
+def age(stamp: str | None, now: datetime | None = None) -> str:
+    """``3m12s ago`` for an RFC 3339 time, as kubectl prints ages."""
+    if not stamp:
+        return "-"
+    try:
+        then = datetime.fromisoformat(stamp.replace("Z", "+00:00"))
+    except ValueError:
+        return stamp
+    seconds = int(((now or datetime.now(UTC)) - then).total_seconds())
+    if seconds < 0:
+        return "just now"
+    days, rest = divmod(seconds, 86400)
+    hours, rest = divmod(rest, 3600)
+    minutes, secs = divmod(rest, 60)
+    if days:
+        text = f"{days}d{hours}h"
+    elif hours:
+        text = f"{hours}h{minutes}m"
+    elif minutes:
+        text = f"{minutes}m{secs}s"
+    else:
+        text = f"{secs}s"
+    return f"{text} ago"
+
+
+def table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    """Columns padded like ``kubectl get`` (three spaces between columns, no borders)."""
+    widths = [len(h) for h in header]
+    for row in rows:
+        widths = [max(w, len(c)) for w, c in zip(widths, row, strict=True)]
+    lines = [
+        "   ".join(c.ljust(w) for c, w in zip(line, widths, strict=True)).rstrip() for line in [header, *rows]
+    ]
+    return "\n".join(lines)
+
+
+def trend_line(label: str, values: Sequence[float | None], fmt: Any) -> str:
+    known = [v for v in values if v is not None]
+    if not known:
+        return f"{label:<16}-"
+    return (
+        f"{label:<16}{fmt(known[-1])}  {sparkline(values)}  "
+        f"(first {fmt(known[0])}, min {fmt(min(known))}, max {fmt(max(known))})"
+    )
+
+
+def status_text(report: dict[str, Any], now: datetime | None = None) -> str:
+    """What ``kubectl grpo status`` prints; ``report`` is what ``-o json`` prints."""
+    status: dict[str, Any] = report.get("status") or {}
+    progress = status.get("progress") or {}
+    rewards = status.get("rewards") or {}
+    checkpoint = status.get("checkpoint") or {}
+    lines = [f"GRPOJob {report['namespace']}/{report['name']}"]
+    phase = status.get("phase") or "Pending (not yet seen by the operator)"
+    reason = f" ({status['reason']})" if status.get("reason") else ""
+    lines.append(f"{'Phase':<16}{phase}{reason}")
+    if status.get("message"):
+        lines.append(f"{'':<16}{status['message']}")
+    step = progress.get("display") or (str(progress["step"]) if "step" in progress else "-")
+    timing = ""
+    if progress.get("stepDurationSeconds") is not None:
+        timing = f"   {progress['stepDurationSeconds']:.1f}s/step, last step {age(progress.get('lastStepTime'), now)}"
+    lines.append(f"{'Step':<16}{step}{timing}")
+    if status.get("rollouts") is not None:
+        lines.append(f"{'Rollouts (R)':<16}{status['rollouts']}")
+    trend = report.get("trend") or {}
+    if trend.get("steps"):
+        lines.append(trend_line("Reward", trend["reward"], number))
+        lines.append(trend_line("Format failures", trend["formatFailureRatio"], percent))
+        # Validation runs every few steps only: its points side by side, not spread out with gaps.
+        lines.append(trend_line("Validation", [v for v in trend["validation"] if v is not None], number))
+    else:
+        lines.append(f"{'Reward':<16}{number(rewards.get('mean'))} (std {number(rewards.get('std'))})")
+        lines.append(f"{'Format failures':<16}{percent(rewards.get('formatFailureRatio'))}")
+        if rewards.get("validationMean") is not None:
+            lines.append(
+                f"{'Validation':<16}{number(rewards['validationMean'])} at step {rewards.get('validationStep')}"
+            )
+        if report.get("trendUnavailable"):
+            lines.append(f"{'':<16}(no trend: {report['trendUnavailable']})")
+    if checkpoint.get("lastStep") is not None:
+        lines.append(
+            f"{'Checkpoint':<16}step {checkpoint['lastStep']}  {checkpoint.get('path', '')}  "
+            f"({age(checkpoint.get('time'), now)})"
+        )
+    else:
+        lines.append(f"{'Checkpoint':<16}none yet")
+    lines.append(f"{'Restarts':<16}{status.get('restarts') or 0}")
+    for event in report.get("restartEvents") or []:
+        lines.append(f"  {event['time'] or '-'}  {event['reason']}: {event['message']}")
+    waiting = report.get("waiting") or []
+    if waiting:
+        lines.append("Waiting on")
+        for item in waiting:
+            lines.append(f"  {item}")
+    conditions = status.get("conditions") or []
+    if conditions:
+        lines.append("Conditions")
+        rows = [
+            [c.get("type", ""), c.get("status", ""), c.get("reason") or "", c.get("message") or ""]
+            for c in conditions
+        ]
+        lines.append(textwrap.indent(table(["TYPE", "STATUS", "REASON", "MESSAGE"], rows), "  "))
+    return "\n".join(lines)
+
+
+def _block(text: str, width: int, prefix: str) -> str:
+    out: list[str] = []
+    for para in str(text).splitlines() or [""]:
+        out.extend(textwrap.wrap(para, width - len(prefix), replace_whitespace=False) or [""])
+    return "\n".join(prefix + line for line in out)
+
+
+def sample_head(sample: dict[str, Any]) -> str:
+    reward = sample.get("reward")
+    parts = [f"reward {reward:+.4f}" if isinstance(reward, int | float) else "reward - (not scored)"]
+    if isinstance(sample.get("advantage"), int | float):
+        parts.append(f"advantage {sample['advantage']:+.3f}")
+    if sample.get("formatFailure"):
+        parts.append("FORMAT FAILURE")
+    return "  ".join(parts)
+
+
+def samples_text(samples: Sequence[dict[str, Any]], width: int = 100) -> str:
+    """Samples grouped under their prompt (a GRPO group shares one prompt), each completion indented
+    under a line with its reward, so a reward can be read next to the text that earned it."""
+    lines: list[str] = []
+    key: tuple[Any, Any, Any] | None = None
+    for sample in samples:
+        this = (sample.get("step"), sample.get("split"), sample.get("prompt"))
+        if this != key:
+            key = this
+            if lines:
+                lines.append("")
+            lines.append(f"── step {sample.get('step')} · {sample.get('split', 'train')} ──")
+            lines.append("PROMPT")
+            lines.append(_block(sample.get("prompt", ""), width, "  │ "))
+        lines.append(f"  {sample_head(sample)}")
+        lines.append(_block(sample.get("completion", ""), width, "    │ "))
+    return "\n".join(lines)
+
+
+def rewards_text(rows: Sequence[dict[str, Any]]) -> str:
+    body = [
+        [
+            str(r.get("step", "-")),
+            number(r.get("reward_mean")),
+            number(r.get("reward_std")),
+            percent(r.get("format_failure_ratio")),
+            percent(r.get("zero_std_group_ratio")),
+            number(r.get("validation_mean")) if r.get("validation_mean") is not None else "",
+        ]
+        for r in rows
+    ]
+    text = table(["STEP", "REWARD", "STD", "FORMAT-FAIL", "NO-SIGNAL", "VALIDATION"], body)
+    reward = [r.get("reward_mean") for r in rows]
+    return f"{text}\n\nreward  {sparkline([v if isinstance(v, int | float) else None for v in reward])}"
+
+
+def checkpoints_text(items: Sequence[dict[str, Any]], model: str | None) -> str:
+    rows = [[str(c["step"]), "*" if c["latest"] else "", c["path"]] for c in items]
+    text = table(["STEP", "LATEST", "PATH"], rows) if rows else "No checkpoints published yet."
+    final = f"Final model: {model}" if model else "Final model: not written yet (training has not finished)"
+    return f"{text}\n{final}"
