@@ -48,6 +48,10 @@ def test_non_finite_step_is_not_published_and_the_last_good_checkpoint_survives(
         raw = json.loads(config.read_text())
         raw["metric"]["url"] = metric.url
         raw["grpo"]["scaleRewards"] = "none"
+        # The metric client refuses |reward| > metric.maxAbsReward (the spec caps it at 1e12), which keeps
+        # absurd rewards out; lifted here in trainer.json so the loss itself overflows, as a diverging step
+        # would make it, and the guard behind that bound is what is tested.
+        raw["metric"]["maxAbsReward"] = 1e39
         config.write_text(json.dumps(raw))
         log = tmp_path / "trainer.log"
         process = start_trainer(config, log)
