@@ -58,12 +58,15 @@ class OperatorSettings:
     # --- GPU nodes --------------------------------------------------------------------------------------
     # Extended resource name the NVIDIA device plugin advertises.
     gpu_resource: str = "nvidia.com/gpu"
-    # Node labels every GPU pod requires (GPU feature discovery sets nvidia.com/gpu.present=true).
-    gpu_node_selector: Mapping[str, str] = field(default_factory=lambda: {"nvidia.com/gpu.present": "true"})
-    # Tolerations every GPU pod gets; the GPU operator's default taint is nvidia.com/gpu:NoSchedule.
-    gpu_tolerations: tuple[Mapping[str, Any], ...] = (
-        {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},
-    )
+    # Node labels every GPU pod requires. Empty by default: the nvidia.com/gpu request alone lands GPU
+    # pods on nodes whose device plugin advertises GPUs, whereas any label (GPU feature discovery's
+    # nvidia.com/gpu.present, a cloud's accelerator label) exists only on some clusters and leaves every
+    # job Pending on the others. docs/platform.md lists the labels per cluster kind.
+    gpu_node_selector: Mapping[str, str] = field(default_factory=dict)
+    # Tolerations every GPU pod gets: the nvidia.com/gpu taint, whatever its value and effect, which the
+    # GPU operator, GKE and EKS's GPU node groups put on GPU nodes (AKS leaves GPU pools untainted unless
+    # the platform adds one; add that taint here).
+    gpu_tolerations: tuple[Mapping[str, Any], ...] = ({"key": "nvidia.com/gpu", "operator": "Exists"},)
 
     # --- data-plane ports: on the pods and Services, and rendered into each trainer's config -----------
     # torch.distributed rendezvous on trainer rank 0 (trainer env MASTER_PORT).

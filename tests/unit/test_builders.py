@@ -318,13 +318,25 @@ def test_gpu_pods_land_on_gpu_nodes_and_honour_the_scheduling_passthrough() -> N
             assert spec["nodeSelector"]["nvidia.com/gpu.product"] == "NVIDIA-H100-80GB-HBM3"
             assert spec["enableServiceLinks"] is False
             gpu = manifest["kind"] == "Pod"
-            has_gpu_toleration = {
-                "key": "nvidia.com/gpu",
-                "operator": "Exists",
-                "effect": "NoSchedule",
-            } in spec["tolerations"]
+            has_gpu_toleration = {"key": "nvidia.com/gpu", "operator": "Exists"} in spec["tolerations"]
             assert has_gpu_toleration == gpu
-            assert (spec["nodeSelector"].get("nvidia.com/gpu.present") == "true") == gpu
+            assert spec["nodeSelector"] == {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}
+
+
+def test_gpu_pods_need_no_node_label_by_default() -> None:
+    """Only GPU feature discovery sets nvidia.com/gpu.present; a cluster with just the NVIDIA device plugin
+    (most managed clouds) has no such label, and a default selector on it would leave every job Pending.
+    The GPU request is what places the pods; the toleration covers the nvidia.com/gpu taint whatever its
+    value (GKE taints with value "present") and effect."""
+    for pod in gang_pods(make_job(), SETTINGS, 1, ""):
+        spec = pod["spec"]
+        assert "nodeSelector" not in spec, pod["metadata"]["name"]
+        assert int(spec["containers"][0]["resources"]["limits"]["nvidia.com/gpu"]) >= 1
+        gke_taint = {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}
+        assert any(
+            t["key"] == gke_taint["key"] and t["operator"] == "Exists" and t.get("effect") in (None, "NoSchedule")
+            for t in spec["tolerations"]
+        )
 
 
 def test_queue_name_groups_the_gang_for_kueue() -> None:

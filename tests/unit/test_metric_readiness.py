@@ -147,12 +147,11 @@ def test_gpu_node_selector_pins_the_gpu_pods_but_not_the_metric_pod() -> None:
     assert metric_selector == {"pool": "team-a"}
     for pod in gang_pods(job, settings, 1, ""):
         selector = pod["spec"]["nodeSelector"]
-        assert selector == {"nvidia.com/gpu.present": "true", "pool": "team-a", **H100}, pod["metadata"][
-            "name"
-        ]
+        assert selector == {"pool": "team-a", **H100}, pod["metadata"]["name"]
 
 
 def test_gpu_node_selector_wins_over_the_operators_gpu_selector_for_the_same_key() -> None:
     job = job_from_object(job_object(scheduling={"gpuNodeSelector": {"nvidia.com/gpu.present": "yes"}}))
-    for pod in gang_pods(job, SETTINGS, 1, ""):
+    settings = OperatorSettings(gpu_node_selector={"nvidia.com/gpu.present": "true"})
+    for pod in gang_pods(job, settings, 1, ""):
         assert pod["spec"]["nodeSelector"]["nvidia.com/gpu.present"] == "yes"
