@@ -334,7 +334,9 @@ def test_gpu_pods_need_no_node_label_by_default() -> None:
         assert int(spec["containers"][0]["resources"]["limits"]["nvidia.com/gpu"]) >= 1
         gke_taint = {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}
         assert any(
-            t["key"] == gke_taint["key"] and t["operator"] == "Exists" and t.get("effect") in (None, "NoSchedule")
+            t["key"] == gke_taint["key"]
+            and t["operator"] == "Exists"
+            and t.get("effect") in (None, "NoSchedule")
             for t in spec["tolerations"]
         )
 

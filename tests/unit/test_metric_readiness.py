@@ -11,7 +11,7 @@ from typing import Any
 from grpo_operator.builders import gang_pods, job_from_object, metric_workload
 from grpo_operator.settings import OperatorSettings
 
-from tests.unit.test_reconcile import SETTINGS, World, events, job_object
+from tests.unit.test_reconcile import World, events, job_object
 
 H100 = {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}
 
