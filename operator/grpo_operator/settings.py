@@ -131,8 +131,9 @@ class OperatorSettings:
     pod_run_as_group: int = 65532
     pod_fs_group: int = 65532
     # Trainer exit codes that mean "retrying cannot help" (invalid configuration, 2; a checkpoint of another
-    # job or other weights, 4): the job fails at once instead of spending its backoffLimit.
-    permanent_exit_codes: tuple[int, ...] = (2, 4)
+    # job or other weights, 4; CUDA out of memory, 6): the job fails at once instead of spending its
+    # backoffLimit.
+    permanent_exit_codes: tuple[int, ...] = (2, 4, 6)
 
     # --- identity -----------------------------------------------------------------------------------------
     # Field manager and event source of everything the operator writes.

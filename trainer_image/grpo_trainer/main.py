@@ -13,7 +13,15 @@ from typing import Any
 from grpo_operator.api.trainer_config import TrainerConfig
 
 from grpo_trainer.config import RuntimeEnv, grpo_config_kwargs, load_config, plan_batches
-from grpo_trainer.errors import CheckpointMismatch, ConfigError, ExitCode, NonFiniteTraining, fail
+from grpo_trainer.errors import (
+    CheckpointMismatch,
+    ConfigError,
+    ExitCode,
+    NonFiniteTraining,
+    fail,
+    is_cuda_out_of_memory,
+    out_of_memory_reason,
+)
 from grpo_trainer.metric_client import ClientSettings, ErrorBudget, MetricClient, MetricServiceUnavailable
 from grpo_trainer.signals import StopFlag
 from grpo_trainer.vllm_wait import GenerationUnavailable, wait_for_vllm
@@ -279,6 +287,7 @@ def main(argv: list[str] | None = None) -> int:
         stream=sys.stderr,
     )
     os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
+    config: TrainerConfig | None = None
     try:
         env = RuntimeEnv.from_environ()
         config = load_config(argv[0] if argv else None)
@@ -297,4 +306,17 @@ def main(argv: list[str] | None = None) -> int:
         return fail(ExitCode.TRANSIENT, "interrupted")
     except Exception as exc:
         traceback.print_exc()
+        if is_cuda_out_of_memory(exc):
+            return fail(ExitCode.OUT_OF_MEMORY, _out_of_memory_reason(exc, config))
         return fail(ExitCode.TRANSIENT, f"{type(exc).__name__}: {exc}")
+
+
+def _out_of_memory_reason(exc: BaseException, config: TrainerConfig | None) -> str:
+    if config is None:
+        return out_of_memory_reason(exc, per_device_batch_size=1, lora=False, gpus=1)
+    return out_of_memory_reason(
+        exc,
+        per_device_batch_size=config.trainer.per_device_batch_size,
+        lora=config.grpo.lora.enabled,
+        gpus=config.trainer.nodes * config.trainer.gpus_per_node,
+    )
