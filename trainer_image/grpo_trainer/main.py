@@ -119,7 +119,7 @@ def run(config: TrainerConfig, env: RuntimeEnv) -> int:
 
         train = prepare(
             load_rows(config.dataset.train),
-            config.dataset.prompt_field,
+            config.dataset,
             tokenizer,
             config.grpo.max_prompt_length,
             config.dataset.train,
@@ -129,7 +129,7 @@ def run(config: TrainerConfig, env: RuntimeEnv) -> int:
         if config.dataset.validation and v.every_steps:
             val = prepare(
                 load_rows(config.dataset.validation),
-                config.dataset.prompt_field,
+                config.dataset,
                 tokenizer,
                 config.grpo.max_prompt_length,
                 config.dataset.validation,

@@ -21,6 +21,7 @@ from grpo_operator.api.dataset_uri import (
     DatasetURIError,
     parse_dataset_uri,
 )
+from grpo_operator.api.prompt_template import template_fields
 
 # GPUs one Kubernetes node offers at most (an 8-GPU HGX/DGX box); per-pod GPU counts above it could
 # never be scheduled.
@@ -197,6 +198,39 @@ class DatasetSpec(ApiModel):
         max_length=253,
         description="Dataset column holding the reference answer; the metric gets it with the other columns.",
     )
+    system_prompt: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=16384,
+        description=(
+            "Instructions put before every prompt (e.g. the answer format the metric expects): a system turn "
+            "when the model has a chat template, else text followed by a blank line."
+        ),
+    )
+    prompt_template: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=16384,
+        description=(
+            "Text of each prompt with {column} placeholders filled from the row; {prompt} is the promptField "
+            "column. {{ and }} are literal braces. For text prompts only (a chat-format column already holds "
+            "its turns: use systemPrompt)."
+        ),
+    )
+    apply_chat_template: bool = Field(
+        default=True,
+        description=(
+            "Send text prompts as a user turn through the model's chat template when it has one; false "
+            "sends them as raw text. Chat-format prompts (a list of {role, content}) always use it."
+        ),
+    )
+
+    @field_validator("prompt_template")
+    @classmethod
+    def _check_template(cls, value: str | None) -> str | None:
+        if value is not None:
+            template_fields(value)
+        return value
 
     @field_validator("train", "validation")
     @classmethod
