@@ -241,6 +241,16 @@ INVALID_CASES: list[Case] = [
         {"spec.dataset.validation": "https://example.com/val.jsonl"},
     ),
     _case("dataset-train-missing", "spec.dataset.train", {"spec.dataset": {"promptField": "q"}}),
+    _case(
+        "prompt-template-without-placeholder",
+        "spec.dataset.promptTemplate",
+        {"spec.dataset.promptTemplate": "Solve it."},
+    ),
+    _case(
+        "prompt-template-stray-brace",
+        "spec.dataset.promptTemplate",
+        {"spec.dataset.promptTemplate": "Q: {prompt} {the answer}"},
+    ),
     _case("checkpoints-every-0", "spec.checkpoints.everySteps", {"spec.checkpoints.everySteps": 0}),
     _case(
         "checkpoints-retention-unknown", "spec.checkpoints.retention", {"spec.checkpoints.retention": "Keep"}
@@ -279,6 +289,15 @@ INVALID_CASES: list[Case] = [
 
 VALID_CASES: list[Case] = [
     _case("minimal", "", {}),
+    _case(
+        "prompt-format",
+        "",
+        {
+            "spec.dataset.systemPrompt": "End with a line '#### <number>'.",
+            "spec.dataset.promptTemplate": 'Q ({level}): {prompt} Reply as {{"answer": n}}',
+            "spec.dataset.applyChatTemplate": False,
+        },
+    ),
     _case("name-40-chars", "", {}, name="a" + "b" * 39),
     _case(
         "realistic-math",

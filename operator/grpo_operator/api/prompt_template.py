@@ -5,23 +5,35 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 
+from grpo_operator.api.base import CelRule
+
 _TEMPLATE_FIELD = re.compile(r"\{(\w+)\}")
+
+
+_STRAY_BRACE = (
+    "promptTemplate has a brace that is not a {column} placeholder: write a placeholder as {name} "
+    "(letters, digits, _) and a literal brace as {{ or }}"
+)
+_NO_PLACEHOLDER = (
+    "promptTemplate has no placeholder, so every prompt would be the same text: put {prompt} (the "
+    "promptField column) or another {column} where the row's text goes"
+)
+# The API server's twin of template_fields, so `kubectl apply` refuses what the operator would.
+_UNESCAPED = "self.replace('{{', '').replace('}}', '')"
+PROMPT_TEMPLATE_RULES = (
+    CelRule(_UNESCAPED + r".matches(r'^[^{}]*(\{\w+\}[^{}]*)*$')", _STRAY_BRACE),
+    CelRule(_UNESCAPED + r".matches(r'\{\w+\}')", _NO_PLACEHOLDER),
+)
 
 
 def template_fields(template: str) -> list[str]:
     """The {column} placeholders of a prompt template; ValueError for a stray brace or none at all."""
     bare = _TEMPLATE_FIELD.sub("", template.replace("{{", "").replace("}}", ""))
     if "{" in bare or "}" in bare:
-        raise ValueError(
-            "promptTemplate has a brace that is not a {column} placeholder: write a placeholder as {name} "
-            "(letters, digits, _) and a literal brace as {{ or }}"
-        )
+        raise ValueError(_STRAY_BRACE)
     fields = _TEMPLATE_FIELD.findall(template.replace("{{", "").replace("}}", ""))
     if not fields:
-        raise ValueError(
-            "promptTemplate has no placeholder, so every prompt would be the same text: put {prompt} (the "
-            "promptField column) or another {column} where the row's text goes"
-        )
+        raise ValueError(_NO_PLACEHOLDER)
     return fields
 
 

@@ -21,7 +21,7 @@ from grpo_operator.api.dataset_uri import (
     DatasetURIError,
     parse_dataset_uri,
 )
-from grpo_operator.api.prompt_template import template_fields
+from grpo_operator.api.prompt_template import PROMPT_TEMPLATE_RULES, template_fields
 
 # GPUs one Kubernetes node offers at most (an 8-GPU HGX/DGX box); per-pod GPU counts above it could
 # never be scheduled.
@@ -211,6 +211,7 @@ class DatasetSpec(ApiModel):
         default=None,
         min_length=1,
         max_length=16384,
+        json_schema_extra={"x-kubernetes-validations": [r.to_schema() for r in PROMPT_TEMPLATE_RULES]},
         description=(
             "Text of each prompt with {column} placeholders filled from the row; {prompt} is the promptField "
             "column. {{ and }} are literal braces. For text prompts only (a chat-format column already holds "
