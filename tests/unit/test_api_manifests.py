@@ -241,6 +241,22 @@ INVALID_CASES: list[Case] = [
         {"spec.dataset.validation": "https://example.com/val.jsonl"},
     ),
     _case("dataset-train-missing", "spec.dataset.train", {"spec.dataset": {"promptField": "q"}}),
+    _case("input-without-source", "spec.inputs[0]", {"spec.inputs": [{"name": "data"}]}),
+    _case(
+        "input-with-two-sources",
+        "spec.inputs[0]",
+        {"spec.inputs": [{"name": "data", "configMap": "a", "claim": "b"}]},
+    ),
+    _case(
+        "input-subpath-escapes",
+        "spec.inputs[0].subPath",
+        {"spec.inputs": [{"name": "m", "claim": "models", "subPath": "a/../../b"}]},
+    ),
+    _case(
+        "input-names-repeat",
+        "spec.inputs",
+        {"spec.inputs": [{"name": "d", "configMap": "a"}, {"name": "d", "claim": "b"}]},
+    ),
     _case(
         "prompt-template-without-placeholder",
         "spec.dataset.promptTemplate",
@@ -289,6 +305,18 @@ INVALID_CASES: list[Case] = [
 
 VALID_CASES: list[Case] = [
     _case("minimal", "", {}),
+    _case(
+        "inputs",
+        "",
+        {
+            "spec.inputs": [
+                {"name": "data", "configMap": "gsm8k-sample"},
+                {"name": "model", "claim": "team-models", "subPath": "qwen/0.5b"},
+            ],
+            "spec.dataset.train": "file:///inputs/data/train.jsonl",
+            "spec.model.name": "/inputs/model",
+        },
+    ),
     _case(
         "prompt-format",
         "",

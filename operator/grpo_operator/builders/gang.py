@@ -43,6 +43,7 @@ from grpo_operator.builders.common import (
     with_hash,
 )
 from grpo_operator.builders.config import config_hash
+from grpo_operator.builders.inputs import input_volumes
 from grpo_operator.builders.scheduling import image_pull_secrets, kueue_labels, pod_placement
 from grpo_operator.builders.security import secure_pod_spec
 from grpo_operator.settings import OperatorSettings
@@ -253,6 +254,10 @@ def generation_pod(job: Job, settings: OperatorSettings, attempt: int, index: in
         volumes.append({"name": MODEL_CACHE_VOLUME, "emptyDir": {}})
         hf_home = f"{MODEL_CACHE_MOUNT}/huggingface"
 
+    input_vols, input_mounts = input_volumes(job)
+    mounts += input_mounts
+    volumes += input_vols
+
     container: dict[str, Any] = {
         "name": "vllm",
         "image": gen.image,
@@ -403,6 +408,7 @@ def trainer_pod(job: Job, settings: OperatorSettings, attempt: int, rank: int, r
                 if settings.model_cache_claim
                 else []
             ),
+            *input_volumes(job)[1],
         ],
         # The trainer writes a one-line failure reason here; the operator shows it in status.message.
         "terminationMessagePath": "/dev/termination-log",
@@ -424,6 +430,7 @@ def trainer_pod(job: Job, settings: OperatorSettings, attempt: int, rank: int, r
             {"name": "workspace", "persistentVolumeClaim": {"claimName": pvc_claim_name(job)}},
             _shm_volume(settings),
             *([_model_cache_volume(settings)] if settings.model_cache_claim else []),
+            *input_volumes(job)[0],
         ],
         **pod_placement(job, settings, gpu=True),
         **image_pull_secrets(job, settings),
