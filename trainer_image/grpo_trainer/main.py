@@ -137,6 +137,7 @@ def run(config: TrainerConfig, env: RuntimeEnv) -> int:
             validation = Validation(
                 rows=[dict(r) for r in val.select(range(min(v.max_prompts, len(val))))],
                 every_steps=v.every_steps,
+                score_path=v.score_path,
             )
 
         cuda = torch.cuda.is_available()

@@ -169,25 +169,25 @@ class MetricClient:
 
     # -- scoring ----------------------------------------------------------------------------------------
 
-    def score(self, items: Sequence[ScoreItem]) -> list[ScoreResult]:
-        """Score ``items`` in batches of ``batch_size``, at most ``concurrency`` batches in flight.
-        Returns one result per item, in order."""
+    def score(self, items: Sequence[ScoreItem], path: str = SCORE_PATH) -> list[ScoreResult]:
+        """Score ``items`` in batches of ``batch_size``, at most ``concurrency`` batches in flight, by POST to
+        ``path`` (validation may use another route). Returns one result per item, in order."""
         if not items:
             return []
         started = time.perf_counter()
         try:
-            return self._run(self._score_all(list(items)))
+            return self._run(self._score_all(list(items), path))
         finally:
             self.stats.seconds_in_score += time.perf_counter() - started
 
-    async def _score_all(self, items: list[ScoreItem]) -> list[ScoreResult]:
+    async def _score_all(self, items: list[ScoreItem], path: str) -> list[ScoreResult]:
         await self._ensure_session()
         size = self.settings.batch_size
         batches = [items[i : i + size] for i in range(0, len(items), size)]
-        outcomes = await asyncio.gather(*(self._score_batch(batch) for batch in batches))
+        outcomes = await asyncio.gather(*(self._score_batch(batch, path) for batch in batches))
         return [result for outcome in outcomes for result in outcome]
 
-    async def _score_batch(self, batch: list[ScoreItem]) -> list[ScoreResult]:
+    async def _score_batch(self, batch: list[ScoreItem], path: str) -> list[ScoreResult]:
         assert self._semaphore is not None
         async with self._semaphore:
             if not self.breaker.allow():
@@ -196,7 +196,7 @@ class MetricClient:
                     ScoreResult.error(item.id, f"circuit open: metric service at {self.base_url} is failing")
                     for item in batch
                 ]
-            results, failure = await self._post_with_retries(batch)
+            results, failure = await self._post_with_retries(batch, path)
             if failure is None:
                 self.breaker.record_success()
                 assert results is not None
@@ -206,7 +206,9 @@ class MetricClient:
             log.warning("metric batch of %d items failed: %s", len(batch), failure)
             return [ScoreResult.error(item.id, failure) for item in batch]
 
-    async def _post_with_retries(self, batch: list[ScoreItem]) -> tuple[list[ScoreResult] | None, str | None]:
+    async def _post_with_retries(
+        self, batch: list[ScoreItem], path: str
+    ) -> tuple[list[ScoreResult] | None, str | None]:
         session = await self._ensure_session()
         payload = {"items": [item.to_json() for item in batch]}
         ids = [item.id for item in batch]
@@ -221,12 +223,12 @@ class MetricClient:
                 await asyncio.sleep(delay * (0.5 + self._rng.random() / 2))
             self.stats.requests += 1
             try:
-                async with session.post(self.base_url + SCORE_PATH, json=payload) as response:
+                async with session.post(self.base_url + path, json=payload) as response:
                     if response.status == 200:
                         body = await response.json(content_type=None)
                         return parse_score_response(body, ids), None
                     text = (await response.text())[:300]
-                    failure = f"HTTP {response.status} from {SCORE_PATH}: {text}"
+                    failure = f"HTTP {response.status} from {path}: {text}"
                     if response.status not in RETRYABLE_STATUS:
                         # A 4xx other than 408/429 is a contract violation; retrying cannot fix it.
                         return None, failure

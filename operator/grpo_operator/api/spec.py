@@ -268,6 +268,17 @@ class ValidationSpec(ApiModel):
     max_prompts: K8sInt = Field(
         default=64, ge=1, le=100_000, description="Validation prompts scored per run (one completion each)."
     )
+    score_path: str = Field(
+        default="/score",
+        min_length=1,
+        max_length=256,
+        pattern=r"^/[A-Za-z0-9._~/-]*$",
+        description=(
+            "Route of the metric service that scores validation answers. /score (default) is the training "
+            "reward; another route (e.g. /validate, served by the SDK's serve(metric, validation=...)) scores "
+            "them with a reward the policy never trained against, which can reveal a gamed training reward."
+        ),
+    )
 
 
 class GRPOSpec(ApiModel):
