@@ -64,9 +64,12 @@ class OperatorSettings:
     # job Pending on the others. docs/platform.md lists the labels per cluster kind.
     gpu_node_selector: Mapping[str, str] = field(default_factory=dict)
     # Tolerations every GPU pod gets: the nvidia.com/gpu taint, whatever its value and effect, which the
-    # GPU operator, GKE and EKS's GPU node groups put on GPU nodes (AKS leaves GPU pools untainted unless
-    # the platform adds one; add that taint here).
-    gpu_tolerations: tuple[Mapping[str, Any], ...] = ({"key": "nvidia.com/gpu", "operator": "Exists"},)
+    # GPU operator, GKE and EKS's GPU node groups put on GPU nodes, and sku=gpu:NoSchedule, the taint AKS
+    # documents for GPU node pools. A toleration only allows a node; the GPU request still decides.
+    gpu_tolerations: tuple[Mapping[str, Any], ...] = (
+        {"key": "nvidia.com/gpu", "operator": "Exists"},
+        {"key": "sku", "operator": "Equal", "value": "gpu", "effect": "NoSchedule"},
+    )
 
     # --- data-plane ports: on the pods and Services, and rendered into each trainer's config -----------
     # torch.distributed rendezvous on trainer rank 0 (trainer env MASTER_PORT).
