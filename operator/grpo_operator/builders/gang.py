@@ -116,8 +116,20 @@ def _env_with_user(
     return list(entries.values())
 
 
+# (section, path inside it, default) of gang-shaping fields added after the first release; see gang_hash.
+_LATER_DEFAULTS: tuple[tuple[str, tuple[str, ...], object], ...] = (
+    ("dataset", ("applyChatTemplate",), True),
+    ("grpo", ("validation", "scorePath"), "/score"),
+)
+
+
 def gang_hash(job: Job) -> str:
-    """Hash of every spec field that shapes the gang's pods or the trainer's config.
+    """Hash of every spec field that shapes the gang's pods or the trainer's config (gang_hash_input)."""
+    return content_hash(gang_hash_input(job))
+
+
+def gang_hash_input(job: Job) -> dict[str, Any]:
+    """The spec fields gang_hash covers.
 
     Built from the spec, not from the rendered pods or trainer.json: a spec change must restart the
     gang, but an operator upgrade that renders pods or the config a little differently must not
@@ -126,12 +138,23 @@ def gang_hash(job: Job) -> str:
     they change the metric Deployment or the operator's behaviour, never the running gang.
     """
     spec = job.spec.to_dict()
+    # Fields added after the first release count only when set away from their default (and inputs only
+    # when there are any): their defaults appear in every stored spec after an upgrade, and hashing them
+    # would restart every running job.
+    for section, path, default in _LATER_DEFAULTS:
+        holder = spec[section]
+        for key in path[:-1]:
+            holder = holder.get(key, {})
+        if holder.get(path[-1]) == default:
+            holder.pop(path[-1])
     metric_client = {
         k: v for k, v in spec["metric"].items() if k not in ("image", "replicas", "resources", "env")
     }
     checkpoints = {k: v for k, v in spec["checkpoints"].items() if k != "retention"}
     shaped = {key: spec[key] for key in ("model", "dataset", "grpo", "generation", "trainer", "scheduling")}
-    return content_hash({**shaped, "metric": metric_client, "checkpoints": checkpoints})
+    if spec.get("inputs"):
+        shaped["inputs"] = spec["inputs"]
+    return {**shaped, "metric": metric_client, "checkpoints": checkpoints}
 
 
 def _resources(
