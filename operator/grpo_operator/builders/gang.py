@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from grpo_operator.api.compat import drop_later_defaults
 from grpo_operator.api.spec import EnvVar
 from grpo_operator.api.trainer_config import CONFIG_ENV
 from grpo_operator.builders.common import (
@@ -116,13 +117,6 @@ def _env_with_user(
     return list(entries.values())
 
 
-# (section, path inside it, default) of gang-shaping fields added after the first release; see gang_hash.
-_LATER_DEFAULTS: tuple[tuple[str, tuple[str, ...], object], ...] = (
-    ("dataset", ("applyChatTemplate",), True),
-    ("grpo", ("validation", "scorePath"), "/score"),
-)
-
-
 def gang_hash(job: Job) -> str:
     """Hash of every spec field that shapes the gang's pods or the trainer's config (gang_hash_input)."""
     return content_hash(gang_hash_input(job))
@@ -141,12 +135,7 @@ def gang_hash_input(job: Job) -> dict[str, Any]:
     # Fields added after the first release count only when set away from their default (and inputs only
     # when there are any): their defaults appear in every stored spec after an upgrade, and hashing them
     # would restart every running job.
-    for section, path, default in _LATER_DEFAULTS:
-        holder = spec[section]
-        for key in path[:-1]:
-            holder = holder.get(key, {})
-        if holder.get(path[-1]) == default:
-            holder.pop(path[-1])
+    drop_later_defaults(spec)
     metric_client = {
         k: v for k, v in spec["metric"].items() if k not in ("image", "replicas", "resources", "env")
     }
