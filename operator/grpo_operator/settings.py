@@ -58,11 +58,17 @@ class OperatorSettings:
     # --- GPU nodes --------------------------------------------------------------------------------------
     # Extended resource name the NVIDIA device plugin advertises.
     gpu_resource: str = "nvidia.com/gpu"
-    # Node labels every GPU pod requires (GPU feature discovery sets nvidia.com/gpu.present=true).
-    gpu_node_selector: Mapping[str, str] = field(default_factory=lambda: {"nvidia.com/gpu.present": "true"})
-    # Tolerations every GPU pod gets; the GPU operator's default taint is nvidia.com/gpu:NoSchedule.
+    # Node labels every GPU pod requires. Empty by default: the nvidia.com/gpu request alone lands GPU
+    # pods on nodes whose device plugin advertises GPUs, whereas any label (GPU feature discovery's
+    # nvidia.com/gpu.present, a cloud's accelerator label) exists only on some clusters and leaves every
+    # job Pending on the others. docs/platform.md lists the labels per cluster kind.
+    gpu_node_selector: Mapping[str, str] = field(default_factory=dict)
+    # Tolerations every GPU pod gets: the nvidia.com/gpu taint, whatever its value and effect, which the
+    # GPU operator, GKE and EKS's GPU node groups put on GPU nodes, and sku=gpu:NoSchedule, the taint AKS
+    # documents for GPU node pools. A toleration only allows a node; the GPU request still decides.
     gpu_tolerations: tuple[Mapping[str, Any], ...] = (
-        {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},
+        {"key": "nvidia.com/gpu", "operator": "Exists"},
+        {"key": "sku", "operator": "Equal", "value": "gpu", "effect": "NoSchedule"},
     )
 
     # --- data-plane ports: on the pods and Services, and rendered into each trainer's config -----------
@@ -128,8 +134,9 @@ class OperatorSettings:
     pod_run_as_group: int = 65532
     pod_fs_group: int = 65532
     # Trainer exit codes that mean "retrying cannot help" (invalid configuration, 2; a checkpoint of another
-    # job or other weights, 4): the job fails at once instead of spending its backoffLimit.
-    permanent_exit_codes: tuple[int, ...] = (2, 4)
+    # job or other weights, 4; CUDA out of memory, 6): the job fails at once instead of spending its
+    # backoffLimit.
+    permanent_exit_codes: tuple[int, ...] = (2, 4, 6)
 
     # --- platform limits (Helm: platformPolicy.*; the chart's admission policy enforces the same) ---------
     # Every limit is off while empty (or 0). The operator checks a job against them before creating its

@@ -53,17 +53,20 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def rewrite_paths(value: Any, workspace: Path) -> Any:
-    """Replaces the /workspace prefix in every string of a JSON document with the claim's directory."""
+def rewrite_paths(value: Any, workspace: Path, mounts: dict[str, Path] | None = None) -> Any:
+    """Replaces the /workspace prefix (and each other mount path in ``mounts``) in every string of a JSON
+    document with the local directory that stands in for it."""
+    local = {WORKSPACE: workspace, **(mounts or {})}
     if isinstance(value, dict):
-        return {k: rewrite_paths(v, workspace) for k, v in value.items()}
+        return {k: rewrite_paths(v, workspace, mounts) for k, v in value.items()}
     if isinstance(value, list):
-        return [rewrite_paths(v, workspace) for v in value]
+        return [rewrite_paths(v, workspace, mounts) for v in value]
     if isinstance(value, str):
-        for prefix in (f"file://{WORKSPACE}", WORKSPACE):
-            if value == prefix or value.startswith(prefix + "/"):
-                head = "file://" if prefix.startswith("file://") else ""
-                return head + str(workspace) + value[len(prefix) :]
+        for mount, directory in local.items():
+            for prefix in (f"file://{mount}", mount):
+                if value == prefix or value.startswith(prefix + "/"):
+                    head = "file://" if prefix.startswith("file://") else ""
+                    return head + str(directory) + value[len(prefix) :]
     return value
 
 
@@ -211,10 +214,38 @@ class LocalJobRunner:
         return {**env, "HOME": str(home)}
 
     # --- trainer -------------------------------------------------------------------------------
-    def trainer_config(self, workspace: Path) -> Path:
+    def input_mounts(self, pod: dict[str, Any]) -> dict[str, Path]:
+        """What a kubelet would mount for the pod's spec.inputs volumes: a ConfigMap's keys as files, a
+        claim's directory (or its subPath), by mount path."""
+        volumes = {v["name"]: v for v in pod["spec"].get("volumes", [])}
+        out: dict[str, Path] = {}
+        for mount in pod["spec"]["containers"][0].get("volumeMounts", []):
+            if not mount["mountPath"].startswith("/inputs/"):
+                continue
+            volume = volumes[mount["name"]]
+            if "configMap" in volume:
+                cm = self.kube.get("configmap", volume["configMap"]["name"], self.namespace)
+                if cm is None:
+                    raise RuntimeError(
+                        f"ConfigMap {volume['configMap']['name']} of {mount['mountPath']} missing"
+                    )
+                directory = self.workdir / "inputs" / mount["name"]
+                directory.mkdir(parents=True, exist_ok=True)
+                for key, text in (cm.get("data") or {}).items():
+                    (directory / key).write_text(text, encoding="utf-8")
+            else:
+                claim = self.kube.get("pvc", volume["persistentVolumeClaim"]["claimName"], self.namespace)
+                assert claim is not None and claim.get("status", {}).get("phase") == "Bound"
+                pv = self.kube.get("pv", claim["spec"]["volumeName"])
+                assert pv is not None
+                directory = Path(pv["spec"]["hostPath"]["path"]) / mount.get("subPath", "")
+            out[mount["mountPath"]] = directory
+        return out
+
+    def trainer_config(self, workspace: Path, mounts: dict[str, Path] | None = None) -> Path:
         cm = self.kube.get("configmap", f"{self.job}-config", self.namespace)
         assert cm is not None, f"ConfigMap {self.job}-config missing"
-        config = rewrite_paths(json.loads(cm["data"]["trainer.json"]), workspace)
+        config = rewrite_paths(json.loads(cm["data"]["trainer.json"]), workspace, mounts)
         url = urllib.parse.urlsplit(config["metric"]["url"])
         config["metric"]["url"] = urllib.parse.urlunsplit(
             url._replace(netloc=f"127.0.0.1:{self.metric_port}")
@@ -230,9 +261,10 @@ class LocalJobRunner:
         if int(env.get("WORLD_SIZE", "1")) != 1:
             raise RuntimeError("the local runner runs single-process trainer gangs only (1 node x 1 GPU)")
         workspace = self.workspace()
-        env = {k: str(rewrite_paths(v, workspace)) for k, v in self.local_home(env).items()}
+        mounts = self.input_mounts(pod)
+        env = {k: str(rewrite_paths(v, workspace, mounts)) for k, v in self.local_home(env).items()}
         env.update(
-            GRPO_CONFIG=str(self.trainer_config(workspace)),
+            GRPO_CONFIG=str(self.trainer_config(workspace, mounts)),
             KUBECONFIG=str(self.service_account_kubeconfig()),
             PYTHONUNBUFFERED="1",
         )

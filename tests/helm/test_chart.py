@@ -555,7 +555,14 @@ def test_trainer_pod_monitor_scrapes_rank_0_only(monitoring: list[Doc], job_pods
     assert not selects(monitor, job_pods["generation"])
     endpoint = monitor["spec"]["podMetricsEndpoints"][0]
     assert endpoint["port"] in {p["name"] for p in job_pods["rank0"]["spec"]["containers"][0]["ports"]}
-    assert endpoint["honorLabels"] is True
+
+
+@pytest.mark.parametrize("role", ["trainer", "generation"])
+def test_pod_monitors_do_not_trust_labels_from_tenant_pods(monitoring: list[Doc], role: str) -> None:
+    """Trainer and vLLM images are tenant code: with honorLabels their own namespace/grpojob labels would
+    win over Kubernetes' (tests/helm/test_monitoring_labels.py shows it against a real Prometheus)."""
+    endpoint = one(monitoring, "PodMonitor", f"{FULLNAME}-{role}")["spec"]["podMetricsEndpoints"][0]
+    assert not endpoint.get("honorLabels", False)
 
 
 def test_generation_pod_monitor_scrapes_vllm(monitoring: list[Doc], job_pods: dict[str, Doc]) -> None:

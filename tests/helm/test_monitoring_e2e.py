@@ -116,6 +116,7 @@ def pod_monitor_job(monitor: dict[str, Any], targets_file: Path) -> dict[str, An
             {"target_label": "endpoint", "replacement": endpoint["port"]},
             *relabelings(endpoint.get("relabelings", [])),
         ],
+        "metric_relabel_configs": relabelings(endpoint.get("metricRelabelings", [])),
     }
 
 

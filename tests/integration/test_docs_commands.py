@@ -122,7 +122,7 @@ def monitoring(kube: Cluster, tmp_path: Path, block: Block) -> None:
         run_block(kube, block, cwd=tmp_path)
     finally:
         subprocess.run(
-            [helm_binary(), "uninstall", "grpo", "-n", "grpo-system"],
+            [helm_binary(), "uninstall", "grpo-operator", "-n", "grpo-system"],
             env=kube.env(),
             capture_output=True,
             timeout=120,

@@ -241,6 +241,32 @@ INVALID_CASES: list[Case] = [
         {"spec.dataset.validation": "https://example.com/val.jsonl"},
     ),
     _case("dataset-train-missing", "spec.dataset.train", {"spec.dataset": {"promptField": "q"}}),
+    _case("input-without-source", "spec.inputs[0]", {"spec.inputs": [{"name": "data"}]}),
+    _case(
+        "input-with-two-sources",
+        "spec.inputs[0]",
+        {"spec.inputs": [{"name": "data", "configMap": "a", "claim": "b"}]},
+    ),
+    _case(
+        "input-subpath-escapes",
+        "spec.inputs[0].subPath",
+        {"spec.inputs": [{"name": "m", "claim": "models", "subPath": "a/../../b"}]},
+    ),
+    _case(
+        "input-names-repeat",
+        "spec.inputs",
+        {"spec.inputs": [{"name": "d", "configMap": "a"}, {"name": "d", "claim": "b"}]},
+    ),
+    _case(
+        "prompt-template-without-placeholder",
+        "spec.dataset.promptTemplate",
+        {"spec.dataset.promptTemplate": "Solve it."},
+    ),
+    _case(
+        "prompt-template-stray-brace",
+        "spec.dataset.promptTemplate",
+        {"spec.dataset.promptTemplate": "Q: {prompt} {the answer}"},
+    ),
     _case("checkpoints-every-0", "spec.checkpoints.everySteps", {"spec.checkpoints.everySteps": 0}),
     _case(
         "checkpoints-retention-unknown", "spec.checkpoints.retention", {"spec.checkpoints.retention": "Keep"}
@@ -279,6 +305,27 @@ INVALID_CASES: list[Case] = [
 
 VALID_CASES: list[Case] = [
     _case("minimal", "", {}),
+    _case(
+        "inputs",
+        "",
+        {
+            "spec.inputs": [
+                {"name": "data", "configMap": "gsm8k-sample"},
+                {"name": "model", "claim": "team-models", "subPath": "qwen/0.5b"},
+            ],
+            "spec.dataset.train": "file:///inputs/data/train.jsonl",
+            "spec.model.name": "/inputs/model",
+        },
+    ),
+    _case(
+        "prompt-format",
+        "",
+        {
+            "spec.dataset.systemPrompt": "End with a line '#### <number>'.",
+            "spec.dataset.promptTemplate": 'Q ({level}): {prompt} Reply as {{"answer": n}}',
+            "spec.dataset.applyChatTemplate": False,
+        },
+    ),
     _case("name-40-chars", "", {}, name="a" + "b" * 39),
     _case(
         "realistic-math",

@@ -318,13 +318,24 @@ def test_gpu_pods_land_on_gpu_nodes_and_honour_the_scheduling_passthrough() -> N
             assert spec["nodeSelector"]["nvidia.com/gpu.product"] == "NVIDIA-H100-80GB-HBM3"
             assert spec["enableServiceLinks"] is False
             gpu = manifest["kind"] == "Pod"
-            has_gpu_toleration = {
-                "key": "nvidia.com/gpu",
-                "operator": "Exists",
-                "effect": "NoSchedule",
-            } in spec["tolerations"]
+            has_gpu_toleration = {"key": "nvidia.com/gpu", "operator": "Exists"} in spec["tolerations"]
             assert has_gpu_toleration == gpu
-            assert (spec["nodeSelector"].get("nvidia.com/gpu.present") == "true") == gpu
+            assert spec["nodeSelector"] == {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}
+
+
+def test_gpu_pods_need_no_node_label_by_default() -> None:
+    """Only GPU feature discovery sets nvidia.com/gpu.present; a cluster with just the NVIDIA device plugin
+    (most managed clouds) has no such label, and a default selector on it would leave every job Pending.
+    The GPU request is what places the pods; the tolerations cover the usual GPU node taints."""
+    for pod in gang_pods(make_job(), SETTINGS, 1, ""):
+        spec = pod["spec"]
+        assert "nodeSelector" not in spec, pod["metadata"]["name"]
+        assert int(spec["containers"][0]["resources"]["limits"]["nvidia.com/gpu"]) >= 1
+        tolerations = spec["tolerations"]
+        # GKE taints nvidia.com/gpu=present:NoSchedule, the GPU operator nvidia.com/gpu:NoSchedule.
+        assert {"key": "nvidia.com/gpu", "operator": "Exists"} in tolerations
+        # AKS documents sku=gpu:NoSchedule for GPU node pools.
+        assert {"key": "sku", "operator": "Equal", "value": "gpu", "effect": "NoSchedule"} in tolerations
 
 
 def test_queue_name_groups_the_gang_for_kueue() -> None:

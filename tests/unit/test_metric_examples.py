@@ -112,6 +112,8 @@ def test_example_serves_the_protocol(name: str) -> None:
 def test_example_dockerfile_copies_what_it_runs(name: str) -> None:
     dockerfile = (EXAMPLES / name / "Dockerfile").read_text()
     assert f"COPY examples/metrics/{name}/metric.py /app/metric.py" in dockerfile
-    assert "COPY trainer_image/grpo_metric /app/grpo_metric" in dockerfile
+    # The SDK is installed as its package (trainer_image/grpo_metric/pyproject.toml), not copied as source.
+    assert "COPY trainer_image/grpo_metric /tmp/grpo-metric" in dockerfile
+    assert "RUN pip install /tmp/grpo-metric" in dockerfile
     assert re.search(r'CMD \["python", "/app/metric.py"\]', dockerfile)
     assert 'if __name__ == "__main__":\n    serve(metric)' in (EXAMPLES / name / "metric.py").read_text()

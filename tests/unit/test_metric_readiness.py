@@ -11,7 +11,7 @@ from typing import Any
 from grpo_operator.builders import gang_pods, job_from_object, metric_workload
 from grpo_operator.settings import OperatorSettings
 
-from tests.unit.test_reconcile import SETTINGS, World, events, job_object
+from tests.unit.test_reconcile import World, events, job_object
 
 H100 = {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}
 
@@ -147,12 +147,11 @@ def test_gpu_node_selector_pins_the_gpu_pods_but_not_the_metric_pod() -> None:
     assert metric_selector == {"pool": "team-a"}
     for pod in gang_pods(job, settings, 1, ""):
         selector = pod["spec"]["nodeSelector"]
-        assert selector == {"nvidia.com/gpu.present": "true", "pool": "team-a", **H100}, pod["metadata"][
-            "name"
-        ]
+        assert selector == {"pool": "team-a", **H100}, pod["metadata"]["name"]
 
 
 def test_gpu_node_selector_wins_over_the_operators_gpu_selector_for_the_same_key() -> None:
     job = job_from_object(job_object(scheduling={"gpuNodeSelector": {"nvidia.com/gpu.present": "yes"}}))
-    for pod in gang_pods(job, SETTINGS, 1, ""):
+    settings = OperatorSettings(gpu_node_selector={"nvidia.com/gpu.present": "true"})
+    for pod in gang_pods(job, settings, 1, ""):
         assert pod["spec"]["nodeSelector"]["nvidia.com/gpu.present"] == "yes"

@@ -161,13 +161,15 @@ class World:
                 {"type": "Ready", "status": "True", "lastTransitionTime": format_time(self.now)}
             )
 
-    def terminate(self, name: str, exit_code: int, message: str = "", phase: str | None = None) -> None:
+    def terminate(
+        self, name: str, exit_code: int, message: str = "", phase: str | None = None, reason: str = "Error"
+    ) -> None:
         pod = self.pod(name)
         pod["status"]["phase"] = phase or ("Succeeded" if exit_code == 0 else "Failed")
         pod["status"]["containerStatuses"] = [
             {
                 "name": pod["spec"]["containers"][0]["name"],
-                "state": {"terminated": {"exitCode": exit_code, "reason": "Error", "message": message}},
+                "state": {"terminated": {"exitCode": exit_code, "reason": reason, "message": message}},
             }
         ]
 
@@ -480,9 +482,54 @@ def test_trainer_exit_reasons_match_the_trainers_exit_codes() -> None:
     assert TRAINER_EXIT_REASONS == {
         ExitCode.CHECKPOINT_MISMATCH: "CheckpointMismatch",
         ExitCode.NON_FINITE: "NonFiniteTraining",
+        ExitCode.OUT_OF_MEMORY: "OutOfMemory",
     }
     assert ExitCode.CHECKPOINT_MISMATCH in SETTINGS.permanent_exit_codes
+    assert ExitCode.OUT_OF_MEMORY in SETTINGS.permanent_exit_codes
     assert ExitCode.NON_FINITE not in SETTINGS.permanent_exit_codes
+
+
+CUDA_OOM_MESSAGE = (
+    "the trainer ran out of GPU memory (CUDA out of memory: Tried to allocate 2.00 GiB); a restart needs the "
+    "same memory, so the job is not retried. Try a smaller spec.trainer.perDeviceBatchSize (now 8)"
+)
+
+
+def test_cuda_out_of_memory_fails_at_once_saying_what_ran_out() -> None:
+    """A job that cannot fit in GPU memory must not burn its backoffLimit on identical restarts."""
+    world = running_world(runPolicy={"backoffLimit": 3})
+    world.terminate("math-trainer-1-0", 6, CUDA_OOM_MESSAGE)
+    plan = world.step()
+    status = world.status()
+    assert status["phase"] == "Failed" and status["reason"] == "OutOfMemory"
+    assert status.get("restarts", 0) == 0 and plan.restart is None
+    assert "does not fit in GPU memory" in status["message"]
+    assert "perDeviceBatchSize" in status["message"]
+    assert ("Warning", "OutOfMemory") in events(plan)
+
+
+def test_out_of_memory_on_one_rank_is_reported_over_the_other_ranks_fallout() -> None:
+    world = running_world(
+        trainer={"nodes": 2, "gpusPerNode": 1}, checkpoints={"volume": {"accessMode": "ReadWriteMany"}}
+    )
+    world.terminate("math-trainer-1-0", 1, "DistBackendError: NCCL watchdog timeout")
+    world.terminate("math-trainer-1-1", 6, CUDA_OOM_MESSAGE)
+    world.step()
+    status = world.status()
+    assert status["phase"] == "Failed" and status["reason"] == "OutOfMemory", status
+    assert "math-trainer-1-1" in status["message"]
+
+
+def test_oom_killed_container_gets_its_own_reason_and_a_hint() -> None:
+    world = running_world(runPolicy={"backoffLimit": 2})
+    world.terminate("math-trainer-1-0", 137, "", reason="OOMKilled")
+    plan = world.step()
+    status = world.status()
+    assert status["phase"] == "Restarting" and status["reason"] == "OOMKilled"
+    assert plan.restart is not None and plan.restart.counted and plan.restart.reason == "OOMKilled"
+    assert "host memory, not GPU memory" in status["message"]
+    assert "spec.trainer.resources" in status["message"]
+    assert ("Warning", "OOMKilled") in events(plan)
 
 
 @pytest.mark.parametrize(

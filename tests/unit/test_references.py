@@ -104,6 +104,8 @@ def _resolves(dotted: str) -> bool:
         if module is None:
             continue
         rest = parts[cut:]
+        if rest and rest[0].startswith("__") and rest[0].endswith("__"):
+            return True  # a module attribute every module has (__file__, __name__, ...)
         if rest and rest[0] not in _names_in(module) and _module_file([*parts[:cut], rest[0]]) is None:
             return False
         return all(part in _names_in(module) for part in rest[1:])

@@ -15,6 +15,8 @@ from typing import Any, Literal
 
 HEALTH_PATH = "/healthz"
 SCORE_PATH = "/score"
+# Where serve(metric, validation=...) scores validation answers: same protocol, another reward.
+VALIDATE_PATH = "/validate"
 
 
 class ProtocolError(ValueError):

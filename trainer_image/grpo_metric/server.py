@@ -18,6 +18,7 @@ from aiohttp import web
 from grpo_metric.protocol import (
     HEALTH_PATH,
     SCORE_PATH,
+    VALIDATE_PATH,
     ProtocolError,
     ScoreItem,
     ScoreResult,
@@ -69,38 +70,51 @@ async def _score_one_async(metric: MetricFn, item: ScoreItem) -> ScoreResult:
     return _check_reward(item.id, value)
 
 
-def make_app(metric: MetricFn, *, max_workers: int = 4) -> web.Application:
-    """The aiohttp application: GET /healthz and POST /score. Synchronous metrics run on a thread pool so
-    a slow item never blocks health checks; async metrics run on the event loop."""
-    is_async = inspect.iscoroutinefunction(metric) or inspect.iscoroutinefunction(
+def _is_async(metric: MetricFn) -> bool:
+    return inspect.iscoroutinefunction(metric) or inspect.iscoroutinefunction(
         getattr(metric, "__call__", None)  # noqa: B004 - callable objects with async __call__
     )
+
+
+def make_app(
+    metric: MetricFn, *, max_workers: int = 4, validation: MetricFn | None = None
+) -> web.Application:
+    """The aiohttp application: GET /healthz and POST /score, plus POST /validate scored by ``validation``
+    when given. Synchronous metrics run on a thread pool so a slow item never blocks health checks; async
+    metrics run on the event loop."""
     executor = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="metric")
 
     async def healthz(_: web.Request) -> web.Response:
         return web.json_response({"status": "ok"})
 
-    async def score(request: web.Request) -> web.Response:
-        try:
-            body = await request.json()
-            items = parse_score_request(body)
-        except (json.JSONDecodeError, ProtocolError) as exc:
-            return web.json_response({"error": f"bad request: {exc}"}, status=400)
-        if is_async:
-            results = await asyncio.gather(*(_score_one_async(metric, item) for item in items))
-        else:
-            loop = asyncio.get_running_loop()
-            results = await asyncio.gather(
-                *(loop.run_in_executor(executor, _score_one, metric, item) for item in items)
-            )
-        return web.json_response({"results": [r.to_json() for r in results]})
+    def scorer(fn: MetricFn) -> Callable[[web.Request], Awaitable[web.Response]]:
+        is_async = _is_async(fn)
+
+        async def score(request: web.Request) -> web.Response:
+            try:
+                body = await request.json()
+                items = parse_score_request(body)
+            except (json.JSONDecodeError, ProtocolError) as exc:
+                return web.json_response({"error": f"bad request: {exc}"}, status=400)
+            if is_async:
+                results = await asyncio.gather(*(_score_one_async(fn, item) for item in items))
+            else:
+                loop = asyncio.get_running_loop()
+                results = await asyncio.gather(
+                    *(loop.run_in_executor(executor, _score_one, fn, item) for item in items)
+                )
+            return web.json_response({"results": [r.to_json() for r in results]})
+
+        return score
 
     async def shutdown_executor(_: web.Application) -> None:
         executor.shutdown(wait=False, cancel_futures=True)
 
     app = web.Application(client_max_size=64 * 1024 * 1024)
     app.router.add_get(HEALTH_PATH, healthz)
-    app.router.add_post(SCORE_PATH, score)
+    app.router.add_post(SCORE_PATH, scorer(metric))
+    if validation is not None:
+        app.router.add_post(VALIDATE_PATH, scorer(validation))
     app.on_cleanup.append(shutdown_executor)
     return app
 
@@ -119,12 +133,22 @@ def _resolve_port(port: int | None) -> int:
         ) from None
 
 
-def serve(metric: MetricFn, port: int | None = None, host: str = "0.0.0.0", *, max_workers: int = 4) -> None:
-    """Serve ``metric`` until SIGTERM/SIGINT. ``port`` defaults to $GRPO_METRIC_PORT, else 8080."""
+def serve(
+    metric: MetricFn,
+    port: int | None = None,
+    host: str = "0.0.0.0",
+    *,
+    max_workers: int = 4,
+    validation: MetricFn | None = None,
+) -> None:
+    """Serve ``metric`` until SIGTERM/SIGINT. ``port`` defaults to $GRPO_METRIC_PORT, else 8080.
+    ``validation``: a second reward on POST /validate, for spec.grpo.validation.scorePath: /validate."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     resolved = _resolve_port(port)
     log.info("serving metric %s on %s:%d", getattr(metric, "__name__", metric), host, resolved)
-    web.run_app(make_app(metric, max_workers=max_workers), host=host, port=resolved, print=None)
+    web.run_app(
+        make_app(metric, max_workers=max_workers, validation=validation), host=host, port=resolved, print=None
+    )
 
 
 class MetricServer:
@@ -133,8 +157,17 @@ class MetricServer:
     ``start()`` returns once the port is bound; ``stop()`` closes the listener so clients see connection
     errors exactly as they would when a metric pod goes away."""
 
-    def __init__(self, metric: MetricFn, port: int = 0, host: str = "127.0.0.1", *, max_workers: int = 4):
+    def __init__(
+        self,
+        metric: MetricFn,
+        port: int = 0,
+        host: str = "127.0.0.1",
+        *,
+        max_workers: int = 4,
+        validation: MetricFn | None = None,
+    ):
         self._metric = metric
+        self._validation = validation
         self._host = host
         self._requested_port = port
         self._max_workers = max_workers
@@ -156,7 +189,9 @@ class MetricServer:
             self._loop = loop
             asyncio.set_event_loop(loop)
             try:
-                runner = web.AppRunner(make_app(self._metric, max_workers=self._max_workers))
+                runner = web.AppRunner(
+                    make_app(self._metric, max_workers=self._max_workers, validation=self._validation)
+                )
                 loop.run_until_complete(runner.setup())
                 site = web.TCPSite(runner, self._host, self._requested_port, reuse_address=True)
                 loop.run_until_complete(site.start())

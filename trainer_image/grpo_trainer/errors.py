@@ -12,7 +12,7 @@ TERMINATION_LOG = Path("/dev/termination-log")
 class ExitCode(IntEnum):
     # All S steps done, or SIGTERM received and a checkpoint written: nothing to retry.
     OK = 0
-    # Anything unexpected (a crash, NCCL, OOM, I/O): transient, restart from the last checkpoint.
+    # Anything unexpected (a crash, NCCL, I/O): transient, restart from the last checkpoint.
     TRANSIENT = 1
     # trainer.json invalid, B/G/S not mappable onto the world size, dataset/model/RESUME_FROM unusable:
     # a restart fails the same way, so the operator must not retry.
@@ -26,6 +26,9 @@ class ExitCode(IntEnum):
     # A step produced a non-finite loss or gradient norm (or non-finite weights): nothing from it is
     # published; a restart resumes from the last good checkpoint and counts against backoffLimit.
     NON_FINITE = 5
+    # CUDA ran out of GPU memory: the same model, batch and sequence lengths need the same memory after a
+    # restart, so the operator fails the job at once; the message says which knobs lower the need.
+    OUT_OF_MEMORY = 6
 
 
 class ConfigError(ValueError):
@@ -39,6 +42,48 @@ class CheckpointMismatch(ValueError):
 
 class NonFiniteTraining(RuntimeError):
     """A step's loss, gradient norm or weights are NaN or infinite; exits with ExitCode.NON_FINITE."""
+
+
+# Texts CUDA out-of-memory errors carry: torch.cuda.OutOfMemoryError ("CUDA out of memory. Tried to
+# allocate ..."), a raw CUDA runtime error ("CUDA error: out of memory"), and cuBLAS failing to allocate
+# its workspace, which is the same condition surfacing from a library call.
+_CUDA_OOM_MARKERS = ("CUDA out of memory", "CUDA error: out of memory", "CUBLAS_STATUS_ALLOC_FAILED")
+
+
+def is_cuda_out_of_memory(exc: BaseException) -> bool:
+    """Whether ``exc``, or an exception it was raised from, is CUDA running out of GPU memory.
+
+    Judged by type name and message so that this module needs no torch: torch.cuda.OutOfMemoryError
+    subclasses RuntimeError, and libraries often wrap it in an error of their own.
+    """
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if type(current).__name__ == "OutOfMemoryError" or any(m in str(current) for m in _CUDA_OOM_MARKERS):
+            return True
+        current = current.__cause__ or current.__context__
+    return False
+
+
+def out_of_memory_reason(exc: BaseException, *, per_device_batch_size: int, lora: bool, gpus: int) -> str:
+    """What ran out and what to change, for the termination message the job's status quotes."""
+    first = str(exc).strip().split("\n", 1)[0]
+    # torch appends allocator advice (PYTORCH_CUDA_ALLOC_CONF) after the figures; the figures suffice.
+    detail = ". ".join(first.split(". ")[:3]).rstrip(".")
+    tries = [
+        f"a smaller spec.trainer.perDeviceBatchSize (now {per_device_batch_size})"
+        if per_device_batch_size > 1
+        else "shorter grpo.maxCompletionLength or grpo.maxPromptLength",
+    ]
+    if not lora:
+        tries.append("LoRA (spec.grpo.lora.enabled: true) instead of full fine-tuning")
+    tries.append(f"more trainer GPUs (now {gpus}; spec.trainer.gpusPerNode or nodes)")
+    tries.append("or a smaller model")
+    return (
+        f"the trainer ran out of GPU memory (CUDA out of memory: {detail}); a restart needs the same memory, "
+        f"so the job is not retried. Try {', '.join(tries)}."
+    )
 
 
 def write_termination_message(message: str, path: Path = TERMINATION_LOG) -> None:

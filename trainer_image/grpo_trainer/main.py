@@ -13,7 +13,15 @@ from typing import Any
 from grpo_operator.api.trainer_config import TrainerConfig
 
 from grpo_trainer.config import RuntimeEnv, grpo_config_kwargs, load_config, plan_batches
-from grpo_trainer.errors import CheckpointMismatch, ConfigError, ExitCode, NonFiniteTraining, fail
+from grpo_trainer.errors import (
+    CheckpointMismatch,
+    ConfigError,
+    ExitCode,
+    NonFiniteTraining,
+    fail,
+    is_cuda_out_of_memory,
+    out_of_memory_reason,
+)
 from grpo_trainer.metric_client import ClientSettings, ErrorBudget, MetricClient, MetricServiceUnavailable
 from grpo_trainer.signals import StopFlag
 from grpo_trainer.trl_adapter import load_checkpoint_weights
@@ -114,7 +122,7 @@ def run(config: TrainerConfig, env: RuntimeEnv) -> int:
 
         train = prepare(
             load_rows(config.dataset.train),
-            config.dataset.prompt_field,
+            config.dataset,
             tokenizer,
             config.grpo.max_prompt_length,
             config.dataset.train,
@@ -124,7 +132,7 @@ def run(config: TrainerConfig, env: RuntimeEnv) -> int:
         if config.dataset.validation and v.every_steps:
             val = prepare(
                 load_rows(config.dataset.validation),
-                config.dataset.prompt_field,
+                config.dataset,
                 tokenizer,
                 config.grpo.max_prompt_length,
                 config.dataset.validation,
@@ -132,6 +140,7 @@ def run(config: TrainerConfig, env: RuntimeEnv) -> int:
             validation = Validation(
                 rows=[dict(r) for r in val.select(range(min(v.max_prompts, len(val))))],
                 every_steps=v.every_steps,
+                score_path=v.score_path,
             )
 
         cuda = torch.cuda.is_available()
@@ -282,6 +291,7 @@ def main(argv: list[str] | None = None) -> int:
         stream=sys.stderr,
     )
     os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
+    config: TrainerConfig | None = None
     try:
         env = RuntimeEnv.from_environ()
         config = load_config(argv[0] if argv else None)
@@ -300,4 +310,17 @@ def main(argv: list[str] | None = None) -> int:
         return fail(ExitCode.TRANSIENT, "interrupted")
     except Exception as exc:
         traceback.print_exc()
+        if is_cuda_out_of_memory(exc):
+            return fail(ExitCode.OUT_OF_MEMORY, _out_of_memory_reason(exc, config))
         return fail(ExitCode.TRANSIENT, f"{type(exc).__name__}: {exc}")
+
+
+def _out_of_memory_reason(exc: BaseException, config: TrainerConfig | None) -> str:
+    if config is None:
+        return out_of_memory_reason(exc, per_device_batch_size=1, lora=False, gpus=1)
+    return out_of_memory_reason(
+        exc,
+        per_device_batch_size=config.trainer.per_device_batch_size,
+        lora=config.grpo.lora.enabled,
+        gpus=config.trainer.nodes * config.trainer.gpus_per_node,
+    )

@@ -196,25 +196,25 @@ class MetricClient:
 
     # -- scoring ----------------------------------------------------------------------------------------
 
-    def score(self, items: Sequence[ScoreItem]) -> list[ScoreResult]:
-        """Score ``items`` in batches of ``batch_size``, at most ``concurrency`` batches in flight.
-        Returns one result per item, in order."""
+    def score(self, items: Sequence[ScoreItem], path: str = SCORE_PATH) -> list[ScoreResult]:
+        """Score ``items`` in batches of ``batch_size``, at most ``concurrency`` batches in flight, by POST to
+        ``path`` (validation may use another route). Returns one result per item, in order."""
         if not items:
             return []
         started = time.perf_counter()
         try:
-            return self._run(self._score_all(list(items)))
+            return self._run(self._score_all(list(items), path))
         finally:
             self.stats.seconds_in_score += time.perf_counter() - started
 
-    async def _score_all(self, items: list[ScoreItem]) -> list[ScoreResult]:
+    async def _score_all(self, items: list[ScoreItem], path: str) -> list[ScoreResult]:
         await self._ensure_session()
         size = self.settings.batch_size
         batches = [items[i : i + size] for i in range(0, len(items), size)]
-        outcomes = await asyncio.gather(*(self._score_batch(batch) for batch in batches))
+        outcomes = await asyncio.gather(*(self._score_batch(batch, path) for batch in batches))
         return [result for outcome in outcomes for result in outcome]
 
-    async def _score_batch(self, batch: list[ScoreItem]) -> list[ScoreResult]:
+    async def _score_batch(self, batch: list[ScoreItem], path: str) -> list[ScoreResult]:
         assert self._semaphore is not None
         async with self._semaphore:
             if not self.breaker.allow():
@@ -223,7 +223,7 @@ class MetricClient:
                     ScoreResult.error(item.id, f"circuit open: metric service at {self.base_url} is failing")
                     for item in batch
                 ]
-            results, failure = await self._post_with_retries(batch)
+            results, failure = await self._post_with_retries(batch, path)
             if failure is None:
                 self.breaker.record_success()
                 assert results is not None
@@ -247,7 +247,9 @@ class MetricClient:
             return ScoreResult(result.id, result.kind, result.reward, _clip(result.reason))
         return result
 
-    async def _post_with_retries(self, batch: list[ScoreItem]) -> tuple[list[ScoreResult] | None, str | None]:
+    async def _post_with_retries(
+        self, batch: list[ScoreItem], path: str
+    ) -> tuple[list[ScoreResult] | None, str | None]:
         session = await self._ensure_session()
         payload = {"items": [item.to_json() for item in batch]}
         ids = [item.id for item in batch]
@@ -263,7 +265,7 @@ class MetricClient:
             self.stats.requests += 1
             try:
                 async with session.post(
-                    self.base_url + SCORE_PATH, json=payload, allow_redirects=False
+                    self.base_url + path, json=payload, allow_redirects=False
                 ) as response:
                     if response.status == 200:
                         body = decode_json(await read_capped(response, self.settings.max_response_bytes))
@@ -273,10 +275,10 @@ class MetricClient:
                         location = response.headers.get("Location", "")[:200]
                         return None, (
                             f"HTTP {response.status} redirect to {location!r} not followed: the metric "
-                            f"service must answer POST {SCORE_PATH} itself"
+                            f"service must answer POST {path} itself"
                         )
                     text = (await response.content.read(ERROR_BODY_BYTES)).decode("utf-8", "replace")
-                    failure = f"HTTP {response.status} from {SCORE_PATH}: {text}"
+                    failure = f"HTTP {response.status} from {path}: {text}"
                     if response.status not in RETRYABLE_STATUS:
                         # A 4xx other than 408/429 is a contract violation; retrying cannot fix it.
                         return None, failure

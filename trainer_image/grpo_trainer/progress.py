@@ -62,6 +62,8 @@ def truncate_jsonl(path: Path, after_step: int) -> None:
 class Validation:
     rows: list[dict[str, Any]]
     every_steps: int
+    # Route of the metric service that scores validation answers (spec.grpo.validation.scorePath).
+    score_path: str = "/score"
     last_mean: float | None = None
     last_step: int | None = None
 
@@ -295,7 +297,7 @@ class ProgressCallback(TrainerCallback):  # type: ignore[misc]
         columns = {key: [row[key] for row in shard] for key in shard[0]} if shard else {}
         columns.pop("prompt", None)
         items = self.reward.build_items(prompts, completions, columns, tag=f"v{step}")[:real]
-        results = self.reward.client.score(items)
+        results = self.reward.client.score(items, path=self.validation.score_path)
         rewards = [self.reward.to_reward(r) for r in results]
         scored = [r for r in rewards if r is not None]
         local = torch.tensor(

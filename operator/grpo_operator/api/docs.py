@@ -30,7 +30,8 @@ _DATASET_SCHEMES = "\n".join(
         "(`hf://openai/gsm8k:main`); `@<revision>` a branch, tag or commit; `#<split>` the split "
         "(default `train`), slicing allowed (`#train[:90%]`). |",
         "| File | `file:///<absolute path>.jsonl\\|.json\\|.parquet` | "
-        "A file in the trainer container; paths under `/workspace` are on the job's volume. |",
+        "A file in the trainer container; paths under `/workspace` are on the job's volume, paths under "
+        "`/inputs/<name>` in a `spec.inputs` ConfigMap or claim. |",
     ]
 )
 
@@ -209,6 +210,9 @@ the field and the fix:
 - a `model.name` on the job's volume (`/workspace/...`) needs `checkpoints.volume.accessMode:
   ReadWriteMany`: the vLLM pod, usually on another node than the trainers, mounts the volume only then
   (for an `existingClaim`, declare `ReadWriteMany` only if the claim is);
+- `inputs[]`: exactly one of `configMap` and `claim`, `subPath` only with `claim` and without `..`,
+  unique names; `dataset.promptTemplate`: at least one `{{column}}` placeholder and no other brace
+  (`{{{{`/`}}}}` for literal ones);
 - non-empty `model.name` and `metric.image`; `model.name` must not start with `-` (it is the first
   argument of `vllm serve`, which would read it as an option); dataset URIs as above;
 - the job name:

@@ -21,6 +21,7 @@ from grpo_operator.api.dataset_uri import (
     DatasetURIError,
     parse_dataset_uri,
 )
+from grpo_operator.api.prompt_template import PROMPT_TEMPLATE_RULES, template_fields
 
 # GPUs one Kubernetes node offers at most (an 8-GPU HGX/DGX box); per-pod GPU counts above it could
 # never be scheduled.
@@ -197,6 +198,40 @@ class DatasetSpec(ApiModel):
         max_length=253,
         description="Dataset column holding the reference answer; the metric gets it with the other columns.",
     )
+    system_prompt: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=16384,
+        description=(
+            "Instructions put before every prompt (e.g. the answer format the metric expects): a system turn "
+            "when the model has a chat template, else text followed by a blank line."
+        ),
+    )
+    prompt_template: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=16384,
+        json_schema_extra={"x-kubernetes-validations": [r.to_schema() for r in PROMPT_TEMPLATE_RULES]},
+        description=(
+            "Text of each prompt with {column} placeholders filled from the row; {prompt} is the promptField "
+            "column. {{ and }} are literal braces. For text prompts only (a chat-format column already holds "
+            "its turns: use systemPrompt)."
+        ),
+    )
+    apply_chat_template: bool = Field(
+        default=True,
+        description=(
+            "Send text prompts as a user turn through the model's chat template when it has one; false "
+            "sends them as raw text. Chat-format prompts (a list of {role, content}) always use it."
+        ),
+    )
+
+    @field_validator("prompt_template")
+    @classmethod
+    def _check_template(cls, value: str | None) -> str | None:
+        if value is not None:
+            template_fields(value)
+        return value
 
     @field_validator("train", "validation")
     @classmethod
@@ -232,6 +267,17 @@ class ValidationSpec(ApiModel):
     )
     max_prompts: K8sInt = Field(
         default=64, ge=1, le=100_000, description="Validation prompts scored per run (one completion each)."
+    )
+    score_path: str = Field(
+        default="/score",
+        min_length=1,
+        max_length=256,
+        pattern=r"^/[A-Za-z0-9._~/-]*$",
+        description=(
+            "Route of the metric service that scores validation answers. /score (default) is the training "
+            "reward; another route (e.g. /validate, served by the SDK's serve(metric, validation=...)) scores "
+            "them with a reward the policy never trained against, which can reveal a gamed training reward."
+        ),
     )
 
 
@@ -644,6 +690,73 @@ class ImagePullSecret(ApiModel):
     )
 
 
+# Where spec.inputs are mounted, read-only, in the trainer and vLLM pods: /inputs/<name>.
+INPUTS_MOUNT_PATH = "/inputs"
+
+
+class InputSpec(ApiModel):
+    """Data the job reads, mounted read-only at /inputs/<name> in the trainer and vLLM pods."""
+
+    cel_rules: ClassVar[tuple[CelRule, ...]] = (
+        CelRule(
+            "has(self.configMap) != has(self.claim)",
+            "spec.inputs[] needs exactly one of configMap (a ConfigMap, up to 1 MiB: a small dataset) or "
+            "claim (a PersistentVolumeClaim: a large dataset or a model)",
+        ),
+        CelRule(
+            "!has(self.subPath) || has(self.claim)",
+            "spec.inputs[].subPath selects a directory of a claim: use it with claim only",
+            ".subPath",
+        ),
+        CelRule(
+            "!has(self.subPath) || !self.subPath.contains('..')",
+            "spec.inputs[].subPath must stay inside the claim: remove '..'",
+            ".subPath",
+        ),
+    )
+
+    name: str = Field(
+        min_length=1,
+        max_length=50,
+        pattern=DNS1123_LABEL_PATTERN,
+        description="Mounted at /inputs/<name> (e.g. file:///inputs/<name>/train.jsonl in spec.dataset).",
+    )
+    config_map: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=253,
+        pattern=DNS1123_SUBDOMAIN_PATTERN,
+        description="A ConfigMap in the job's namespace; each key is a file (kubectl create configmap "
+        "--from-file).",
+    )
+    claim: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=253,
+        pattern=DNS1123_SUBDOMAIN_PATTERN,
+        description="A PersistentVolumeClaim in the job's namespace, mounted read-only. Never changed or "
+        "deleted by the operator. vLLM and trainers may run on different nodes: use a ReadOnlyMany or "
+        "ReadWriteMany claim unless they share one node.",
+    )
+    sub_path: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=1024,
+        pattern=r"^[^/]",
+        description="Directory inside the claim to mount instead of its root (relative, no '..').",
+    )
+
+    @model_validator(mode="after")
+    def _one_source(self) -> InputSpec:
+        if (self.config_map is None) == (self.claim is None):
+            raise self.cel_rules[0].violation()
+        if self.sub_path is not None and self.claim is None:
+            raise self.cel_rules[1].violation()
+        if self.sub_path is not None and ".." in self.sub_path:
+            raise self.cel_rules[2].violation()
+        return self
+
+
 # Label values are at most 63 characters (Kubernetes label syntax).
 NodeLabels = dict[str, Annotated[str, Field(max_length=63)]]
 
@@ -793,6 +906,33 @@ class GRPOJobSpec(ApiModel):
             "own ServiceAccount, so the pull secrets of the namespace's default ServiceAccount do not reach them."
         ),
     )
+    inputs: list[InputSpec] = Field(
+        default_factory=list,
+        max_length=8,
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                CelRule(
+                    "self.all(x, self.exists_one(y, y.name == x.name))",
+                    "spec.inputs[].name must be unique: each input is mounted at /inputs/<name>",
+                ).to_schema()
+            ]
+        },
+        description=(
+            "Your own data and model files, mounted read-only at /inputs/<name> in the trainer and vLLM pods "
+            "before they start: a ConfigMap (small datasets) or an existing PersistentVolumeClaim (large "
+            "datasets, a local model). Point spec.dataset at file:///inputs/<name>/<file> and spec.model.name "
+            "at /inputs/<name>[/<dir>]."
+        ),
+    )
+
+    @field_validator("inputs")
+    @classmethod
+    def _unique_inputs(cls, value: list[InputSpec]) -> list[InputSpec]:
+        names = [i.name for i in value]
+        if len(names) != len(set(names)):
+            raise ValueError("spec.inputs[].name must be unique: each input is mounted at /inputs/<name>")
+        return value
+
     suspend: bool = Field(
         default=False,
         description="true stops all pods (keeping the volume and status); false resumes from the last "

@@ -14,6 +14,7 @@ from typing import Literal
 from pydantic import ConfigDict, Field
 
 from grpo_operator.api.base import ApiModel
+from grpo_operator.api.compat import later_defaults_exclude
 from grpo_operator.api.spec import VOLUME_MOUNT_PATH as VOLUME_MOUNT_PATH
 from grpo_operator.api.spec import DatasetSpec, GRPOJobSpec, GRPOSpec, ModelSpec
 
@@ -186,8 +187,11 @@ class TrainerConfig(_ConfigModel):
         )
 
     def dump_json(self) -> str:
-        """trainer.json text: camelCase keys, unset optionals omitted, stable key order."""
-        return self.model_dump_json(by_alias=True, exclude_none=True, indent=2)
+        """trainer.json text: camelCase keys, unset optionals omitted, stable key order. Fields added after
+        the first release are omitted at their default, so an older trainer image still reads it."""
+        return self.model_dump_json(
+            by_alias=True, exclude_none=True, indent=2, exclude=later_defaults_exclude(self)
+        )
 
     @classmethod
     def load(cls, path: str | Path) -> TrainerConfig:

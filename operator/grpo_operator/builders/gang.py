@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from grpo_operator.api.compat import drop_later_defaults
 from grpo_operator.api.spec import EnvVar
 from grpo_operator.api.trainer_config import CONFIG_ENV
 from grpo_operator.builders.common import (
@@ -43,6 +44,7 @@ from grpo_operator.builders.common import (
     with_hash,
 )
 from grpo_operator.builders.config import config_hash
+from grpo_operator.builders.inputs import input_volumes
 from grpo_operator.builders.scheduling import image_pull_secrets, kueue_labels, pod_placement
 from grpo_operator.builders.security import secure_pod_spec
 from grpo_operator.settings import OperatorSettings
@@ -116,7 +118,12 @@ def _env_with_user(
 
 
 def gang_hash(job: Job) -> str:
-    """Hash of every spec field that shapes the gang's pods or the trainer's config.
+    """Hash of every spec field that shapes the gang's pods or the trainer's config (gang_hash_input)."""
+    return content_hash(gang_hash_input(job))
+
+
+def gang_hash_input(job: Job) -> dict[str, Any]:
+    """The spec fields gang_hash covers.
 
     Built from the spec, not from the rendered pods or trainer.json: a spec change must restart the
     gang, but an operator upgrade that renders pods or the config a little differently must not
@@ -125,12 +132,18 @@ def gang_hash(job: Job) -> str:
     they change the metric Deployment or the operator's behaviour, never the running gang.
     """
     spec = job.spec.to_dict()
+    # Fields added after the first release count only when set away from their default (and inputs only
+    # when there are any): their defaults appear in every stored spec after an upgrade, and hashing them
+    # would restart every running job.
+    drop_later_defaults(spec)
     metric_client = {
         k: v for k, v in spec["metric"].items() if k not in ("image", "replicas", "resources", "env")
     }
     checkpoints = {k: v for k, v in spec["checkpoints"].items() if k != "retention"}
     shaped = {key: spec[key] for key in ("model", "dataset", "grpo", "generation", "trainer", "scheduling")}
-    return content_hash({**shaped, "metric": metric_client, "checkpoints": checkpoints})
+    if spec.get("inputs"):
+        shaped["inputs"] = spec["inputs"]
+    return {**shaped, "metric": metric_client, "checkpoints": checkpoints}
 
 
 def _resources(
@@ -252,6 +265,10 @@ def generation_pod(job: Job, settings: OperatorSettings, attempt: int, index: in
         mounts.append({"name": MODEL_CACHE_VOLUME, "mountPath": MODEL_CACHE_MOUNT})
         volumes.append({"name": MODEL_CACHE_VOLUME, "emptyDir": {}})
         hf_home = f"{MODEL_CACHE_MOUNT}/huggingface"
+
+    input_vols, input_mounts = input_volumes(job)
+    mounts += input_mounts
+    volumes += input_vols
 
     container: dict[str, Any] = {
         "name": "vllm",
@@ -403,6 +420,7 @@ def trainer_pod(job: Job, settings: OperatorSettings, attempt: int, rank: int, r
                 if settings.model_cache_claim
                 else []
             ),
+            *input_volumes(job)[1],
         ],
         # The trainer writes a one-line failure reason here; the operator shows it in status.message.
         "terminationMessagePath": "/dev/termination-log",
@@ -425,6 +443,7 @@ def trainer_pod(job: Job, settings: OperatorSettings, attempt: int, rank: int, r
             {"name": "workspace", "persistentVolumeClaim": {"claimName": pvc_claim_name(job)}},
             _shm_volume(settings),
             *([_model_cache_volume(settings)] if settings.model_cache_claim else []),
+            *input_volumes(job)[0],
         ],
         **pod_placement(job, settings, gpu=True),
         **image_pull_secrets(job, settings),

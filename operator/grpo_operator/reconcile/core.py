@@ -68,7 +68,14 @@ GANG_ROLES = ("trainer", "generation")
 # Trainer exit codes with a reason of their own (the trainer's ExitCode, docs/trainer.md "Exit codes"):
 # 4 = the checkpoint found is another job's or for other weights (permanent), 5 = a non-finite step
 # (a counted restart from the last good checkpoint).
-TRAINER_EXIT_REASONS = {4: "CheckpointMismatch", 5: "NonFiniteTraining"}
+TRAINER_EXIT_REASONS = {4: "CheckpointMismatch", 5: "NonFiniteTraining", 6: "OutOfMemory"}
+# What a permanent trainer exit means, for status.message; codes not listed mean an invalid configuration.
+_PERMANENT_MEANINGS = {
+    "CheckpointMismatch": "the checkpoint on the volume cannot be resumed by this job",
+    "OutOfMemory": "the training does not fit in GPU memory",
+}
+# A container the kernel killed for exceeding its memory limit (host memory, not GPU memory).
+_OOM_KILLED = "OOMKilled"
 
 # DisruptionTarget / pod status reasons -> the restart reason the operator reports.
 _DISRUPTION_REASONS = {
@@ -352,6 +359,20 @@ def _active_deadline(step: _Step, job: Job, observed: Observed) -> bool:
     return True
 
 
+def _telling_failure(pod: PodView, settings: OperatorSettings) -> bool:
+    """A failure that names its cause: a trainer's permanent or specific exit code, or an OOM kill."""
+    term = pod.termination()
+    if term is None:
+        return False
+    if term.reason == _OOM_KILLED:
+        return True
+    return (
+        pod.role == "trainer"
+        and term.exit_code is not None
+        and (term.exit_code in settings.permanent_exit_codes or term.exit_code in TRAINER_EXIT_REASONS)
+    )
+
+
 def _run_gang(step: _Step, job: Job, observed: Observed) -> None:
     """The gang of the current attempt: detect success, failures, disruptions, stalls and drift;
     otherwise create what is missing and report how far the pods got."""
@@ -385,10 +406,20 @@ def _run_gang(step: _Step, job: Job, observed: Observed) -> None:
             failures.append(pod)
 
     if failures:
-        first = failures[0]
+        # One rank running out of memory makes the others fail too (NCCL timeouts, exit 1): report the
+        # failure that says what went wrong, not whichever pod comes first.
+        first = next((p for p in failures if _telling_failure(p, step.settings)), failures[0])
         summary = first.failure_summary()
         reason = "TrainerFailed" if first.role == "trainer" else "GenerationFailed"
         term = first.termination()
+        if term is not None and term.reason == _OOM_KILLED:
+            reason = _OOM_KILLED
+            summary = (
+                f"{summary} (the container exceeded its memory limit: host memory, not GPU memory; raise "
+                f"spec.{'trainer' if first.role == 'trainer' else 'generation'}.resources memory requests "
+                "and limits, or lower the batch size)"
+            )
+            step.event("Warning", _OOM_KILLED, summary)
         special = (
             TRAINER_EXIT_REASONS.get(term.exit_code)
             if first.role == "trainer" and term and term.exit_code is not None
@@ -398,11 +429,7 @@ def _run_gang(step: _Step, job: Job, observed: Observed) -> None:
             reason = special
             step.event("Warning", special, summary)
         if first.role == "trainer" and term and term.exit_code in step.settings.permanent_exit_codes:
-            meaning = (
-                "the checkpoint on the volume cannot be resumed by this job"
-                if special == "CheckpointMismatch"
-                else "the configuration is invalid"
-            )
+            meaning = _PERMANENT_MEANINGS.get(special or "", "the configuration is invalid")
             _fail(
                 step,
                 job,
