@@ -90,6 +90,10 @@ class Controller:
         # a refused child does not exist, so only the refusal says why it is missing. Lost on restart
         # and rebuilt by the next attempt to create the child.
         self._refusals: dict[Key, tuple[Refusal, ...]] = {}
+        # Names whose create the API server refused with 409 (taken) in each job's last executed plan. The
+        # caches hold only what the operator manages, so the next reconcile reads these names (a same-name
+        # object someone else made is found only this way) before deciding again.
+        self._taken: dict[Key, set[tuple[str, str]]] = {}
         self._recent_events: dict[tuple[Key, str, str], float] = {}
         self._nodes: tuple[float, frozenset[str] | None] = (0.0, None)
         self._nodes_forbidden = False
@@ -110,6 +114,7 @@ class Controller:
             self.phases.pop(key, None)
             self._written_rv.pop(key, None)
             self._refusals.pop(key, None)
+            self._taken.pop(key, None)
             self.queue.discard(key)
             return
         self.phases.setdefault(key, None)
@@ -221,6 +226,7 @@ class Controller:
         for key in set(self.phases) - seen:
             self.phases.pop(key, None)
             self._refusals.pop(key, None)
+            self._taken.pop(key, None)
         self.metrics.queue_depth.set(len(self.queue))
 
     # --- workers -----------------------------------------------------------------------------------------------
@@ -324,16 +330,23 @@ class Controller:
         )
 
     async def _probe(self, job: Obj, observed: Observed, plan: Plan) -> list[Obj]:
-        """Reads every object the plan would create that the caches do not show. The caches hold only
-        what the operator manages, so a same-name object someone else made is found only this way."""
-        namespace = job["metadata"]["namespace"]
+        """Reads every object the plan would create that the caches do not show and whose name a create
+        found taken before. The caches hold only what the operator manages, so a same-name object someone
+        else made is found only this way. Names never refused are not read: a create is a POST, which fails
+        with 409 rather than touch an existing object, and execute() creates no pod while any of the job's
+        other children was refused as taken, so a same-name object is never used before it is found."""
+        meta = job["metadata"]
+        namespace = meta["namespace"]
+        taken = self._taken.get((namespace, meta["name"]))
+        if not taken:
+            return []
         seen = {(o.get("kind"), (o.get("metadata") or {}).get("name")) for o in observed.objects}
         wanted = [
             (m["kind"], m["metadata"]["name"])
             for m in (*plan.applies, *plan.creates)
             if not (m.get("metadata") or {}).get("uid")
         ]
-        wanted = [key for key in dict.fromkeys(wanted) if key not in seen]
+        wanted = [key for key in dict.fromkeys(wanted) if key not in seen and key in taken]
 
         async def read(kind: str, name: str) -> Obj | None:
             # A list by name needs only the list permission the operator has for every child kind anyway.
@@ -445,12 +458,23 @@ class Controller:
         # Children within one group do not depend on each other: send them concurrently. The groups
         # stay in order, so pods are created only after their ConfigMap, PVC and ServiceAccount exist.
         failures: list[Refusal] = []
-        taken: list[str] = []
+        taken: list[tuple[str, str]] = []
         await asyncio.gather(*(self._write(_apply_verb(m), m, failures, taken) for m in plan.applies))
-        await asyncio.gather(*(self._write("create", m, failures, taken) for m in plan.creates))
-        for event in plan.events:
-            await self.post_event(job, event.type, event.reason, event.message)
+        if taken:
+            # A name the job's children need belongs to an object the operator did not create (or its own
+            # object changed since the decision): no pod may start next to it, and the plan's events would
+            # describe children that do not exist. The next reconcile reads the names and decides again.
+            log.info(
+                "%s/%s: %s taken; no pods created until the names are read", namespace, name, _names(taken)
+            )
+        else:
+            await asyncio.gather(*(self._write("create", m, failures, taken) for m in plan.creates))
+            await asyncio.gather(*(self.post_event(job, e.type, e.reason, e.message) for e in plan.events))
         self._refusals[key] = tuple(failures)
+        if taken:
+            self._taken[key] = set(taken)
+        else:
+            self._taken.pop(key, None)
         for failure in failures:
             # Quota, admission webhooks and policy engines refuse children with 4xx: tell the user why.
             await self.post_event(
@@ -485,11 +509,13 @@ class Controller:
                 "%s/%s: %s changed while this reconcile ran; reconciling again",
                 namespace,
                 name,
-                ", ".join(taken),
+                _names(taken),
             )
             self.queue.add_rate_limited(key)
 
-    async def _write(self, verb: str, manifest: Obj, failures: list[Refusal], taken: list[str]) -> None:
+    async def _write(
+        self, verb: str, manifest: Obj, failures: list[Refusal], taken: list[tuple[str, str]]
+    ) -> None:
         """Create one child (POST: never touches an existing object) or update one the job owns (server-side
         apply naming its uid). 409 means the name is taken or the object was replaced since the decision.
         Other 4xx (quota, admission policies) are collected for a ChildRejected event."""
@@ -500,16 +526,22 @@ class Controller:
             "create-for-apply": self.kube.create_for_apply,
         }[verb]
         try:
-            await self._call(fn, manifest)
+            written = await self._call(fn, manifest)
         except ApiException as exc:
             if exc.status == 409:
-                taken.append(f"{manifest['kind']} {meta['name']}")
+                taken.append((manifest["kind"], meta["name"]))
                 return
             self._api_error("apply" if verb == "apply" else "create", manifest["kind"], exc)
             if exc.status is None or exc.status >= 500 or exc.status == 429:
                 raise
             failures.append(Refusal(manifest["kind"], meta["name"], exc.status, _api_message(exc)))
             return
+        if self.cache is not None:
+            # The next reconcile must see what this one wrote, not decide from a cache the watch has not
+            # caught up with yet (it would create the child again, get 409 and back off).
+            written.setdefault("kind", manifest["kind"])
+            written.setdefault("apiVersion", manifest["apiVersion"])
+            self.cache.put_child(written)
         if verb != "apply":
             job = (meta.get("labels") or {}).get(LABEL_JOB, "?")
             log.info("%s/%s: created %s %s", meta["namespace"], job, manifest["kind"], meta["name"])
@@ -553,6 +585,10 @@ class Controller:
         except ApiException as exc:  # events are best effort; the status says the same
             self._api_error("create", "Event", exc)
             log.warning("could not post event %s on %s/%s: HTTP %s", reason, namespace, name, exc.status)
+
+
+def _names(refs: list[tuple[str, str]]) -> str:
+    return ", ".join(f"{kind} {name}" for kind, name in refs)
 
 
 def managed_child(obj: Obj) -> bool:
