@@ -387,45 +387,23 @@ class Controller:
         meta = job["metadata"]
         namespace, name = meta["namespace"], meta["name"]
         key = (namespace, name)
-        resource_version = meta.get("resourceVersion")
-        if plan.record is not None:
-            # The operator's record first, so an operator stopped between the two writes decides from it.
-            annotations = {ANNOTATION_RECORD: record_annotation(plan.record)}
-            body = {"metadata": {"resourceVersion": resource_version, "annotations": annotations}}
-            try:
-                written = await self._call(self.kube.merge_patch, GRPOJOB, namespace, name, body)
-            except ApiException as exc:
-                if exc.status == 409:
-                    raise StatusConflict from exc
-                self._api_error("patch", KIND, exc)
-                raise
-            resource_version = (written.get("metadata") or {}).get("resourceVersion")
-            if not plan.status:
-                self._written_rv[key] = str(resource_version)
-                if self.cache is not None:
-                    self.cache.put_job(written)
-        if plan.status:
-            body = {"metadata": {"resourceVersion": resource_version}, "status": plan.status}
-            try:
-                updated = await self._call(self.kube.merge_patch, GRPOJOB, namespace, name, body, "status")
-            except ApiException as exc:
-                if exc.status == 409:
-                    raise StatusConflict from exc
-                self._api_error("patch", "GRPOJob/status", exc)
-                raise
-            self._written_rv[key] = str((updated.get("metadata") or {}).get("resourceVersion"))
-            if self.cache is not None:
-                # Decide the next reconcile from at least what we just wrote, never from an older copy.
-                self.cache.put_job(updated)
-            if plan.status.get("phase"):
-                log.info(
-                    "%s/%s: phase %s (%s) %s",
-                    namespace,
-                    name,
-                    plan.status["phase"],
-                    plan.status.get("reason") or "",
-                    plan.status.get("message") or "",
-                )
+        failures: list[Refusal] = []
+        taken: list[tuple[str, str]] = []
+        # The job's infrastructure (ConfigMap, volume, RBAC, Services, metric Deployment) does not depend on
+        # the status: with nothing to patch or delete first, it is written while the record and status are,
+        # which saves a new job two round trips before its first child. Pods always wait for the status.
+        early = bool(plan.applies) and not plan.patches and not plan.deletes
+        if early:
+            outcomes = await asyncio.gather(
+                self._write_status(job, plan),
+                self._write_all(plan.applies, failures, taken),
+                return_exceptions=True,
+            )
+            for outcome in outcomes:
+                if isinstance(outcome, BaseException):
+                    raise outcome
+        else:
+            await self._write_status(job, plan)
         for child_patch in plan.patches:
             ref = child_patch.ref
             patch = child_patch.patch
@@ -457,9 +435,8 @@ class Controller:
                     raise
         # Children within one group do not depend on each other: send them concurrently. The groups
         # stay in order, so pods are created only after their ConfigMap, PVC and ServiceAccount exist.
-        failures: list[Refusal] = []
-        taken: list[tuple[str, str]] = []
-        await asyncio.gather(*(self._write(_apply_verb(m), m, failures, taken) for m in plan.applies))
+        if not early:
+            await self._write_all(plan.applies, failures, taken)
         if taken:
             # A name the job's children need belongs to an object the operator did not create (or its own
             # object changed since the decision): no pod may start next to it, and the plan's events would
@@ -512,6 +489,56 @@ class Controller:
                 _names(taken),
             )
             self.queue.add_rate_limited(key)
+
+    async def _write_all(
+        self, manifests: list[Obj], failures: list[Refusal], taken: list[tuple[str, str]]
+    ) -> None:
+        await asyncio.gather(*(self._write(_apply_verb(m), m, failures, taken) for m in manifests))
+
+    async def _write_status(self, job: Obj, plan: Plan) -> None:
+        """The record annotation, then the status (conditional on the record's resourceVersion)."""
+        meta = job["metadata"]
+        namespace, name = meta["namespace"], meta["name"]
+        key = (namespace, name)
+        resource_version = meta.get("resourceVersion")
+        if plan.record is not None:
+            # The operator's record first, so an operator stopped between the two writes decides from it.
+            annotations = {ANNOTATION_RECORD: record_annotation(plan.record)}
+            body = {"metadata": {"resourceVersion": resource_version, "annotations": annotations}}
+            try:
+                written = await self._call(self.kube.merge_patch, GRPOJOB, namespace, name, body)
+            except ApiException as exc:
+                if exc.status == 409:
+                    raise StatusConflict from exc
+                self._api_error("patch", KIND, exc)
+                raise
+            resource_version = (written.get("metadata") or {}).get("resourceVersion")
+            if not plan.status:
+                self._written_rv[key] = str(resource_version)
+                if self.cache is not None:
+                    self.cache.put_job(written)
+        if plan.status:
+            body = {"metadata": {"resourceVersion": resource_version}, "status": plan.status}
+            try:
+                updated = await self._call(self.kube.merge_patch, GRPOJOB, namespace, name, body, "status")
+            except ApiException as exc:
+                if exc.status == 409:
+                    raise StatusConflict from exc
+                self._api_error("patch", "GRPOJob/status", exc)
+                raise
+            self._written_rv[key] = str((updated.get("metadata") or {}).get("resourceVersion"))
+            if self.cache is not None:
+                # Decide the next reconcile from at least what we just wrote, never from an older copy.
+                self.cache.put_job(updated)
+            if plan.status.get("phase"):
+                log.info(
+                    "%s/%s: phase %s (%s) %s",
+                    namespace,
+                    name,
+                    plan.status["phase"],
+                    plan.status.get("reason") or "",
+                    plan.status.get("message") or "",
+                )
 
     async def _write(
         self, verb: str, manifest: Obj, failures: list[Refusal], taken: list[tuple[str, str]]
