@@ -89,7 +89,8 @@ class SizeResult:
     load_avg_start: float
     load_avg_end: float
     reconcile_total: float
-    # reconciles from the apply until every job settled (the operator's own counter), per job
+    # reconciles from the apply until every job settled (the operator's own counter), per job; without
+    # those of jobs already gone (the floor's children, deleted meanwhile, each wake their job's key)
     ramp_reconciles_per_job: float
     # stage -> (p50, p95) seconds since the job was applied, and (p50, p95) of the stage alone
     timeline: dict[str, tuple[float, float, float, float]] = field(default_factory=dict)
@@ -103,10 +104,13 @@ STAGES: tuple[tuple[str, str], ...] = (
     ("first child created", "the earliest creationTimestamp of the job's children"),
     ("infrastructure created", "the last non-pod child's creationTimestamp"),
     ("gang pods created", "the last vLLM/trainer pod's creationTimestamp"),
+    ("volume provisioned", "the checkpoint claim's PersistentVolume's creationTimestamp (side stage)"),
     ("gang pods bound", "the last gang pod's PodScheduled condition"),
     ("gang pods Running", "the last gang pod's Ready condition (vLLM must answer /health)"),
     ("status Running", "the job's Running condition, written by the operator"),
 )
+# Not a step on the way but a precondition beside it: the stage alone is measured from the infrastructure.
+SIDE_STAGES = {"volume provisioned": "infrastructure created"}
 CHILD_KINDS = "configmaps,persistentvolumeclaims,serviceaccounts,roles,rolebindings,services,networkpolicies,deployments,pods"
 
 
@@ -123,12 +127,13 @@ def _condition_time(obj: Obj, kind: str) -> float | None:
     return None
 
 
-def job_timelines(jobs: list[Obj], children: list[Obj]) -> list[dict[str, float]]:
+def job_timelines(jobs: list[Obj], children: list[Obj], volumes: list[Obj]) -> list[dict[str, float]]:
     """Per job that reached Running: each stage of STAGES as seconds since the job's creationTimestamp."""
     by_job: dict[tuple[str, str], list[Obj]] = {}
     for child in children:
         meta = child["metadata"]
         by_job.setdefault((meta["namespace"], meta["labels"]["grpo.dev/job"]), []).append(child)
+    pv_created = {v["metadata"]["name"]: _ts(v["metadata"].get("creationTimestamp")) for v in volumes}
     out = []
     for job in jobs:
         meta = job["metadata"]
@@ -143,7 +148,9 @@ def job_timelines(jobs: list[Obj], children: list[Obj]) -> list[dict[str, float]
         created = [_ts(c["metadata"]["creationTimestamp"]) or 0.0 for c in kids if c in gang or c in infra]
         bound = [_condition_time(p, "PodScheduled") for p in gang]
         ready = [_condition_time(p, "Ready") for p in gang]
-        if None in bound or None in ready:
+        claims = [c for c in infra if c["kind"] == "PersistentVolumeClaim"]
+        provisioned = [pv_created.get(str((c.get("spec") or {}).get("volumeName"))) for c in claims]
+        if None in bound or None in ready or not claims or None in provisioned:
             continue
         moments = {
             "applied": applied,
@@ -151,6 +158,7 @@ def job_timelines(jobs: list[Obj], children: list[Obj]) -> list[dict[str, float]
             "first child created": min(created),
             "infrastructure created": max(_ts(c["metadata"]["creationTimestamp"]) or 0.0 for c in infra),
             "gang pods created": max(_ts(c["metadata"]["creationTimestamp"]) or 0.0 for c in gang),
+            "volume provisioned": max(t for t in provisioned if t is not None),
             "gang pods bound": max(t for t in bound if t is not None),
             "gang pods Running": max(t for t in ready if t is not None),
             "status Running": running,
@@ -164,7 +172,8 @@ def summarize_timelines(timelines: list[dict[str, float]]) -> dict[str, tuple[fl
     previous: str | None = None
     for stage, _ in STAGES:
         since_apply = [t[stage] for t in timelines]
-        alone = [t[stage] - t[previous] for t in timelines] if previous else since_apply
+        before = SIDE_STAGES.get(stage, previous)
+        alone = [t[stage] - t[before] for t in timelines] if before else since_apply
         if since_apply:
             summary[stage] = (
                 median(since_apply),
@@ -172,7 +181,8 @@ def summarize_timelines(timelines: list[dict[str, float]]) -> dict[str, tuple[fl
                 median(alone),
                 percentile(alone, 95),
             )
-        previous = stage
+        if stage not in SIDE_STAGES:
+            previous = stage
     return summary
 
 
@@ -182,7 +192,7 @@ def read_timelines(cluster: BenchCluster, namespaces: list[str]) -> list[dict[st
     for namespace in namespaces:
         jobs += cluster.get_list("grpojobs", namespace)
         children += cluster.get_list(CHILD_KINDS, namespace, selector="grpo.dev/job")
-    return job_timelines(jobs, children)
+    return job_timelines(jobs, children, cluster.get_list("persistentvolumes"))
 
 
 def timeline_report(results: list[SizeResult]) -> str:
@@ -304,7 +314,7 @@ def operator_run(
     cpu0, _ = op.sample()
     busy0, total0 = machine_cpu()
     load0 = os.getloadavg()[0]
-    reconciles0 = _operator_metric(op, "grpo_operator_reconcile_total")
+    reconciles0 = _operator_metric(op, "grpo_operator_reconcile_total", without='result="gone"')
     log(f"[{tag}] operator: applying {len(manifests)} GRPOJobs")
     t0 = time.monotonic()
     cluster.kubectl("apply", "--server-side", "-f", path, timeout=timeout)
@@ -322,7 +332,9 @@ def operator_run(
     cpu1, _ = op.sample()
     busy1, total1 = machine_cpu()
     load1 = os.getloadavg()[0]
-    ramp_reconciles = _operator_metric(op, "grpo_operator_reconcile_total") - reconciles0
+    ramp_reconciles = (
+        _operator_metric(op, "grpo_operator_reconcile_total", without='result="gone"') - reconciles0
+    )
     log(f"[{tag}] operator: all settled after {t_b:.1f}s; idle for {idle:.0f}s")
     time.sleep(5)  # trailing events of the ramp (e.g. the last status echoes)
     idle0 = RequestCounts.read(cluster)
@@ -365,7 +377,9 @@ def operator_run(
     }
 
 
-def _operator_metric(op: OperatorProcess, name: str) -> float:
+def _operator_metric(op: OperatorProcess, name: str, without: str = "\0") -> float:
+    """Sum of the operator's metric ``name`` over its series, leaving out series whose labels contain
+    ``without`` (e.g. reconciles of jobs that were gone: the floor's children being deleted meanwhile)."""
     import re
     import urllib.request
 
@@ -374,7 +388,11 @@ def _operator_metric(op: OperatorProcess, name: str) -> float:
         return float("nan")
     with urllib.request.urlopen(f"http://127.0.0.1:{match.group(1)}/metrics", timeout=10) as resp:
         text = resp.read().decode()
-    return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith(name + "{"))
+    return sum(
+        float(line.split()[-1])
+        for line in text.splitlines()
+        if line.startswith(name + "{") and without not in line
+    )
 
 
 def run_size(
