@@ -84,6 +84,10 @@ class Controller:
         self.clock = clock
         self.queue: WorkQueue[Key] = WorkQueue()
         self._executor = ThreadPoolExecutor(max_workers=4 * settings.workers, thread_name_prefix="grpo-api")
+        # The jobs' own writes (record and status) get threads of their own, one per worker: a job's pods wait
+        # for its status write, which must not queue behind other jobs' child creates (at 100 jobs arriving
+        # at once, several hundred of those are in flight).
+        self._job_writes = ThreadPoolExecutor(max_workers=settings.workers, thread_name_prefix="grpo-status")
         self._tasks: list[asyncio.Task[None]] = []
         self._written_rv: dict[Key, str] = {}
         # What the API server refused in each job's last executed plan. The next reconcile reads it:
@@ -165,14 +169,20 @@ class Controller:
             await self.cache.informers.stop()
         self.queue.close()
         self._executor.shutdown(wait=False, cancel_futures=True)
+        self._job_writes.shutdown(wait=False, cancel_futures=True)
 
     def _workers_alive(self) -> bool:
         watching = self.cache is None or self.cache.informers.alive()
         return watching and bool(self._tasks) and not any(t.done() for t in self._tasks)
 
     async def _call(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        return await self._call_in(self._executor, fn, *args, **kwargs)
+
+    async def _call_in(
+        self, executor: ThreadPoolExecutor, fn: Callable[..., T], *args: Any, **kwargs: Any
+    ) -> T:
         loop = asyncio.get_running_loop()
-        result = await loop.run_in_executor(self._executor, functools.partial(fn, *args, **kwargs))
+        result = await loop.run_in_executor(executor, functools.partial(fn, *args, **kwargs))
         self.health.api_ok()
         return result
 
@@ -506,7 +516,9 @@ class Controller:
             annotations = {ANNOTATION_RECORD: record_annotation(plan.record)}
             body = {"metadata": {"resourceVersion": resource_version, "annotations": annotations}}
             try:
-                written = await self._call(self.kube.merge_patch, GRPOJOB, namespace, name, body)
+                written = await self._call_in(
+                    self._job_writes, self.kube.merge_patch, GRPOJOB, namespace, name, body
+                )
             except ApiException as exc:
                 if exc.status == 409:
                     raise StatusConflict from exc
@@ -520,7 +532,9 @@ class Controller:
         if plan.status:
             body = {"metadata": {"resourceVersion": resource_version}, "status": plan.status}
             try:
-                updated = await self._call(self.kube.merge_patch, GRPOJOB, namespace, name, body, "status")
+                updated = await self._call_in(
+                    self._job_writes, self.kube.merge_patch, GRPOJOB, namespace, name, body, "status"
+                )
             except ApiException as exc:
                 if exc.status == 409:
                     raise StatusConflict from exc
