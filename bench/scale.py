@@ -36,7 +36,8 @@ import subprocess
 import tempfile
 import threading
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -64,6 +65,7 @@ from _bench import (
     wait_for,
     write_list,
 )
+from grpo_operator.builders.common import LABEL_ROLE
 
 NAMESPACES_PER_RUN = 5
 
@@ -96,6 +98,11 @@ class SizeResult:
     load_avg_start: float
     load_avg_end: float
     reconcile_total: float
+    # reconciles from the apply until every job settled (the operator's own counter), per job; without
+    # those of jobs already gone (the floor's children, deleted meanwhile, each wake their job's key)
+    ramp_reconciles_per_job: float
+    # stage -> (p50, p95) seconds since the job was applied, and (p50, p95) of the stage alone
+    timeline: dict[str, tuple[float, float, float, float]] = field(default_factory=dict)
     kueue: bool = False
     admitted_p50_s: float = float("nan")
     admitted_p95_s: float = float("nan")
@@ -179,6 +186,120 @@ def stop_deleted_pods(cluster: BenchCluster) -> None:
                 "patch", "pod", meta["name"], "-n", meta["namespace"], "--subresource=status", "--type=merge",
                 "-p", json.dumps({"status": {"phase": "Failed"}}), check=False,
             )  # fmt: skip
+
+
+# The way of one schedulable job to Running, from the API server's own records (second resolution: every
+# timestamp below is a metav1.Time). Each stage is the moment the last object of that stage got there.
+STAGES: tuple[tuple[str, str], ...] = (
+    ("applied", "the GRPOJob's creationTimestamp"),
+    ("first reconcile", "status.startTime: when the first reconcile decided to start the job"),
+    ("first child created", "the earliest creationTimestamp of the job's children"),
+    ("infrastructure created", "the last non-pod child's creationTimestamp"),
+    ("gang pods created", "the last vLLM/trainer pod's creationTimestamp"),
+    ("volume provisioned", "the checkpoint claim's PersistentVolume's creationTimestamp (side stage)"),
+    ("gang pods bound", "the last gang pod's PodScheduled condition"),
+    ("gang pods Running", "the last gang pod's Ready condition (vLLM must answer /health)"),
+    ("status Running", "the job's Running condition, written by the operator"),
+)
+# Not a step on the way but a precondition beside it: the stage alone is measured from the infrastructure.
+SIDE_STAGES = {"volume provisioned": "infrastructure created"}
+CHILD_KINDS = "configmaps,persistentvolumeclaims,serviceaccounts,roles,rolebindings,services,networkpolicies,deployments,pods"
+
+
+def _ts(value: Any) -> float | None:
+    if not value:
+        return None
+    return datetime.strptime(str(value), "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC).timestamp()
+
+
+def _condition_time(obj: Obj, kind: str) -> float | None:
+    for cond in (obj.get("status") or {}).get("conditions") or []:
+        if cond.get("type") == kind and cond.get("status") == "True":
+            return _ts(cond.get("lastTransitionTime"))
+    return None
+
+
+def job_timelines(jobs: list[Obj], children: list[Obj], volumes: list[Obj]) -> list[dict[str, float]]:
+    """Per job that reached Running: each stage of STAGES as seconds since the job's creationTimestamp."""
+    by_job: dict[tuple[str, str], list[Obj]] = {}
+    for child in children:
+        meta = child["metadata"]
+        by_job.setdefault((meta["namespace"], meta["labels"]["grpo.dev/job"]), []).append(child)
+    pv_created = {v["metadata"]["name"]: _ts(v["metadata"].get("creationTimestamp")) for v in volumes}
+    out = []
+    for job in jobs:
+        meta = job["metadata"]
+        status = job.get("status") or {}
+        running = _condition_time(job, "Running")
+        applied = _ts(meta.get("creationTimestamp"))
+        kids = by_job.get((meta["namespace"], meta["name"]), [])
+        gang = [c for c in kids if c["kind"] == "Pod" and c["metadata"]["labels"].get(LABEL_ROLE) != "metric"]
+        infra = [c for c in kids if c["kind"] != "Pod"]
+        if status.get("phase") != "Running" or running is None or applied is None or not gang or not infra:
+            continue
+        created = [_ts(c["metadata"]["creationTimestamp"]) or 0.0 for c in kids if c in gang or c in infra]
+        bound = [_condition_time(p, "PodScheduled") for p in gang]
+        ready = [_condition_time(p, "Ready") for p in gang]
+        claims = [c for c in infra if c["kind"] == "PersistentVolumeClaim"]
+        provisioned = [pv_created.get(str((c.get("spec") or {}).get("volumeName"))) for c in claims]
+        if None in bound or None in ready or not claims or None in provisioned:
+            continue
+        moments = {
+            "applied": applied,
+            "first reconcile": _ts(status.get("startTime")) or applied,
+            "first child created": min(created),
+            "infrastructure created": max(_ts(c["metadata"]["creationTimestamp"]) or 0.0 for c in infra),
+            "gang pods created": max(_ts(c["metadata"]["creationTimestamp"]) or 0.0 for c in gang),
+            "volume provisioned": max(t for t in provisioned if t is not None),
+            "gang pods bound": max(t for t in bound if t is not None),
+            "gang pods Running": max(t for t in ready if t is not None),
+            "status Running": running,
+        }
+        out.append({stage: moments[stage] - applied for stage, _ in STAGES})
+    return out
+
+
+def summarize_timelines(timelines: list[dict[str, float]]) -> dict[str, tuple[float, float, float, float]]:
+    summary: dict[str, tuple[float, float, float, float]] = {}
+    previous: str | None = None
+    for stage, _ in STAGES:
+        since_apply = [t[stage] for t in timelines]
+        before = SIDE_STAGES.get(stage, previous)
+        alone = [t[stage] - t[before] for t in timelines] if before else since_apply
+        if since_apply:
+            summary[stage] = (
+                median(since_apply),
+                percentile(since_apply, 95),
+                median(alone),
+                percentile(alone, 95),
+            )
+        if stage not in SIDE_STAGES:
+            previous = stage
+    return summary
+
+
+def read_timelines(cluster: BenchCluster, namespaces: list[str]) -> list[dict[str, float]]:
+    jobs: list[Obj] = []
+    children: list[Obj] = []
+    for namespace in namespaces:
+        jobs += cluster.get_list("grpojobs", namespace)
+        children += cluster.get_list(CHILD_KINDS, namespace, selector="grpo.dev/job")
+    return job_timelines(jobs, children, cluster.get_list("persistentvolumes"))
+
+
+def timeline_report(results: list[SizeResult]) -> str:
+    width = max(len(stage) for stage, _ in STAGES) + 2
+    lines = [
+        "time since apply, p50 / p95, and the stage alone, p50 / p95 (seconds; API server timestamps, 1 s resolution)",
+        f"{'':{width}}" + "".join(f"{str(r.jobs) + ' jobs':>26}" for r in results),
+    ]
+    for stage, _ in STAGES:
+        cells = []
+        for r in results:
+            row = r.timeline.get(stage)
+            cells.append(f"{row[0]:5.1f}/{row[1]:5.1f} +{row[2]:4.1f}/{row[3]:4.1f}" if row else "n/a")
+        lines.append(f"{stage:{width}}" + "".join(f"{c:>26}" for c in cells))
+    return "\n".join(lines)
 
 
 def floor(
@@ -309,6 +430,7 @@ def operator_run(
     cpu0, _ = op.sample()
     busy0, total0 = machine_cpu()
     load0 = os.getloadavg()[0]
+    reconciles0 = _operator_metric(op, "grpo_operator_reconcile_total", without='result="gone"')
     log(f"[{tag}] operator: applying {len(manifests)} GRPOJobs")
     t0 = time.monotonic()
     cluster.kubectl("apply", "--server-side", "-f", path, timeout=timeout)
@@ -326,6 +448,9 @@ def operator_run(
     cpu1, _ = op.sample()
     busy1, total1 = machine_cpu()
     load1 = os.getloadavg()[0]
+    ramp_reconciles = (
+        _operator_metric(op, "grpo_operator_reconcile_total", without='result="gone"') - reconciles0
+    )
     log(f"[{tag}] operator: all settled after {t_b:.1f}s; idle for {idle:.0f}s")
     time.sleep(5)  # trailing events of the ramp (e.g. the last status echoes)
     idle0 = RequestCounts.read(cluster)
@@ -334,6 +459,7 @@ def operator_run(
     idle1 = RequestCounts.read(cluster)
     cpu_idle1, rss = op.sample()
     reconciles = _operator_metric(op, "grpo_operator_reconcile_total")
+    timelines = read_timelines(cluster, namespaces)
     informer.stop()
     if kueue:
         pods_seen.stop()
@@ -372,10 +498,14 @@ def operator_run(
         "load1": load1,
         "reconciles": reconciles,
         "admission": admission,
+        "ramp_reconciles": ramp_reconciles,
+        "timeline": summarize_timelines(timelines),
     }
 
 
-def _operator_metric(op: OperatorProcess, name: str) -> float:
+def _operator_metric(op: OperatorProcess, name: str, without: str = "\0") -> float:
+    """Sum of the operator's metric ``name`` over its series, leaving out series whose labels contain
+    ``without`` (e.g. reconciles of jobs that were gone: the floor's children being deleted meanwhile)."""
     import re
     import urllib.request
 
@@ -384,7 +514,11 @@ def _operator_metric(op: OperatorProcess, name: str) -> float:
         return float("nan")
     with urllib.request.urlopen(f"http://127.0.0.1:{match.group(1)}/metrics", timeout=10) as resp:
         text = resp.read().decode()
-    return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith(name + "{"))
+    return sum(
+        float(line.split()[-1])
+        for line in text.splitlines()
+        if line.startswith(name + "{") and without not in line
+    )
 
 
 def run_size(
@@ -442,6 +576,8 @@ def run_size(
         load_avg_start=res["load0"],
         load_avg_end=res["load1"],
         reconcile_total=res["reconciles"],
+        ramp_reconciles_per_job=res["ramp_reconciles"] / count,
+        timeline=res["timeline"],
         kueue=kueue,
         admitted_p50_s=median(res["admission"]) if res["admission"] else nan,
         admitted_p95_s=percentile(res["admission"], 95) if res["admission"] else nan,
@@ -476,6 +612,7 @@ ROWS: list[tuple[str, str, str]] = [
     ("operator idle CPU s / min", "idle_operator_cpu_s_per_min", "{r.idle_operator_cpu_s_per_min:.2f}"),
     ("operator peak RSS", "operator_peak_rss_mib", "{r.operator_peak_rss_mib:.0f} MiB"),
     ("reconciles (whole run)", "reconcile_total", "{r.reconcile_total:.0f}"),
+    ("reconciles / job (ramp)", "ramp_reconciles_per_job", "{r.ramp_reconciles_per_job:.1f}"),
     ("machine CPU busy during (b)", "machine_busy_fraction", "{r.machine_busy_fraction:.0%}"),
     ("load average start/end of (b)", "load_avg_start", "{r.load_avg_start:.1f}/{r.load_avg_end:.1f}"),
 ]
@@ -573,6 +710,7 @@ def main() -> int:
             )
         )
         print(report(results), flush=True)
+        print(timeline_report(results), flush=True)
         if args.json:  # after every size, so an aborted run keeps what it measured
             args.json.write_text(
                 json.dumps({"machine": machine, "results": [asdict(r) for r in results]}, indent=2)

@@ -52,7 +52,9 @@ def test_an_older_event_never_replaces_the_operators_own_newer_write() -> None:
     assert inf.get("ns", "a") is None
 
 
-def cache(jobs: list[tuple[str, str, str, str | None]], touched: list[tuple[str, str]]) -> ClusterCache:
+def cache(
+    jobs: list[tuple[str, str, str, str | None]], touched: list[tuple[str, str]], **options: Any
+) -> ClusterCache:
     return ClusterCache(
         cast(Any, None),
         [None],
@@ -62,6 +64,7 @@ def cache(jobs: list[tuple[str, str, str, str | None]], touched: list[tuple[str,
         job_label="grpo.dev/job",
         on_job=lambda t, ns, name, rv: jobs.append((t, ns, name, rv)),
         on_child=lambda ns, job: touched.append((ns, job)),
+        **options,
     )
 
 
@@ -152,3 +155,57 @@ def test_child_caches_keep_only_the_operators_objects_and_no_configmap_data() ->
     released = obj("j1-config", 100, job="j1", kind="ConfigMap")  # its owner reference was removed
     configmaps._apply("MODIFIED", released)
     assert configmaps.objects == {} and touched == [("ns", "j1")], "the job hears that its child is gone"
+
+
+def test_a_child_the_operator_created_is_its_jobs_at_once_and_its_echo_wakes_nobody() -> None:
+    """The next reconcile of a job must see the children the last one created (else it creates them again,
+    gets 409 and backs off), and the watch's copy of the operator's own write is no reason to reconcile."""
+    touched: list[tuple[str, str]] = []
+    c = cache([], touched, metadata_only=frozenset({"ConfigMap"}))
+    for informer_ in (i for per in c.children.values() for i in per.values()):
+        informer_._replace([])
+    created = obj("j1-config", 7, job="j1", kind="ConfigMap")
+    created["data"] = {"grpo.yaml": "large"}
+    c.put_child(created)  # the API server's answer to the operator's POST
+    found, _ = c.children_of("ns", "j1")
+    assert [o["metadata"]["name"] for o in found] == ["j1-config"]
+    assert "data" not in found[0], "a metadata-only cache keeps no ConfigMap data, whoever put it there"
+    assert touched == []
+    configmaps = c.children["ConfigMap"][None]
+    configmaps._apply("ADDED", obj("j1-config", 7, job="j1", kind="ConfigMap"))
+    assert touched == [], "the echo of the operator's own create queued the job"
+    configmaps._apply("MODIFIED", obj("j1-config", 8, job="j1", kind="ConfigMap"))
+    assert touched == [("ns", "j1")], "a change by anyone else is news"
+
+
+def test_an_echo_of_the_operators_own_status_write_wakes_nobody() -> None:
+    jobs: list[tuple[str, str, str, str | None]] = []
+    c = cache(jobs, [])
+    job_informer = c.jobs[None]
+    job_informer._replace([obj("j1", 3, kind="GRPOJob")])
+    jobs.clear()
+    c.put_job(obj("j1", 4, kind="GRPOJob"))  # the record annotation patch
+    c.put_job(obj("j1", 5, kind="GRPOJob"))  # then the status patch
+    job_informer._apply("MODIFIED", obj("j1", 4, kind="GRPOJob"))
+    job_informer._apply("MODIFIED", obj("j1", 5, kind="GRPOJob"))
+    assert jobs == []
+    job_informer._apply("MODIFIED", obj("j1", 6, kind="GRPOJob"))  # e.g. the trainer's status
+    assert jobs == [("MODIFIED", "ns", "j1", "6")]
+
+
+def test_an_unmanaged_object_is_never_put_into_a_child_cache() -> None:
+    c = ClusterCache(
+        cast(Any, None),
+        [None],
+        job_resource=GRPOJOB,
+        child_resources=CHILD_RESOURCES,
+        node_resource=NODE,
+        job_label="grpo.dev/job",
+        on_job=lambda t, ns, name, rv: None,
+        on_child=lambda ns, job: None,
+        keep_child=lambda o: bool((o["metadata"].get("annotations") or {}).get("mine")),
+    )
+    for informer_ in (i for per in c.children.values() for i in per.values()):
+        informer_._replace([])
+    c.put_child(obj("j1-config", 7, job="j1", kind="ConfigMap"))
+    assert c.children_of("ns", "j1")[0] == []

@@ -92,12 +92,20 @@ class Controller:
         self.clock = clock
         self.queue: WorkQueue[Key] = WorkQueue()
         self._executor = ThreadPoolExecutor(max_workers=4 * settings.workers, thread_name_prefix="grpo-api")
+        # The jobs' own writes (record and status) get threads of their own, one per worker: a job's pods wait
+        # for its status write, which must not queue behind other jobs' child creates (at 100 jobs arriving
+        # at once, several hundred of those are in flight).
+        self._job_writes = ThreadPoolExecutor(max_workers=settings.workers, thread_name_prefix="grpo-status")
         self._tasks: list[asyncio.Task[None]] = []
         self._written_rv: dict[Key, str] = {}
         # What the API server refused in each job's last executed plan. The next reconcile reads it:
         # a refused child does not exist, so only the refusal says why it is missing. Lost on restart
         # and rebuilt by the next attempt to create the child.
         self._refusals: dict[Key, tuple[Refusal, ...]] = {}
+        # Names whose create the API server refused with 409 (taken) in each job's last executed plan. The
+        # caches hold only what the operator manages, so the next reconcile reads these names (a same-name
+        # object someone else made is found only this way) before deciding again.
+        self._taken: dict[Key, set[tuple[str, str]]] = {}
         self._recent_events: dict[tuple[Key, str, str], float] = {}
         self._nodes: tuple[float, frozenset[str] | None] = (0.0, None)
         self._nodes_forbidden = False
@@ -119,6 +127,7 @@ class Controller:
             self.phases.pop(key, None)
             self._written_rv.pop(key, None)
             self._refusals.pop(key, None)
+            self._taken.pop(key, None)
             self.queue.discard(key)
             return
         self.phases.setdefault(key, None)
@@ -169,14 +178,20 @@ class Controller:
             await self.cache.informers.stop()
         self.queue.close()
         self._executor.shutdown(wait=False, cancel_futures=True)
+        self._job_writes.shutdown(wait=False, cancel_futures=True)
 
     def _workers_alive(self) -> bool:
         watching = self.cache is None or self.cache.informers.alive()
         return watching and bool(self._tasks) and not any(t.done() for t in self._tasks)
 
     async def _call(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        return await self._call_in(self._executor, fn, *args, **kwargs)
+
+    async def _call_in(
+        self, executor: ThreadPoolExecutor, fn: Callable[..., T], *args: Any, **kwargs: Any
+    ) -> T:
         loop = asyncio.get_running_loop()
-        result = await loop.run_in_executor(self._executor, functools.partial(fn, *args, **kwargs))
+        result = await loop.run_in_executor(executor, functools.partial(fn, *args, **kwargs))
         self.health.api_ok()
         return result
 
@@ -230,6 +245,7 @@ class Controller:
         for key in set(self.phases) - seen:
             self.phases.pop(key, None)
             self._refusals.pop(key, None)
+            self._taken.pop(key, None)
         self.metrics.queue_depth.set(len(self.queue))
 
     # --- workers -----------------------------------------------------------------------------------------------
@@ -334,16 +350,23 @@ class Controller:
         )
 
     async def _probe(self, job: Obj, observed: Observed, plan: Plan) -> list[Obj]:
-        """Reads every object the plan would create that the caches do not show. The caches hold only
-        what the operator manages, so a same-name object someone else made is found only this way."""
-        namespace = job["metadata"]["namespace"]
+        """Reads every object the plan would create that the caches do not show and whose name a create
+        found taken before. The caches hold only what the operator manages, so a same-name object someone
+        else made is found only this way. Names never refused are not read: a create is a POST, which fails
+        with 409 rather than touch an existing object, and execute() creates no pod while any of the job's
+        other children was refused as taken, so a same-name object is never used before it is found."""
+        meta = job["metadata"]
+        namespace = meta["namespace"]
+        taken = self._taken.get((namespace, meta["name"]))
+        if not taken:
+            return []
         seen = {(o.get("kind"), (o.get("metadata") or {}).get("name")) for o in observed.objects}
         wanted = [
             (m["kind"], m["metadata"]["name"])
             for m in (*plan.applies, *plan.creates)
             if not (m.get("metadata") or {}).get("uid")
         ]
-        wanted = [key for key in dict.fromkeys(wanted) if key not in seen]
+        wanted = [key for key in dict.fromkeys(wanted) if key not in seen and key in taken]
 
         async def read(kind: str, name: str) -> Obj | None:
             # A list by name needs only the list permission the operator has for every child kind anyway.
@@ -418,45 +441,23 @@ class Controller:
         meta = job["metadata"]
         namespace, name = meta["namespace"], meta["name"]
         key = (namespace, name)
-        resource_version = meta.get("resourceVersion")
-        if plan.record is not None:
-            # The operator's record first, so an operator stopped between the two writes decides from it.
-            annotations = {ANNOTATION_RECORD: record_annotation(plan.record)}
-            body = {"metadata": {"resourceVersion": resource_version, "annotations": annotations}}
-            try:
-                written = await self._call(self.kube.merge_patch, GRPOJOB, namespace, name, body)
-            except ApiException as exc:
-                if exc.status == 409:
-                    raise StatusConflict from exc
-                self._api_error("patch", KIND, exc)
-                raise
-            resource_version = (written.get("metadata") or {}).get("resourceVersion")
-            if not plan.status:
-                self._written_rv[key] = str(resource_version)
-                if self.cache is not None:
-                    self.cache.put_job(written)
-        if plan.status:
-            body = {"metadata": {"resourceVersion": resource_version}, "status": plan.status}
-            try:
-                updated = await self._call(self.kube.merge_patch, GRPOJOB, namespace, name, body, "status")
-            except ApiException as exc:
-                if exc.status == 409:
-                    raise StatusConflict from exc
-                self._api_error("patch", "GRPOJob/status", exc)
-                raise
-            self._written_rv[key] = str((updated.get("metadata") or {}).get("resourceVersion"))
-            if self.cache is not None:
-                # Decide the next reconcile from at least what we just wrote, never from an older copy.
-                self.cache.put_job(updated)
-            if plan.status.get("phase"):
-                log.info(
-                    "%s/%s: phase %s (%s) %s",
-                    namespace,
-                    name,
-                    plan.status["phase"],
-                    plan.status.get("reason") or "",
-                    plan.status.get("message") or "",
-                )
+        failures: list[Refusal] = []
+        taken: list[tuple[str, str]] = []
+        # The job's infrastructure (ConfigMap, volume, RBAC, Services, metric Deployment) does not depend on
+        # the status: with nothing to patch or delete first, it is written while the record and status are,
+        # which saves a new job two round trips before its first child. Pods always wait for the status.
+        early = bool(plan.applies) and not plan.patches and not plan.deletes
+        if early:
+            outcomes = await asyncio.gather(
+                self._write_status(job, plan),
+                self._write_all(plan.applies, failures, taken),
+                return_exceptions=True,
+            )
+            for outcome in outcomes:
+                if isinstance(outcome, BaseException):
+                    raise outcome
+        else:
+            await self._write_status(job, plan)
         for child_patch in plan.patches:
             ref = child_patch.ref
             patch = child_patch.patch
@@ -488,13 +489,23 @@ class Controller:
                     raise
         # Children within one group do not depend on each other: send them concurrently. The groups
         # stay in order, so pods are created only after their ConfigMap, PVC and ServiceAccount exist.
-        failures: list[Refusal] = []
-        taken: list[str] = []
-        await asyncio.gather(*(self._write(_apply_verb(m), m, failures, taken) for m in plan.applies))
-        await asyncio.gather(*(self._write("create", m, failures, taken) for m in plan.creates))
-        for event in plan.events:
-            await self.post_event(job, event.type, event.reason, event.message)
+        if not early:
+            await self._write_all(plan.applies, failures, taken)
+        if taken:
+            # A name the job's children need belongs to an object the operator did not create (or its own
+            # object changed since the decision): no pod may start next to it, and the plan's events would
+            # describe children that do not exist. The next reconcile reads the names and decides again.
+            log.info(
+                "%s/%s: %s taken; no pods created until the names are read", namespace, name, _names(taken)
+            )
+        else:
+            await asyncio.gather(*(self._write("create", m, failures, taken) for m in plan.creates))
+            await asyncio.gather(*(self.post_event(job, e.type, e.reason, e.message) for e in plan.events))
         self._refusals[key] = tuple(failures)
+        if taken:
+            self._taken[key] = set(taken)
+        else:
+            self._taken.pop(key, None)
         for failure in failures:
             # Quota, admission webhooks and policy engines refuse children with 4xx: tell the user why.
             await self.post_event(
@@ -529,11 +540,67 @@ class Controller:
                 "%s/%s: %s changed while this reconcile ran; reconciling again",
                 namespace,
                 name,
-                ", ".join(taken),
+                _names(taken),
             )
             self.queue.add_rate_limited(key)
 
-    async def _write(self, verb: str, manifest: Obj, failures: list[Refusal], taken: list[str]) -> None:
+    async def _write_all(
+        self, manifests: list[Obj], failures: list[Refusal], taken: list[tuple[str, str]]
+    ) -> None:
+        await asyncio.gather(*(self._write(_apply_verb(m), m, failures, taken) for m in manifests))
+
+    async def _write_status(self, job: Obj, plan: Plan) -> None:
+        """The record annotation, then the status (conditional on the record's resourceVersion)."""
+        meta = job["metadata"]
+        namespace, name = meta["namespace"], meta["name"]
+        key = (namespace, name)
+        resource_version = meta.get("resourceVersion")
+        if plan.record is not None:
+            # The operator's record first, so an operator stopped between the two writes decides from it.
+            annotations = {ANNOTATION_RECORD: record_annotation(plan.record)}
+            body = {"metadata": {"resourceVersion": resource_version, "annotations": annotations}}
+            try:
+                written = await self._call_in(
+                    self._job_writes, self.kube.merge_patch, GRPOJOB, namespace, name, body
+                )
+            except ApiException as exc:
+                if exc.status == 409:
+                    raise StatusConflict from exc
+                self._api_error("patch", KIND, exc)
+                raise
+            resource_version = (written.get("metadata") or {}).get("resourceVersion")
+            if not plan.status:
+                self._written_rv[key] = str(resource_version)
+                if self.cache is not None:
+                    self.cache.put_job(written)
+        if plan.status:
+            body = {"metadata": {"resourceVersion": resource_version}, "status": plan.status}
+            try:
+                updated = await self._call_in(
+                    self._job_writes, self.kube.merge_patch, GRPOJOB, namespace, name, body, "status"
+                )
+            except ApiException as exc:
+                if exc.status == 409:
+                    raise StatusConflict from exc
+                self._api_error("patch", "GRPOJob/status", exc)
+                raise
+            self._written_rv[key] = str((updated.get("metadata") or {}).get("resourceVersion"))
+            if self.cache is not None:
+                # Decide the next reconcile from at least what we just wrote, never from an older copy.
+                self.cache.put_job(updated)
+            if plan.status.get("phase"):
+                log.info(
+                    "%s/%s: phase %s (%s) %s",
+                    namespace,
+                    name,
+                    plan.status["phase"],
+                    plan.status.get("reason") or "",
+                    plan.status.get("message") or "",
+                )
+
+    async def _write(
+        self, verb: str, manifest: Obj, failures: list[Refusal], taken: list[tuple[str, str]]
+    ) -> None:
         """Create one child (POST: never touches an existing object) or update one the job owns (server-side
         apply naming its uid). 409 means the name is taken or the object was replaced since the decision.
         Other 4xx (quota, admission policies) are collected for a ChildRejected event."""
@@ -544,16 +611,22 @@ class Controller:
             "create-for-apply": self.kube.create_for_apply,
         }[verb]
         try:
-            await self._call(fn, manifest)
+            written = await self._call(fn, manifest)
         except ApiException as exc:
             if exc.status == 409:
-                taken.append(f"{manifest['kind']} {meta['name']}")
+                taken.append((manifest["kind"], meta["name"]))
                 return
             self._api_error("apply" if verb == "apply" else "create", manifest["kind"], exc)
             if exc.status is None or exc.status >= 500 or exc.status == 429:
                 raise
             failures.append(Refusal(manifest["kind"], meta["name"], exc.status, _api_message(exc)))
             return
+        if self.cache is not None:
+            # The next reconcile must see what this one wrote, not decide from a cache the watch has not
+            # caught up with yet (it would create the child again, get 409 and back off).
+            written.setdefault("kind", manifest["kind"])
+            written.setdefault("apiVersion", manifest["apiVersion"])
+            self.cache.put_child(written)
         if verb != "apply":
             job = (meta.get("labels") or {}).get(LABEL_JOB, "?")
             log.info("%s/%s: created %s %s", meta["namespace"], job, manifest["kind"], meta["name"])
@@ -597,6 +670,10 @@ class Controller:
         except ApiException as exc:  # events are best effort; the status says the same
             self._api_error("create", "Event", exc)
             log.warning("could not post event %s on %s/%s: HTTP %s", reason, namespace, name, exc.status)
+
+
+def _names(refs: list[tuple[str, str]]) -> str:
+    return ", ".join(f"{kind} {name}" for kind, name in refs)
 
 
 def managed_child(obj: Obj) -> bool:

@@ -134,7 +134,7 @@ class Informer:
         obj.setdefault("apiVersion", self.resource.api_version)
         self.objects[key] = slim(obj)
 
-    def _trim(self, obj: Obj) -> Obj:
+    def trim(self, obj: Obj) -> Obj:
         if self.metadata_only:
             obj = {"metadata": obj.get("metadata") or {}}
         obj["kind"] = self.resource.kind
@@ -143,7 +143,7 @@ class Informer:
 
     def _apply(self, type_: str, obj: Obj) -> None:
         key = _key(obj)
-        obj = self._trim(obj)
+        obj = self.trim(obj)
         if type_ != "DELETED" and self.keep is not None and not self.keep(obj):
             if key not in self.objects:
                 return  # not the operator's: never cached, nobody to tell
@@ -155,12 +155,16 @@ class Informer:
             if have is not None and new is not None and have > new:
                 return  # our own newer write is already here; this event is older
             self.objects[key] = slim(obj)
+            if have is not None and have == new:
+                # The echo of the operator's own write, which ``put`` stored and the reconcile that wrote it
+                # already decided from: nothing new to tell anyone.
+                return
         if self.listener is not None:
             self.listener(type_, obj)
 
     def _replace(self, items: list[Obj]) -> None:
         if self.keep is not None:
-            items = [o for o in items if self.keep(self._trim(o))]
+            items = [o for o in items if self.keep(self.trim(o))]
         fresh = {_key(o): o for o in items}
         for key in [k for k in self.objects if k not in fresh]:
             self._apply("DELETED", self.objects[key])
@@ -399,6 +403,11 @@ class ClusterCache:
         self._on_job(type_, namespace, name, str(rv) if rv is not None else None)
 
     def _child_event(self, type_: str, obj: Obj) -> None:
+        for owner in self._index(type_, obj):
+            self._on_child(*owner)
+
+    def _index(self, type_: str, obj: Obj) -> set[Key]:
+        """Files a child under its job (or removes it); returns the jobs whose children changed."""
         namespace, name = _key(obj)
         ref = (str(obj.get("kind")), namespace, name)
         job = ((obj.get("metadata") or {}).get("labels") or {}).get(self.job_label)
@@ -411,9 +420,7 @@ class ClusterCache:
             key = (namespace, str(job))
             self._job_of[ref] = key
             self._by_job.setdefault(key, set()).add((ref[0], name))
-        for owner in {before, (namespace, str(job)) if job else None}:
-            if owner is not None:
-                self._on_child(*owner)
+        return {owner for owner in (before, (namespace, str(job)) if job else None) if owner is not None}
 
     # --- reads --------------------------------------------------------------------------------------------------
 
@@ -444,6 +451,20 @@ class ClusterCache:
         informer = self.jobs.get(namespace) or self.jobs.get(None)
         if informer is not None:
             informer.put(obj)
+
+    def put_child(self, obj: Obj) -> None:
+        """A child the operator just created or updated (the API server's response), cached at once: the next
+        reconcile must not see it missing and create it again. Its watch event, when it comes, is an echo."""
+        namespace, _ = _key(obj)
+        per_namespace = self.children.get(str(obj.get("kind")))
+        informer = self._informer(per_namespace, namespace) if per_namespace is not None else None
+        if informer is None:
+            return  # not watched (yet): that kind is listed per reconcile
+        obj = informer.trim(obj)
+        if informer.keep is not None and not informer.keep(obj):
+            return
+        informer.put(obj)
+        self._index("ADDED", obj)
 
     def children_of(self, namespace: str, job: str) -> tuple[list[Obj], set[str]]:
         """(cached children of the job, kinds whose cache is not usable and must be listed instead)."""

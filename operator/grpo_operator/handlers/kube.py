@@ -173,9 +173,14 @@ class Kube:
         )
 
     def apply(self, manifest: Obj) -> Obj:
-        """Server-side apply with force: create the object or make the fields the operator owns match."""
+        """Server-side apply with force: make the fields the operator owns match ``manifest``.
+
+        With ``metadata.uid`` (every update of a child) the uid is a precondition, and the fields the
+        operator's create set are first moved into its ``Apply`` entry (``_fields_to_apply``)."""
         resource = resource_for(manifest["kind"])
         meta = manifest["metadata"]
+        if meta.get("uid"):
+            self._fields_to_apply(resource, meta["namespace"], meta["name"], str(meta["uid"]))
         return self.request(
             "PATCH",
             resource.path(meta.get("namespace"), meta["name"]),
@@ -188,13 +193,21 @@ class Kube:
         """Create a child that later server-side applies keep up to date.
 
         A create (POST) fails with 409 when the name is taken, so it can never take over someone else's
-        object, which an apply would. But fields set by a create belong to the manager's ``Update`` entry,
-        and a later apply never removes those (only fields its ``Apply`` entry owned), so a field dropped
-        from the spec would stay. So the new object's ``Update`` entry is turned into the ``Apply`` entry
-        (what kubectl does when it moves an object to server-side apply), naming the uid just created.
+        object, which an apply would. The fields a create sets belong to the manager's ``Update`` entry;
+        ``apply`` moves them into its ``Apply`` entry before it first updates the object, so one request
+        creates a child and only the rare update pays for the move.
         """
-        created = self.create(manifest)
-        meta = created.get("metadata") or {}
+        return self.create(manifest)
+
+    def _fields_to_apply(self, resource: Resource, namespace: str, name: str, uid: str) -> None:
+        """Turns the operator's ``Update`` entry of the object into its ``Apply`` entry (what kubectl does
+        when it moves an object to server-side apply). A later apply removes only fields its ``Apply`` entry
+        owned, so without this a field dropped from the spec would stay on an object the operator created.
+        Conditional on the uid and resourceVersion read: a replaced or changed object answers 409."""
+        current = self.get(resource, namespace, name)
+        meta = current.get("metadata") or {}
+        if meta.get("uid") != uid:
+            return  # replaced: the apply's uid precondition refuses it
         entries = meta.get("managedFields") or []
         upgraded = [
             {**e, "operation": "Apply"}
@@ -205,9 +218,15 @@ class Kube:
             for e in entries
         ]
         if upgraded == entries:
-            return created
-        patch = {"metadata": {"uid": meta.get("uid"), "managedFields": upgraded}}
-        return self.merge_patch(resource_for(manifest["kind"]), meta["namespace"], meta["name"], patch)
+            return
+        patch = {
+            "metadata": {
+                "uid": uid,
+                "resourceVersion": meta.get("resourceVersion"),
+                "managedFields": upgraded,
+            }
+        }
+        self.merge_patch(resource, namespace, name, patch)
 
     def merge_patch(
         self, resource: Resource, namespace: str, name: str, patch: Obj, subresource: str | None = None

@@ -66,7 +66,8 @@ def build_registry(controller: Controller) -> kopf.OperatorRegistry:
 
 
 def make_controller(settings: OperatorSettings, kubeconfig: str | None = None) -> Controller:
-    api = load_api_client(kubeconfig, pool_size=4 * settings.workers)
+    # One connection per thread that can call the API: 4 per worker for children, 1 for the job's own writes.
+    api = load_api_client(kubeconfig, pool_size=5 * settings.workers)
     kube = Kube(api, field_manager=settings.component, timeout=settings.api_timeout_seconds)
     return Controller(settings, kube)
 
