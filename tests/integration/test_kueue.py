@@ -42,7 +42,7 @@ pytestmark = pytest.mark.slow
 GATE = "kueue.x-k8s.io/admission"
 GPU = "nvidia.com/gpu"
 # 8 GPUs per job: 4 for the trainer, 4 for vLLM; a 16-GPU ClusterQueue admits two at a time.
-EIGHT_GPUS: dict[str, Any] = {"trainer": {"nodes": 1, "gpusPerNode": 4}, "generation": {"gpus": 4}}
+EIGHT_GPUS: dict[str, Any] = {"trainer": {"nodes": 1, "gpusPerNode": 4}, "generation": {"gpus": 4, "tensorParallelSize": 4}}
 
 
 @pytest.fixture(scope="module")
@@ -373,7 +373,7 @@ def test_a_four_node_trainer_is_admitted_as_one_unit_within_kueues_pod_set_limit
     try:
         spec: dict[str, Any] = {
             "trainer": {"nodes": 4, "gpusPerNode": 8},
-            "generation": {"gpus": 8},
+            "generation": {"gpus": 8, "tensorParallelSize": 8},
             "grpo": {"groupSize": 4, "promptsPerStep": 8},  # 32 completions: one per trainer GPU
         }
         kube.apply(queued("big", **spec), namespace)
