@@ -42,7 +42,10 @@ pytestmark = pytest.mark.slow
 GATE = "kueue.x-k8s.io/admission"
 GPU = "nvidia.com/gpu"
 # 8 GPUs per job: 4 for the trainer, 4 for vLLM; a 16-GPU ClusterQueue admits two at a time.
-EIGHT_GPUS: dict[str, Any] = {"trainer": {"nodes": 1, "gpusPerNode": 4}, "generation": {"gpus": 4, "tensorParallelSize": 4}}
+EIGHT_GPUS: dict[str, Any] = {
+    "trainer": {"nodes": 1, "gpusPerNode": 4},
+    "generation": {"gpus": 4, "tensorParallelSize": 4},
+}
 
 
 @pytest.fixture(scope="module")
