@@ -164,29 +164,7 @@ class Cluster:
         exit 0, otherwise Failed with the exit code, reason and termination message."""
         pod = self.get("pod", name, namespace)
         assert pod is not None, f"pod {namespace}/{name} is gone"
-        container = pod["spec"]["containers"][0]
-        now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-        terminated: dict[str, Any] = {
-            "exitCode": exit_code,
-            "reason": reason or ("Completed" if exit_code == 0 else "Error"),
-            "startedAt": now,
-            "finishedAt": now,
-        }
-        if message:
-            terminated["message"] = message
-        status = {
-            "phase": "Succeeded" if exit_code == 0 else "Failed",
-            "containerStatuses": [
-                {
-                    "name": container["name"],
-                    "image": container["image"],
-                    "imageID": "",
-                    "ready": False,
-                    "restartCount": 0,
-                    "state": {"terminated": terminated},
-                }
-            ],
-        }
+        status = exited_status(pod, exit_code, message, reason)
         self.kubectl(
             "patch", "pod", name, "-n", namespace, "--subresource=status", "--type=merge",
             "-p", json.dumps({"status": status}),
@@ -216,6 +194,36 @@ class Cluster:
             self.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(f))
         if files:
             self.kubectl("wait", "--for=condition=Established", "crd", "--all", "--timeout=60s")
+
+
+def exited_status(
+    pod: dict[str, Any], exit_code: int, message: str = "", reason: str | None = None
+) -> dict[str, Any]:
+    """The status a kubelet reports for a pod (restartPolicy Never) whose only container exited:
+    Succeeded for exit 0, otherwise Failed with the exit code, reason and termination message."""
+    container = pod["spec"]["containers"][0]
+    now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    terminated: dict[str, Any] = {
+        "exitCode": exit_code,
+        "reason": reason or ("Completed" if exit_code == 0 else "Error"),
+        "startedAt": now,
+        "finishedAt": now,
+    }
+    if message:
+        terminated["message"] = message
+    return {
+        "phase": "Succeeded" if exit_code == 0 else "Failed",
+        "containerStatuses": [
+            {
+                "name": container["name"],
+                "image": container["image"],
+                "imageID": "",
+                "ready": False,
+                "restartCount": 0,
+                "state": {"terminated": terminated},
+            }
+        ],
+    }
 
 
 def _cluster_home() -> Path:

@@ -35,6 +35,7 @@ from tests.helm.chart import (
     run,
     values_files,
 )
+from tests.unit.test_pod_security import RESTRICTED_VOLUME_TYPES
 
 FULLNAME = "grpo-grpo-operator"
 ALL_KINDS = [
@@ -268,18 +269,8 @@ def test_operator_pod_meets_the_restricted_pod_security_standard(defaults: list[
     assert pod["securityContext"]["runAsUser"] != 0
     assert pod["securityContext"]["seccompProfile"]["type"] == "RuntimeDefault"
     assert not pod.get("hostNetwork") and not pod.get("hostPID") and not pod.get("hostIPC")
-    allowed_volumes = {
-        "configMap",
-        "csi",
-        "downwardAPI",
-        "emptyDir",
-        "ephemeral",
-        "persistentVolumeClaim",
-        "projected",
-        "secret",
-    }
     for volume in pod.get("volumes", []):
-        assert set(volume) - {"name"} <= allowed_volumes, volume
+        assert set(volume) - {"name"} <= RESTRICTED_VOLUME_TYPES, volume
     for container in pod["containers"]:
         sc = container["securityContext"]
         assert sc["allowPrivilegeEscalation"] is False

@@ -6,15 +6,12 @@ train on exactly those prompts to Succeeded."""
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
 
-from tests.harness.kube import REPO, Cluster
-from tests.harness.local_runner import LocalJobRunner
-from tests.harness.operator_process import Operator
-from tests.integration.test_e2e_training import METRIC_IMAGE, claim_dir, tiny_job
+from tests.harness.kube import Cluster
+from tests.integration.test_e2e_training import tiny_job, train_to_succeeded
 
 pytestmark = [pytest.mark.trainer, pytest.mark.slow]
 
@@ -26,9 +23,6 @@ PROMPTS = [f"cm{i % 7}{chr(110 + i % 9)}:" for i in range(32)]
 def test_a_job_trains_on_the_dataset_of_its_configmap_input(
     kube: Cluster, namespace: str, tmp_path: Path
 ) -> None:
-    sys.path.insert(0, str(REPO / "examples" / "tiny"))
-    from seed import seed  # the tiny model (and the demo's own prompts) on the job's volume
-
     rows = "".join(json.dumps({"prompt": p, "answer": "a"}) + "\n" for p in PROMPTS)
     kube.kubectl("create", "configmap", "prompts", "-n", namespace, "--from-literal=train.jsonl=" + rows)
     job = tiny_job()
@@ -38,25 +32,7 @@ def test_a_job_trains_on_the_dataset_of_its_configmap_input(
     del job["spec"]["dataset"]["validation"]
     job["spec"]["inputs"] = [{"name": "data", "configMap": "prompts"}]
     job["spec"]["dataset"]["train"] = "file:///inputs/data/train.jsonl"
-
-    operator = Operator(kube, namespace, tmp_path / "operator.log")
-    operator.start()
-    try:
-        kube.apply(job, namespace)
-        volume = claim_dir(kube, namespace, "tiny-ckpt")
-        seed(volume)
-        runner = LocalJobRunner(
-            kube,
-            namespace,
-            "tiny",
-            {METRIC_IMAGE: [sys.executable, "examples/tiny/metric.py"]},
-            tmp_path / "run",
-        )
-        phase = runner.run(timeout=900)
-        logs = "\n".join(p.read_text(errors="replace")[-3000:] for p in (tmp_path / "run").glob("*.log"))
-        assert phase == "Succeeded", f"job ended {phase}; runner logs:\n{logs}"
-    finally:
-        operator.stop()
+    volume = train_to_succeeded(kube, namespace, job, tmp_path)
 
     trainer = kube.get("pod", "tiny-trainer-1-0", namespace)
     assert trainer is not None

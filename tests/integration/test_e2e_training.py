@@ -44,16 +44,17 @@ def claim_dir(kube: Cluster, namespace: str, claim: str) -> Path:
     return Path(pv["spec"]["hostPath"]["path"])
 
 
-def test_a_job_trains_through_the_operator_to_succeeded(
-    kube: Cluster, namespace: str, tmp_path: Path
-) -> None:
+def train_to_succeeded(kube: Cluster, namespace: str, job: dict[str, Any], tmp_path: Path) -> Path:
+    """Applies the tiny demo's ``job`` with the operator running, seeds its claim as the demo does
+    (examples/tiny/seed.py) and runs its pods locally until the job ends; asserts it Succeeded and
+    returns the directory that backs the job's claim."""
     sys.path.insert(0, str(REPO / "examples" / "tiny"))
-    from seed import seed  # examples/tiny/seed.py: the demo's volume preparation
+    from seed import seed  # the tiny model and the demo's prompts on the job's volume
 
     operator = Operator(kube, namespace, tmp_path / "operator.log")
     operator.start()
     try:
-        kube.apply(tiny_job(), namespace)
+        kube.apply(job, namespace)
         volume = claim_dir(kube, namespace, "tiny-ckpt")
         seed(volume)
         runner = LocalJobRunner(
@@ -68,6 +69,13 @@ def test_a_job_trains_through_the_operator_to_succeeded(
         assert phase == "Succeeded", f"job ended {phase}; runner logs:\n{logs}"
     finally:
         operator.stop()
+    return volume
+
+
+def test_a_job_trains_through_the_operator_to_succeeded(
+    kube: Cluster, namespace: str, tmp_path: Path
+) -> None:
+    volume = train_to_succeeded(kube, namespace, tiny_job(), tmp_path)
 
     job = kube.get("grpojob", "tiny", namespace)
     assert job is not None

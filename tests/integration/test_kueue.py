@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from tests.harness.kube import HACK, Cluster, wait_for
+from tests.harness.kube import HACK, Cluster, exited_status, wait_for
 from tests.harness.operator_process import Operator
 from tests.integration.test_operator import (
     env_of,
@@ -204,23 +204,7 @@ def stop_deleted_pods(kube: Cluster, namespace: str) -> None:
             "Failed",
         ):
             continue
-        container = pod["spec"]["containers"][0]
-        terminated = {"exitCode": 143, "reason": "Error", "startedAt": None, "finishedAt": None}
-        patch = {
-            "status": {
-                "phase": "Failed",
-                "containerStatuses": [
-                    {
-                        "name": container["name"],
-                        "image": container["image"],
-                        "imageID": "",
-                        "ready": False,
-                        "restartCount": 0,
-                        "state": {"terminated": terminated},
-                    }
-                ],
-            }
-        }
+        patch = {"status": exited_status(pod, 143)}
         # The pod may be gone by now (Kueue let it go): nothing to stop then.
         kube.kubectl(
             "patch", "pod", meta["name"], "-n", namespace, "--subresource=status", "--type=merge",

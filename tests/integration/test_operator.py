@@ -14,6 +14,7 @@ import re
 import subprocess
 import urllib.request
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +32,14 @@ CKPT = "/workspace/checkpoints/step-5"
 
 @pytest.fixture
 def operator(kube: Cluster, namespace: str, tmp_path: Path) -> Iterator[Operator]:
+    with running_operator(kube, namespace, tmp_path) as op:
+        yield op
+
+
+@contextmanager
+def running_operator(kube: Cluster, namespace: str, tmp_path: Path) -> Iterator[Operator]:
+    """The operator for one test in ``namespace``; on exit it stops and the namespace's jobs and their
+    pods are deleted."""
     op = Operator(kube, namespace, tmp_path / "operator.log")
     op.start()
     try:

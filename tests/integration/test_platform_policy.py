@@ -14,7 +14,7 @@ import pytest
 
 from tests.harness.kube import Cluster, wait_for
 from tests.harness.operator_process import Operator
-from tests.integration.test_operator import events_of, job_manifest, pods, wait_condition
+from tests.integration.test_operator import events_of, job_manifest, pods, running_operator, wait_condition
 
 pytestmark = pytest.mark.slow
 
@@ -26,15 +26,8 @@ def limited_operator(
     # The variables the chart sets from platformPolicy.maxGpusPerJob and .allowedImagePrefixes.
     monkeypatch.setenv("GRPO_OPERATOR_MAX_GPUS_PER_JOB", "4")
     monkeypatch.setenv("GRPO_OPERATOR_ALLOWED_IMAGE_PREFIXES", "ghcr.io/grpo-operator/,vllm/vllm-openai:")
-    op = Operator(kube, namespace, tmp_path / "operator.log")
-    op.start()
-    try:
+    with running_operator(kube, namespace, tmp_path) as op:
         yield op
-    finally:
-        op.stop()
-        kube.kubectl(
-            "delete", "grpojobs", "--all", "-n", namespace, "--wait=true", "--timeout=60s", check=False
-        )
 
 
 def test_a_job_over_a_limit_gets_a_condition_an_event_and_no_pods_until_it_fits(

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 from aiohttp import web
 
+from tests.harness.http_server import serve_in_thread
 from tests.trainer.toy import fraction_of_target, read_jsonl, start_trainer, trainer_config
 
 pytestmark = pytest.mark.trainer
@@ -126,17 +127,8 @@ def hostile_metric() -> Iterator[tuple[HostileMetric, str]]:
     app.router.add_post("/score", state.score)
     app.router.add_post("/elsewhere/score", state.elsewhere_score)
     app.router.add_get("/healthz", healthz)
-    loop = asyncio.new_event_loop()
-    runner = web.AppRunner(app)
-    loop.run_until_complete(runner.setup())
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    loop.run_until_complete(site.start())
-    thread = threading.Thread(target=loop.run_forever, daemon=True)
-    thread.start()
-    yield state, f"http://127.0.0.1:{runner.addresses[0][1]}"
-    asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result(timeout=30)
-    loop.call_soon_threadsafe(loop.stop)
-    thread.join(timeout=10)
+    with serve_in_thread(app) as url:
+        yield state, url
 
 
 def test_trainer_keeps_training_through_hostile_answers(

@@ -20,6 +20,8 @@ from grpo_trainer.metric_client import (
     MetricServiceUnavailable,
 )
 
+from tests.harness.http_server import serve_in_thread
+
 
 class FlakyServer:
     """A protocol server whose failures are scripted: ``fail_next`` requests answer 503, ``delay`` slows
@@ -65,17 +67,8 @@ def flaky() -> Iterator[tuple[FlakyServer, str]]:
     app = web.Application()
     app.router.add_post("/score", state.score)
     app.router.add_get("/healthz", healthz)
-    loop = asyncio.new_event_loop()
-    runner = web.AppRunner(app)
-    loop.run_until_complete(runner.setup())
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    loop.run_until_complete(site.start())
-    port = runner.addresses[0][1]
-    thread = threading.Thread(target=loop.run_forever, daemon=True)
-    thread.start()
-    yield state, f"http://127.0.0.1:{port}"
-    loop.call_soon_threadsafe(loop.stop)
-    thread.join(timeout=10)
+    with serve_in_thread(app) as url:
+        yield state, url
 
 
 def items(n: int) -> list[ScoreItem]:

@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import gzip
 import json
-import threading
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
@@ -20,6 +19,8 @@ from grpo_metric.protocol import ScoreResult
 from grpo_operator.api.spec import GRPOJobSpec
 from grpo_operator.api.trainer_config import TrainerConfig
 from grpo_trainer.metric_client import MAX_REASON_CHARS, ClientSettings, MetricClient
+
+from tests.harness.http_server import serve_in_thread
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -71,18 +72,9 @@ def raw_json(text_of_results: Callable[[list[str]], str]) -> Handler:
 @pytest.fixture
 def hostile() -> Iterator[Hostile]:
     server = Hostile()
-    loop = asyncio.new_event_loop()
-    runner = web.AppRunner(server.app)
-    loop.run_until_complete(runner.setup())
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    loop.run_until_complete(site.start())
-    server.url = f"http://127.0.0.1:{runner.addresses[0][1]}"
-    thread = threading.Thread(target=loop.run_forever, daemon=True)
-    thread.start()
-    yield server
-    asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result(timeout=10)
-    loop.call_soon_threadsafe(loop.stop)
-    thread.join(timeout=10)
+    with serve_in_thread(server.app) as url:
+        server.url = url
+        yield server
 
 
 def items(n: int = 3) -> list[ScoreItem]:

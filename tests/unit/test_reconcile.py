@@ -205,6 +205,16 @@ def events(plan: Plan) -> list[tuple[str, str]]:
     return [(e.type, e.reason) for e in plan.events]
 
 
+def assert_second_gang_resumes_from_checkpoint(plan: Plan) -> None:
+    """The plan creates the whole second gang, and its trainers resume from CKPT."""
+    assert sorted(m["metadata"]["name"] for m in plan.creates) == [
+        "math-gen-2-0",
+        "math-trainer-2-0",
+        "math-trainer-2-1",
+    ]
+    assert all(env(p)["RESUME_FROM"] == CKPT for p in plan.creates if "trainer" in p["metadata"]["name"])
+
+
 # --- creation and steady state ---------------------------------------------------------------------------
 
 
@@ -605,12 +615,7 @@ def test_killed_after_the_status_patch_of_a_restart_converges_without_a_second_r
     assert world.status()["trainerAttempt"] == 2
     assert {r.name for r in plan.deletes} == {"math-gen-1-0", "math-trainer-1-0", "math-trainer-1-1"}
     plan = world.step()
-    assert sorted(m["metadata"]["name"] for m in plan.creates) == [
-        "math-gen-2-0",
-        "math-trainer-2-0",
-        "math-trainer-2-1",
-    ]
-    assert all(env(p)["RESUME_FROM"] == CKPT for p in plan.creates if "trainer" in p["metadata"]["name"])
+    assert_second_gang_resumes_from_checkpoint(plan)
     assert world.settle().is_empty()
     assert len(world.pods()) == 3
 
@@ -1122,12 +1127,7 @@ def test_a_new_attempt_waits_until_every_old_pod_is_gone() -> None:
     assert world.status()["phase"] == "Restarting"
     world.gone()
     plan = world.step()
-    assert sorted(m["metadata"]["name"] for m in plan.creates) == [
-        "math-gen-2-0",
-        "math-trainer-2-0",
-        "math-trainer-2-1",
-    ]
-    assert all(env(p)["RESUME_FROM"] == CKPT for p in plan.creates if "trainer" in p["metadata"]["name"])
+    assert_second_gang_resumes_from_checkpoint(plan)
 
 
 def test_a_resume_waits_for_the_suspended_gang_to_be_gone() -> None:

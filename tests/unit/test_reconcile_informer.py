@@ -55,6 +55,7 @@ def test_an_older_event_never_replaces_the_operators_own_newer_write() -> None:
 def cache(
     jobs: list[tuple[str, str, str, str | None]], touched: list[tuple[str, str]], **options: Any
 ) -> ClusterCache:
+    """A cache with no API client that records the job and child events it dispatches."""
     return ClusterCache(
         cast(Any, None),
         [None],
@@ -117,18 +118,7 @@ def test_child_caches_keep_only_the_operators_objects_and_no_configmap_data() ->
     from grpo_operator.handlers.controller import METADATA_ONLY_KINDS, managed_child
 
     touched: list[tuple[str, str]] = []
-    c = ClusterCache(
-        cast(Any, None),
-        [None],
-        job_resource=GRPOJOB,
-        child_resources=CHILD_RESOURCES,
-        node_resource=NODE,
-        job_label="grpo.dev/job",
-        on_job=lambda *_: None,
-        on_child=lambda ns, job: touched.append((ns, job)),
-        keep_child=managed_child,
-        metadata_only=METADATA_ONLY_KINDS,
-    )
+    c = cache([], touched, keep_child=managed_child, metadata_only=METADATA_ONLY_KINDS)
     configmaps = c.children["ConfigMap"][None]
     assert configmaps.metadata_only and not c.children["Pod"][None].metadata_only
     owner = {

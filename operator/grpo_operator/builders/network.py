@@ -19,6 +19,7 @@ from typing import Any
 from grpo_operator.builders.common import (
     Job,
     Manifest,
+    Role,
     generation_policy_name,
     metadata,
     metric_policy_name,
@@ -27,6 +28,22 @@ from grpo_operator.builders.common import (
     with_hash,
 )
 from grpo_operator.settings import OperatorSettings
+
+
+def ingress_policy(job: Job, name: str, role: Role, ingress: list[dict[str, Any]]) -> Manifest:
+    """The NetworkPolicy that admits only `ingress` to the job's pods of one role."""
+    return with_hash(
+        {
+            "apiVersion": "networking.k8s.io/v1",
+            "kind": "NetworkPolicy",
+            "metadata": metadata(job, name, role),
+            "spec": {
+                "podSelector": {"matchLabels": selector_labels(job, role)},
+                "policyTypes": ["Ingress"],
+                "ingress": ingress,
+            },
+        }
+    )
 
 
 def generation_network_policy(job: Job, settings: OperatorSettings) -> Manifest:
@@ -45,38 +62,17 @@ def generation_network_policy(job: Job, settings: OperatorSettings) -> Manifest:
                 "ports": [{"protocol": "TCP", "port": settings.vllm_port}],
             }
         )
-    return with_hash(
-        {
-            "apiVersion": "networking.k8s.io/v1",
-            "kind": "NetworkPolicy",
-            "metadata": metadata(job, generation_policy_name(job), "generation"),
-            "spec": {
-                "podSelector": {"matchLabels": selector_labels(job, "generation")},
-                "policyTypes": ["Ingress"],
-                "ingress": ingress,
-            },
-        }
-    )
+    return ingress_policy(job, generation_policy_name(job), "generation", ingress)
 
 
 def metric_network_policy(job: Job) -> Manifest:
-    return with_hash(
+    ingress: list[dict[str, Any]] = [
         {
-            "apiVersion": "networking.k8s.io/v1",
-            "kind": "NetworkPolicy",
-            "metadata": metadata(job, metric_policy_name(job), "metric"),
-            "spec": {
-                "podSelector": {"matchLabels": selector_labels(job, "metric")},
-                "policyTypes": ["Ingress"],
-                "ingress": [
-                    {
-                        "from": [{"podSelector": {"matchLabels": selector_labels(job, "trainer")}}],
-                        "ports": [{"protocol": "TCP", "port": job.spec.metric.port}],
-                    }
-                ],
-            },
+            "from": [{"podSelector": {"matchLabels": selector_labels(job, "trainer")}}],
+            "ports": [{"protocol": "TCP", "port": job.spec.metric.port}],
         }
-    )
+    ]
+    return ingress_policy(job, metric_policy_name(job), "metric", ingress)
 
 
 def trainer_network_policy(job: Job, settings: OperatorSettings) -> Manifest:
@@ -99,15 +95,4 @@ def trainer_network_policy(job: Job, settings: OperatorSettings) -> Manifest:
         ingress.append(
             {"from": scrapers, "ports": [{"protocol": "TCP", "port": settings.trainer_metrics_port}]}
         )
-    return with_hash(
-        {
-            "apiVersion": "networking.k8s.io/v1",
-            "kind": "NetworkPolicy",
-            "metadata": metadata(job, trainer_policy_name(job), "trainer"),
-            "spec": {
-                "podSelector": {"matchLabels": selector_labels(job, "trainer")},
-                "policyTypes": ["Ingress"],
-                "ingress": ingress,
-            },
-        }
-    )
+    return ingress_policy(job, trainer_policy_name(job), "trainer", ingress)
