@@ -37,6 +37,16 @@ export PATH="$K8S_BIN:$KWOK_BIN:$HELM_BIN:$PATH"   # kwokctl takes kubectl from 
 
 log() { printf '[cluster %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 kc() { kubectl --kubeconfig "$KUBECONFIG_OUT" "$@"; }
+# kubectl wait fails at once (instead of waiting) on a CRD created a moment ago that has no
+# status.conditions yet: retry it for up to a minute.
+wait_established() {
+  local i
+  for i in $(seq 1 60); do
+    kc wait --for=condition=Established crd --all --timeout=30s >/dev/null 2>&1 && return 0
+    sleep 1
+  done
+  kc wait --for=condition=Established crd --all --timeout=5s >/dev/null
+}
 
 answers() {
   [ -f "$KUBECONFIG_OUT" ] && kc --request-timeout=3s get --raw /readyz >/dev/null 2>&1
@@ -109,7 +119,7 @@ YAML
   kc create namespace kueue-system --dry-run=client -o yaml | kc apply -f - >/dev/null
   "$py" "$HERE/cluster/kueue_manifests.py" "$KUEUE_BIN" "$webhook_port" "$dir/certs/tls.crt" \
     | kc apply --server-side --force-conflicts -f - >/dev/null
-  kc wait --for=condition=Established crd --all --timeout=60s >/dev/null
+  wait_established
   KUBECONFIG="$KUBECONFIG_OUT" KUEUE_METRICS_CERT_DIR="$dir/certs" nohup "$KUEUE_BIN/kueue" \
     --config "$dir/config.yaml" >"$EXTRA/kueue.log" 2>&1 &
   echo $! >"$EXTRA/kueue.pid"

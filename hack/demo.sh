@@ -25,7 +25,7 @@ kubectl get nodes -L nvidia.com/gpu.product,nvidia.com/gpu.count
 
 say "GRPOJob CRD"
 kubectl apply --server-side --force-conflicts -f crds/ >/dev/null
-kubectl wait --for=condition=Established crd/grpojobs.grpo.dev --timeout=60s >/dev/null
+for _ in $(seq 1 60); do kubectl wait --for=condition=Established crd/grpojobs.grpo.dev --timeout=30s >/dev/null 2>&1 && break; sleep 1; done
 kubectl create namespace "$NS" --dry-run=client -o yaml | kubectl apply -f - >/dev/null
 
 say "Operator (local process; log: $WORK/operator.log)"

@@ -193,7 +193,21 @@ class Cluster:
         for f in files:
             self.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(f))
         if files:
-            self.kubectl("wait", "--for=condition=Established", "crd", "--all", "--timeout=60s")
+            self.wait_established("crd", "--all")
+
+    def wait_established(self, *crds: str, timeout: float = 60) -> None:
+        """`kubectl wait --for=condition=Established`, retried: for a CRD created a moment ago that has no
+        status.conditions yet, kubectl fails at once ("accessor error: <nil>") instead of waiting."""
+        deadline = time.monotonic() + timeout
+        while True:
+            proc = self.kubectl("wait", "--for=condition=Established", *crds, "--timeout=30s", check=False)
+            if proc.returncode == 0:
+                return
+            if time.monotonic() > deadline:
+                raise AssertionError(
+                    f"CRDs {' '.join(crds)} not Established in {timeout:.0f} s:\n{proc.stderr}"
+                )
+            time.sleep(0.5)
 
 
 def exited_status(

@@ -42,10 +42,7 @@ def apply_monitoring_crds(kube: Cluster) -> None:
     for path in kube_schemas.prometheus_operator_crds():
         if any(path.name == f"monitoring.coreos.com_{w}.yaml" for w in wanted):
             kube.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(path), timeout=120)
-    for name in wanted:
-        kube.kubectl(
-            "wait", "--for=condition=Established", f"crd/{name}.monitoring.coreos.com", "--timeout=60s"
-        )
+    kube.wait_established(*(f"crd/{name}.monitoring.coreos.com" for name in wanted))
 
 
 def helm_cmd(kube: Cluster, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
