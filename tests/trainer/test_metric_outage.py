@@ -3,6 +3,7 @@ the run continues when the service returns; errors that outlast metric.errorBudg
 
 from __future__ import annotations
 
+import signal
 import time
 from pathlib import Path
 
@@ -32,7 +33,15 @@ def test_metric_outage_is_counted_and_training_continues(tmp_path: Path, tiny_mo
         metric.stop()
         down_at = len(read_jsonl(out / "metrics.jsonl"))
         wait_steps(out, down_at + 2)  # at least two steps run entirely without the metric service
-        metric = MetricServer(fraction_of_target, port=port).start()
+        # Steps of the tiny model take tens of milliseconds, less than the restart and the breaker's
+        # cool-down: hold the trainer while the service comes back, so the outage lasts a few steps on any
+        # machine instead of however many fit into that time (a fast machine overran the error budget).
+        process.send_signal(signal.SIGSTOP)
+        try:
+            metric = MetricServer(fraction_of_target, port=port).start()
+            time.sleep(1.0)  # > GRPO_METRIC_BREAKER_COOLDOWN_SECONDS: the breaker lets the next batch try
+        finally:
+            process.send_signal(signal.SIGCONT)
         assert process.wait(timeout=600) == 0, (tmp_path / "trainer.log").read_text()[-3000:]
     finally:
         metric.stop()
