@@ -151,12 +151,23 @@ def trained(kube: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator
                     break
                 runner.step()
                 metrics = volume / "output" / "metrics.jsonl"
-                if not during and phase == "Running" and metrics.exists() and len(jsonl(metrics)) >= 2:
-                    # Hold the trainer still while the plugin reads, so "while it runs" and "follow sees
-                    # later steps" do not depend on how fast this machine trains.
+                if not during and runner.trainers:
+                    # A step of the tiny model takes tens of milliseconds: watch closely for the second one,
+                    # then hold the trainer still while the plugin reads, so "while it runs" and "follow
+                    # sees later steps" do not depend on how fast this machine trains.
+                    deadline = time.monotonic() + 300
+                    while not (metrics.exists() and len(jsonl(metrics)) >= 2):
+                        alive = all(p.popen.poll() is None for p in runner.trainers.values())
+                        if not alive or time.monotonic() > deadline:
+                            break
+                        time.sleep(0.01)
                     for proc in runner.trainers.values():
                         proc.popen.send_signal(signal.SIGSTOP)
                     try:
+                        for _ in range(60):  # the operator reports Running once every pod runs
+                            if runner.job_phase() == "Running":
+                                break
+                            time.sleep(0.5)
                         trainer = json.loads(
                             kube.kubectl(
                                 "get", "pods", "-n", namespace, "-l", "grpo.dev/role=trainer", "-o", "json"
