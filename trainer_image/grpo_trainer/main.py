@@ -96,6 +96,12 @@ def run(config: TrainerConfig, env: RuntimeEnv) -> int:
         checkpoint_dir.mkdir(parents=True, exist_ok=True)
         clean_staging(checkpoint_dir, owner)
 
+    if config.metric is None or config.dataset is None:
+        raise ConfigError(
+            "this trainer image trains only from a metric service and a dataset (trainer.json has "
+            "rollouts from a client): use a trainer image that supports spec.rollouts.source: Client"
+        )
+    dataset = config.dataset
     m = config.metric
     client = MetricClient(
         ClientSettings(
@@ -121,21 +127,21 @@ def run(config: TrainerConfig, env: RuntimeEnv) -> int:
             tokenizer.pad_token = tokenizer.eos_token
 
         train = prepare(
-            load_rows(config.dataset.train),
-            config.dataset,
+            load_rows(dataset.train),
+            dataset,
             tokenizer,
             config.grpo.max_prompt_length,
-            config.dataset.train,
+            dataset.train,
         )
         validation = None
         v = config.grpo.validation
-        if config.dataset.validation and v.every_steps:
+        if dataset.validation and v.every_steps:
             val = prepare(
-                load_rows(config.dataset.validation),
-                config.dataset,
+                load_rows(dataset.validation),
+                dataset,
                 tokenizer,
                 config.grpo.max_prompt_length,
-                config.dataset.validation,
+                dataset.validation,
             )
             validation = Validation(
                 rows=[dict(r) for r in val.select(range(min(v.max_prompts, len(val))))],

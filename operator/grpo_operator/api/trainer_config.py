@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import ConfigDict, Field
+from pydantic import ConfigDict, Field, model_validator
 
 from grpo_operator.api.base import ApiModel
 from grpo_operator.api.compat import later_defaults_exclude
@@ -28,6 +28,10 @@ VLLM_SERVER_PORT = 8000
 # TRL's vllm_group_port default: the weight-sync rendezvous, bound on trainer rank 0.
 WEIGHT_SYNC_PORT = 51216
 TRAINER_METRICS_PORT = 9090
+# Arbor's default port, so a DSPy user's api_base looks the same as with a local Arbor server.
+ROLLOUTS_PORT = 7453
+# The environment variable of trainer rank 0 holding the per-job bearer token (spec.rollouts.client.tokenSecretRef).
+ROLLOUTS_TOKEN_ENV = "GRPO_ROLLOUTS_TOKEN"
 
 
 class _ConfigModel(ApiModel):
@@ -96,6 +100,25 @@ class MetricClientConfig(_ConfigModel):
     max_abs_reward: float = Field(default=1e6, gt=0, description="Largest |reward| accepted.")
 
 
+class ClientRolloutsConfig(_ConfigModel):
+    """Rollouts and rewards come from a client (spec.rollouts.source: Client), e.g. DSPy's GRPO optimizer
+    through Arbor's provider: trainer rank 0 serves Arbor's fine-tuning routes and OpenAI-compatible
+    completions on ``port`` and trains on the scored groups the client sends."""
+
+    port: int = Field(
+        default=ROLLOUTS_PORT, ge=1, le=65535, description="Port of the client protocol on trainer rank 0."
+    )
+    served_model: str = Field(
+        min_length=1,
+        description="The model name the client must name in initialize and completions (spec.model.name).",
+    )
+    token_env: str | None = Field(
+        default=None,
+        min_length=1,
+        description="Environment variable holding the bearer token the completion routes require; unset: none.",
+    )
+
+
 class CheckpointConfig(_ConfigModel):
     """Where and how often checkpoints are written."""
 
@@ -111,11 +134,15 @@ class TrainerConfig(_ConfigModel):
     kind: Literal["TrainerConfig"] = Field(default="TrainerConfig")
     job: JobRef
     model: ModelSpec
-    dataset: DatasetSpec
+    # The prompts (metric-service jobs); client-rollout jobs get their prompts from the client.
+    dataset: DatasetSpec | None = None
     grpo: GRPOSpec
     trainer: TrainerTopology = Field(default_factory=TrainerTopology)
     generation: GenerationConfig = Field(default_factory=GenerationConfig)
-    metric: MetricClientConfig
+    # Exactly one of metric (the job's metric service scores rollouts the trainer generates) and rollouts
+    # (a client sends scored rollouts).
+    metric: MetricClientConfig | None = None
+    rollouts: ClientRolloutsConfig | None = None
     checkpoints: CheckpointConfig = Field(default_factory=CheckpointConfig)
     output_dir: str = Field(
         default=DEFAULT_OUTPUT_DIR, min_length=1, description="samples.jsonl and metrics.jsonl go here."
@@ -128,6 +155,17 @@ class TrainerConfig(_ConfigModel):
         gt=0,
         description="Minimum time between status patches (checkpoints and the end always patch).",
     )
+
+    @model_validator(mode="after")
+    def _one_rollout_source(self) -> TrainerConfig:
+        if (self.metric is None) == (self.rollouts is None):
+            raise ValueError(
+                "trainer.json needs exactly one of metric (the metric service scores what the trainer "
+                "generates) and rollouts (a client sends scored rollouts)"
+            )
+        if self.metric is not None and self.dataset is None:
+            raise ValueError("trainer.json has a metric service but no dataset to take prompts from")
+        return self
 
     @classmethod
     def from_spec(
