@@ -103,6 +103,9 @@ class SizeResult:
     ramp_reconciles_per_job: float
     # stage -> (p50, p95) seconds since the job was applied, and (p50, p95) of the stage alone
     timeline: dict[str, tuple[float, float, float, float]] = field(default_factory=dict)
+    # the operator's own request counter, "verb resource" -> requests per job (ramp) / in the idle window
+    ramp_requests_per_job_by_kind: dict[str, float] = field(default_factory=dict)
+    idle_requests_by_kind: dict[str, float] = field(default_factory=dict)
     kueue: bool = False
     admitted_p50_s: float = float("nan")
     admitted_p95_s: float = float("nan")
@@ -302,6 +305,16 @@ def timeline_report(results: list[SizeResult]) -> str:
     return "\n".join(lines)
 
 
+def requests_report(results: list[SizeResult]) -> str:
+    """Where the operator's requests go, by its own counter: per job during the ramp, and in the idle window."""
+    lines = ["operator requests by verb and resource (its own counter): per job (ramp) | in the idle window"]
+    for r in results:
+        ramp = ", ".join(f"{k} {v:.2f}" for k, v in r.ramp_requests_per_job_by_kind.items()) or "none"
+        idle = ", ".join(f"{k} {v:.0f}" for k, v in r.idle_requests_by_kind.items()) or "none"
+        lines.append(f"{r.jobs:>5} jobs: {ramp} | idle {r.idle_seconds:.0f}s: {idle}")
+    return "\n".join(lines)
+
+
 def floor(
     cluster: BenchCluster, manifests: list[Obj], tag: str, timeout: float
 ) -> tuple[float, float, float]:
@@ -431,6 +444,7 @@ def operator_run(
     busy0, total0 = machine_cpu()
     load0 = os.getloadavg()[0]
     reconciles0 = _operator_metric(op, "grpo_operator_reconcile_total", without='result="gone"')
+    requests0 = _operator_series(op, "grpo_operator_api_requests_total")
     log(f"[{tag}] operator: applying {len(manifests)} GRPOJobs")
     t0 = time.monotonic()
     cluster.kubectl("apply", "--server-side", "-f", path, timeout=timeout)
@@ -451,12 +465,15 @@ def operator_run(
     ramp_reconciles = (
         _operator_metric(op, "grpo_operator_reconcile_total", without='result="gone"') - reconciles0
     )
+    requests1 = _operator_series(op, "grpo_operator_api_requests_total")
     log(f"[{tag}] operator: all settled after {t_b:.1f}s; idle for {idle:.0f}s")
     time.sleep(5)  # trailing events of the ramp (e.g. the last status echoes)
     idle0 = RequestCounts.read(cluster)
+    requests_idle0 = _operator_series(op, "grpo_operator_api_requests_total")
     cpu_idle0, _ = op.sample()
     time.sleep(idle)
     idle1 = RequestCounts.read(cluster)
+    requests_idle1 = _operator_series(op, "grpo_operator_api_requests_total")
     cpu_idle1, rss = op.sample()
     reconciles = _operator_metric(op, "grpo_operator_reconcile_total")
     timelines = read_timelines(cluster, namespaces)
@@ -499,26 +516,50 @@ def operator_run(
         "reconciles": reconciles,
         "admission": admission,
         "ramp_reconciles": ramp_reconciles,
+        # The operator's own count, by verb and resource: where its requests go.
+        "ramp_requests_by_kind": _requests_by_kind(requests0, requests1),
+        "idle_requests_by_kind": _requests_by_kind(requests_idle0, requests_idle1),
         "timeline": summarize_timelines(timelines),
     }
 
 
-def _operator_metric(op: OperatorProcess, name: str, without: str = "\0") -> float:
-    """Sum of the operator's metric ``name`` over its series, leaving out series whose labels contain
-    ``without`` (e.g. reconciles of jobs that were gone: the floor's children being deleted meanwhile)."""
+def _operator_series(op: OperatorProcess, name: str) -> dict[str, float]:
+    """The operator's metric ``name``: value by label set (the text between the braces)."""
     import re
     import urllib.request
 
     match = re.search(r"/readyz on http://[^:]+:(\d+)", op.log_tail())
     if not match:
-        return float("nan")
+        return {}
     with urllib.request.urlopen(f"http://127.0.0.1:{match.group(1)}/metrics", timeout=10) as resp:
         text = resp.read().decode()
-    return sum(
-        float(line.split()[-1])
-        for line in text.splitlines()
-        if line.startswith(name + "{") and without not in line
-    )
+    series: dict[str, float] = {}
+    for line in text.splitlines():
+        if line.startswith(name + "{"):
+            labels, value = line[len(name) + 1 :].rsplit("} ", 1)
+            series[labels] = float(value)
+    return series
+
+
+def _operator_metric(op: OperatorProcess, name: str, without: str = "\0") -> float:
+    """Sum of the operator's metric ``name`` over its series, leaving out series whose labels contain
+    ``without`` (e.g. reconciles of jobs that were gone: the floor's children being deleted meanwhile)."""
+    series = _operator_series(op, name)
+    if not series:
+        return float("nan")
+    return sum(value for labels, value in series.items() if without not in labels)
+
+
+def _requests_by_kind(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    """The operator's own count of its API requests between two reads, by "verb resource"."""
+    out: dict[str, float] = {}
+    for labels, value in after.items():
+        fields = {k: v.strip('"') for k, v in (part.split("=", 1) for part in labels.split(","))}
+        key = f"{fields['verb']} {fields['resource']}"
+        delta = value - before.get(labels, 0.0)
+        if delta:
+            out[key] = out.get(key, 0.0) + delta
+    return dict(sorted(out.items(), key=lambda kv: -kv[1]))
 
 
 def run_size(
@@ -578,6 +619,8 @@ def run_size(
         reconcile_total=res["reconciles"],
         ramp_reconciles_per_job=res["ramp_reconciles"] / count,
         timeline=res["timeline"],
+        ramp_requests_per_job_by_kind={k: v / count for k, v in res["ramp_requests_by_kind"].items()},
+        idle_requests_by_kind=res["idle_requests_by_kind"],
         kueue=kueue,
         admitted_p50_s=median(res["admission"]) if res["admission"] else nan,
         admitted_p95_s=percentile(res["admission"], 95) if res["admission"] else nan,
@@ -711,6 +754,7 @@ def main() -> int:
         )
         print(report(results), flush=True)
         print(timeline_report(results), flush=True)
+        print(requests_report(results), flush=True)
         if args.json:  # after every size, so an aborted run keeps what it measured
             args.json.write_text(
                 json.dumps({"machine": machine, "results": [asdict(r) for r in results]}, indent=2)

@@ -84,6 +84,14 @@ class OperatorMetrics:
             ["verb", "kind", "code"],
             registry=self.registry,
         )
+        self.api_requests = Counter(
+            "grpo_operator_api_requests_total",
+            "Kubernetes API requests the operator sent, by verb (get, list, watch, create, patch, update, "
+            "delete) and resource (with its subresource, e.g. grpojobs/status); a watch counts once, when it "
+            "starts.",
+            ["verb", "resource"],
+            registry=self.registry,
+        )
         self.events = Counter(
             "grpo_operator_events_total",
             "Kubernetes events posted on GRPOJobs, by type and reason.",

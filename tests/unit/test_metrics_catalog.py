@@ -36,6 +36,7 @@ def operator_metrics() -> dict[str, tuple[str, set[str]]]:
     metrics.reconciles.labels(result="success").inc()
     metrics.restarts.labels(namespace="ns", grpojob="job", reason="r", counted="true").inc()
     metrics.api_errors.labels(verb="get", kind="Pod", code="500").inc()
+    metrics.api_requests.labels(verb="create", resource="pods").inc()
     metrics.events.labels(type="Normal", reason="Created").inc()
     return exported(metrics.registry)
 

@@ -88,6 +88,8 @@ class Controller:
         self.kube = kube
         self.phases: dict[Key, str | None] = {}
         self.metrics = metrics or OperatorMetrics(lambda: self.phases)
+        requests = self.metrics.api_requests
+        kube.count_requests(lambda verb, resource: requests.labels(verb=verb, resource=resource).inc())
         self.health = health or HealthState(stale_after=max(120.0, 4 * settings.resync_seconds))
         self.clock = clock
         self.queue: WorkQueue[Key] = WorkQueue()

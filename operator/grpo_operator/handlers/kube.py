@@ -11,9 +11,10 @@ from __future__ import annotations
 import copy
 import json
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import urlencode
+from urllib.parse import parse_qs, urlencode, urlsplit
 
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
@@ -75,6 +76,50 @@ def resource_for(kind: str) -> Resource:
         raise ValueError(f"the operator does not manage objects of kind {kind!r}") from None
 
 
+# Called once per API request with (verb, resource), e.g. ("create", "pods"), ("patch", "grpojobs/status").
+RequestHook = Callable[[str, str], None]
+
+
+def classify_request(method: str, url: str) -> tuple[str, str]:
+    """The Kubernetes verb and resource (with its subresource) of a request, for counting requests.
+
+    ``/api/v1/namespaces/a/pods`` GET is ("list", "pods"), with ``watch=true`` ("watch", "pods");
+    ``/apis/grpo.dev/v1alpha1/namespaces/a/grpojobs/j/status`` PATCH is ("patch", "grpojobs/status").
+    """
+    parts = urlsplit(url)
+    segments = [s for s in parts.path.split("/") if s]
+    for i, segment in enumerate(segments):  # the API root may sit under a proxy prefix
+        if segment in ("api", "apis"):
+            segments = segments[i + (2 if segment == "api" else 3) :]
+            break
+    if len(segments) > 2 and segments[0] == "namespaces":
+        segments = segments[2:]
+    resource = segments[0] if segments else "unknown"
+    named = len(segments) >= 2
+    if len(segments) >= 3:
+        resource += "/" + segments[2]
+    method = method.upper()
+    if method == "GET":
+        verb = "watch" if parse_qs(parts.query).get("watch") == ["true"] else "get" if named else "list"
+    else:
+        verb = {"POST": "create", "PUT": "update", "PATCH": "patch", "DELETE": "delete"}.get(
+            method, method.lower()
+        )
+    return verb, resource
+
+
+class CountingApiClient(client.ApiClient):  # type: ignore[misc]
+    """An ApiClient that reports every request it sends to ``on_request`` (the operator's request counter)."""
+
+    on_request: RequestHook | None = None
+
+    def call_api(self, method: str, url: str, *args: Any, **kwargs: Any) -> Any:
+        hook = self.on_request
+        if hook is not None:
+            hook(*classify_request(method, url))
+        return super().call_api(method, url, *args, **kwargs)
+
+
 def load_api_client(kubeconfig: str | None = None, pool_size: int = 16) -> client.ApiClient:
     """In-cluster config inside a pod, else the kubeconfig (``kubeconfig``, $KUBECONFIG or ~/.kube/config).
 
@@ -85,7 +130,7 @@ def load_api_client(kubeconfig: str | None = None, pool_size: int = 16) -> clien
         if kubeconfig is None and not os.environ.get("KUBECONFIG"):
             config.load_incluster_config(client_configuration=configuration)
             configuration.connection_pool_maxsize = pool_size
-            return client.ApiClient(configuration)
+            return CountingApiClient(configuration)
     except config.ConfigException:
         pass
     try:
@@ -96,7 +141,7 @@ def load_api_client(kubeconfig: str | None = None, pool_size: int = 16) -> clien
             "Set KUBECONFIG or pass --kubeconfig."
         ) from exc
     configuration.connection_pool_maxsize = pool_size
-    return client.ApiClient(configuration)
+    return CountingApiClient(configuration)
 
 
 class Kube:
@@ -106,6 +151,13 @@ class Kube:
         self.api = api
         self.field_manager = field_manager
         self.timeout = timeout
+        self.on_request: RequestHook | None = None
+
+    def count_requests(self, hook: RequestHook) -> None:
+        """Report every request of this client and of its watch clients to ``hook``."""
+        self.on_request = hook
+        if isinstance(self.api, CountingApiClient):
+            self.api.on_request = hook
 
     def request(
         self,
@@ -139,7 +191,9 @@ class Kube:
         connections that reconcile's requests need."""
         configuration = copy.deepcopy(self.api.configuration)
         configuration.connection_pool_maxsize = streams + 2
-        return client.ApiClient(configuration)
+        watcher = CountingApiClient(configuration)
+        watcher.on_request = self.on_request
+        return watcher
 
     # --- reads ------------------------------------------------------------------------------------------------
 
