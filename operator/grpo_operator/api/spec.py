@@ -2,19 +2,20 @@
 
 Every constraint is stated twice on purpose, in the two languages that enforce it: pydantic
 (``Field`` bounds and validators, used by the operator, the trainer and the unit tests) and the
-API server (OpenAPI bounds generated from the same ``Field`` bounds, plus the CEL rules in
-``cel_rules``). The CEL rules and the validators next to them must say the same thing;
-``tests/integration/test_crd_property.py`` checks it with random specs against a real API server.
+API server (OpenAPI bounds generated from the same ``Field`` bounds, plus each model's CEL rules,
+its ``Rules``). A validator raises the rule it mirrors by name; tests/unit/test_api_rules.py breaks
+every rule on both sides, and ``tests/integration/test_crd_property.py`` compares the two verdicts
+on random specs against a real API server.
 """
 
 from __future__ import annotations
 
 import re
-from typing import Annotated, Any, ClassVar, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BeforeValidator, Field, WithJsonSchema, field_validator, model_validator
 
-from grpo_operator.api.base import ApiModel, CelRule
+from grpo_operator.api.base import ApiModel, CelRule, CelRules
 from grpo_operator.api.dataset_uri import (
     DATASET_URI_HELP,
     DATASET_URI_PATTERN,
@@ -123,14 +124,13 @@ class KeyRef(ApiModel):
 class ModelSpec(ApiModel):
     """The policy model to fine-tune."""
 
-    cel_rules: ClassVar[tuple[CelRule, ...]] = (
-        CelRule(
+    class Rules(CelRules):
+        not_an_option = CelRule(
             "!self.name.startsWith('-')",
             "spec.model.name must not start with '-': it is the first argument of `vllm serve`, which would "
             "read it as an option. Give a Hugging Face model id (org/name) or an absolute path",
             ".name",
-        ),
-    )
+        )
 
     name: str = Field(
         min_length=1,
@@ -159,7 +159,7 @@ class ModelSpec(ApiModel):
     @model_validator(mode="after")
     def _not_an_option(self) -> ModelSpec:
         if self.name.startswith("-"):
-            raise self.cel_rules[0].violation()
+            raise self.Rules.not_an_option.violation()
         return self
 
 
@@ -284,20 +284,20 @@ class ValidationSpec(ApiModel):
 class GRPOSpec(ApiModel):
     """GRPO itself: group size G, prompts per step B, steps S, and the optimisation knobs."""
 
-    cel_rules: ClassVar[tuple[CelRule, ...]] = (
-        CelRule(
+    class Rules(CelRules):
+        format_failure_below_failure = CelRule(
             "self.formatFailureScore < self.failureScore",
             "spec.grpo.formatFailureScore must be strictly below spec.grpo.failureScore "
             "(unparseable output must score worse than a wrong answer): lower formatFailureScore",
             ".formatFailureScore",
-        ),
-        CelRule(
+        )
+
+        epsilon_high_at_least_epsilon = CelRule(
             "!has(self.epsilonHigh) || self.epsilonHigh >= self.epsilon",
             "spec.grpo.epsilonHigh must be >= spec.grpo.epsilon (it is the upper clip bound): "
             "raise epsilonHigh or leave it unset",
             ".epsilonHigh",
-        ),
-    )
+        )
 
     group_size: K8sInt = Field(
         ge=2,
@@ -359,21 +359,20 @@ class GRPOSpec(ApiModel):
     @model_validator(mode="after")
     def _cross_field(self) -> GRPOSpec:
         if not self.format_failure_score < self.failure_score:
-            raise self.cel_rules[0].violation()
+            raise self.Rules.format_failure_below_failure.violation()
         if self.epsilon_high is not None and self.epsilon_high < self.epsilon:
-            raise self.cel_rules[1].violation()
+            raise self.Rules.epsilon_high_at_least_epsilon.violation()
         return self
 
 
 class EnvVarSource(ApiModel):
     """Where a variable's value comes from, as in a Pod: exactly one of secretKeyRef and configMapKeyRef."""
 
-    cel_rules: ClassVar[tuple[CelRule, ...]] = (
-        CelRule(
+    class Rules(CelRules):
+        exactly_one_source = CelRule(
             "has(self.secretKeyRef) != has(self.configMapKeyRef)",
             "valueFrom must set exactly one of secretKeyRef and configMapKeyRef",
-        ),
-    )
+        )
 
     secret_key_ref: KeyRef | None = Field(
         default=None, description="A key of a Secret: the value never appears in the GRPOJob."
@@ -383,20 +382,19 @@ class EnvVarSource(ApiModel):
     @model_validator(mode="after")
     def _exactly_one(self) -> EnvVarSource:
         if (self.secret_key_ref is None) == (self.config_map_key_ref is None):
-            raise self.cel_rules[0].violation()
+            raise self.Rules.exactly_one_source.violation()
         return self
 
 
 class EnvVar(ApiModel):
     """An environment variable for a container: a plain value, or valueFrom a Secret or ConfigMap key."""
 
-    cel_rules: ClassVar[tuple[CelRule, ...]] = (
-        CelRule(
+    class Rules(CelRules):
+        value_or_value_from = CelRule(
             "!has(self.value) || !has(self.valueFrom)",
             "an environment variable takes value or valueFrom, not both: keep one",
             ".valueFrom",
-        ),
-    )
+        )
 
     name: str = Field(min_length=1, max_length=256, pattern=ENV_NAME_PATTERN, description="Variable name.")
     value: str | None = Field(
@@ -412,7 +410,7 @@ class EnvVar(ApiModel):
     @model_validator(mode="after")
     def _value_or_source(self) -> EnvVar:
         if self.value is not None and self.value_from is not None:
-            raise self.cel_rules[0].violation()
+            raise self.Rules.value_or_value_from.violation()
         return self
 
 
@@ -493,15 +491,14 @@ class MetricSpec(ApiModel):
 class GenerationSpec(ApiModel):
     """The vLLM server that samples completions (server mode; weights synced from trainer rank 0)."""
 
-    cel_rules: ClassVar[tuple[CelRule, ...]] = (
-        CelRule(
+    class Rules(CelRules):
+        tp_equals_gpus = CelRule(
             "self.tensorParallelSize == self.gpus",
             "spec.generation.tensorParallelSize must equal spec.generation.gpus: the vLLM server shards the "
             "model over all its GPUs, and data parallelism (gpus > tensorParallelSize) fails for dense models "
             "with TRL's server mode, so it is not supported yet. Set tensorParallelSize to gpus",
             ".tensorParallelSize",
-        ),
-    )
+        )
 
     gpus: K8sInt = Field(
         default=1, ge=1, le=MAX_GPUS_PER_NODE, description="GPUs for vLLM (one pod, one node)."
@@ -547,7 +544,7 @@ class GenerationSpec(ApiModel):
     @model_validator(mode="after")
     def _tp_is_all_gpus(self) -> GenerationSpec:
         if self.tensor_parallel_size != self.gpus:
-            raise self.cel_rules[0].violation()
+            raise self.Rules.tp_equals_gpus.violation()
         return self
 
 
@@ -626,19 +623,19 @@ class CheckpointsSpec(ApiModel):
 class Toleration(ApiModel):
     """A Kubernetes toleration (as in a Pod spec)."""
 
-    cel_rules: ClassVar[tuple[CelRule, ...]] = (
-        CelRule(
+    class Rules(CelRules):
+        exists_without_value = CelRule(
             "!has(self.operator) || self.operator != 'Exists' || !has(self.value) || self.value == ''",
             "a toleration with operator Exists must not set value: remove value or use operator Equal",
             ".value",
-        ),
-        CelRule(
+        )
+
+        seconds_need_no_execute = CelRule(
             "!has(self.tolerationSeconds) || (has(self.effect) && self.effect == 'NoExecute')",
             "tolerationSeconds only applies to effect NoExecute: "
             "set effect NoExecute or remove tolerationSeconds",
             ".tolerationSeconds",
-        ),
-    )
+        )
 
     key: str | None = Field(
         default=None, max_length=316, description="Taint key; empty with Exists matches all."
@@ -657,9 +654,9 @@ class Toleration(ApiModel):
     @model_validator(mode="after")
     def _k8s_rules(self) -> Toleration:
         if self.operator == "Exists" and self.value:
-            raise self.cel_rules[0].violation()
+            raise self.Rules.exists_without_value.violation()
         if self.toleration_seconds is not None and self.effect != "NoExecute":
-            raise self.cel_rules[1].violation()
+            raise self.Rules.seconds_need_no_execute.violation()
         return self
 
 
@@ -697,23 +694,24 @@ INPUTS_MOUNT_PATH = "/inputs"
 class InputSpec(ApiModel):
     """Data the job reads, mounted read-only at /inputs/<name> in the trainer and vLLM pods."""
 
-    cel_rules: ClassVar[tuple[CelRule, ...]] = (
-        CelRule(
+    class Rules(CelRules):
+        exactly_one_source = CelRule(
             "has(self.configMap) != has(self.claim)",
             "spec.inputs[] needs exactly one of configMap (a ConfigMap, up to 1 MiB: a small dataset) or "
             "claim (a PersistentVolumeClaim: a large dataset or a model)",
-        ),
-        CelRule(
+        )
+
+        sub_path_needs_claim = CelRule(
             "!has(self.subPath) || has(self.claim)",
             "spec.inputs[].subPath selects a directory of a claim: use it with claim only",
             ".subPath",
-        ),
-        CelRule(
+        )
+
+        sub_path_inside_claim = CelRule(
             "!has(self.subPath) || !self.subPath.contains('..')",
             "spec.inputs[].subPath must stay inside the claim: remove '..'",
             ".subPath",
-        ),
-    )
+        )
 
     name: str = Field(
         min_length=1,
@@ -749,11 +747,11 @@ class InputSpec(ApiModel):
     @model_validator(mode="after")
     def _one_source(self) -> InputSpec:
         if (self.config_map is None) == (self.claim is None):
-            raise self.cel_rules[0].violation()
+            raise self.Rules.exactly_one_source.violation()
         if self.sub_path is not None and self.claim is None:
-            raise self.cel_rules[1].violation()
+            raise self.Rules.sub_path_needs_claim.violation()
         if self.sub_path is not None and ".." in self.sub_path:
-            raise self.cel_rules[2].violation()
+            raise self.Rules.sub_path_inside_claim.violation()
         return self
 
 
@@ -833,27 +831,38 @@ class RunPolicySpec(ApiModel):
 MODEL_IDENTITY_UNCHANGED = (
     "self.name == oldSelf.name && self.revision == oldSelf.revision && self.dtype == oldSelf.dtype"
 )
+MODEL_IMMUTABLE = CelRule(
+    MODEL_IDENTITY_UNCHANGED,
+    "spec.model is immutable: delete the job and create a new one to train another model",
+)
+# spec.inputs' rule sits on the list, since it compares the items; _unique_inputs is its pydantic twin.
+UNIQUE_INPUT_NAMES = CelRule(
+    "self.all(x, self.exists_one(y, y.name == x.name))",
+    "spec.inputs[].name must be unique: each input is mounted at /inputs/<name>",
+)
 
 
 class GRPOJobSpec(ApiModel):
     """Desired state of a GRPOJob."""
 
-    cel_rules: ClassVar[tuple[CelRule, ...]] = (
-        CelRule(
+    class Rules(CelRules):
+        batch_divides_evenly = CelRule(
             "(self.grpo.promptsPerStep * self.grpo.groupSize) % "
             "(self.trainer.nodes * self.trainer.gpusPerNode * self.trainer.perDeviceBatchSize) == 0",
             "spec.grpo.promptsPerStep * spec.grpo.groupSize (B*G completions per step) must be divisible "
             "by spec.trainer.nodes * spec.trainer.gpusPerNode * spec.trainer.perDeviceBatchSize "
             "(the data-parallel batch): change B or G, or the trainer's GPUs or perDeviceBatchSize",
             ".grpo.promptsPerStep",
-        ),
-        CelRule(
+        )
+
+        validation_needs_dataset = CelRule(
             "self.grpo.validation.everySteps == 0 || has(self.dataset.validation)",
             "spec.grpo.validation.everySteps > 0 needs spec.dataset.validation: set a validation dataset URI "
             "or set everySteps to 0",
             ".grpo.validation.everySteps",
-        ),
-        CelRule(
+        )
+
+        model_on_volume_needs_rwx = CelRule(
             f"!self.model.name.startsWith('{VOLUME_MOUNT_PATH}/') || "
             "self.checkpoints.volume.accessMode == 'ReadWriteMany'",
             f"spec.model.name is a path on the job's volume ({VOLUME_MOUNT_PATH}/...), which the vLLM pod can "
@@ -861,27 +870,20 @@ class GRPOJobSpec(ApiModel):
             "spec.checkpoints.volume.accessMode: ReadWriteMany (with an existingClaim, only if the claim is "
             "ReadWriteMany), or load the model from the Hub or from a path inside both images",
             ".model.name",
-        ),
-        CelRule(
+        )
+
+        multi_node_needs_rwx = CelRule(
             "self.trainer.nodes == 1 || has(self.checkpoints.volume.existingClaim) || "
             "self.checkpoints.volume.accessMode == 'ReadWriteMany'",
             "spec.checkpoints.volume.accessMode must be ReadWriteMany when spec.trainer.nodes > 1 "
             "(trainer pods on several nodes share the volume): set accessMode: ReadWriteMany "
             "or use an existingClaim",
             ".checkpoints.volume.accessMode",
-        ),
-    )
+        )
 
     model: ModelSpec = Field(
         description="The model to fine-tune. Immutable, except tokenSecretRef.",
-        json_schema_extra={
-            "x-kubernetes-validations": [
-                CelRule(
-                    MODEL_IDENTITY_UNCHANGED,
-                    "spec.model is immutable: delete the job and create a new one to train another model",
-                ).to_schema()
-            ]
-        },
+        json_schema_extra={"x-kubernetes-validations": [MODEL_IMMUTABLE.to_schema()]},
     )
     dataset: DatasetSpec = Field(description="Training (and optional validation) prompts.")
     grpo: GRPOSpec = Field(
@@ -909,14 +911,7 @@ class GRPOJobSpec(ApiModel):
     inputs: list[InputSpec] = Field(
         default_factory=list,
         max_length=8,
-        json_schema_extra={
-            "x-kubernetes-validations": [
-                CelRule(
-                    "self.all(x, self.exists_one(y, y.name == x.name))",
-                    "spec.inputs[].name must be unique: each input is mounted at /inputs/<name>",
-                ).to_schema()
-            ]
-        },
+        json_schema_extra={"x-kubernetes-validations": [UNIQUE_INPUT_NAMES.to_schema()]},
         description=(
             "Your own data and model files, mounted read-only at /inputs/<name> in the trainer and vLLM pods "
             "before they start: a ConfigMap (small datasets) or an existing PersistentVolumeClaim (large "
@@ -930,7 +925,7 @@ class GRPOJobSpec(ApiModel):
     def _unique_inputs(cls, value: list[InputSpec]) -> list[InputSpec]:
         names = [i.name for i in value]
         if len(names) != len(set(names)):
-            raise ValueError("spec.inputs[].name must be unique: each input is mounted at /inputs/<name>")
+            raise ValueError(UNIQUE_INPUT_NAMES.message)
         return value
 
     suspend: bool = Field(
@@ -942,17 +937,17 @@ class GRPOJobSpec(ApiModel):
     @model_validator(mode="after")
     def _cross_object(self) -> GRPOJobSpec:
         if (self.grpo.prompts_per_step * self.grpo.group_size) % self.trainer_data_parallel_batch() != 0:
-            raise self.cel_rules[0].violation()
+            raise self.Rules.batch_divides_evenly.violation()
         if self.grpo.validation.every_steps > 0 and self.dataset.validation is None:
-            raise self.cel_rules[1].violation()
+            raise self.Rules.validation_needs_dataset.violation()
         if self.model_on_volume() and self.checkpoints.volume.access_mode != "ReadWriteMany":
-            raise self.cel_rules[2].violation()
+            raise self.Rules.model_on_volume_needs_rwx.violation()
         if (
             self.trainer.nodes > 1
             and self.checkpoints.volume.existing_claim is None
             and self.checkpoints.volume.access_mode != "ReadWriteMany"
         ):
-            raise self.cel_rules[3].violation()
+            raise self.Rules.multi_node_needs_rwx.violation()
         return self
 
     def model_on_volume(self) -> bool:
@@ -982,20 +977,18 @@ IMMUTABLE_FIELDS: dict[str, tuple[str, ...]] = {
 }
 
 
+def immutability_rule(obj: str, name: str) -> CelRule:
+    """The CEL transition rule that keeps ``spec.<obj>.<name>`` as it was created."""
+    return CelRule(
+        f"self.{name} == oldSelf.{name}",
+        f"spec.{obj}.{name} is immutable while the job exists: delete the job and create a new one to change it",
+        f".{name}",
+    )
+
+
 def immutability_rules() -> dict[str, list[CelRule]]:
     """CEL transition rules per object under spec (spec.model's whole-object rule sits on the field)."""
-    return {
-        obj: [
-            CelRule(
-                f"self.{name} == oldSelf.{name}",
-                f"spec.{obj}.{name} is immutable while the job exists: delete the job and create a new one "
-                "to change it",
-                f".{name}",
-            )
-            for name in names
-        ]
-        for obj, names in IMMUTABLE_FIELDS.items()
-    }
+    return {obj: [immutability_rule(obj, name) for name in names] for obj, names in IMMUTABLE_FIELDS.items()}
 
 
 def check_immutable(old: GRPOJobSpec, new: GRPOJobSpec) -> list[str]:
@@ -1004,10 +997,10 @@ def check_immutable(old: GRPOJobSpec, new: GRPOJobSpec) -> list[str]:
     if old.model.model_copy(update={"token_secret_ref": None}) != new.model.model_copy(
         update={"token_secret_ref": None}
     ):
-        errors.append("spec.model is immutable: delete the job and create a new one to train another model")
+        errors.append(MODEL_IMMUTABLE.message)
     old_d, new_d = old.to_dict(), new.to_dict()
-    for obj, rules in immutability_rules().items():
-        for name, rule in zip(IMMUTABLE_FIELDS[obj], rules, strict=True):
+    for obj, names in IMMUTABLE_FIELDS.items():
+        for name in names:
             if old_d[obj][name] != new_d[obj][name]:
-                errors.append(rule.message)
+                errors.append(immutability_rule(obj, name).message)
     return errors
