@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 import yaml
 from grpo_operator.api import GRPOJobSpec
+from grpo_operator.api.base import CelRule
 
 from tests.harness.kube import Cluster
 from tests.unit.test_api_manifests import (
@@ -24,6 +25,7 @@ from tests.unit.test_api_manifests import (
     base_manifest,
     with_changes,
 )
+from tests.unit.test_api_rules import RULE_BREAKERS, rule_id
 
 
 def _yaml(manifest: dict[str, Any]) -> str:
@@ -66,6 +68,17 @@ def test_api_server_rejects_invalid_manifest(kube: Cluster, namespace: str, case
     )
     assert proc.returncode != 0, f"{case.id}: accepted:\n{proc.stdout}"
     assert case.field in proc.stderr, f"{case.id}: expected {case.field!r} in:\n{proc.stderr}"
+
+
+@pytest.mark.parametrize("rule", list(RULE_BREAKERS), ids=rule_id)
+def test_api_server_enforces_every_named_rule(kube: Cluster, namespace: str, rule: CelRule) -> None:
+    # The CEL side of tests/unit/test_api_rules.py: the same manifest, refused with the rule's message.
+    manifest = with_changes(RULE_BREAKERS[rule])
+    proc = kube.kubectl(
+        "apply", "--dry-run=server", "-n", namespace, "-f", "-", input=_yaml(manifest), check=False
+    )
+    assert proc.returncode != 0, f"{rule_id(rule)}: accepted"
+    assert rule.message in proc.stderr, f"{rule_id(rule)}: expected its message in:\n{proc.stderr}"
 
 
 @pytest.mark.parametrize("case", VALID_CASES, ids=lambda c: c.id)

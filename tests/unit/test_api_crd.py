@@ -8,15 +8,18 @@ from typing import Any
 
 import yaml
 from grpo_operator.api import GRPOJobSpec, GRPOJobStatus
+from grpo_operator.api.base import ApiModel
 from grpo_operator.api.crd import GENERATED_HEADER, build_crd, model_openapi_schema
 from grpo_operator.api.docs import render_api_md
 from grpo_operator.api.generate import outputs, repo_root, stale_files
+from grpo_operator.api.resource import NameRules
 from grpo_operator.api.spec import (
     MODEL_IDENTITY_UNCHANGED,
     EnvVar,
     EnvVarSource,
     GenerationSpec,
     GRPOSpec,
+    InputSpec,
     ModelSpec,
     Toleration,
 )
@@ -159,21 +162,26 @@ def test_every_model_rule_is_in_the_crd() -> None:
     def rules(node: dict[str, Any]) -> list[str]:
         return [r["rule"] for r in node.get("x-kubernetes-validations", [])]
 
+    def first_on(node: dict[str, Any], model: type[ApiModel]) -> bool:
+        # A model's own rules come first on its object, in the order written, before any the field adds.
+        written = [r.rule for r in model.Rules]
+        return bool(written) and rules(node)[: len(written)] == written
+
     props = spec["properties"]
-    assert all(r.rule in rules(spec) for r in GRPOJobSpec.cel_rules)
-    assert all(r.rule in rules(props["grpo"]) for r in GRPOSpec.cel_rules)
-    assert all(r.rule in rules(props["generation"]) for r in GenerationSpec.cel_rules)
-    toleration = props["scheduling"]["properties"]["tolerations"]["items"]
-    assert all(r.rule in rules(toleration) for r in Toleration.cel_rules)
+    assert first_on(spec, GRPOJobSpec)
+    assert first_on(props["grpo"], GRPOSpec)
+    assert first_on(props["generation"], GenerationSpec)
+    assert first_on(props["scheduling"]["properties"]["tolerations"]["items"], Toleration)
+    assert first_on(props["inputs"]["items"], InputSpec)
     assert MODEL_IDENTITY_UNCHANGED in rules(props["model"])
-    assert all(r.rule in rules(props["model"]) for r in ModelSpec.cel_rules)
+    assert first_on(props["model"], ModelSpec)
     env_item = props["trainer"]["properties"]["env"]["items"]
-    assert all(r.rule in rules(env_item) for r in EnvVar.cel_rules)
-    assert all(r.rule in rules(env_item["properties"]["valueFrom"]) for r in EnvVarSource.cel_rules)
+    assert first_on(env_item, EnvVar)
+    assert first_on(env_item["properties"]["valueFrom"], EnvVarSource)
     assert "self.groupSize == oldSelf.groupSize" in rules(props["grpo"])
     assert "self.nodes == oldSelf.nodes" in rules(props["trainer"])
-    root_rules = rules(_schema())
-    assert any(r == "self.metadata.name.size() <= 40" for r in root_rules)
+    assert rules(_schema()) == [r.rule for r in NameRules]
+    assert "self.metadata.name.size() <= 40" in rules(_schema())
 
 
 def test_lists_and_strings_touched_by_cel_are_bounded() -> None:

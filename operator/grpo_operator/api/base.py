@@ -7,6 +7,7 @@ too, or the hypothesis test that keeps the two in step would find them disagreei
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
@@ -14,36 +15,81 @@ from pydantic.alias_generators import to_camel
 
 
 class RuleViolation(ValueError):
-    """A broken cross-field rule; ``field_path`` (relative, like a CEL ``fieldPath``) names the field."""
+    """A broken cross-field rule: the pydantic twin of the API server rejecting ``rule``.
 
-    def __init__(self, message: str, field_path: str | None) -> None:
-        super().__init__(message)
-        self.field_path = field_path
+    ``field_path`` (relative, like a CEL ``fieldPath``) names the field the error is reported at.
+    """
+
+    def __init__(self, rule: CelRule) -> None:
+        super().__init__(rule.message)
+        self.rule = rule
+        self.field_path = rule.field_path
 
 
 class CelRule:
     """One ``x-kubernetes-validations`` entry; its pydantic twin is a validator on the same model.
 
     ``field_path`` (relative, e.g. ``.tensorParallelSize``) makes the API server report the error at
-    that field instead of at the object that holds the rule.
+    that field instead of at the object that holds the rule. ``name`` is the attribute the rule is
+    bound to in a :class:`CelRules` class (None for a rule that sits on a field's schema instead).
     """
 
-    __slots__ = ("field_path", "message", "rule")
+    __slots__ = ("field_path", "message", "name", "rule")
 
     def __init__(self, rule: str, message: str, field_path: str | None = None) -> None:
         self.rule = rule
         self.message = message
         self.field_path = field_path
+        self.name: str | None = None
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        if self.name is not None:
+            raise TypeError(
+                f"CEL rule {self.name!r} is bound a second time, as {owner.__qualname__}.{name}: "
+                "write a separate CelRule for each model"
+            )
+        self.name = name
+
+    def __repr__(self) -> str:
+        return f"CelRule({self.name or self.rule!r})"
 
     def violation(self) -> RuleViolation:
         """The pydantic-side error for this rule, reported at the same field as the API server's."""
-        return RuleViolation(self.message, self.field_path)
+        return RuleViolation(self)
 
     def to_schema(self) -> dict[str, Any]:
         out: dict[str, Any] = {"rule": self.rule, "message": self.message}
         if self.field_path:
             out["fieldPath"] = self.field_path
         return out
+
+
+class _RuleNamespace(dict[str, Any]):
+    """A class body that refuses to bind two CEL rules to one name (the second would silently win)."""
+
+    def __setitem__(self, key: str, value: Any) -> None:
+        if isinstance(value, CelRule) and key in self:
+            raise TypeError(f"two CEL rules are named {key!r} in one model: give each rule its own name")
+        super().__setitem__(key, value)
+
+
+class _CelRulesMeta(type):
+    @classmethod
+    def __prepare__(mcs, name: str, bases: tuple[type, ...], /, **kwargs: Any) -> _RuleNamespace:
+        return _RuleNamespace()
+
+    def __iter__(cls) -> Iterator[CelRule]:
+        """The rules in the order they are written (the order the CRD lists them in)."""
+        return (value for value in vars(cls).values() if isinstance(value, CelRule))
+
+
+class CelRules(metaclass=_CelRulesMeta):
+    """The CEL rules of one model, each bound to a name that says what it checks.
+
+    A model declares them as a nested ``class Rules(CelRules)`` with one ``CelRule`` per attribute; the
+    CRD generator attaches them, in the order written, to the model's schema, and the model's
+    validators raise them by name (``raise self.Rules.tp_equals_gpus.violation()``), never by position.
+    """
 
 
 class ApiModel(BaseModel):
@@ -58,9 +104,10 @@ class ApiModel(BaseModel):
         strict=True,
     )
 
-    # CEL rules the CRD generator attaches to this object's schema. Each is mirrored by a pydantic
-    # validator on the same class; tests/unit/test_api_* and the hypothesis test keep them in step.
-    cel_rules: ClassVar[tuple[CelRule, ...]] = ()
+    # CEL rules the CRD generator attaches to this object's schema; a model with rules replaces this
+    # with its own nested ``class Rules(CelRules)``. Each rule is mirrored by a pydantic validator on
+    # the same class; tests/unit/test_api_rules.py and the hypothesis test keep them in step.
+    Rules: ClassVar[type[CelRules]] = CelRules
 
     @model_validator(mode="before")
     @classmethod

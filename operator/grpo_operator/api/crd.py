@@ -11,7 +11,7 @@ next to ``properties``) or the API server refuses it, so pydantic's JSON Schema 
   fields all have defaults gets those defaults written out in full (not ``{}``: the API server checks
   an object default against the object's CEL rules without filling in nested defaults first), a
   non-empty list as is, nothing for empty collections;
-* each model's ``cel_rules`` become ``x-kubernetes-validations`` on that object.
+* each model's ``Rules`` become ``x-kubernetes-validations`` on that object, in the order written.
 """
 
 from __future__ import annotations
@@ -28,11 +28,11 @@ from grpo_operator.api.resource import (
     CATEGORIES,
     GROUP,
     KIND,
-    NAME_RULES,
     PLURAL,
     SHORT_NAMES,
     SINGULAR,
     VERSION,
+    NameRules,
 )
 from grpo_operator.api.spec import GRPOJobSpec, immutability_rules
 from grpo_operator.api.status import GRPOJobStatus
@@ -78,9 +78,9 @@ class _CrdJsonSchema(GenerateJsonSchema):
     def model_schema(self, schema: core_schema.ModelSchema) -> JsonSchemaValue:
         out = super().model_schema(schema)
         cls = schema["cls"]
-        if issubclass(cls, ApiModel) and cls.cel_rules:
-            target = self._deref(out)
-            target.setdefault(_CEL_KEY, []).extend(r.to_schema() for r in cls.cel_rules)
+        rules = [r.to_schema() for r in cls.Rules] if issubclass(cls, ApiModel) else []
+        if rules:
+            self._deref(out).setdefault(_CEL_KEY, []).extend(rules)
         return out
 
     def _deref(self, value: JsonSchemaValue) -> JsonSchemaValue:
@@ -227,7 +227,7 @@ def build_crd() -> dict[str, Any]:
             "spec": spec_schema(),
             "status": status_schema(),
         },
-        _CEL_KEY: [r.to_schema() for r in NAME_RULES],
+        _CEL_KEY: [r.to_schema() for r in NameRules],
     }
     return {
         "apiVersion": "apiextensions.k8s.io/v1",

@@ -12,7 +12,7 @@ from typing import Any
 
 from grpo_operator.api.crd import build_crd
 from grpo_operator.api.dataset_uri import DATASET_URI_PATTERN
-from grpo_operator.api.resource import MAX_JOB_NAME_LENGTH, NAME_RULES
+from grpo_operator.api.resource import MAX_JOB_NAME_LENGTH, NameRules
 from grpo_operator.api.spec import MAX_GPUS_PER_NODE
 
 GENERATED_NOTE = (
@@ -139,7 +139,7 @@ def render_api_md() -> str:
         f"| {c['name']} | `{c['jsonPath']}` | {'`-o wide` only' if c.get('priority') else 'always'} |"
         for c in version["additionalPrinterColumns"]
     )
-    name_rules = "\n".join(f"  - {r.message}" for r in NAME_RULES)
+    name_rules = "\n".join(f"  - {r.message}" for r in NameRules)
     return f"""{GENERATED_NOTE}
 # The GRPOJob API (`grpo.dev/v1alpha1`)
 

@@ -7,7 +7,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from grpo_operator.api.base import ApiModel, CelRule
+from grpo_operator.api.base import ApiModel, CelRule, CelRules
 from grpo_operator.api.spec import GRPOJobSpec
 from grpo_operator.api.status import GRPOJobStatus
 
@@ -25,18 +25,20 @@ CATEGORIES = ("all", "grpo", "ml")
 MAX_JOB_NAME_LENGTH = 40
 DNS1035_LABEL_PATTERN = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
 
-NAME_RULES: tuple[CelRule, ...] = (
-    CelRule(
+
+class NameRules(CelRules):
+    """The CEL rules on the job's name (at the CRD's root); ObjectMeta's name validator is their twin."""
+
+    at_most_max_length = CelRule(
         f"self.metadata.name.size() <= {MAX_JOB_NAME_LENGTH}",
         f"metadata.name must be at most {MAX_JOB_NAME_LENGTH} characters (child object names append "
         "suffixes to it): choose a shorter name",
-    ),
-    CelRule(
+    )
+    dns1035_label = CelRule(
         f"self.metadata.name.matches('{DNS1035_LABEL_PATTERN}')",
         "metadata.name must be a DNS-1035 label (lowercase letters, digits and '-', starting with a letter, "
         "ending with a letter or digit): rename the job",
-    ),
-)
+    )
 
 
 class ObjectMeta(BaseModel):
@@ -54,9 +56,9 @@ class ObjectMeta(BaseModel):
     def _check_name(cls, name: str | None) -> str | None:
         if name is not None:
             if len(name) > MAX_JOB_NAME_LENGTH:
-                raise ValueError(NAME_RULES[0].message)
+                raise NameRules.at_most_max_length.violation()
             if not re.fullmatch(DNS1035_LABEL_PATTERN, name):
-                raise ValueError(NAME_RULES[1].message)
+                raise NameRules.dns1035_label.violation()
         return name
 
 

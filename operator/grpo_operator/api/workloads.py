@@ -1,0 +1,153 @@
+"""The three workloads a job runs: the user's metric service (``spec.metric``), the vLLM generation
+server (``spec.generation``) and the trainer gang (``spec.trainer``)."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from pydantic import Field, model_validator
+
+from grpo_operator.api.base import ApiModel, CelRule, CelRules
+from grpo_operator.api.field_types import INTEGRAL_FLOAT, NO_SPACE_PATTERN, K8sInt
+from grpo_operator.api.pod_fields import ENV_LIST_SCHEMA, EnvList, ResourceRequirements
+
+# GPUs one Kubernetes node offers at most (an 8-GPU HGX/DGX box); per-pod GPU counts above it could
+# never be scheduled.
+MAX_GPUS_PER_NODE = 8
+
+DEFAULT_VLLM_IMAGE = "vllm/vllm-openai:v0.31.0"
+DEFAULT_TRAINER_IMAGE = "ghcr.io/grpo-operator/trainer:0.1.0"
+
+
+class MetricSpec(ApiModel):
+    """The user's reward service: an HTTP server (GET /healthz, POST /score) built from their image."""
+
+    image: str = Field(
+        min_length=1, max_length=512, pattern=NO_SPACE_PATTERN, description="Metric service container image."
+    )
+    port: K8sInt = Field(default=8080, ge=1, le=65535, description="Port the metric server listens on.")
+    replicas: K8sInt = Field(default=1, ge=1, le=64, description="Metric server replicas behind one Service.")
+    batch_size: K8sInt = Field(default=32, ge=1, le=4096, description="Completions sent per POST /score.")
+    concurrency: K8sInt = Field(
+        default=4, ge=1, le=256, description="POST /score requests in flight at once."
+    )
+    timeout_seconds: K8sInt = Field(default=30, ge=1, le=3600, description="Timeout for one POST /score.")
+    max_retries: K8sInt = Field(
+        default=3, ge=0, le=20, description="Retries (with backoff) of a failed batch."
+    )
+    error_budget: float = Field(
+        default=0.05,
+        ge=0.0,
+        le=1.0,
+        description="Fraction of rollouts in a sliding window of steps that may be metric errors before the "
+        "run fails.",
+    )
+    max_response_bytes: K8sInt = Field(
+        default=4 * 1024 * 1024,
+        ge=1024,
+        le=256 * 1024 * 1024,
+        description="Largest POST /score response body the trainer reads; a longer one makes its batch "
+        "metric errors.",
+    )
+    max_abs_reward: float = Field(
+        default=1e6,
+        gt=0.0,
+        le=1e12,
+        description="Largest |reward| accepted; a reward beyond it (or not finite) is a metric error for its "
+        "item.",
+    )
+    env: EnvList = Field(
+        default_factory=list, json_schema_extra=ENV_LIST_SCHEMA, description="Extra environment variables."
+    )
+    resources: ResourceRequirements = Field(
+        default_factory=ResourceRequirements, description="CPU/memory for each metric server pod."
+    )
+
+
+class GenerationSpec(ApiModel):
+    """The vLLM server that samples completions (server mode; weights synced from trainer rank 0)."""
+
+    class Rules(CelRules):
+        tp_equals_gpus = CelRule(
+            "self.tensorParallelSize == self.gpus",
+            "spec.generation.tensorParallelSize must equal spec.generation.gpus: the vLLM server shards the "
+            "model over all its GPUs, and data parallelism (gpus > tensorParallelSize) fails for dense models "
+            "with TRL's server mode, so it is not supported yet. Set tensorParallelSize to gpus",
+            ".tensorParallelSize",
+        )
+
+    gpus: K8sInt = Field(
+        default=1, ge=1, le=MAX_GPUS_PER_NODE, description="GPUs for vLLM (one pod, one node)."
+    )
+    tensor_parallel_size: K8sInt = Field(
+        default=1,
+        ge=1,
+        le=MAX_GPUS_PER_NODE,
+        description="vLLM tensor-parallel size; must equal gpus. Several vLLM data-parallel replicas "
+        "(gpus > tensorParallelSize) are refused: TRL documents them as failing for dense models.",
+    )
+    image: str = Field(
+        default=DEFAULT_VLLM_IMAGE,
+        min_length=1,
+        max_length=512,
+        pattern=NO_SPACE_PATTERN,
+        description="vLLM server image; its vLLM version must match the trainer image's.",
+    )
+    gpu_memory_utilization: float = Field(
+        default=0.9, gt=0.0, le=1.0, description="Fraction of each GPU's memory vLLM may use."
+    )
+    max_model_len: Annotated[int, Field(ge=1, le=1_048_576), INTEGRAL_FLOAT] | None = Field(
+        default=None,
+        description="vLLM context length; unset means the model's (prompt + completion must fit).",
+    )
+    startup_timeout_seconds: K8sInt = Field(
+        default=1800,
+        ge=60,
+        le=86_400,
+        description="Time the vLLM server gets from its pod's start to Ready (image pull, model download, "
+        "CUDA graph capture). Trainers wait this long for its /health; past it the gang restarts (counted).",
+    )
+    resources: ResourceRequirements = Field(
+        default_factory=ResourceRequirements,
+        description="CPU/memory for the vLLM pod (GPUs come from gpus).",
+    )
+    env: EnvList = Field(
+        default_factory=list,
+        json_schema_extra=ENV_LIST_SCHEMA,
+        description="Extra environment variables of the vLLM server (VLLM_SERVER_DEV_MODE is the operator's).",
+    )
+
+    @model_validator(mode="after")
+    def _tp_is_all_gpus(self) -> GenerationSpec:
+        if self.tensor_parallel_size != self.gpus:
+            raise self.Rules.tp_equals_gpus.violation()
+        return self
+
+
+class TrainerSpec(ApiModel):
+    """The trainer gang: nodes x gpusPerNode processes, data parallel."""
+
+    nodes: K8sInt = Field(default=1, ge=1, le=64, description="Trainer pods (one per node).")
+    gpus_per_node: K8sInt = Field(
+        default=1, ge=1, le=MAX_GPUS_PER_NODE, description="GPUs (and training processes) per trainer pod."
+    )
+    per_device_batch_size: K8sInt = Field(
+        default=1,
+        ge=1,
+        le=1024,
+        description="Completions per GPU per micro-step (gradient accumulation fills B*G).",
+    )
+    image: str = Field(
+        default=DEFAULT_TRAINER_IMAGE,
+        min_length=1,
+        max_length=512,
+        pattern=NO_SPACE_PATTERN,
+        description="Trainer image (grpo_trainer).",
+    )
+    resources: ResourceRequirements = Field(
+        default_factory=ResourceRequirements,
+        description="CPU/memory for each trainer pod (GPUs come from gpusPerNode).",
+    )
+    env: EnvList = Field(
+        default_factory=list, json_schema_extra=ENV_LIST_SCHEMA, description="Extra environment variables."
+    )

@@ -1,0 +1,133 @@
+"""Every CEL rule has a name, and each one is enforced on both sides.
+
+``RULE_BREAKERS`` holds, for every named rule, a change to a valid manifest that breaks that rule and
+nothing else. Here the pydantic model must reject it with exactly that rule; the same manifests go to a
+real API server in tests/integration/test_crd_validation.py, which must answer with the rule's message.
+So a rule dropped from its validator or from the CRD, a validator raising another rule, or a new rule
+without a manifest that breaks it, fails a test.
+"""
+
+from __future__ import annotations
+
+from typing import Any, get_args
+
+import pydantic
+import pytest
+from grpo_operator.api import GRPOJob, GRPOJobSpec
+from grpo_operator.api.base import ApiModel, CelRule, CelRules, RuleViolation
+from grpo_operator.api.resource import NameRules
+from grpo_operator.api.spec import (
+    EnvVar,
+    EnvVarSource,
+    GenerationSpec,
+    GRPOSpec,
+    InputSpec,
+    ModelSpec,
+    Toleration,
+)
+
+from tests.unit.test_api_manifests import with_changes
+
+_SECRET = {"secretKeyRef": {"name": "s", "key": "k"}}
+
+RULE_BREAKERS: dict[CelRule, dict[str, Any]] = {
+    NameRules.at_most_max_length: {"metadata.name": "a" * 41},
+    NameRules.dns1035_label: {"metadata.name": "1job"},
+    ModelSpec.Rules.not_an_option: {"spec.model.name": "-Qwen/Qwen2.5"},
+    GRPOSpec.Rules.format_failure_below_failure: {
+        "spec.grpo.formatFailureScore": 0.0,
+        "spec.grpo.failureScore": 0.0,
+    },
+    GRPOSpec.Rules.epsilon_high_at_least_epsilon: {"spec.grpo.epsilon": 0.2, "spec.grpo.epsilonHigh": 0.1},
+    EnvVarSource.Rules.exactly_one_source: {"spec.trainer.env": [{"name": "T", "valueFrom": {}}]},
+    EnvVar.Rules.value_or_value_from: {
+        "spec.metric.env": [{"name": "T", "value": "x", "valueFrom": _SECRET}]
+    },
+    GenerationSpec.Rules.tp_equals_gpus: {"spec.generation.gpus": 2},
+    Toleration.Rules.exists_without_value: {
+        "spec.scheduling.tolerations": [{"key": "k", "operator": "Exists", "value": "v"}]
+    },
+    Toleration.Rules.seconds_need_no_execute: {
+        "spec.scheduling.tolerations": [{"key": "k", "effect": "NoSchedule", "tolerationSeconds": 5}]
+    },
+    InputSpec.Rules.exactly_one_source: {"spec.inputs": [{"name": "d", "configMap": "a", "claim": "b"}]},
+    InputSpec.Rules.sub_path_needs_claim: {"spec.inputs": [{"name": "d", "configMap": "a", "subPath": "x"}]},
+    InputSpec.Rules.sub_path_inside_claim: {
+        "spec.inputs": [{"name": "m", "claim": "c", "subPath": "a/../b"}]
+    },
+    GRPOJobSpec.Rules.batch_divides_evenly: {"spec.trainer.perDeviceBatchSize": 3},
+    GRPOJobSpec.Rules.validation_needs_dataset: {"spec.grpo.validation": {"everySteps": 10}},
+    GRPOJobSpec.Rules.model_on_volume_needs_rwx: {"spec.model.name": "/workspace/models/qwen"},
+    GRPOJobSpec.Rules.multi_node_needs_rwx: {"spec.trainer.nodes": 2},
+}
+
+
+def _models(annotation: Any, found: dict[type[ApiModel], None]) -> None:
+    """Every API model reachable from ``annotation`` through field types (lists, optionals, maps)."""
+    if isinstance(annotation, type) and issubclass(annotation, ApiModel) and annotation not in found:
+        found[annotation] = None
+        for field in annotation.model_fields.values():
+            _models(field.annotation, found)
+    for arg in get_args(annotation):
+        _models(arg, found)
+
+
+def rule_owners() -> dict[type[CelRules], str]:
+    """The rule classes of the CRD: each model's under spec, and the job name's at the root."""
+    found: dict[type[ApiModel], None] = {}
+    _models(GRPOJobSpec, found)
+    owners: dict[type[CelRules], str] = {model.Rules: model.__name__ for model in found if list(model.Rules)}
+    owners[NameRules] = "NameRules"
+    return owners
+
+
+def rule_id(rule: CelRule) -> str:
+    """``<Model>.<rule name>``, for test ids and failure messages."""
+    owner = next(name for rules, name in rule_owners().items() if any(r is rule for r in rules))
+    return f"{owner}.{rule.name}"
+
+
+def test_every_rule_has_a_manifest_that_breaks_it() -> None:
+    named = {rule for rules in rule_owners() for rule in rules}
+    missing = sorted(rule_id(r) for r in named - set(RULE_BREAKERS))
+    assert missing == [], f"add a manifest to RULE_BREAKERS that breaks only: {missing}"
+    assert set(RULE_BREAKERS) <= named
+
+
+def test_rule_names_are_unique_and_bound() -> None:
+    for rules, owner in rule_owners().items():
+        names = [rule.name for rule in rules]
+        assert None not in names, owner
+        assert len(set(names)) == len(names), f"{owner}: {names}"
+        for rule in rules:
+            assert getattr(rules, str(rule.name)) is rule
+
+
+def test_a_name_cannot_hold_two_rules() -> None:
+    with pytest.raises(TypeError, match="two CEL rules are named 'same'"):
+
+        class _Twice(CelRules):
+            same = CelRule("self.a > 0", "a must be positive")
+            same = CelRule("self.b > 0", "b must be positive")
+
+
+def test_a_rule_cannot_belong_to_two_models() -> None:
+    with pytest.raises((TypeError, RuntimeError)) as info:
+
+        class _Again(CelRules):
+            tp = GenerationSpec.Rules.tp_equals_gpus
+
+    # Python 3.11 wraps an error raised in __set_name__ in a RuntimeError; 3.12 raises it as is.
+    error = info.value.__cause__ if isinstance(info.value, RuntimeError) else info.value
+    assert "bound a second time" in str(error) and "._Again.tp:" in str(error)
+    assert GenerationSpec.Rules.tp_equals_gpus.name == "tp_equals_gpus"
+
+
+@pytest.mark.parametrize("rule", list(RULE_BREAKERS), ids=rule_id)
+def test_the_validator_raises_the_rule_it_names(rule: CelRule) -> None:
+    with pytest.raises(pydantic.ValidationError) as info:
+        GRPOJob.model_validate(with_changes(RULE_BREAKERS[rule]))
+    errors = info.value.errors()
+    assert [e["msg"].removeprefix("Value error, ") for e in errors] == [rule.message]
+    cause = (errors[0].get("ctx") or {}).get("error")
+    assert isinstance(cause, RuleViolation) and cause.rule is rule
