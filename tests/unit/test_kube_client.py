@@ -10,7 +10,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import pytest
-from grpo_operator.handlers.kube import GRPOJOB, POD, Kube
+from grpo_operator.runtime.kube import GRPOJOB, POD, Kube
 from kubernetes import client
 
 Request = tuple[str, str, dict[str, Any]]
