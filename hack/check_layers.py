@@ -1,6 +1,6 @@
 """Fails when a module imports across the project's layers the wrong way.
 
-Layers (docs/design.md): api -> builders -> reconcile -> handlers; each may import only the layers
+Layers (docs/design.md): api -> builders -> reconcile -> runtime; each may import only the layers
 below it. ``api`` imports neither kopf nor kubernetes, so the trainer and tools can use it alone.
 The trainer (grpo_trainer) and the metric SDK (grpo_metric) share only ``grpo_operator.api``.
 """
@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-ORDER = ["api", "builders", "reconcile", "handlers"]
+ORDER = ["api", "builders", "reconcile", "runtime"]
 FORBIDDEN_IN_API = ("kopf", "kubernetes", "grpo_trainer", "grpo_metric")
 
 

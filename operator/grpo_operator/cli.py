@@ -88,11 +88,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"grpo-operator: {exc}", file=sys.stderr)
         return 2
     if args.kubeconfig:
-        # kopf's watch streams log in through the same kubeconfig as the reconcile loop.
+        # kopf's own API calls (its CRD and namespace scanning) log in through the same kubeconfig as the
+        # runtime's informers and reconcile loop.
         os.environ["KUBECONFIG"] = args.kubeconfig
 
     # Imported here so `grpo-operator --help` works without a cluster and stays fast.
-    from grpo_operator.handlers.operator import make_controller, run_operator
+    from grpo_operator.runtime.lifecycle import make_controller, run_operator
 
     try:
         controller = make_controller(settings, args.kubeconfig)

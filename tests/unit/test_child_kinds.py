@@ -9,7 +9,7 @@ from pathlib import Path
 
 import yaml
 from grpo_operator.builders import gang_pods, infrastructure, metric_workload
-from grpo_operator.handlers.kube import CHILD_RESOURCES, EVENT, GRPOJOB, KUEUE_WORKLOAD, NODE
+from grpo_operator.runtime.kube import CHILD_RESOURCES, EVENT, GRPOJOB, KUEUE_WORKLOAD, NODE
 from grpo_operator.settings import OperatorSettings
 
 from tests.unit.test_builders import make_job
@@ -88,7 +88,7 @@ def test_the_operator_watches_exactly_the_kinds_its_builders_create() -> None:
     watched = {r.kind for r in CHILD_RESOURCES}
     created = created_kinds()
     assert created - watched == set(), (
-        f"the builders create {sorted(created - watched)} but handlers/kube.py CHILD_RESOURCES does not list "
+        f"the builders create {sorted(created - watched)} but runtime/kube.py CHILD_RESOURCES does not list "
         "them: the operator would never see those children change or go; add them there"
     )
     assert watched - created == set(), (

@@ -69,7 +69,7 @@ class World:
     def apply(
         self, plan: Plan, *, status: bool = True, deletes: bool = True, creates: int | None = None
     ) -> None:
-        """Carry out a plan like the handlers do (optionally only part of it, as a killed operator would),
+        """Carry out a plan like the runtime does (optionally only part of it, as a killed operator would),
         with the API server's preconditions: a write naming a uid reaches only the object with that uid,
         and a create never replaces an existing object."""
         if status and plan.record is not None:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any, cast
 
-from grpo_operator.handlers.informer import ClusterCache, Informer
-from grpo_operator.handlers.kube import CHILD_RESOURCES, GRPOJOB, NODE, POD
+from grpo_operator.runtime.informer import ClusterCache, Informer
+from grpo_operator.runtime.kube import CHILD_RESOURCES, GRPOJOB, NODE, POD
 
 
 def obj(
@@ -115,7 +115,7 @@ def test_an_incomplete_or_forbidden_cache_is_never_used() -> None:
 
 
 def test_child_caches_keep_only_the_operators_objects_and_no_configmap_data() -> None:
-    from grpo_operator.handlers.controller import METADATA_ONLY_KINDS, managed_child
+    from grpo_operator.runtime.controller import METADATA_ONLY_KINDS, managed_child
 
     touched: list[tuple[str, str]] = []
     c = cache([], touched, keep_child=managed_child, metadata_only=METADATA_ONLY_KINDS)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from grpo_operator.handlers.workqueue import WorkQueue
+from grpo_operator.runtime.workqueue import WorkQueue
 
 
 def test_duplicates_collapse_and_a_busy_key_is_requeued_once() -> None:

@@ -77,7 +77,7 @@ def is_mine(obj: Obj, job_meta: Obj) -> bool:
         return _claim_of(obj, job_meta)
     if kind == "Pod":
         # Metric pods belong to the job's Deployment's ReplicaSet; they are read for readiness messages only
-        # and never written (the handlers keep only those created since the job was).
+        # and never written (the runtime keeps only those created since the job was).
         labels = _meta(obj).get("labels")
         return (
             isinstance(labels, dict) and labels.get(LABEL_ROLE) == "metric" and not controlled_by_other(obj)

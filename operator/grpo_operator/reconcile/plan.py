@@ -1,4 +1,4 @@
-"""What one reconcile decided: the actions for the handlers to carry out, in order."""
+"""What one reconcile decided: the actions for the runtime to carry out, in order."""
 
 from __future__ import annotations
 
@@ -50,7 +50,7 @@ class Restart:
 
 @dataclass
 class Plan:
-    """The actions of one reconcile, executed by the handlers in this order:
+    """The actions of one reconcile, executed by the runtime in this order:
 
     0. ``record``: the operator's own copy of the status fields it decides from, written to an annotation
        on the job first (the trainer may write the status, never the job's metadata; see core.py).

@@ -1,7 +1,7 @@
 """The reconcile loop: observe a job's children, call reconcile(), carry out the plan.
 
-kopf delivers watch events (GRPOJobs and the jobs' pods); they only put the job's key into a work
-queue. A small pool of workers takes keys off the queue — one job is never reconciled by two workers
+The runtime's own informers (informer.py) watch GRPOJobs, every child kind and nodes; their events only
+put the job's key into a work queue (kopf watches none of these: it runs the process's lifecycle). A small pool of workers takes keys off the queue — one job is never reconciled by two workers
 at once — and a resync loop re-queues every job periodically, because deadlines are time-based and
 a missed watch event must not leave a job unattended. The loop holds no state that matters: an
 operator restarted at any point re-derives everything from the cluster.
@@ -29,8 +29,12 @@ from kubernetes.client.exceptions import ApiException
 from grpo_operator.api.resource import API_VERSION, KIND
 from grpo_operator.builders.common import KUEUE_GROUP_LABEL, LABEL_JOB, LABEL_MANAGED_BY, LABEL_ROLE, PART_OF
 from grpo_operator.builders.storage import ANNOTATION_JOB_UID
-from grpo_operator.handlers.informer import ClusterCache
-from grpo_operator.handlers.kube import (
+from grpo_operator.observability import HealthState, OperatorMetrics
+from grpo_operator.reconcile import Observed, Plan, Refusal, reconcile
+from grpo_operator.reconcile.conditions import format_time
+from grpo_operator.reconcile.record import ANNOTATION_RECORD, record_annotation
+from grpo_operator.runtime.informer import ClusterCache
+from grpo_operator.runtime.kube import (
     CHILD_RESOURCES,
     GRPOJOB,
     KUEUE_WORKLOAD,
@@ -39,11 +43,7 @@ from grpo_operator.handlers.kube import (
     Obj,
     resource_for,
 )
-from grpo_operator.handlers.workqueue import WorkQueue
-from grpo_operator.observability import HealthState, OperatorMetrics
-from grpo_operator.reconcile import Observed, Plan, Refusal, reconcile
-from grpo_operator.reconcile.conditions import format_time
-from grpo_operator.reconcile.record import ANNOTATION_RECORD, record_annotation
+from grpo_operator.runtime.workqueue import WorkQueue
 from grpo_operator.settings import OperatorSettings
 
 log = logging.getLogger("grpo_operator")

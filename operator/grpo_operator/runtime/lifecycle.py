@@ -1,4 +1,11 @@
-"""Thin kopf wiring: the operator's lifecycle (login, startup, cleanup); nothing is decided here."""
+"""The operator process's lifecycle, run by kopf: login, startup, cleanup, signals; nothing is decided here.
+
+kopf delivers no watch events to this operator: no resource handler is registered, so kopf opens no
+watch on GRPOJobs or their children. It logs in, runs ``startup`` (which starts the runtime's own
+informers, workers and /metrics server) and ``cleanup`` on SIGINT/SIGTERM, and applies the settings in
+``kopf_settings``. The only streams kopf itself watches are its cluster scanning (CRDs, and namespaces
+when a list of namespaces is watched).
+"""
 
 from __future__ import annotations
 
@@ -9,17 +16,18 @@ from typing import Any
 import kopf
 from aiohttp import web
 
-from grpo_operator.handlers import kopf_settings
-from grpo_operator.handlers.controller import Controller
-from grpo_operator.handlers.kube import Kube, load_api_client
 from grpo_operator.observability import start_http_server
+from grpo_operator.runtime import kopf_settings
+from grpo_operator.runtime.controller import Controller
+from grpo_operator.runtime.kube import Kube, load_api_client
 from grpo_operator.settings import OperatorSettings
 
 log = logging.getLogger("grpo_operator")
 
 
 def build_registry(controller: Controller) -> kopf.OperatorRegistry:
-    """A fresh registry per operator, so several can run in one process (tests) without sharing handlers."""
+    """A fresh kopf registry per operator, so several can run in one process (tests) without sharing
+    lifecycle handlers."""
     registry = kopf.OperatorRegistry()
     runner: list[web.AppRunner] = []
 
@@ -58,9 +66,10 @@ def build_registry(controller: Controller) -> kopf.OperatorRegistry:
         for app_runner in runner:
             await app_runner.cleanup()
 
-    # No kopf resource handlers: the controller's own informers (handlers/informer.py) watch GRPOJobs,
+    # No kopf resource handlers: the controller's own informers (runtime/informer.py) watch GRPOJobs,
     # every child kind and nodes into caches that reconcile reads from. kopf's per-object handler
-    # machinery would watch the same streams a second time and cost CPU per event for nothing.
+    # machinery would watch the same streams a second time and cost CPU per event for nothing
+    # (docs/scaling.md, "kopf's own watching vs the runtime's informers", has the figures).
 
     return registry
 

@@ -145,7 +145,7 @@ def load_api_client(kubeconfig: str | None = None, pool_size: int = 16) -> clien
 
 
 class Kube:
-    """Blocking calls; the handlers run them in worker threads."""
+    """Blocking calls; the controller runs them in worker threads."""
 
     def __init__(self, api: client.ApiClient, *, field_manager: str, timeout: float) -> None:
         self.api = api

@@ -1,9 +1,9 @@
 """Every kopf setting the operator changes, and why — in one place.
 
 The operator uses kopf for its lifecycle (login, startup, cleanup, signals) and logging, watches
-GRPOJobs and their children with its own informers (handlers/informer.py: caches with client-go's
+GRPOJobs and their children with its own informers (runtime/informer.py: caches with client-go's
 relist semantics, which reconcile reads instead of the API server) and keeps decisions in its own
-level-based reconcile loop (handlers/controller.py). The settings follow from that:
+level-based reconcile loop (runtime/controller.py). The settings follow from that:
 
 * **No finalizer.** No resource handlers are registered (no timers, daemons or on.delete handlers, the
   kopf features that add a finalizer). Deleting a GRPOJob therefore never waits for the operator: the
@@ -12,8 +12,8 @@ level-based reconcile loop (handlers/controller.py). The settings follow from th
   exactly as fast as with it up. The finalizer name is still set to our own domain, so that if a
   future handler ever needed one, it would be recognisable in `kubectl get -o yaml` and documented
   (docs/operations.md, "Deletion").
-* **No progress or diff-base in status.** kopf's event handlers store nothing, but the storages are
-  pinned to annotations under our own prefix anyway: the GRPOJob status belongs to the operator's
+* **No progress or diff-base in status.** With no resource handler kopf stores nothing, but the storages
+  are pinned to annotations under our own prefix anyway: the GRPOJob status belongs to the operator's
   reconcile (phase, conditions, ...) and the trainer (progress, rewards, checkpoint), and nothing else
   may write there.
 * **No kopf event posting.** The reconcile loop posts its own events with fixed reasons (Created,
@@ -21,9 +21,9 @@ level-based reconcile loop (handlers/controller.py). The settings follow from th
   would only add noise.
 * **Standalone.** One replica (Deployment strategy Recreate). kopf's peering is not leader election:
   two peers of equal priority both pause, so peering is off rather than half-on.
-* **Watch timeouts.** Server-side watch timeout below the client timeout, so streams are recycled by
-  the server before any proxy or load balancer silently drops them; kopf's inactivity timeout (with
-  bookmarks) catches a stream that goes quiet anyway.
+* **Watch timeouts.** For kopf's own streams (its CRD and namespace scanning): server-side watch timeout
+  below the client timeout, so streams are recycled by the server before any proxy or load balancer
+  silently drops them. The runtime's informers do the same with their own timeouts (informer.py).
 * **Server-side label filter.** The informers watch only pods (and other children) that carry the
   labels the operator sets (app.kubernetes.io/managed-by=grpo-operator and grpo.dev/job), so a big
   cluster's other pods are never sent to the operator; the kopf setting below says the same for any
