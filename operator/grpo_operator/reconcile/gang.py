@@ -13,40 +13,32 @@ from grpo_operator.reconcile.conditions import RUNNING, SCHEDULED, SUSPENDED, ge
 from grpo_operator.reconcile.finished import fail, succeed
 from grpo_operator.reconcile.observed import Observed, PodView, parse_time
 from grpo_operator.reconcile.plan import Restart
+from grpo_operator.reconcile.restart_policy import (
+    BACKOFF_LIMIT_EXCEEDED,
+    GENERATION_FAILED,
+    GENERATION_STARTUP_TIMEOUT,
+    OOM_KILLED,
+    POD_DELETED,
+    PROGRESS_DEADLINE_EXCEEDED,
+    SPEC_CHANGED,
+    STARTUP_DEADLINE_EXCEEDED,
+    TRAINER_FAILED,
+    RestartRule,
+    disruption,
+    trainer_exit,
+)
 from grpo_operator.reconcile.step import GANG_ROLES, Step, resume_point
 from grpo_operator.settings import OperatorSettings
 
-# Trainer exit codes with a reason of their own (the trainer's ExitCode, docs/trainer.md "Exit codes"):
-# 4 = the checkpoint found is another job's or for other weights (permanent), 5 = a non-finite step
-# (a counted restart from the last good checkpoint).
-TRAINER_EXIT_REASONS = {4: "CheckpointMismatch", 5: "NonFiniteTraining", 6: "OutOfMemory"}
-# What a permanent trainer exit means, for status.message; codes not listed mean an invalid configuration.
-_PERMANENT_MEANINGS = {
-    "CheckpointMismatch": "the checkpoint on the volume cannot be resumed by this job",
-    "OutOfMemory": "the training does not fit in GPU memory",
-}
-# A container the kernel killed for exceeding its memory limit (host memory, not GPU memory).
-_OOM_KILLED = "OOMKilled"
-
-# DisruptionTarget / pod status reasons -> the restart reason the operator reports.
-_DISRUPTION_REASONS = {
-    "EvictionByEvictionAPI": "Evicted",
-    "Evicted": "Evicted",
-    "PreemptionByScheduler": "Preempted",
-    "PreemptionByKubeScheduler": "Preempted",
-    "Preempted": "Preempted",
-    "Preempting": "Preempted",
-    "DeletionByTaintManager": "NodeLost",
-    "DeletionByPodGC": "NodeLost",
-    "NodeLost": "NodeLost",
-    "TerminationByKubelet": "NodeShutdown",
-    "Shutdown": "NodeShutdown",
-    "NodeShutdown": "NodeShutdown",
-    "Terminated": "NodeShutdown",
-    "PodDeleted": "PodDeleted",
-}
-
 _SCHEDULING = "waiting for the scheduler to place the pods"
+
+
+def _exit_rule(pod: PodView, settings: OperatorSettings) -> RestartRule | None:
+    """The restart-policy row of a trainer's exit code, when the code has one or is permanent."""
+    term = pod.termination()
+    if pod.role != "trainer" or term is None or term.exit_code is None:
+        return None
+    return trainer_exit(term.exit_code, settings.permanent_exit_codes)
 
 
 def _telling_failure(pod: PodView, settings: OperatorSettings) -> bool:
@@ -54,13 +46,9 @@ def _telling_failure(pod: PodView, settings: OperatorSettings) -> bool:
     term = pod.termination()
     if term is None:
         return False
-    if term.reason == _OOM_KILLED:
+    if term.reason == OOM_KILLED.reason:
         return True
-    return (
-        pod.role == "trainer"
-        and term.exit_code is not None
-        and (term.exit_code in settings.permanent_exit_codes or term.exit_code in TRAINER_EXIT_REASONS)
-    )
+    return _exit_rule(pod, settings) is not None
 
 
 def run_gang(step: Step, job: Job, observed: Observed) -> None:
@@ -81,17 +69,17 @@ def run_gang(step: Step, job: Job, observed: Observed) -> None:
         return
 
     failures: list[PodView] = []
-    disruptions: list[tuple[str, str]] = []  # (reason, message)
+    disruptions: list[tuple[RestartRule, str]] = []
     for name in expected:
         pod = current.get(name)
         if pod is None:
             if was_running:
-                disruptions.append(("PodDeleted", f"pod {name} disappeared while the gang was running"))
+                disruptions.append((POD_DELETED, f"pod {name} disappeared while the gang was running"))
             continue
         why = pod.disruption(nodes)
         if why is not None:
-            reason = _DISRUPTION_REASONS.get(why, why)
-            disruptions.append((reason, f"{pod.role} pod {name} was stopped from outside the job ({why})"))
+            message = f"{pod.role} pod {name} was stopped from outside the job ({why})"
+            disruptions.append((disruption(why), message))
         elif pod.phase == "Failed" or (pod.phase == "Succeeded" and pod.role == "generation"):
             failures.append(pod)
 
@@ -100,52 +88,43 @@ def run_gang(step: Step, job: Job, observed: Observed) -> None:
         # failure that says what went wrong, not whichever pod comes first.
         first = next((p for p in failures if _telling_failure(p, step.settings)), failures[0])
         summary = first.failure_summary()
-        reason = "TrainerFailed" if first.role == "trainer" else "GenerationFailed"
+        rule = TRAINER_FAILED if first.role == "trainer" else GENERATION_FAILED
         term = first.termination()
-        if term is not None and term.reason == _OOM_KILLED:
-            reason = _OOM_KILLED
+        if term is not None and term.reason == OOM_KILLED.reason:
+            rule = OOM_KILLED
             summary = (
                 f"{summary} (the container exceeded its memory limit: host memory, not GPU memory; raise "
                 f"spec.{'trainer' if first.role == 'trainer' else 'generation'}.resources memory requests "
                 "and limits, or lower the batch size)"
             )
-            step.event("Warning", _OOM_KILLED, summary)
-        special = (
-            TRAINER_EXIT_REASONS.get(term.exit_code)
-            if first.role == "trainer" and term and term.exit_code is not None
-            else None
-        )
-        if special is not None:
-            reason = special
-            step.event("Warning", special, summary)
-        if first.role == "trainer" and term and term.exit_code in step.settings.permanent_exit_codes:
-            meaning = _PERMANENT_MEANINGS.get(special or "", "the configuration is invalid")
-            fail(
-                step,
-                job,
-                observed,
-                special or "PermanentFailure",
-                f"{summary} (exit code {term.exit_code} means {meaning}; retrying cannot "
-                "help: fix the spec and recreate the job)",
+            if rule.event:
+                step.event("Warning", rule.reason, summary)
+        exit_rule = _exit_rule(first, step.settings)
+        if exit_rule is not None:
+            rule = exit_rule
+            if rule.event:
+                step.event("Warning", rule.reason, summary)
+        if rule.permanent:
+            summary = (
+                f"{summary} (exit code {rule.exit_code} means {rule.meaning}; retrying cannot "
+                "help: fix the spec and recreate the job)"
             )
-            return
-        _restart_or_fail(step, job, observed, reason, summary, counted=True)
+        restart_or_fail(step, job, observed, rule, summary)
         return
     if disruptions:
-        reason, message = disruptions[0]
-        _restart_or_fail(step, job, observed, reason, message, counted=False)
+        rule, message = disruptions[0]
+        restart_or_fail(step, job, observed, rule, message)
         return
 
     desired_hash = gang_hash(job)
     drifted = [p.name for p in current.values() if p.spec_hash != desired_hash]
     if drifted:
-        _restart_or_fail(
+        restart_or_fail(
             step,
             job,
             observed,
-            "SpecChanged",
+            SPEC_CHANGED,
             f"the spec changed; pods {', '.join(sorted(drifted))} no longer match it",
-            counted=False,
         )
         return
 
@@ -363,15 +342,14 @@ def _startup_deadline(step: Step, job: Job, observed: Observed, present: list[Po
             step.requeue_at(step.now + timedelta(seconds=60))
             return
         step.plan.events = [e for e in step.plan.events if e.type == "Normal"]
-        _restart_or_fail(
+        restart_or_fail(
             step,
             job,
             observed,
-            "GenerationStartupTimeout",
+            GENERATION_STARTUP_TIMEOUT,
             f"vLLM pod {generation.name} did not become Ready within spec.generation.startupTimeoutSeconds "
             f"({budget}s) of starting: see its log (kubectl logs {generation.name}); raise "
             "startupTimeoutSeconds if the download only needs longer",
-            counted=True,
         )
         return
     else:
@@ -382,11 +360,11 @@ def _startup_deadline(step: Step, job: Job, observed: Observed, present: list[Po
     why = str(step.new.get("message") or "")
     # The Failed event says it all; a Pending/Unschedulable event from this same reconcile would repeat it.
     step.plan.events = [e for e in step.plan.events if e.type == "Normal"]
-    fail(
+    restart_or_fail(
         step,
         job,
         observed,
-        "StartupDeadlineExceeded",
+        STARTUP_DEADLINE_EXCEEDED,
         f"gang attempt {step.attempt} was not running within spec.runPolicy.startupDeadlineSeconds "
         f"({limit}s): {why}",
     )
@@ -411,50 +389,52 @@ def _stalled(step: Step, job: Job, observed: Observed) -> bool:
         return False
     step_no = (step.old.get("progress") or {}).get("step")
     at = f" (last step {step_no})" if step_no is not None else " (no step completed yet)"
-    _restart_or_fail(
+    restart_or_fail(
         step,
         job,
         observed,
-        "ProgressDeadlineExceeded",
+        PROGRESS_DEADLINE_EXCEEDED,
         f"no training step completed for {limit}s{at}: the gang is considered stalled",
-        counted=True,
     )
     return True
 
 
-def _restart_or_fail(
-    step: Step, job: Job, observed: Observed, reason: str, message: str, *, counted: bool
-) -> None:
+def restart_or_fail(step: Step, job: Job, observed: Observed, rule: RestartRule, message: str) -> None:
+    """What the restart policy says for ``rule``: fail the job at once, fail it because the counted
+    restarts are spent, or restart the gang."""
+    if rule.permanent:
+        fail(step, job, observed, rule.reason, message)
+        return
     limit = job.spec.run_policy.backoff_limit
-    if counted and step.restarts >= limit:
+    if rule.counted and step.restarts >= limit:
         fail(
             step,
             job,
             observed,
-            "BackoffLimitExceeded",
+            BACKOFF_LIMIT_EXCEEDED.reason,
             f"{message}; spec.runPolicy.backoffLimit ({limit}) is exhausted after {step.restarts} restart(s)",
         )
         return
-    _restart(step, job, observed, reason, message, counted=counted)
+    _restart(step, job, observed, rule, message)
 
 
-def _restart(step: Step, job: Job, observed: Observed, reason: str, message: str, *, counted: bool) -> None:
+def _restart(step: Step, job: Job, observed: Observed, rule: RestartRule, message: str) -> None:
     """Replace the whole gang by a new attempt that resumes from the last verified checkpoint."""
     attempt = step.attempt + 1
-    restarts = step.restarts + (1 if counted else 0)
+    restarts = step.restarts + (1 if rule.counted else 0)
     limit = job.spec.run_policy.backoff_limit
-    budget = f"restart {restarts}/{limit}" if counted else "not counted against backoffLimit"
+    budget = f"restart {restarts}/{limit}" if rule.counted else "not counted against backoffLimit"
     where = resume_point(step)
     step.new["trainerAttempt"] = attempt
     step.new["restarts"] = restarts
     full = f"{message}; restarting the gang as attempt {attempt} ({budget}), {where}"
-    step.set_phase("Restarting", reason, full)
+    step.set_phase("Restarting", rule.reason, full)
     step.condition(RUNNING, "False", "Restarting", full)
     # The new gang's pods exist once this plan is carried out, but nothing has placed them yet.
     step.condition(SCHEDULED, "False", "Scheduling", _SCHEDULING)
     step.event("Warning", "Restarting", full)
     if step.checkpoint_path:
         step.event("Normal", "ResumedFromCheckpoint", f"gang attempt {attempt} {where}")
-    step.plan.restart = Restart(reason=reason, counted=counted, message=message)
+    step.plan.restart = Restart(reason=rule.reason, counted=rule.counted, message=message)
     # The new gang is created by a later reconcile, once every pod of this one is gone (see run_gang).
     delete_pods(step, observed, lambda pod: pod.role in GANG_ROLES)

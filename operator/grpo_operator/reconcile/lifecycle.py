@@ -33,13 +33,14 @@ from grpo_operator.reconcile.conditions import (
     get_condition,
     truncate,
 )
-from grpo_operator.reconcile.finished import clean_up_finished, fail, ttl
-from grpo_operator.reconcile.gang import run_gang
+from grpo_operator.reconcile.finished import clean_up_finished, ttl
+from grpo_operator.reconcile.gang import restart_or_fail, run_gang
 from grpo_operator.reconcile.metric_readiness import metric_readiness
 from grpo_operator.reconcile.observed import Observed, parse_time
 from grpo_operator.reconcile.plan import Plan
 from grpo_operator.reconcile.policy import PLATFORM_POLICY, platform_violations
 from grpo_operator.reconcile.record import read_record, sanitize_status
+from grpo_operator.reconcile.restart_policy import DEADLINE_EXCEEDED
 from grpo_operator.reconcile.step import GANG_ROLES, OWNED_STATUS_FIELDS, Step, resume_point
 from grpo_operator.settings import OperatorSettings
 
@@ -201,11 +202,11 @@ def active_deadline(step: Step, job: Job, observed: Observed) -> bool:
     if step.now < deadline:
         step.requeue_at(deadline)
         return False
-    fail(
+    restart_or_fail(
         step,
         job,
         observed,
-        "DeadlineExceeded",
+        DEADLINE_EXCEEDED,
         f"the job ran longer than spec.runPolicy.activeDeadlineSeconds ({limit}s)",
     )
     return True
