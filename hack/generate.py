@@ -4,8 +4,9 @@
     python -m hack.generate --check    # exit 1 listing the stale files, write nothing
 
 The CRD (both copies) and docs/api.md come from the API models (``grpo_operator.api.generate``); the
-chart's Grafana dashboard from its panel list (``hack/helm/dashboard.py``). tests/unit/test_generated.py
-fails while any of them is stale.
+chart's Grafana dashboard from its panel list (``hack/helm/dashboard.py``); the restart-policy table of
+docs/operations.md from ``reconcile/restart_policy.py`` (``hack/restart_table.py``).
+tests/unit/test_generated.py fails while any of them is stale.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from pathlib import Path
 
 from grpo_operator.api import generate as api_generate
 
+from hack import restart_table
 from hack.helm import dashboard
 
 REPO = Path(__file__).resolve().parents[1]
@@ -23,7 +25,11 @@ REPO = Path(__file__).resolve().parents[1]
 
 def outputs() -> dict[Path, str]:
     """Every generated file and the content its source produces."""
-    return {**api_generate.outputs(REPO), dashboard.OUTPUT: dashboard.render_text()}
+    return {
+        **api_generate.outputs(REPO),
+        dashboard.OUTPUT: dashboard.render_text(),
+        restart_table.OUTPUT: restart_table.render_text(),
+    }
 
 
 def shown(path: Path) -> str:

@@ -135,7 +135,8 @@ class OperatorSettings:
     pod_fs_group: int = 65532
     # Trainer exit codes that mean "retrying cannot help" (invalid configuration, 2; a checkpoint of another
     # job or other weights, 4; CUDA out of memory, 6): the job fails at once instead of spending its
-    # backoffLimit.
+    # backoffLimit. The default is the restart policy's (reconcile/restart_policy.py,
+    # DEFAULT_PERMANENT_EXIT_CODES; tests/unit/test_restart_policy.py keeps the two equal).
     permanent_exit_codes: tuple[int, ...] = (2, 4, 6)
 
     # --- platform limits (Helm: platformPolicy.*; the chart's admission policy enforces the same) ---------

@@ -486,7 +486,7 @@ def test_non_finite_step_is_a_counted_restart_with_its_own_reason() -> None:
 
 
 def test_trainer_exit_reasons_match_the_trainers_exit_codes() -> None:
-    from grpo_operator.reconcile.core import TRAINER_EXIT_REASONS
+    from grpo_operator.reconcile.restart_policy import TRAINER_EXIT_REASONS
     from grpo_trainer.errors import ExitCode
 
     assert TRAINER_EXIT_REASONS == {

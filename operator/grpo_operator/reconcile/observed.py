@@ -13,16 +13,19 @@ from grpo_operator.builders.common import (
     LABEL_NODE_RANK,
     LABEL_ROLE,
 )
+from grpo_operator.reconcile.restart_policy import (
+    DISRUPTION_STATUS_REASONS,
+    EVICTED_BY_KUEUE,
+    NODE_LOST,
+    OTHER_DISRUPTION,
+    POD_DELETED,
+    PREEMPTED,
+)
 
 Obj = dict[str, Any]
 
 # The pod condition Kueue sets on the pods of a workload it evicts, before it deletes them.
 KUEUE_TERMINATION_CONDITION = "TerminationTarget"
-# Pod status reasons set when a pod is stopped by the platform rather than by its own failure
-# (kubelet node-pressure eviction, preemption, graceful node shutdown, node loss).
-DISRUPTION_STATUS_REASONS = frozenset(
-    {"Evicted", "Preempted", "Preempting", "NodeLost", "Shutdown", "NodeShutdown", "Terminated"}
-)
 
 
 def parse_time(value: Any) -> datetime | None:
@@ -191,17 +194,17 @@ class PodView:
         stopped = self.condition(KUEUE_TERMINATION_CONDITION)
         if stopped and stopped.get("status") == "True":
             message = str(stopped.get("message") or "")
-            return "Preempted" if "preempt" in message.lower() else "EvictedByKueue"
+            return PREEMPTED.reason if "preempt" in message.lower() else EVICTED_BY_KUEUE.reason
         target = self.condition("DisruptionTarget")
         if target and target.get("status") == "True":
-            return str(target.get("reason") or "DisruptionTarget")
+            return str(target.get("reason") or OTHER_DISRUPTION.reason)
         reason = self.status.get("reason")
         if reason in DISRUPTION_STATUS_REASONS:
             return str(reason)
         if nodes is not None and self.node_name and self.node_name not in nodes:
-            return "NodeLost"
+            return NODE_LOST.reason
         if self.terminating:
-            return "PodDeleted"
+            return POD_DELETED.reason
         return None
 
     def unschedulable(self) -> tuple[str, str] | None:

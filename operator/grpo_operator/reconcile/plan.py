@@ -53,7 +53,7 @@ class Plan:
     """The actions of one reconcile, executed by the runtime in this order:
 
     0. ``record``: the operator's own copy of the status fields it decides from, written to an annotation
-       on the job first (the trainer may write the status, never the job's metadata; see core.py).
+       on the job first (the trainer may write the status, never the job's metadata; see record.py).
     1. ``status``: merge patch of the operator's status fields, conditional on the resourceVersion the
        decision was made from. It goes first so that an operator killed half-way re-derives the same
        decision (a restart bumps trainerAttempt before any pod of the new attempt exists, so the old

@@ -1,0 +1,440 @@
+"""The gang of the current attempt: success, failures, disruptions, drift, the startup clocks, stalls,
+and the decision to restart it or fail the job."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from pathlib import PurePosixPath
+
+from grpo_operator.builders import Job, gang_hash, gang_pods
+from grpo_operator.builders.common import KUEUE_GROUP_LABEL, generation_pod_name, trainer_pod_name
+from grpo_operator.reconcile.children import delete_pods
+from grpo_operator.reconcile.conditions import RUNNING, SCHEDULED, SUSPENDED, get_condition
+from grpo_operator.reconcile.finished import fail, succeed
+from grpo_operator.reconcile.observed import Observed, PodView, parse_time
+from grpo_operator.reconcile.plan import Restart
+from grpo_operator.reconcile.restart_policy import (
+    BACKOFF_LIMIT_EXCEEDED,
+    GENERATION_FAILED,
+    GENERATION_STARTUP_TIMEOUT,
+    OOM_KILLED,
+    POD_DELETED,
+    PROGRESS_DEADLINE_EXCEEDED,
+    SPEC_CHANGED,
+    STARTUP_DEADLINE_EXCEEDED,
+    TRAINER_FAILED,
+    RestartRule,
+    disruption,
+    trainer_exit,
+)
+from grpo_operator.reconcile.step import GANG_ROLES, Step, resume_point
+from grpo_operator.settings import OperatorSettings
+
+_SCHEDULING = "waiting for the scheduler to place the pods"
+
+
+def _exit_rule(pod: PodView, settings: OperatorSettings) -> RestartRule | None:
+    """The restart-policy row of a trainer's exit code, when the code has one or is permanent."""
+    term = pod.termination()
+    if pod.role != "trainer" or term is None or term.exit_code is None:
+        return None
+    return trainer_exit(term.exit_code, settings.permanent_exit_codes)
+
+
+def _telling_failure(pod: PodView, settings: OperatorSettings) -> bool:
+    """A failure that names its cause: a trainer's permanent or specific exit code, or an OOM kill."""
+    term = pod.termination()
+    if term is None:
+        return False
+    if term.reason == OOM_KILLED.reason:
+        return True
+    return _exit_rule(pod, settings) is not None
+
+
+def run_gang(step: Step, job: Job, observed: Observed) -> None:
+    """The gang of the current attempt: detect success, failures, disruptions, stalls and drift;
+    otherwise create what is missing and report how far the pods got."""
+    attempt = step.attempt
+    nodes = observed.nodes
+    gang = [p for p in observed.pods() if p.role in GANG_ROLES]
+    current = {p.name: p for p in gang if p.attempt == attempt}
+    expected = [generation_pod_name(job, attempt, 0)] + [
+        trainer_pod_name(job, attempt, rank) for rank in range(job.spec.trainer.nodes)
+    ]
+    was_running = step.old_phase == "Running"
+
+    rank0 = current.get(trainer_pod_name(job, attempt, 0))
+    if rank0 is not None and rank0.phase == "Succeeded" and rank0.disruption(nodes) is None:
+        succeed(step, job, observed)
+        return
+
+    failures: list[PodView] = []
+    disruptions: list[tuple[RestartRule, str]] = []
+    for name in expected:
+        pod = current.get(name)
+        if pod is None:
+            if was_running:
+                disruptions.append((POD_DELETED, f"pod {name} disappeared while the gang was running"))
+            continue
+        why = pod.disruption(nodes)
+        if why is not None:
+            message = f"{pod.role} pod {name} was stopped from outside the job ({why})"
+            disruptions.append((disruption(why), message))
+        elif pod.phase == "Failed" or (pod.phase == "Succeeded" and pod.role == "generation"):
+            failures.append(pod)
+
+    if failures:
+        # One rank running out of memory makes the others fail too (NCCL timeouts, exit 1): report the
+        # failure that says what went wrong, not whichever pod comes first.
+        first = next((p for p in failures if _telling_failure(p, step.settings)), failures[0])
+        summary = first.failure_summary()
+        rule = TRAINER_FAILED if first.role == "trainer" else GENERATION_FAILED
+        term = first.termination()
+        if term is not None and term.reason == OOM_KILLED.reason:
+            rule = OOM_KILLED
+            summary = (
+                f"{summary} (the container exceeded its memory limit: host memory, not GPU memory; raise "
+                f"spec.{'trainer' if first.role == 'trainer' else 'generation'}.resources memory requests "
+                "and limits, or lower the batch size)"
+            )
+            if rule.event:
+                step.event("Warning", rule.reason, summary)
+        exit_rule = _exit_rule(first, step.settings)
+        if exit_rule is not None:
+            rule = exit_rule
+            if rule.event:
+                step.event("Warning", rule.reason, summary)
+        if rule.permanent:
+            summary = (
+                f"{summary} (exit code {rule.exit_code} means {rule.meaning}; retrying cannot "
+                "help: fix the spec and recreate the job)"
+            )
+        restart_or_fail(step, job, observed, rule, summary)
+        return
+    if disruptions:
+        rule, message = disruptions[0]
+        restart_or_fail(step, job, observed, rule, message)
+        return
+
+    desired_hash = gang_hash(job)
+    drifted = [p.name for p in current.values() if p.spec_hash != desired_hash]
+    if drifted:
+        restart_or_fail(
+            step,
+            job,
+            observed,
+            SPEC_CHANGED,
+            f"the spec changed; pods {', '.join(sorted(drifted))} no longer match it",
+        )
+        return
+
+    # Steady state: remove pods of earlier attempts, create missing pods, report progress.
+    delete_pods(step, observed, lambda pod: pod.role in GANG_ROLES and pod.attempt != attempt)
+    resume_from = next(
+        (p.resume_from for p in current.values() if p.role == "trainer" and p.resume_from is not None),
+        _resume_from(job, step),
+    )
+    missing = [
+        m for m in gang_pods(job, step.settings, attempt, resume_from) if m["metadata"]["name"] not in current
+    ]
+    if missing:
+        earlier = sorted(p.name for p in gang if p.attempt != attempt)
+        if earlier:
+            _wait_for_earlier_pods(step, earlier)
+            return
+        if step.conflict is not None:
+            step.set_phase("Pending", "ChildConflict", step.conflict)
+            step.condition(RUNNING, "False", "Pending", step.conflict)
+            return
+        step.plan.creates.extend(missing)
+
+    present = [current[name] for name in expected if name in current]
+    all_running = len(present) == len(expected) and all(p.phase == "Running" for p in present)
+    if not was_running:
+        # A new gang runs only once vLLM answers /health: until then the trainers merely wait for it, and
+        # neither the Running phase nor the progress clock may start.
+        all_running = all_running and all(p.ready for p in present if p.role == "generation")
+    if all_running:
+        if _stalled(step, job, observed):
+            return
+        step.condition(SCHEDULED, "True", "AllPodsScheduled", f"all {len(expected)} pods are scheduled")
+        step.condition(
+            RUNNING, "True", "AllPodsRunning", f"all {len(expected)} pods of attempt {attempt} run"
+        )
+        _not_suspended(step)
+        if step.old_phase != "Running":
+            message = (
+                f"gang attempt {attempt} is running: 1 vLLM pod and {job.spec.trainer.nodes} trainer pod(s)"
+            )
+            step.set_phase("Running", "AllPodsRunning", message)
+            step.event("Normal", "Running", message)
+        return
+
+    _waiting(step, job, observed, expected, present)
+
+
+def _resume_from(job: Job, step: Step) -> str:
+    """RESUME_FROM of a new gang. Under Kueue the new attempt's pods wait at the gate until the queue
+    admits them again, which can be after the old attempt wrote its SIGTERM checkpoint (a preemption's
+    grace period) and before the status shows it: name the checkpoint root, whose latest.json points at
+    the newest checkpoint this job published, instead of the one known now."""
+    queued = job.spec.scheduling.queue_name or step.settings.default_queue_name
+    if queued and step.checkpoint_path:
+        return str(PurePosixPath(step.checkpoint_path).parent)
+    return step.checkpoint_path
+
+
+def _wait_for_earlier_pods(step: Step, names: list[str]) -> None:
+    """Fencing, as a JobSet does: attempt n+1 starts only once attempt n's pods are gone from the API, not
+    merely terminating, because an old trainer rank 0 may still be writing its SIGTERM checkpoint (it has
+    terminationGracePeriodSeconds for that) to the volume the new gang resumes from."""
+    reason = (
+        str(step.new.get("reason") or "Restarting")
+        if step.new.get("phase") == "Restarting"
+        else "PodsTerminating"
+    )
+    message = (
+        f"gang attempt {step.attempt} starts once the pods of the previous attempt are gone (a trainer may "
+        f"still be writing its checkpoint); still terminating: {', '.join(names)}"
+    )
+    step.set_phase("Restarting", reason, message)
+    step.condition(RUNNING, "False", "Restarting", message)
+
+
+def _waiting(step: Step, job: Job, observed: Observed, expected: list[str], present: list[PodView]) -> None:
+    """Pods exist (or are being created) but not all run: Pending, Initializing or Restarting."""
+    attempt = step.attempt
+    blocked = next(((p, p.unschedulable()) for p in present if p.unschedulable() is not None), None)
+    refused = _refusal(observed, expected, present)
+    if refused is not None:
+        # The ChildRejected event with the same words comes from the write that was refused.
+        step.condition(SCHEDULED, "False", "ChildRejected", refused)
+        step.condition(RUNNING, "False", "Pending", refused)
+        step.set_phase("Pending", "ChildRejected", refused)
+    elif blocked is not None:
+        pod, (why, detail) = blocked[0], blocked[1]  # type: ignore[misc]
+        if why == "SchedulingGated":
+            reason = "WaitingForAdmission"
+            message = f"pod {pod.name} is not yet admitted by its queue: {detail}"
+            group = pod.labels.get(KUEUE_GROUP_LABEL)
+            kueue_says = observed.kueue_wait(group) if group else None
+            if kueue_says:
+                message = f"Kueue has not admitted workload {group}: {kueue_says}"
+            if step.new.get("reason") == "Preempted" and step.old_phase in ("Restarting", "Pending"):
+                # Keep saying why the job left Running until Kueue admits it again.
+                reason = "Preempted"
+                message = f"preempted by Kueue; waiting to be admitted again. {message}"
+        else:
+            reason = "Unschedulable"
+            message = f"pod {pod.name} cannot be scheduled: {detail}"
+        step.condition(SCHEDULED, "False", reason, message)
+        step.condition(RUNNING, "False", "Pending", message)
+        if step.new.get("reason") != reason or step.old_phase != "Pending":
+            step.event("Warning", reason, message)
+        step.set_phase("Pending", reason, message)
+    else:
+        all_scheduled = len(present) == len(expected) and all(p.scheduled for p in present)
+        if all_scheduled:
+            step.condition(SCHEDULED, "True", "AllPodsScheduled", f"all {len(expected)} pods are scheduled")
+        else:
+            step.condition(SCHEDULED, "False", "Scheduling", _SCHEDULING)
+        waiting = next(((p, p.waiting()) for p in present if p.waiting() is not None), None)
+        if step.old_phase == "Restarting":
+            phase, reason = "Restarting", str(step.new.get("reason") or "Restarting")
+            message = f"gang attempt {attempt} replaces the previous one ({reason}); its pods are starting"
+        elif all_scheduled:
+            phase, reason = "Initializing", "ContainersStarting"
+            message = f"all pods of gang attempt {attempt} are scheduled; containers are starting"
+            generation = _starting_generation(present)
+            if generation is not None:
+                reason = "WaitingForGeneration"
+                message = _generation_wait(step, job, generation)
+            if waiting is not None:
+                pod, (why, detail) = waiting[0], waiting[1]  # type: ignore[misc]
+                reason = why
+                blocked_on = f"pod {pod.name} is waiting: {why}{': ' + detail if detail else ''}"
+                message = f"{message}; {blocked_on}" if generation is not None else blocked_on
+        else:
+            phase, reason = "Pending", "Scheduling"
+            message = f"gang attempt {attempt}: waiting for {len(expected)} pods to be created and scheduled"
+        step.condition(RUNNING, "False", phase, message)
+        step.set_phase(phase, reason, message)
+    _not_suspended(step)
+    _startup_deadline(step, job, observed, present)
+
+
+def _refusal(observed: Observed, expected: list[str], present: list[PodView]) -> str | None:
+    """Why children are missing when the API server refused them (quota, Pod Security, admission
+    policies), in the refusal's own words; None when nothing was refused. A refused pod of this attempt
+    comes first: it is what keeps the gang from running."""
+    missing = set(expected) - {p.name for p in present}
+    # Sorted: concurrent writes are refused in any order, and the message must not change with it.
+    ordered = sorted(observed.refusals, key=lambda r: (r.kind, r.name))
+    pods = [r for r in ordered if r.kind == "Pod" and r.name in missing]
+    refusals = pods or [r for r in ordered if r.kind != "Pod"]
+    if not refusals:
+        return None
+    first = refusals[0]
+    more = f" ({len(refusals) - 1} more refused)" if len(refusals) > 1 else ""
+    return (
+        f"the API server refused {first.kind} {first.name}{more}: {first.message.rstrip('. ')}. "
+        "The namespace's ResourceQuota, Pod Security level or an admission policy does not admit it; "
+        "the operator retries until it does"
+    )
+
+
+def _not_suspended(step: Step) -> None:
+    suspended = get_condition(list(step.new.get("conditions") or []), SUSPENDED)
+    if suspended is not None and suspended.get("status") == "True":
+        step.condition(SUSPENDED, "False", "Resumed", "the job was resumed")
+
+
+def _starting_generation(present: list[PodView]) -> PodView | None:
+    """The attempt's vLLM pod while it has started (kubelet accepted it) but is not Ready yet."""
+    return next(
+        (p for p in present if p.role == "generation" and p.started is not None and not p.ready), None
+    )
+
+
+def _generation_wait(step: Step, job: Job, pod: PodView) -> str:
+    budget = job.spec.generation.startup_timeout_seconds
+    elapsed = (step.now - pod.started).total_seconds() if pod.started is not None else 0.0
+    return (
+        f"waiting for vLLM pod {pod.name} to become Ready ({_duration(elapsed)} of {_duration(budget)}: "
+        "image pull, model download, CUDA graph capture)"
+    )
+
+
+def _duration(seconds: float) -> str:
+    """Whole minutes past the first one (the status is not rewritten more than once a minute)."""
+    seconds = max(0, int(seconds))
+    if seconds < 60:
+        return "<1m"
+    hours, minutes = divmod(seconds // 60, 60)
+    return f"{hours}h{minutes}m" if hours and minutes else f"{hours}h" if hours else f"{minutes}m"
+
+
+def _startup_deadline(step: Step, job: Job, observed: Observed, present: list[PodView]) -> None:
+    """Three clocks, so that a slow vLLM start-up never spends the startup deadline:
+
+    * while pods wait for the scheduler (or Kueue) and vLLM has not started: runPolicy.startupDeadlineSeconds
+      from the attempt's pods being created; on expiry the job fails;
+    * while vLLM starts (its pod accepted by a node, not Ready yet, every pod scheduled):
+      generation.startupTimeoutSeconds from the vLLM pod's start; on expiry a counted restart, as when the
+      trainers give up waiting for it;
+    * once vLLM is Ready: runPolicy.startupDeadlineSeconds from then, for the trainers to run.
+    """
+    created = [p.created for p in present if p.created is not None]
+    if not created:
+        return
+    limit = job.spec.run_policy.startup_deadline_seconds
+    generation = next((p for p in present if p.role == "generation"), None)
+    all_scheduled = all(p.scheduled for p in present)
+    ready_since = generation.ready_since if generation is not None else None
+    if ready_since is not None:
+        deadline = max(min(created), ready_since) + timedelta(seconds=limit)
+    elif generation is not None and generation.started is not None and all_scheduled:
+        budget = job.spec.generation.startup_timeout_seconds
+        deadline = generation.started + timedelta(seconds=budget)
+        if step.now < deadline:
+            step.requeue_at(deadline)
+            # The status shows the elapsed time in minutes: come back to update it.
+            step.requeue_at(step.now + timedelta(seconds=60))
+            return
+        step.plan.events = [e for e in step.plan.events if e.type == "Normal"]
+        restart_or_fail(
+            step,
+            job,
+            observed,
+            GENERATION_STARTUP_TIMEOUT,
+            f"vLLM pod {generation.name} did not become Ready within spec.generation.startupTimeoutSeconds "
+            f"({budget}s) of starting: see its log (kubectl logs {generation.name}); raise "
+            "startupTimeoutSeconds if the download only needs longer",
+        )
+        return
+    else:
+        deadline = min(created) + timedelta(seconds=limit)
+    if step.now < deadline:
+        step.requeue_at(deadline)
+        return
+    why = str(step.new.get("message") or "")
+    # The Failed event says it all; a Pending/Unschedulable event from this same reconcile would repeat it.
+    step.plan.events = [e for e in step.plan.events if e.type == "Normal"]
+    restart_or_fail(
+        step,
+        job,
+        observed,
+        STARTUP_DEADLINE_EXCEEDED,
+        f"gang attempt {step.attempt} was not running within spec.runPolicy.startupDeadlineSeconds "
+        f"({limit}s): {why}",
+    )
+
+
+def _stalled(step: Step, job: Job, observed: Observed) -> bool:
+    """Running, but no step advance for runPolicy.progressDeadlineSeconds: a stall (counted restart)."""
+    limit = job.spec.run_policy.progress_deadline_seconds
+    running = get_condition(list(step.old.get("conditions") or []), RUNNING)
+    since = (
+        parse_time(running.get("lastTransitionTime"))
+        if running is not None and running.get("status") == "True" and step.old_phase == "Running"
+        else None
+    )
+    if since is None:
+        since = step.now  # the gang becomes Running with this reconcile: the clock starts now
+    last_step = parse_time((step.old.get("progress") or {}).get("lastStepTime"))
+    base = max(since, last_step) if last_step is not None else since
+    deadline = base + timedelta(seconds=limit)
+    if step.now < deadline:
+        step.requeue_at(deadline)
+        return False
+    step_no = (step.old.get("progress") or {}).get("step")
+    at = f" (last step {step_no})" if step_no is not None else " (no step completed yet)"
+    restart_or_fail(
+        step,
+        job,
+        observed,
+        PROGRESS_DEADLINE_EXCEEDED,
+        f"no training step completed for {limit}s{at}: the gang is considered stalled",
+    )
+    return True
+
+
+def restart_or_fail(step: Step, job: Job, observed: Observed, rule: RestartRule, message: str) -> None:
+    """What the restart policy says for ``rule``: fail the job at once, fail it because the counted
+    restarts are spent, or restart the gang."""
+    if rule.permanent:
+        fail(step, job, observed, rule.reason, message)
+        return
+    limit = job.spec.run_policy.backoff_limit
+    if rule.counted and step.restarts >= limit:
+        fail(
+            step,
+            job,
+            observed,
+            BACKOFF_LIMIT_EXCEEDED.reason,
+            f"{message}; spec.runPolicy.backoffLimit ({limit}) is exhausted after {step.restarts} restart(s)",
+        )
+        return
+    _restart(step, job, observed, rule, message)
+
+
+def _restart(step: Step, job: Job, observed: Observed, rule: RestartRule, message: str) -> None:
+    """Replace the whole gang by a new attempt that resumes from the last verified checkpoint."""
+    attempt = step.attempt + 1
+    restarts = step.restarts + (1 if rule.counted else 0)
+    limit = job.spec.run_policy.backoff_limit
+    budget = f"restart {restarts}/{limit}" if rule.counted else "not counted against backoffLimit"
+    where = resume_point(step)
+    step.new["trainerAttempt"] = attempt
+    step.new["restarts"] = restarts
+    full = f"{message}; restarting the gang as attempt {attempt} ({budget}), {where}"
+    step.set_phase("Restarting", rule.reason, full)
+    step.condition(RUNNING, "False", "Restarting", full)
+    # The new gang's pods exist once this plan is carried out, but nothing has placed them yet.
+    step.condition(SCHEDULED, "False", "Scheduling", _SCHEDULING)
+    step.event("Warning", "Restarting", full)
+    if step.checkpoint_path:
+        step.event("Normal", "ResumedFromCheckpoint", f"gang attempt {attempt} {where}")
+    step.plan.restart = Restart(reason=rule.reason, counted=rule.counted, message=message)
+    # The new gang is created by a later reconcile, once every pod of this one is gone (see run_gang).
+    delete_pods(step, observed, lambda pod: pod.role in GANG_ROLES)

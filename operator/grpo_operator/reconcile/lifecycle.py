@@ -1,0 +1,212 @@
+"""The one reconcile function: (job, observed children, now, settings) -> Plan. Pure and level-based.
+
+It never remembers anything between calls: every decision is derived from the job object (spec and
+the operator's own status fields) and the children as they are now. Running it again on the result
+of its own plan yields an empty plan, and an operator killed half-way through executing a plan
+reaches the same decisions after a restart, so children are never duplicated (deterministic names).
+
+This module holds the entry and the job's lifecycle steps (invalid spec, platform limits, start,
+suspend, resume, active deadline); the gang's own course is in gang.py, the end of a job in
+finished.py, the metric service's condition in metric_readiness.py and child upkeep in children.py.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from typing import Any
+
+from pydantic import ValidationError
+
+from grpo_operator.api.resource import compute_rollouts
+from grpo_operator.api.status import TERMINAL_PHASES
+from grpo_operator.builders import Job, infrastructure, job_from_object
+from grpo_operator.builders.children import metric_workload
+from grpo_operator.reconcile import ownership
+from grpo_operator.reconcile.children import check_conflicts, delete_metric_workload, delete_pods, ensure
+from grpo_operator.reconcile.conditions import (
+    FAILED,
+    METRIC_READY,
+    RUNNING,
+    SCHEDULED,
+    SUSPENDED,
+    format_time,
+    get_condition,
+    truncate,
+)
+from grpo_operator.reconcile.finished import clean_up_finished, ttl
+from grpo_operator.reconcile.gang import restart_or_fail, run_gang
+from grpo_operator.reconcile.metric_readiness import metric_readiness
+from grpo_operator.reconcile.observed import Observed, parse_time
+from grpo_operator.reconcile.plan import Plan
+from grpo_operator.reconcile.policy import PLATFORM_POLICY, platform_violations
+from grpo_operator.reconcile.record import read_record, sanitize_status
+from grpo_operator.reconcile.restart_policy import DEADLINE_EXCEEDED
+from grpo_operator.reconcile.step import GANG_ROLES, OWNED_STATUS_FIELDS, Step, resume_point
+from grpo_operator.settings import OperatorSettings
+
+
+def reconcile(job_obj: dict[str, Any], observed: Observed, now: datetime, settings: OperatorSettings) -> Plan:
+    """Decide what to do for one GRPOJob. ``now`` is timezone-aware."""
+    raw = job_obj.get("status")
+    actual = dict(raw) if isinstance(raw, dict) else {}
+    record = read_record(job_obj)
+    old = sanitize_status(actual, record)
+    new = {k: old[k] for k in OWNED_STATUS_FIELDS if k in old}
+    meta = job_obj.get("metadata") or {}
+    parts = ownership.split(observed, meta)
+    observed = parts.mine
+    step = Step(
+        obj=job_obj,
+        now=now,
+        settings=settings,
+        old=old,
+        new=new,
+        actual=actual,
+        record=record,
+        foreign=parts.foreign,
+    )
+    if meta.get("deletionTimestamp"):
+        # No finalizer: the garbage collector removes the children through their owner references.
+        step.plan.phase = step.old_phase
+        return step.plan
+
+    try:
+        job = job_from_object(job_obj)
+    except ValidationError as exc:
+        return invalid_spec(step, exc)
+
+    step.new["observedGeneration"] = step.generation
+    step.new["rollouts"] = compute_rollouts(job.spec)
+
+    if step.old_phase in TERMINAL_PHASES:
+        clean_up_finished(step, job, observed)
+        ttl(step, job)
+        return step.finish()
+
+    violations = platform_violations(job.spec, settings)
+    if violations:
+        return policy_violation(step, violations)
+    if get_condition(list(step.old.get("conditions") or []), PLATFORM_POLICY) is not None:
+        step.condition(PLATFORM_POLICY, "True", "Allowed", "the job meets the platform's limits")
+
+    desired = infrastructure(job, settings)
+    if not job.spec.suspend:
+        desired += metric_workload(job, settings)
+    check_conflicts(step, job, desired)
+    ensure(step, observed, infrastructure(job, settings))
+
+    if job.spec.suspend:
+        suspend(step, job, observed)
+        return step.finish()
+
+    ensure(step, observed, metric_workload(job, settings))
+    metric_readiness(step, job, observed)
+
+    if step.conflict is not None and step.attempt == 0:
+        # Nothing has started: no gang, no Created event, until the name is free.
+        step.set_phase("Pending", "ChildConflict", step.conflict)
+        return step.finish()
+    if step.old_phase == "Suspended":
+        resume(step, job)
+    elif step.attempt == 0:
+        start(step, job)
+
+    if active_deadline(step, job, observed):
+        return step.finish()
+    run_gang(step, job, observed)
+    return step.finish()
+
+
+def invalid_spec(step: Step, exc: ValidationError) -> Plan:
+    errors = "; ".join(
+        f"spec.{'.'.join(str(p) for p in err['loc'])}: {err['msg']}" if err["loc"] else err["msg"]
+        for err in exc.errors()
+    )
+    message = (
+        f"the spec is invalid and cannot be run: {errors}. Fix the spec (kubectl edit) or recreate the job."
+    )
+    if step.old_phase != "Failed":
+        step.set_phase("Failed", "InvalidSpec", message)
+        step.new["completionTime"] = format_time(step.now)
+        step.condition(FAILED, "True", "InvalidSpec", message)
+        step.event("Warning", "InvalidSpec", message)
+    return step.finish()
+
+
+def policy_violation(step: Step, violations: list[str]) -> Plan:
+    """Nothing is created or replaced for a job that breaks a platform limit; pods already running
+    (a limit tightened after the job started) are left alone. Fixing the spec lets it carry on."""
+    message = (
+        "the job breaks the platform's limits, so the operator creates no pods for it until the spec "
+        "is changed to fit: " + "; ".join(violations)
+    )
+    previous = get_condition(list(step.old.get("conditions") or []), PLATFORM_POLICY)
+    step.condition(PLATFORM_POLICY, "False", "PolicyViolation", message)
+    if previous is None or previous.get("status") != "False" or previous.get("message") != truncate(message):
+        step.event("Warning", "PolicyViolation", message)
+    if step.attempt == 0:
+        step.set_phase("Pending", "PolicyViolation", message)
+    return step.finish()
+
+
+def start(step: Step, job: Job) -> None:
+    step.new["trainerAttempt"] = 1
+    step.new.setdefault("restarts", 0)
+    step.new["startTime"] = format_time(step.now)
+    trainers = job.spec.trainer.nodes
+    step.set_phase("Pending", "Creating", "creating the job's children and its first gang of pods")
+    step.event(
+        "Normal",
+        "Created",
+        f"created the job's children and gang attempt 1: 1 vLLM pod ({job.spec.generation.gpus} GPU) and "
+        f"{trainers} trainer pod{'s' if trainers > 1 else ''} ({job.spec.trainer.gpus_per_node} GPU each)",
+    )
+
+
+def suspend(step: Step, job: Job, observed: Observed) -> None:
+    delete_pods(step, observed, lambda pod: pod.role in GANG_ROLES)
+    delete_metric_workload(step, job, observed)
+    if step.old_phase != "Suspended":
+        message = (
+            "spec.suspend is true: all pods are stopped; the volume and status are kept. "
+            "Set spec.suspend to false to resume from the last checkpoint."
+        )
+        step.set_phase("Suspended", "Suspended", message)
+        step.condition(SUSPENDED, "True", "Suspended", message)
+        step.condition(RUNNING, "False", "Suspended", "the job is suspended")
+        step.drop_condition(SCHEDULED)
+        step.drop_condition(METRIC_READY)
+        step.event("Normal", "Suspended", message)
+
+
+def resume(step: Step, job: Job) -> None:
+    attempt = step.attempt + 1
+    step.new["trainerAttempt"] = attempt
+    step.new.setdefault("restarts", 0)
+    # Like a Kubernetes Job: the active deadline counts from the last resume.
+    step.new["startTime"] = format_time(step.now)
+    where = resume_point(step)
+    step.set_phase("Pending", "Resumed", f"resumed with gang attempt {attempt}, {where}")
+    step.condition(SUSPENDED, "False", "Resumed", f"resumed, {where}")
+    step.event("Normal", "Resumed", f"spec.suspend is false: starting gang attempt {attempt}, {where}")
+    if step.checkpoint_path:
+        step.event("Normal", "ResumedFromCheckpoint", f"gang attempt {attempt} {where}")
+
+
+def active_deadline(step: Step, job: Job, observed: Observed) -> bool:
+    limit = job.spec.run_policy.active_deadline_seconds
+    started = parse_time(step.new.get("startTime"))
+    if limit is None or started is None:
+        return False
+    deadline = started + timedelta(seconds=limit)
+    if step.now < deadline:
+        step.requeue_at(deadline)
+        return False
+    restart_or_fail(
+        step,
+        job,
+        observed,
+        DEADLINE_EXCEEDED,
+        f"the job ran longer than spec.runPolicy.activeDeadlineSeconds ({limit}s)",
+    )
+    return True

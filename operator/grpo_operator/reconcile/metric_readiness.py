@@ -1,0 +1,84 @@
+"""Condition MetricReady: whether the job's metric service has a ready pod, and if not, why."""
+
+from __future__ import annotations
+
+from grpo_operator.builders import Job
+from grpo_operator.builders.common import metric_name
+from grpo_operator.reconcile.conditions import METRIC_READY, get_condition
+from grpo_operator.reconcile.observed import Observed
+from grpo_operator.reconcile.step import Step
+
+# Metric pod states that do not go away by waiting: worth a Warning event, not just a condition.
+_METRIC_STUCK_REASONS = frozenset(
+    {
+        "Unschedulable",
+        "ErrImagePull",
+        "ImagePullBackOff",
+        "InvalidImageName",
+        "CrashLoopBackOff",
+        "CreateContainerConfigError",
+        "FailedCreate",
+        "CreateContainerError",
+        "RunContainerError",
+    }
+)
+
+
+def metric_readiness(step: Step, job: Job, observed: Observed) -> None:
+    """Condition MetricReady: whether the metric service has a ready pod, and if not, why.
+
+    Trainers wait for the metric service before their first step and give up after a while, which
+    costs a counted gang restart; a metric pod that cannot be scheduled or pulled would otherwise
+    show only as repeated restarts. The condition (and a Warning event when it gets stuck) names the
+    pod and the cause. It never changes the phase: the gang may be fine and only scoring is down.
+    """
+    deployment = observed.get("Deployment", metric_name(job)) or {}
+    available = int((deployment.get("status") or {}).get("availableReplicas") or 0)
+    if available >= 1:
+        status, reason = "True", "Available"
+        message = (
+            f"{available} of {job.spec.metric.replicas} metric pod(s) ready; "
+            f"the service answers on {metric_name(job)}"
+        )
+    else:
+        status = "False"
+        reason, message = _metric_not_ready(job, observed)
+    previous = get_condition(list(step.old.get("conditions") or []), METRIC_READY)
+    step.condition(METRIC_READY, status, reason, message)
+    stuck = status == "False" and reason in _METRIC_STUCK_REASONS
+    if stuck and (previous is None or previous.get("reason") != reason):
+        step.event("Warning", "MetricNotReady", message)
+
+
+def _metric_not_ready(job: Job, observed: Observed) -> tuple[str, str]:
+    # The ReplicaSet controller's refusals (quota, Pod Security, admission policies) reach the
+    # Deployment as its ReplicaFailure condition; no pod exists to tell anything else.
+    deployment = observed.get("Deployment", metric_name(job)) or {}
+    for cond in (deployment.get("status") or {}).get("conditions") or []:
+        if cond.get("type") == "ReplicaFailure" and cond.get("status") == "True":
+            detail = str(cond.get("message") or "").rstrip(". ")
+            return str(cond.get("reason") or "FailedCreate"), (
+                f"the API server refused the metric pods of Deployment {metric_name(job)}: {detail}. "
+                "The namespace's ResourceQuota, Pod Security level or an admission policy does not admit "
+                "them; the ReplicaSet retries until it does"
+            )
+    pods = [p for p in observed.pods() if p.role == "metric" and not p.terminating]
+    for pod in pods:
+        blocked = pod.unschedulable()
+        if blocked is None:
+            continue
+        why, detail = blocked
+        if why == "SchedulingGated":
+            return why, f"metric pod {pod.name}: {detail}"
+        return "Unschedulable", (
+            f"metric pod {pod.name} cannot be scheduled: {detail.rstrip('. ')}. spec.scheduling.nodeSelector "
+            "applies to the metric pod too; use spec.scheduling.gpuNodeSelector for labels only GPU nodes carry"
+        )
+    for pod in pods:
+        waiting = pod.waiting()
+        if waiting is not None:
+            why, detail = waiting
+            hint = f" (image {job.spec.metric.image})" if "Image" in why else ""
+            return why, f"metric pod {pod.name} is waiting: {why}{hint}{': ' + detail if detail else ''}"
+    # Being created, no pod yet, or pods starting: one state, so the status is not rewritten for each.
+    return "Starting", "no metric pod is ready yet; the service answers once a pod's /healthz returns 200"

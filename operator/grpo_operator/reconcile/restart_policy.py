@@ -1,0 +1,291 @@
+"""The restart policy: every reason the operator restarts a job's gang or fails the job because of what
+its pods did, in one table.
+
+Each row says what triggers the reason, whether a restart for it counts against
+spec.runPolicy.backoffLimit, and whether it fails the job at once instead of restarting. Reconcile reads
+the table (gang.py's failure, disruption and deadline handling, lifecycle.py's active deadline);
+`make generate` renders it into docs/operations.md ("Failures and restarts"), and
+tests/unit/test_restart_policy.py drives reconcile through every row.
+
+The operator setting ``permanent_exit_codes`` (GRPO_OPERATOR_PERMANENT_EXIT_CODES) decides which trainer
+exit codes are permanent; its default is ``DEFAULT_PERMANENT_EXIT_CODES``, the exit-code rows marked
+permanent here. A code taken out of it becomes a counted restart under its row's reason; a code added
+to it that has no row fails the job as ``PermanentFailure``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from enum import StrEnum
+
+
+class Trigger(StrEnum):
+    """What the operator sees that gives the reason."""
+
+    EXIT_CODE = "trainer exit code"
+    POD_FAILURE = "pod failure"
+    DISRUPTION = "pod stopped from outside"
+    OPERATOR = "operator decision"
+
+
+@dataclass(frozen=True)
+class RestartRule:
+    """One reason: what triggers it and what the operator does about it."""
+
+    reason: str
+    trigger: Trigger
+    # When it happens, in the words of the docs' table.
+    cause: str
+    # A restart for this reason counts against spec.runPolicy.backoffLimit (and fails the job with
+    # BackoffLimitExceeded once the limit is spent). Meaningless for a permanent rule.
+    counted: bool
+    # The job fails at once: a restart would fail the same way.
+    permanent: bool
+    # What the reason means for the user; for a permanent exit code it completes "exit code N means ...".
+    meaning: str
+    exit_code: int | None = None
+    # For disruptions: the reasons of a pod's DisruptionTarget condition, and the pod status reasons,
+    # that the operator reports as this reason.
+    condition_reasons: tuple[str, ...] = ()
+    status_reasons: tuple[str, ...] = ()
+    # A Warning event of this reason is posted when the failure is seen, besides Restarting or Failed.
+    event: bool = False
+
+
+PERMANENT_FAILURE = RestartRule(
+    "PermanentFailure",
+    Trigger.EXIT_CODE,
+    "A trainer exits 2 (configuration invalid, e.g. a dataset column that does not exist), or with any "
+    "other code added to the permanent exit codes",
+    counted=True,
+    permanent=True,
+    meaning="the configuration is invalid",
+    exit_code=2,
+)
+CHECKPOINT_MISMATCH = RestartRule(
+    "CheckpointMismatch",
+    Trigger.EXIT_CODE,
+    "A trainer exits 4: the checkpoint on the volume belongs to another GRPOJob, or holds another model "
+    "or LoRA setting",
+    counted=True,
+    permanent=True,
+    meaning="the checkpoint on the volume cannot be resumed by this job",
+    exit_code=4,
+    event=True,
+)
+NON_FINITE_TRAINING = RestartRule(
+    "NonFiniteTraining",
+    Trigger.EXIT_CODE,
+    "A trainer exits 5: non-finite loss, gradient norm or weights; nothing of that step was published",
+    counted=True,
+    permanent=False,
+    meaning="a training step was not finite; the restart resumes from the last good checkpoint",
+    exit_code=5,
+    event=True,
+)
+OUT_OF_MEMORY = RestartRule(
+    "OutOfMemory",
+    Trigger.EXIT_CODE,
+    "A trainer exits 6: CUDA out of memory",
+    counted=True,
+    permanent=True,
+    meaning="the training does not fit in GPU memory",
+    exit_code=6,
+    event=True,
+)
+TRAINER_FAILED = RestartRule(
+    "TrainerFailed",
+    Trigger.POD_FAILURE,
+    "A trainer pod fails with any other non-zero exit code",
+    counted=True,
+    permanent=False,
+    meaning="a crash, an NCCL or I/O error: transient; the restart resumes from the last checkpoint",
+)
+OOM_KILLED = RestartRule(
+    "OOMKilled",
+    Trigger.POD_FAILURE,
+    "A trainer or vLLM container is killed for exceeding its memory limit (container reason `OOMKilled`)",
+    counted=True,
+    permanent=False,
+    meaning="host memory, not GPU memory: raise the pod's memory request and limit",
+    event=True,
+)
+GENERATION_FAILED = RestartRule(
+    "GenerationFailed",
+    Trigger.POD_FAILURE,
+    "The vLLM pod fails or exits",
+    counted=True,
+    permanent=False,
+    meaning="the vLLM server stopped; the trainers cannot go on without it",
+)
+EVICTED = RestartRule(
+    "Evicted",
+    Trigger.DISRUPTION,
+    "Eviction (Eviction API, kubelet node pressure)",
+    counted=False,
+    permanent=False,
+    meaning="not the job's fault",
+    condition_reasons=("EvictionByEvictionAPI",),
+    status_reasons=("Evicted",),
+)
+PREEMPTED = RestartRule(
+    "Preempted",
+    Trigger.DISRUPTION,
+    "Preemption by the scheduler, or by Kueue (its `TerminationTarget` condition names a preemption)",
+    counted=False,
+    permanent=False,
+    meaning="not the job's fault; under Kueue the new gang waits to be admitted again",
+    condition_reasons=("PreemptionByScheduler", "PreemptionByKubeScheduler"),
+    status_reasons=("Preempted", "Preempting"),
+)
+EVICTED_BY_KUEUE = RestartRule(
+    "EvictedByKueue",
+    Trigger.DISRUPTION,
+    "Kueue evicts the workload for another cause (pods-ready timeout, deactivation)",
+    counted=False,
+    permanent=False,
+    meaning="not the job's fault; the new gang waits to be admitted again",
+)
+NODE_LOST = RestartRule(
+    "NodeLost",
+    Trigger.DISRUPTION,
+    "The node is gone, unreachable or deleted (taint manager, pod garbage collection)",
+    counted=False,
+    permanent=False,
+    meaning="not the job's fault",
+    condition_reasons=("DeletionByTaintManager", "DeletionByPodGC"),
+    status_reasons=("NodeLost",),
+)
+NODE_SHUTDOWN = RestartRule(
+    "NodeShutdown",
+    Trigger.DISRUPTION,
+    "Graceful node shutdown",
+    counted=False,
+    permanent=False,
+    meaning="not the job's fault",
+    condition_reasons=("TerminationByKubelet",),
+    status_reasons=("Shutdown", "NodeShutdown", "Terminated"),
+)
+POD_DELETED = RestartRule(
+    "PodDeleted",
+    Trigger.DISRUPTION,
+    "A gang pod deleted, or gone, while the gang was running, by anyone but the operator",
+    counted=False,
+    permanent=False,
+    meaning="not the job's fault",
+)
+OTHER_DISRUPTION = RestartRule(
+    "DisruptionTarget",
+    Trigger.DISRUPTION,
+    "A `DisruptionTarget` condition with a reason not listed above: reported under that reason",
+    counted=False,
+    permanent=False,
+    meaning="not the job's fault",
+)
+SPEC_CHANGED = RestartRule(
+    "SpecChanged",
+    Trigger.OPERATOR,
+    "A spec change that shapes the pods (images, GPUs, config, scheduling)",
+    counted=False,
+    permanent=False,
+    meaning="the new gang runs the new spec, from the last checkpoint",
+)
+GENERATION_STARTUP_TIMEOUT = RestartRule(
+    "GenerationStartupTimeout",
+    Trigger.OPERATOR,
+    "The vLLM pod is not Ready within `generation.startupTimeoutSeconds` of starting",
+    counted=True,
+    permanent=False,
+    meaning="see the vLLM pod's log; raise startupTimeoutSeconds if the download only needs longer",
+)
+PROGRESS_DEADLINE_EXCEEDED = RestartRule(
+    "ProgressDeadlineExceeded",
+    Trigger.OPERATOR,
+    "No step advance for `runPolicy.progressDeadlineSeconds` while Running",
+    counted=True,
+    permanent=False,
+    meaning="the gang is considered stalled",
+)
+STARTUP_DEADLINE_EXCEEDED = RestartRule(
+    "StartupDeadlineExceeded",
+    Trigger.OPERATOR,
+    "A gang attempt is not running within `runPolicy.startupDeadlineSeconds` (see Deadlines)",
+    counted=False,
+    permanent=True,
+    meaning="the message says what the gang was waiting for (scheduler, Kueue, image pull)",
+)
+DEADLINE_EXCEEDED = RestartRule(
+    "DeadlineExceeded",
+    Trigger.OPERATOR,
+    "The job runs longer than `runPolicy.activeDeadlineSeconds`",
+    counted=False,
+    permanent=True,
+    meaning="the time the job was given is spent",
+)
+BACKOFF_LIMIT_EXCEEDED = RestartRule(
+    "BackoffLimitExceeded",
+    Trigger.OPERATOR,
+    "A counted reason after `runPolicy.backoffLimit` counted restarts",
+    counted=False,
+    permanent=True,
+    meaning="the message names the last failure, its exit code and termination message",
+)
+
+RULES: tuple[RestartRule, ...] = (
+    PERMANENT_FAILURE,
+    CHECKPOINT_MISMATCH,
+    NON_FINITE_TRAINING,
+    OUT_OF_MEMORY,
+    TRAINER_FAILED,
+    OOM_KILLED,
+    GENERATION_FAILED,
+    GENERATION_STARTUP_TIMEOUT,
+    PROGRESS_DEADLINE_EXCEEDED,
+    EVICTED,
+    PREEMPTED,
+    EVICTED_BY_KUEUE,
+    NODE_LOST,
+    NODE_SHUTDOWN,
+    POD_DELETED,
+    OTHER_DISRUPTION,
+    SPEC_CHANGED,
+    STARTUP_DEADLINE_EXCEEDED,
+    DEADLINE_EXCEEDED,
+    BACKOFF_LIMIT_EXCEEDED,
+)
+
+_BY_EXIT_CODE = {rule.exit_code: rule for rule in RULES if rule.exit_code is not None}
+DEFAULT_PERMANENT_EXIT_CODES: tuple[int, ...] = tuple(
+    sorted(code for code, rule in _BY_EXIT_CODE.items() if rule.permanent)
+)
+# Trainer exit codes with a reason of their own (the trainer's ExitCode).
+TRAINER_EXIT_REASONS = {
+    code: rule.reason for code, rule in _BY_EXIT_CODE.items() if rule is not PERMANENT_FAILURE
+}
+
+_DISRUPTIONS = [rule for rule in RULES if rule.trigger is Trigger.DISRUPTION and rule is not OTHER_DISRUPTION]
+_BY_DISRUPTION = {
+    name: rule
+    for rule in _DISRUPTIONS
+    for name in (rule.reason, *rule.condition_reasons, *rule.status_reasons)
+}
+# Pod status reasons (status.reason) that mean the platform stopped the pod.
+DISRUPTION_STATUS_REASONS = frozenset(name for rule in _DISRUPTIONS for name in rule.status_reasons)
+
+
+def trainer_exit(code: int, permanent_codes: tuple[int, ...]) -> RestartRule | None:
+    """The rule for a trainer that exited with ``code``, with the operator's permanent codes deciding
+    permanence; None for a code that is neither permanent nor has a reason of its own."""
+    rule = _BY_EXIT_CODE.get(code)
+    permanent = code in permanent_codes
+    if rule is None or rule is PERMANENT_FAILURE:
+        return dataclasses.replace(PERMANENT_FAILURE, exit_code=code) if permanent else None
+    return dataclasses.replace(rule, permanent=permanent)
+
+
+def disruption(why: str) -> RestartRule:
+    """The rule for a pod stopped from outside, from the cause PodView.disruption gives; a cause the
+    table does not list is reported under its own name."""
+    rule = _BY_DISRUPTION.get(why)
+    return rule if rule is not None else dataclasses.replace(OTHER_DISRUPTION, reason=why)
