@@ -29,6 +29,7 @@ from grpo_trainer.errors import (
     is_cuda_out_of_memory,
     out_of_memory_reason,
 )
+from grpo_trainer.gateway_client import GatewayProtocolError, GatewayUnavailable
 from grpo_trainer.metric_client import ClientSettings, ErrorBudget, MetricClient, MetricServiceUnavailable
 from grpo_trainer.signals import StopFlag
 from grpo_trainer.trl_adapter import load_checkpoint_weights
@@ -84,6 +85,10 @@ def run(config: TrainerConfig, env: RuntimeEnv) -> int:
     signal.signal(signal.SIGTERM, stop.set)
     plan = plan_steps(config, env)
     workspace = claim_workspace(config, env)
+    if config.rollouts is not None:
+        from grpo_trainer.client_loop import run_client_loop
+
+        return run_client_loop(config, env, plan, workspace, stop)
     return run_metric_loop(config, env, plan, workspace, stop)
 
 
@@ -467,6 +472,8 @@ def main(argv: list[str] | None = None) -> int:
     except NonFiniteTraining as exc:
         return fail(ExitCode.NON_FINITE, str(exc))
     except GenerationUnavailable as exc:
+        return fail(ExitCode.TRANSIENT, str(exc))
+    except (GatewayProtocolError, GatewayUnavailable) as exc:
         return fail(ExitCode.TRANSIENT, str(exc))
     except KeyboardInterrupt:
         return fail(ExitCode.TRANSIENT, "interrupted")

@@ -70,6 +70,14 @@ class ProgressStatus(_StatusModel):
     )
     last_step_time: datetime | None = Field(default=None, description="When the last step finished.")
     step_duration_seconds: float | None = Field(default=None, ge=0, description="Duration of the last step.")
+    waiting_for: Literal["client", "gateway"] | None = Field(
+        default=None,
+        description="Client-rollout jobs: what the trainer is blocked on before its next step (client: no "
+        "scored groups yet; gateway: the rollout gateway does not answer); unset while it trains.",
+    )
+    waiting_since: datetime | None = Field(
+        default=None, description="When the trainer started waiting for waitingFor; unset while it trains."
+    )
 
     @model_validator(mode="after")
     def _fill_display(self) -> ProgressStatus:
