@@ -81,6 +81,9 @@ class ClientProgressCallback(ProgressCallback):
     gateway: GatewayClient | None = None
     lock: PolicyLock | None = None
     newest_checkpoint: dict[str, Any] | None = None
+    # The step of the newest checkpoint, on every rank (the terminate path decides collectively whether
+    # the last step still needs one).
+    saved_step: int = 0
     _waiting: str | None = field(default=None, repr=False)
 
     def reward_seconds(self) -> float:
@@ -130,6 +133,7 @@ class ClientProgressCallback(ProgressCallback):
             self.report(state.global_step, "training")
 
     def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self.saved_step = int(state.global_step)
         super().on_save(args, state, control, **kwargs)
         if self.is_main and self.trainer is not None and self.trainer.grpo_last_manifest is not None:
             self.newest_checkpoint = checkpoint_report(self.trainer.grpo_last_manifest)
@@ -146,6 +150,9 @@ def run_client_loop(
         config = config.model_copy(
             update={"grpo": config.grpo.model_copy(update={"dynamic_sampling": False})}
         )
+    # TRL warns that rollout_func is experimental; trl_adapter.py records what this loop relies on in it and
+    # tests/trainer/test_trl_adapter.py checks it against the installed TRL.
+    os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
     tokenizer = load_tokenizer(config)
     # The client sends no sampling log-probabilities, so TRL's vLLM importance-sampling correction has
     # nothing to correct with; dynamic sampling would pull the next step's groups as refills.
@@ -188,6 +195,7 @@ def run_client_loop(
         rollout_func=make_rollout_func(feed, tokenizer, config.grpo.max_completion_length, lock),
     )
     resumed_step = restore(trainer, config, env, workspace, reporting)
+    callback.saved_step = resumed_step
     server = None
     try:
         if env.is_main:
@@ -265,12 +273,7 @@ def stopped(
             ExitCode.CANCELLED,
             f"the client cancelled the run after step {step}; nothing more is trained or saved",
         )
-    published = (
-        trainer.grpo_last_manifest.step
-        if trainer.grpo_last_manifest is not None
-        else workspace_step(workspace)
-    )
-    if step > 0 and published != step:
+    if step > 0 and callback.saved_step != step:
         save_checkpoint_now(trainer)
         callback.on_save(trainer.args, trainer.state, trainer.control)
     if ended.kind == "signal":
@@ -281,10 +284,3 @@ def stopped(
         save_final_model(trainer, workspace)
         callback.report(step, "finished")
     return int(ExitCode.OK)
-
-
-def workspace_step(workspace: Workspace) -> int | None:
-    from grpo_trainer.checkpoints import read_manifest
-
-    manifest = read_manifest(workspace.checkpoint_dir)
-    return manifest.step if manifest is not None else None

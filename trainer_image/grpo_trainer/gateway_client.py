@@ -228,8 +228,12 @@ class GatewayClient:
             while True:
                 if should_stop():
                     return GroupsAnswer(step=step, groups=[], stop="signal")
-                body = {"step": step, "count": self.prompts_per_step, "attempt": self.attempt}
-                body["wait_seconds"] = self.wait_seconds
+                body: dict[str, Any] = {
+                    "step": step,
+                    "count": self.prompts_per_step,
+                    "attempt": self.attempt,
+                    "wait_seconds": self.wait_seconds,
+                }
                 raw = self._post_retrying(GROUPS_PATH, body, timeout=self.wait_seconds + 30)
                 answer = parse_groups(raw, step, self.prompts_per_step, self.group_size)
                 if answer.groups or answer.stop:
