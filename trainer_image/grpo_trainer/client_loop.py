@@ -243,9 +243,9 @@ def start_policy_server(
     rollouts = config.rollouts
     assert rollouts is not None and lock is not None
     if config.generation.backend == "vllm-server":
-        sampler = vllm_sampler(trainer, tokenizer, lock)
+        sampler = vllm_sampler(trainer, tokenizer)
     else:
-        sampler = transformers_sampler(trainer, tokenizer, lock)
+        sampler = transformers_sampler(trainer, tokenizer)
     return PolicyServer(
         rollouts.policy_port,
         rollouts.served_model,
@@ -254,6 +254,7 @@ def start_policy_server(
         max_completion_length=config.grpo.max_completion_length,
         temperature=config.grpo.temperature,
         top_p=config.grpo.top_p,
+        lock=lock,
     ).start()
 
 

@@ -93,36 +93,36 @@ def cut_at_stop(text: str, stops: list[str]) -> tuple[str, bool]:
     return (text[:cut], True) if cut >= 0 else (text, False)
 
 
-def transformers_sampler(trainer: Any, tokenizer: Any, lock: PolicyLock) -> Sampler:
-    """Sample from the training model in-process, outside training steps."""
+def transformers_sampler(trainer: Any, tokenizer: Any) -> Sampler:
+    """Sample from the training model in-process (PolicyServer calls it under the policy lock, so never
+    during a training step)."""
     import torch
 
     eos = int(tokenizer.eos_token_id)
     pad = int(tokenizer.pad_token_id)
 
     def sample(ids: list[int], sampling: Sampling) -> list[tuple[str, str, int]]:
-        with lock.sampling():
-            model = trainer.accelerator.unwrap_model(trainer.model)
-            was_training = model.training
-            model.eval()
-            try:
-                with torch.no_grad():
-                    inputs = torch.tensor([ids] * sampling.n, device=model.device)
-                    greedy = sampling.temperature == 0.0
-                    extra: dict[str, Any] = (
-                        {} if greedy else {"temperature": sampling.temperature, "top_p": sampling.top_p}
-                    )
-                    out = model.generate(
-                        input_ids=inputs,
-                        attention_mask=torch.ones_like(inputs),
-                        do_sample=not greedy,
-                        max_new_tokens=sampling.max_tokens,
-                        pad_token_id=pad,
-                        eos_token_id=eos,
-                        **extra,
-                    )
-            finally:
-                model.train(was_training)
+        model = trainer.accelerator.unwrap_model(trainer.model)
+        was_training = model.training
+        model.eval()
+        try:
+            with torch.no_grad():
+                inputs = torch.tensor([ids] * sampling.n, device=model.device)
+                greedy = sampling.temperature == 0.0
+                extra: dict[str, Any] = (
+                    {} if greedy else {"temperature": sampling.temperature, "top_p": sampling.top_p}
+                )
+                out = model.generate(
+                    input_ids=inputs,
+                    attention_mask=torch.ones_like(inputs),
+                    do_sample=not greedy,
+                    max_new_tokens=sampling.max_tokens,
+                    pad_token_id=pad,
+                    eos_token_id=eos,
+                    **extra,
+                )
+        finally:
+            model.train(was_training)
         results = []
         for row in out[:, len(ids) :].tolist():
             tokens = row[: row.index(eos) + 1] if eos in row else row
@@ -139,23 +139,23 @@ def transformers_sampler(trainer: Any, tokenizer: Any, lock: PolicyLock) -> Samp
     return sample
 
 
-def vllm_sampler(trainer: Any, tokenizer: Any, lock: PolicyLock) -> Sampler:
-    """Sample through the job's vLLM server with TRL's client (rank 0 holds it in server mode)."""
+def vllm_sampler(trainer: Any, tokenizer: Any) -> Sampler:
+    """Sample through the job's vLLM server with TRL's client (rank 0 holds it in server mode); under the
+    policy lock, so never while TRL pushes new weights to the server."""
     from grpo_trainer.trl_adapter import vllm_client
 
     client = vllm_client(trainer)
     eos = int(tokenizer.eos_token_id)
 
     def sample(ids: list[int], sampling: Sampling) -> list[tuple[str, str, int]]:
-        with lock.sampling():  # never while TRL pushes new weights to the server
-            output = client.generate(
-                prompts=[ids],
-                n=sampling.n,
-                temperature=sampling.temperature,
-                top_p=sampling.top_p,
-                max_tokens=sampling.max_tokens,
-                logprobs=None,
-            )
+        output = client.generate(
+            prompts=[ids],
+            n=sampling.n,
+            temperature=sampling.temperature,
+            top_p=sampling.top_p,
+            max_tokens=sampling.max_tokens,
+            logprobs=None,
+        )
         results = []
         for tokens in output["completion_ids"]:
             finished = bool(tokens) and tokens[-1] == eos
@@ -184,8 +184,12 @@ class PolicyServer:
         max_completion_length: int,
         temperature: float,
         top_p: float,
+        lock: PolicyLock | None = None,
         host: str = "0.0.0.0",
     ):
+        # Held around tokenising, sampling and decoding: the training thread holds it during a step, and
+        # a fast tokenizer must not be used from two threads at once.
+        self.lock = lock or PolicyLock()
         self.served_model = served_model
         self.tokenizer = tokenizer
         self.sampler = sampler
@@ -236,7 +240,9 @@ class PolicyServer:
                     body = json.loads(self.rfile.read(length) or b"{}")
                     if not isinstance(body, dict):
                         raise BadRequest("the request body must be a JSON object")
-                    self._answer(200, handler(body))
+                    with server.lock.sampling():
+                        answer = handler(body)
+                    self._answer(200, answer)
                 except (BadRequest, json.JSONDecodeError) as exc:
                     self._answer(400, error_body(str(exc), "invalid_request_error"))
                 except Exception as exc:  # a sampling failure must answer, not hang the client
