@@ -74,8 +74,8 @@ spec:
 def test_waiting_for_the_client_shows_in_the_status(
     kube: Cluster, namespace: str, tmp_path: Path, chat_model: Path
 ) -> None:
-    """A client-rollout trainer blocked on the client says so (progress.waitingFor/waitingSince), so a stall
-    detector can tell waiting from hanging; the fields go away once the groups arrive."""
+    """A client-rollout trainer blocked on the client says so (progress.waitingForClientSince), so the stall
+    detector can tell waiting from hanging; the field goes away once the groups arrive."""
     import time
 
     from tests.trainer.client_toy import client_config, static_group
@@ -108,11 +108,11 @@ def test_waiting_for_the_client_shows_in_the_status(
         process = start_trainer(
             config, tmp_path / "trainer.log", KUBECONFIG=str(kube.kubeconfig), GRPO_GATEWAY_WAIT_SECONDS="1"
         )
-        waiting = wait_for(lambda p: p.get("waitingFor") == "client", "waitingFor: client")
-        assert str(waiting["waitingSince"]).endswith("Z")
+        waiting = wait_for(lambda p: "waitingForClientSince" in p, "waitingForClientSince")
+        assert str(waiting["waitingForClientSince"]).endswith("Z")
         for step in range(1, 4):
             for b in range(2):
                 gateway.submit(static_group(f"q{step}{b}:", [0.1, 0.2, 0.3 + b, 0.4]))
         assert process.wait(timeout=300) == 0, (tmp_path / "trainer.log").read_text()[-3000:]
     done = wait_for(lambda p: p.get("step") == 3, "step 3")
-    assert "waitingFor" not in done and "waitingSince" not in done
+    assert "waitingForClientSince" not in done

@@ -2,7 +2,7 @@
 main.run with the client's groups as the rollout source.
 
 Per optimizer step k: rank 0 asks the rollout gateway for step k's B groups (waiting, with
-``status.progress.waitingFor: client``, until the client has sent them), every rank trains on its slice
+``status.progress.waitingForClientSince`` set, until the client has sent them), every rank trains on its slice
 through TRL's rollout_func (client_rollouts.py), rank 0 reports the step and each published checkpoint
 back to the gateway. Rank 0 also runs the policy server the gateway forwards completion requests to.
 
@@ -91,17 +91,18 @@ class ClientProgressCallback(ProgressCallback):
         return self.feed.waited_seconds if self.feed is not None else 0.0
 
     def set_waiting(self, kind: str | None) -> None:
-        """status.progress.waitingFor/waitingSince: what the trainer is blocked on, so a stall detector can
-        tell waiting for the client (normal) from hanging."""
+        """status.progress.waitingForClientSince: when rank 0 began waiting for the client's groups, so the
+        operator's stall detector tells waiting for the client (normal) from hanging; removed when the
+        step starts. Waiting for an unreachable gateway is not waiting for the client: it is cleared too."""
         if kind == self._waiting:
             return
-        self._waiting = kind
+        was_client, self._waiting = self._waiting == "client", kind
         if self.status is None:
             return
-        if kind is None:
-            self.status.update({"progress": {"waitingFor": None, "waitingSince": None}}, force=True)
-        else:
-            self.status.update({"progress": {"waitingFor": kind, "waitingSince": iso_now()}}, force=True)
+        if kind == "client":
+            self.status.update({"progress": {"waitingForClientSince": iso_now()}}, force=True)
+        elif was_client:
+            self.status.update({"progress": {"waitingForClientSince": None}}, force=True)
 
     def report(self, step: int, state: str) -> None:
         if self.gateway is not None:

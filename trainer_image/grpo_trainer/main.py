@@ -326,10 +326,7 @@ def save_final_model(trainer: ProjectGRPOTrainer, workspace: Workspace) -> None:
 def connect_metric(config: TrainerConfig) -> MetricClient:
     """The metric service's client (not yet waited for)."""
     if config.metric is None or config.dataset is None:
-        raise ConfigError(
-            "this trainer image trains only from a metric service and a dataset (trainer.json has "
-            "rollouts from a client): use a trainer image that supports spec.rollouts.source: Client"
-        )
+        raise ConfigError("the metric-service loop needs trainer.json's metric and dataset; it has neither")
     m = config.metric
     return MetricClient(
         ClientSettings(

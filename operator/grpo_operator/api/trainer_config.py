@@ -122,14 +122,14 @@ class ClientRolloutsConfig(_ConfigModel):
     )
     gateway_url: str = Field(
         min_length=1,
-        description="Base URL of the rollout gateway's internal port, where trainer rank 0 pulls scored groups "
-        "and reports progress.",
+        description="Internal URL of the job's rollout gateway, e.g. http://<job>-rollouts.<namespace>.svc:7454: "
+        "rank 0 pulls the client's groups from it and reports progress to it.",
     )
     policy_port: int = Field(
         default=POLICY_PORT,
         ge=1,
         le=65535,
-        description="Port of trainer rank 0's policy server (completions sampled from the current policy).",
+        description="Port of rank 0's policy server, where the gateway forwards completion requests.",
     )
 
 
