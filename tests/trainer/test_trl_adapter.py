@@ -123,3 +123,31 @@ def test_trl_or_transformers_still_logs_each_key_the_trainer_exports(exported: s
         f"neither TRL's GRPOTrainer nor transformers' Trainer logs {key!r} any more, which the trainer exports "
         f"as {exported} (docs/metrics.md): {UPGRADE}"
     )
+
+
+def test_rollout_func_is_still_called_with_the_recorded_contract() -> None:
+    """Client-rollout jobs train through rollout_func (client_rollouts.py): TRL must still accept it, call it
+    after its vLLM weight sync, require the recorded keys, accept logprobs None and forward other keys."""
+    assert trl_adapter.ROLLOUT_FUNC_PARAMETER in inspect.signature(GRPOTrainer.__init__).parameters, (
+        f"GRPOTrainer no longer takes {trl_adapter.ROLLOUT_FUNC_PARAMETER}: {UPGRADE}"
+    )
+    generate = _source(GRPOTrainer._generate)
+    required = next(line for line in generate.splitlines() if "required_keys = {" in line)
+    assert all(f'"{key}"' in required for key in trl_adapter.ROLLOUT_FUNC_KEYS), (
+        f"rollout_func's required keys are now {required.strip()}: {UPGRADE}"
+    )
+    for method, fragments in trl_adapter.ROLLOUT_FUNC_CONTRACT.items():
+        source = _source(getattr(GRPOTrainer, method))
+        missing = [fragment for fragment in fragments if fragment not in source]
+        assert not missing, f"GRPOTrainer.{method} no longer contains {missing}: {UPGRADE}"
+    # The sync comes before the call: the client samples the weights the step starts from.
+    assert generate.index("sync_weights()") < generate.index("self.rollout_func(prompts, self)")
+
+
+def test_vllm_generation_still_holds_its_client_where_the_policy_server_reads_it() -> None:
+    from trl.generation.vllm_generation import VLLMGeneration
+
+    source = inspect.getsource(VLLMGeneration)
+    assert f"self.{trl_adapter.VLLM_CLIENT_ATTRIBUTE} = VLLMClient(" in source, (
+        f"VLLMGeneration no longer sets self.{trl_adapter.VLLM_CLIENT_ATTRIBUTE}: {UPGRADE}"
+    )

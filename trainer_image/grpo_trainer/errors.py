@@ -29,6 +29,9 @@ class ExitCode(IntEnum):
     # CUDA ran out of GPU memory: the same model, batch and sequence lengths need the same memory after a
     # restart, so the operator fails the job at once; the message says which knobs lower the need.
     OUT_OF_MEMORY = 6
+    # Client rollouts: the client asked to cancel the run (Arbor's cancel route). Training stopped without
+    # another step or checkpoint; the operator ends the job with reason CancelledByClient and does not retry.
+    CANCELLED = 7
 
 
 class ConfigError(ValueError):

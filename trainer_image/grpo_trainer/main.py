@@ -1,4 +1,10 @@
-"""``python -m grpo_trainer``: read $GRPO_CONFIG, train, checkpoint, report; exit codes in errors.py."""
+"""``python -m grpo_trainer``: read $GRPO_CONFIG, train, checkpoint, report; exit codes in errors.py.
+
+:func:`run` is a sequence of named steps (plan the batches, claim the checkpoint directory, connect the
+reward source, load the tokenizer and prompts, build the GRPO config and the trainer, restore, train,
+finish). The metric-service loop below strings them together; another rollout source reuses the same
+steps and changes only the ones that differ (where rewards and prompts come from).
+"""
 
 from __future__ import annotations
 
@@ -7,12 +13,13 @@ import os
 import signal
 import sys
 import traceback
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from grpo_operator.api.trainer_config import TrainerConfig
 
-from grpo_trainer.config import RuntimeEnv, grpo_config_kwargs, load_config, plan_batches
+from grpo_trainer.config import BatchPlan, RuntimeEnv, grpo_config_kwargs, load_config, plan_batches
 from grpo_trainer.errors import (
     CheckpointMismatch,
     ConfigError,
@@ -22,10 +29,18 @@ from grpo_trainer.errors import (
     is_cuda_out_of_memory,
     out_of_memory_reason,
 )
+from grpo_trainer.gateway_client import GatewayProtocolError, GatewayUnavailable
 from grpo_trainer.metric_client import ClientSettings, ErrorBudget, MetricClient, MetricServiceUnavailable
 from grpo_trainer.signals import StopFlag
 from grpo_trainer.trl_adapter import load_checkpoint_weights
 from grpo_trainer.vllm_wait import GenerationUnavailable, wait_for_vllm
+
+if TYPE_CHECKING:
+    from grpo_trainer.checkpoints import Owner
+    from grpo_trainer.progress import ProgressCallback, Validation
+    from grpo_trainer.prom import TrainerMetrics
+    from grpo_trainer.status import StatusReporter
+    from grpo_trainer.trainer import ProjectGRPOTrainer
 
 log = logging.getLogger("grpo_trainer")
 
@@ -42,12 +57,46 @@ def _is_local_dir(name: str) -> bool:
     return Path(name).is_dir()
 
 
+@dataclass(frozen=True)
+class Workspace:
+    """Who this run is and where it reads and writes: the job, the checkpoint owner, the directories and
+    the checkpoint it resumes from (None: a fresh start)."""
+
+    namespace: str
+    name: str
+    owner: Owner
+    checkpoint_dir: Path
+    output_dir: Path
+    resume: str | None
+
+
+@dataclass(frozen=True)
+class Reporting:
+    """Rank 0's reporters (None on other ranks, and status None without a Kubernetes API)."""
+
+    metrics: TrainerMetrics | None
+    status: StatusReporter | None
+
+
 def run(config: TrainerConfig, env: RuntimeEnv) -> int:
     """Train to the end (or to SIGTERM); return the exit code. Raises ConfigError,
     MetricServiceUnavailable, CheckpointMismatch and NonFiniteTraining for the caller to classify."""
     stop = StopFlag()
     signal.signal(signal.SIGTERM, stop.set)
+    plan = plan_steps(config, env)
+    workspace = claim_workspace(config, env)
+    if config.rollouts is not None:
+        from grpo_trainer.client_loop import run_client_loop
 
+        return run_client_loop(config, env, plan, workspace, stop)
+    return run_metric_loop(config, env, plan, workspace, stop)
+
+
+# -- the steps every loop shares -----------------------------------------------------------------------
+
+
+def plan_steps(config: TrainerConfig, env: RuntimeEnv) -> BatchPlan:
+    """B prompts x G answers per step mapped onto the actual world size, or a ConfigError saying what to change."""
     plan = plan_batches(
         config.grpo.prompts_per_step,
         config.grpo.group_size,
@@ -69,18 +118,13 @@ def run(config: TrainerConfig, env: RuntimeEnv) -> int:
             f"dynamicSampling needs whole groups on every trainer process: promptsPerStep "
             f"{config.grpo.prompts_per_step} must be a multiple of the {env.world_size} processes"
         )
+    return plan
 
-    # Heavy imports only after the configuration is known to be valid, so config errors are fast.
-    import torch
-    from transformers import AutoTokenizer
-    from trl.trainer.grpo_config import GRPOConfig
 
+def claim_workspace(config: TrainerConfig, env: RuntimeEnv) -> Workspace:
+    """Claim the checkpoint directory for this attempt (rank 0), find the checkpoint to resume and
+    clean what killed attempts left half-written."""
     from grpo_trainer.checkpoints import Owner, claim, clean_staging, resolve_resume
-    from grpo_trainer.data import load_rows, prepare
-    from grpo_trainer.progress import ProgressCallback, Validation, truncate_jsonl
-    from grpo_trainer.prom import TrainerMetrics
-    from grpo_trainer.reward import MetricReward
-    from grpo_trainer.trainer import ProjectGRPOTrainer
 
     checkpoint_dir = Path(config.checkpoints.dir)
     output_dir = Path(config.output_dir)
@@ -95,15 +139,196 @@ def run(config: TrainerConfig, env: RuntimeEnv) -> int:
         output_dir.mkdir(parents=True, exist_ok=True)
         checkpoint_dir.mkdir(parents=True, exist_ok=True)
         clean_staging(checkpoint_dir, owner)
+    return Workspace(namespace, name, owner, checkpoint_dir, output_dir, resume)
 
-    if config.metric is None or config.dataset is None:
-        raise ConfigError(
-            "this trainer image trains only from a metric service and a dataset (trainer.json has "
-            "rollouts from a client): use a trainer image that supports spec.rollouts.source: Client"
+
+def model_revision(config: TrainerConfig) -> str | None:
+    """The Hub revision to load; None for a model in a local directory (it has no revisions)."""
+    return None if _is_local_dir(config.model.name) else config.model.revision
+
+
+def load_tokenizer(config: TrainerConfig) -> Any:
+    from transformers import AutoTokenizer
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(config.model.name, revision=model_revision(config))
+    except OSError as exc:
+        raise ConfigError(f"cannot load the tokenizer of model {config.model.name!r}: {exc}") from None
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
+def grpo_args(config: TrainerConfig, plan: BatchPlan, env: RuntimeEnv, **overrides: Any) -> Any:
+    """TRL's GRPOConfig for this run (``overrides`` replace keys of grpo_config_kwargs). With the vLLM
+    server backend, waits for the server first."""
+    import torch
+    from trl.trainer.grpo_config import GRPOConfig
+
+    kwargs = grpo_config_kwargs(config, plan, cuda=torch.cuda.is_available(), attempt=env.attempt)
+    kwargs.update(overrides)
+    if config.generation.backend == "vllm-server":
+        # Before GRPOConfig (which joins the process group) and TRL's client (whose own timeout then
+        # only covers a server that already answers): vLLM may still be loading the model.
+        wait_for_vllm(kwargs["vllm_server_base_url"], config.generation.startup_timeout_seconds)
+    revision = model_revision(config)
+    if revision:
+        kwargs["model_init_kwargs"]["revision"] = revision
+    return GRPOConfig(**kwargs)
+
+
+def peft_config(config: TrainerConfig) -> Any:
+    """PEFT's LoraConfig when grpo.lora is enabled, else None (full fine-tuning)."""
+    if not config.grpo.lora.enabled:
+        return None
+    from peft import LoraConfig
+
+    lora = config.grpo.lora
+    return LoraConfig(
+        r=lora.r,
+        lora_alpha=lora.alpha,
+        lora_dropout=lora.dropout,
+        target_modules=list(lora.target_modules),
+        task_type="CAUSAL_LM",
+    )
+
+
+def start_reporting(config: TrainerConfig, env: RuntimeEnv, workspace: Workspace) -> Reporting:
+    """Rank 0 serves Prometheus and patches the GRPOJob's status; other ranks report nothing."""
+    if not env.is_main:
+        return Reporting(metrics=None, status=None)
+    from grpo_trainer.prom import TrainerMetrics
+
+    metrics = TrainerMetrics.create(workspace.name, workspace.namespace)
+    metrics.serve(config.metrics_port)
+    return Reporting(metrics=metrics, status=_status_reporter(config, workspace.namespace, workspace.name))
+
+
+def build_trainer(
+    config: TrainerConfig,
+    workspace: Workspace,
+    args: Any,
+    tokenizer: Any,
+    train_dataset: Any,
+    reward: Any,
+    callback: ProgressCallback,
+    reporting: Reporting,
+    **extra: Any,
+) -> ProjectGRPOTrainer:
+    """The project's GRPOTrainer wired to the callback and the reporters; ``extra`` goes to its constructor
+    (e.g. TRL's rollout_func)."""
+    from grpo_trainer.trainer import ProjectGRPOTrainer
+
+    trainer = ProjectGRPOTrainer(
+        model=config.model.name,
+        reward_funcs=[reward],
+        args=args,
+        train_dataset=train_dataset,
+        processing_class=tokenizer,
+        peft_config=peft_config(config),
+        callbacks=[callback],
+        scale_rewards_mode=config.grpo.scale_rewards,
+        checkpoint_dir=str(workspace.checkpoint_dir),
+        keep_last=config.checkpoints.keep_last,
+        owner=workspace.owner,
+        dynamic_sampling=config.grpo.dynamic_sampling,
+        on_scored=callback.on_scored,
+        pad_token_id=int(tokenizer.pad_token_id),
+        **extra,
+    )
+    callback.trainer = trainer
+    metrics = reporting.metrics
+    if metrics is not None:
+        trainer.grpo_on_non_finite = lambda _: metrics.non_finite_steps.inc()
+    return trainer
+
+
+def restore(
+    trainer: ProjectGRPOTrainer,
+    config: TrainerConfig,
+    env: RuntimeEnv,
+    workspace: Workspace,
+    reporting: Reporting,
+) -> int:
+    """Restore the project's state from the checkpoint resumed from (the weights, optimizer and data position
+    are restored by trainer.train); returns the step resumed at (0: a fresh start)."""
+    from grpo_trainer.progress import truncate_jsonl
+
+    resume = workspace.resume
+    resumed_step = _checkpoint_step(resume) if resume else 0
+    if resume:
+        log.info("resuming from %s", resume)
+        trainer.restore_grpo_state(resume)
+        if env.is_main:
+            truncate_jsonl(workspace.output_dir / "metrics.jsonl", resumed_step)
+            truncate_jsonl(workspace.output_dir / "samples.jsonl", resumed_step)
+        if reporting.metrics is not None:
+            # The newest checkpoint is the one resumed from, not "none yet": checkpoint age (dashboard,
+            # GRPOJobCheckpointStale) keeps counting across a restart instead of starting from zero.
+            reporting.metrics.last_checkpoint_step.set(resumed_step)
+            reporting.metrics.last_checkpoint_timestamp.set(
+                _checkpoint_time(resume, workspace.checkpoint_dir)
+            )
+    if reporting.status is not None:
+        reporting.status.update({"progress": {"totalSteps": config.grpo.steps}}, force=True)
+    return resumed_step
+
+
+def train(
+    trainer: ProjectGRPOTrainer, config: TrainerConfig, workspace: Workspace, resumed_step: int
+) -> None:
+    """Run the remaining steps (none when the checkpoint resumed from is the final one)."""
+    resume = workspace.resume
+    if resume and resumed_step >= config.grpo.steps:
+        # Killed after the final checkpoint (e.g. while saving the model): the run is complete.
+        # transformers' loop would still take one more step past max_steps when resumed there.
+        log.info(
+            "the checkpoint at step %d already completes the %d steps: saving the final model only",
+            resumed_step,
+            config.grpo.steps,
         )
-    dataset = config.dataset
+        load_checkpoint_weights(trainer, resume)
+        trainer.state.global_step = resumed_step
+    else:
+        trainer.train(resume_from_checkpoint=resume)
+
+
+def finish(
+    trainer: ProjectGRPOTrainer,
+    callback: ProgressCallback,
+    env: RuntimeEnv,
+    workspace: Workspace,
+    reporting: Reporting,
+) -> int:
+    """Save the final model (unless stopped by SIGTERM, which leaves a checkpoint to resume) and flush the
+    status; returns ExitCode.OK."""
+    if callback.stopped_by_signal:
+        log.info("stopped by SIGTERM after checkpointing step %d", trainer.state.global_step)
+    elif env.is_main:
+        save_final_model(trainer, workspace)
+    if reporting.status is not None:
+        reporting.status.close()
+    return int(ExitCode.OK)
+
+
+def save_final_model(trainer: ProjectGRPOTrainer, workspace: Workspace) -> None:
+    trainer.save_model(str(workspace.output_dir / "model"))
+    log.info(
+        "training finished: %d steps; final model in %s",
+        trainer.state.global_step,
+        workspace.output_dir / "model",
+    )
+
+
+# -- the metric-service loop: the trainer generates, the job's metric service scores ------------------------
+
+
+def connect_metric(config: TrainerConfig) -> MetricClient:
+    """The metric service's client (not yet waited for)."""
+    if config.metric is None or config.dataset is None:
+        raise ConfigError("the metric-service loop needs trainer.json's metric and dataset; it has neither")
     m = config.metric
-    client = MetricClient(
+    return MetricClient(
         ClientSettings(
             url=m.url,
             batch_size=m.batch_size,
@@ -115,143 +340,76 @@ def run(config: TrainerConfig, env: RuntimeEnv) -> int:
             breaker_cooldown_seconds=float(os.environ.get(BREAKER_COOLDOWN_ENV, "5")),
         )
     )
+
+
+def load_prompts(config: TrainerConfig, tokenizer: Any) -> tuple[Any, Validation | None]:
+    """The training prompts and the validation set (None when validation is off)."""
+    from grpo_trainer.data import load_rows, prepare
+    from grpo_trainer.progress import Validation
+
+    dataset = config.dataset
+    assert dataset is not None  # connect_metric refused a config without one
+    train_rows = prepare(
+        load_rows(dataset.train),
+        dataset,
+        tokenizer,
+        config.grpo.max_prompt_length,
+        dataset.train,
+    )
+    v = config.grpo.validation
+    if not (dataset.validation and v.every_steps):
+        return train_rows, None
+    val = prepare(
+        load_rows(dataset.validation),
+        dataset,
+        tokenizer,
+        config.grpo.max_prompt_length,
+        dataset.validation,
+    )
+    validation = Validation(
+        rows=[dict(r) for r in val.select(range(min(v.max_prompts, len(val))))],
+        every_steps=v.every_steps,
+        score_path=v.score_path,
+    )
+    return train_rows, validation
+
+
+def run_metric_loop(
+    config: TrainerConfig, env: RuntimeEnv, plan: BatchPlan, workspace: Workspace, stop: StopFlag
+) -> int:
+    from grpo_trainer.progress import ProgressCallback
+    from grpo_trainer.reward import MetricReward
+
+    client = connect_metric(config)
+    assert config.metric is not None
     try:
         client.wait_ready(float(os.environ.get(METRIC_READY_TIMEOUT_ENV, "600")))
-
-        revision = None if _is_local_dir(config.model.name) else config.model.revision
-        try:
-            tokenizer = AutoTokenizer.from_pretrained(config.model.name, revision=revision)
-        except OSError as exc:
-            raise ConfigError(f"cannot load the tokenizer of model {config.model.name!r}: {exc}") from None
-        if tokenizer.pad_token is None:
-            tokenizer.pad_token = tokenizer.eos_token
-
-        train = prepare(
-            load_rows(dataset.train),
-            dataset,
-            tokenizer,
-            config.grpo.max_prompt_length,
-            dataset.train,
-        )
-        validation = None
-        v = config.grpo.validation
-        if dataset.validation and v.every_steps:
-            val = prepare(
-                load_rows(dataset.validation),
-                dataset,
-                tokenizer,
-                config.grpo.max_prompt_length,
-                dataset.validation,
-            )
-            validation = Validation(
-                rows=[dict(r) for r in val.select(range(min(v.max_prompts, len(val))))],
-                every_steps=v.every_steps,
-                score_path=v.score_path,
-            )
-
-        cuda = torch.cuda.is_available()
-        kwargs = grpo_config_kwargs(config, plan, cuda=cuda, attempt=env.attempt)
-        if config.generation.backend == "vllm-server":
-            # Before GRPOConfig (which joins the process group) and TRL's client (whose own timeout then
-            # only covers a server that already answers): vLLM may still be loading the model.
-            wait_for_vllm(kwargs["vllm_server_base_url"], config.generation.startup_timeout_seconds)
-        if revision:
-            kwargs["model_init_kwargs"]["revision"] = revision
-        args = GRPOConfig(**kwargs)
-
-        peft_config = None
-        if config.grpo.lora.enabled:
-            from peft import LoraConfig
-
-            lora = config.grpo.lora
-            peft_config = LoraConfig(
-                r=lora.r,
-                lora_alpha=lora.alpha,
-                lora_dropout=lora.dropout,
-                target_modules=list(lora.target_modules),
-                task_type="CAUSAL_LM",
-            )
-
+        tokenizer = load_tokenizer(config)
+        train_rows, validation = load_prompts(config, tokenizer)
+        args = grpo_args(config, plan, env)
         reward = MetricReward(client, config.grpo.format_failure_score, rank=env.rank)
         window = int(os.environ.get(ERROR_WINDOW_ENV, DEFAULT_ERROR_WINDOW_STEPS))
-        metrics = None
-        status = None
-        if env.is_main:
-            metrics = TrainerMetrics.create(name, namespace)
-            metrics.serve(config.metrics_port)
-            status = _status_reporter(config, namespace, name)
+        reporting = start_reporting(config, env, workspace)
         callback = ProgressCallback(
             reward=reward,
             total_steps=config.grpo.steps,
-            output_dir=output_dir,
+            output_dir=workspace.output_dir,
             stop=stop,
-            budget=ErrorBudget(m.error_budget, window),
+            budget=ErrorBudget(config.metric.error_budget, window),
             is_main=env.is_main,
-            metrics=metrics,
-            status=status,
+            metrics=reporting.metrics,
+            status=reporting.status,
             validation=validation,
         )
-        trainer = ProjectGRPOTrainer(
-            model=config.model.name,
-            reward_funcs=[reward],
-            args=args,
-            train_dataset=train,
-            processing_class=tokenizer,
-            peft_config=peft_config,
-            callbacks=[callback],
-            scale_rewards_mode=config.grpo.scale_rewards,
-            checkpoint_dir=str(checkpoint_dir),
-            keep_last=config.checkpoints.keep_last,
-            owner=owner,
-            dynamic_sampling=config.grpo.dynamic_sampling,
-            on_scored=callback.on_scored,
-            pad_token_id=int(tokenizer.pad_token_id),
-        )
-        callback.trainer = trainer
-        if metrics is not None:
-            trainer.grpo_on_non_finite = lambda _: metrics.non_finite_steps.inc()
-        resumed_step = _checkpoint_step(resume) if resume else 0
-        if resume:
-            log.info("resuming from %s", resume)
-            trainer.restore_grpo_state(resume)
-            if env.is_main:
-                truncate_jsonl(output_dir / "metrics.jsonl", resumed_step)
-                truncate_jsonl(output_dir / "samples.jsonl", resumed_step)
-            if metrics is not None:
-                # The newest checkpoint is the one resumed from, not "none yet": checkpoint age (dashboard,
-                # GRPOJobCheckpointStale) keeps counting across a restart instead of starting from zero.
-                metrics.last_checkpoint_step.set(resumed_step)
-                metrics.last_checkpoint_timestamp.set(_checkpoint_time(resume, checkpoint_dir))
-        if status is not None:
-            status.update({"progress": {"totalSteps": config.grpo.steps}}, force=True)
-
-        if resume and resumed_step >= config.grpo.steps:
-            # Killed after the final checkpoint (e.g. while saving the model): the run is complete.
-            # transformers' loop would still take one more step past max_steps when resumed there.
-            log.info(
-                "the checkpoint at step %d already completes the %d steps: saving the final model only",
-                resumed_step,
-                config.grpo.steps,
-            )
-            load_checkpoint_weights(trainer, resume)
-            trainer.state.global_step = resumed_step
-        else:
-            trainer.train(resume_from_checkpoint=resume)
-
-        if callback.stopped_by_signal:
-            log.info("stopped by SIGTERM after checkpointing step %d", trainer.state.global_step)
-        elif env.is_main:
-            trainer.save_model(str(output_dir / "model"))
-            log.info(
-                "training finished: %d steps; final model in %s",
-                trainer.state.global_step,
-                output_dir / "model",
-            )
-        if status is not None:
-            status.close()
-        return int(ExitCode.OK)
+        trainer = build_trainer(config, workspace, args, tokenizer, train_rows, reward, callback, reporting)
+        resumed_step = restore(trainer, config, env, workspace, reporting)
+        train(trainer, config, workspace, resumed_step)
+        return finish(trainer, callback, env, workspace, reporting)
     finally:
         client.close()
+
+
+# -- helpers -------------------------------------------------------------------------------------------------
 
 
 def _checkpoint_time(path: str, checkpoint_dir: Path) -> float:
@@ -311,6 +469,8 @@ def main(argv: list[str] | None = None) -> int:
     except NonFiniteTraining as exc:
         return fail(ExitCode.NON_FINITE, str(exc))
     except GenerationUnavailable as exc:
+        return fail(ExitCode.TRANSIENT, str(exc))
+    except (GatewayProtocolError, GatewayUnavailable) as exc:
         return fail(ExitCode.TRANSIENT, str(exc))
     except KeyboardInterrupt:
         return fail(ExitCode.TRANSIENT, "interrupted")

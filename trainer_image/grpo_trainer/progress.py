@@ -16,6 +16,7 @@ import torch
 from grpo_operator.api.status import CheckpointStatus, ProgressStatus, RewardsStatus
 from transformers import TrainerCallback
 
+from grpo_trainer.client_rollouts import ClientReward
 from grpo_trainer.metric_client import ErrorBudget
 from grpo_trainer.prom import TrainerMetrics
 from grpo_trainer.reward import MetricReward
@@ -70,11 +71,12 @@ class Validation:
 
 @dataclass
 class ProgressCallback(TrainerCallback):  # type: ignore[misc]
-    reward: MetricReward
+    reward: MetricReward | ClientReward
     total_steps: int
     output_dir: Path
     stop: StopFlag
-    budget: ErrorBudget
+    # The metric error budget; None for client rollouts (the client scores, nothing can fail here).
+    budget: ErrorBudget | None
     is_main: bool
     metrics: TrainerMetrics | None = None
     status: StatusReporter | None = None
@@ -88,6 +90,8 @@ class ProgressCallback(TrainerCallback):  # type: ignore[misc]
     # -- called from inside the generation round (every rank, global numbers) ----------------------------
 
     def on_scored(self, stats: StepStats) -> None:
+        if self.budget is None:
+            return
         self.budget.record(stats.metric_errors, stats.rollouts)
         step = self.trainer.state.global_step + 1 if self.trainer is not None else 0
         self.budget.check(step)
@@ -148,7 +152,7 @@ class ProgressCallback(TrainerCallback):  # type: ignore[misc]
             "completion_length": finite(logs.get(LOG_KEYS["completion_length"])),
             "learning_rate": finite(logs.get(LOG_KEYS["learning_rate"])),
             "step_seconds": round(self._last_step_seconds, 4),
-            "metric_seconds": round(self.reward.client.stats.seconds_in_score, 4),
+            "metric_seconds": round(self.reward_seconds(), 4),
         }
         if torch.cuda.is_available():
             # Peak since the process started, on this rank's GPU: what a memory request must cover.
@@ -179,6 +183,12 @@ class ProgressCallback(TrainerCallback):  # type: ignore[misc]
             )
 
     # -- helpers -------------------------------------------------------------------------------------------
+
+    def reward_seconds(self) -> float:
+        """Cumulative wall time spent waiting for rewards (the metric service's scoring)."""
+        if isinstance(self.reward, MetricReward):
+            return self.reward.client.stats.seconds_in_score
+        return 0.0
 
     def _status_body(self, stats: StepStats, step: int) -> dict[str, Any]:
         progress = ProgressStatus.model_validate(
@@ -237,7 +247,7 @@ class ProgressCallback(TrainerCallback):  # type: ignore[misc]
             self._last_tokens = tokens
         m.step_duration.observe(self._last_step_seconds)
         m.last_step_timestamp.set(time.time())
-        seconds = self.reward.client.stats.seconds_in_score
+        seconds = self.reward_seconds()
         counted = getattr(self, "_metric_seconds_counted", 0.0)
         if seconds > counted:
             m.metric_score_seconds.inc(seconds - counted)
@@ -275,6 +285,7 @@ class ProgressCallback(TrainerCallback):  # type: ignore[misc]
     def _validate(self, step: int) -> None:
         """Score one sampled answer per validation prompt (all ranks generate their shard)."""
         assert self.trainer is not None and self.validation is not None
+        assert isinstance(self.reward, MetricReward), "validation is scored by the metric service"
         trainer = self.trainer
         world, rank = trainer.accelerator.num_processes, trainer.accelerator.process_index
         rows = self.validation.rows

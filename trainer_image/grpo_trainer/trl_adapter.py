@@ -73,12 +73,36 @@ CALLED: tuple[Internal, ...] = (
     Internal(
         "_load_from_checkpoint",
         ("resume_from_checkpoint",),
-        "a run killed after its final checkpoint loads the weights without taking another step",
+        "a run killed after its final checkpoint loads the weights without taking another step; a client-rollout "
+        "run loads the resumed weights before its policy server answers",
+    ),
+    Internal(
+        "_save_checkpoint",
+        ("model", "trial"),
+        "a client's terminate ends training between two steps, outside transformers' loop: the final "
+        "checkpoint is written (and published by the override) by calling it directly",
     ),
 )
 
-# Attributes GRPOTrainer.__init__ sets that the trainer reads: G, the reward functions, per-mode logs.
-INSTANCE_ATTRIBUTES = ("num_generations", "reward_funcs", "_metrics")
+# Attributes GRPOTrainer.__init__ sets that the trainer reads: G, the reward functions, per-mode logs, and
+# (client rollouts, vLLM server backend) the vLLM generation helper whose client the policy server samples with.
+INSTANCE_ATTRIBUTES = ("num_generations", "reward_funcs", "_metrics", "vllm_generation")
+# Attribute of TRL's VLLMGeneration (server mode, rank 0) holding its VLLMClient.
+VLLM_CLIENT_ATTRIBUTE = "vllm_client"
+# Client rollouts go through GRPOTrainer's experimental ``rollout_func`` constructor argument: called in
+# _generate on every rank with this rank's prompts and the trainer, after TRL's vLLM weight sync; it must
+# return these keys (logprobs may be None: TRL then builds no sampling log-probabilities) and every other
+# key is merged into the rows the reward functions receive.
+ROLLOUT_FUNC_PARAMETER = "rollout_func"
+ROLLOUT_FUNC_KEYS = ("prompt_ids", "completion_ids", "logprobs")
+# Source fragments of _generate / _generate_and_score_completions that carry the behaviour above.
+ROLLOUT_FUNC_CONTRACT = {
+    "_generate": ("self.rollout_func(prompts, self)", "sync_weights()", "extra_fields = {k: v"),
+    "_generate_and_score_completions": (
+        "if sampling_per_token_logps_list is not None",
+        "inp[key] = values[i]",
+    ),
+}
 # Keys of the dict _generate_and_score_completions returns that the trainer reads, replaces or pads.
 GENERATION_OUTPUT_KEYS = (
     "prompt_ids",
@@ -122,3 +146,14 @@ def clear_eval_metrics(trainer: Any) -> None:
 def load_checkpoint_weights(trainer: Any, checkpoint: str) -> None:
     """Load a checkpoint's weights into the trainer's model without training."""
     trainer._load_from_checkpoint(checkpoint)
+
+
+def save_checkpoint_now(trainer: Any) -> None:
+    """Write (and, through ProjectGRPOTrainer's override, publish) a checkpoint of the current step outside
+    transformers' loop; collective: every rank calls it."""
+    trainer._save_checkpoint(trainer.model, None)
+
+
+def vllm_client(trainer: Any) -> Any:
+    """TRL's VLLMClient of the job's vLLM server (rank 0, server mode)."""
+    return getattr(trainer.vllm_generation, VLLM_CLIENT_ATTRIBUTE)

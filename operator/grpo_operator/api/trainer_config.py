@@ -30,6 +30,9 @@ WEIGHT_SYNC_PORT = 51216
 TRAINER_METRICS_PORT = 9090
 # Arbor's default port, so a DSPy user's api_base looks the same as with a local Arbor server.
 ROLLOUTS_PORT = 7453
+# Trainer rank 0's policy server (OpenAI-compatible completions from the current policy), which the rollout
+# gateway forwards the client's completion requests to.
+POLICY_PORT = 7455
 # The environment variable of trainer rank 0 holding the per-job bearer token (spec.rollouts.client.tokenSecretRef).
 ROLLOUTS_TOKEN_ENV = "GRPO_ROLLOUTS_TOKEN"
 
@@ -116,6 +119,17 @@ class ClientRolloutsConfig(_ConfigModel):
         default=None,
         min_length=1,
         description="Environment variable holding the bearer token the completion routes require; unset: none.",
+    )
+    gateway_url: str = Field(
+        min_length=1,
+        description="Internal URL of the job's rollout gateway, e.g. http://<job>-rollouts.<namespace>.svc:7454: "
+        "rank 0 pulls the client's groups from it and reports progress to it.",
+    )
+    policy_port: int = Field(
+        default=POLICY_PORT,
+        ge=1,
+        le=65535,
+        description="Port of rank 0's policy server, where the gateway forwards completion requests.",
     )
 
 

@@ -1,0 +1,352 @@
+"""Trainer rank 0's policy server (client-rollout jobs, port ``rollouts.policyPort``): OpenAI-compatible
+``POST /v1/chat/completions`` and ``POST /v1/completions`` sampled from the current policy, which the
+rollout gateway forwards its clients' requests to. Also ``GET /v1/models`` and ``GET /healthz``.
+
+Backends: ``transformers`` samples in-process from the training model under :class:`PolicyLock` (never
+during a training step); ``vllm-server`` sends the prompt's token ids to the job's vLLM server through
+TRL's VLLMClient, whose weights TRL syncs before every step. Chats are rendered by the trainer
+(client_rollouts.render_prompt_text), so the completion a client sends back is trained on exactly the
+prompt it was sampled from. Honoured: max_tokens / max_completion_tokens (capped at
+grpo.maxCompletionLength), temperature, top_p, n, stop (cut after sampling); other fields are ignored.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from grpo_trainer.client_rollouts import PolicyLock, prompt_ids, text_ids
+
+log = logging.getLogger("grpo_trainer.policy_server")
+
+MAX_BODY_BYTES = 16 * 1024 * 1024
+
+
+class BadRequest(ValueError):
+    """A request the server cannot answer; the message names the field."""
+
+
+@dataclass(frozen=True)
+class Sampling:
+    n: int
+    max_tokens: int
+    temperature: float
+    top_p: float
+    stop: list[str]
+
+
+# (prompt token ids, sampling) -> completion texts with their finish reasons and completion token counts.
+Sampler = Callable[[list[int], Sampling], list[tuple[str, str, int]]]
+
+
+def sampling_of(
+    body: dict[str, Any], max_completion_length: int, default_temperature: float, default_top_p: float
+) -> Sampling:
+    def number(key: str, default: float, low: float, high: float) -> float:
+        value = body.get(key)
+        if value is None:
+            return default
+        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+            raise BadRequest(f"{key} must be a number")
+        if not low <= value <= high:
+            raise BadRequest(f"{key} must be between {low} and {high}")
+        return float(value)
+
+    requested = body.get("max_completion_tokens", body.get("max_tokens"))
+    if requested is None:
+        max_tokens = max_completion_length
+    elif isinstance(requested, bool) or not isinstance(requested, int) or requested < 1:
+        raise BadRequest("max_tokens / max_completion_tokens must be a positive integer")
+    else:
+        # Longer completions than grpo.maxCompletionLength could not be trained on as sampled.
+        max_tokens = min(requested, max_completion_length)
+    n = body.get("n", 1)
+    if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= 128:
+        raise BadRequest("n must be an integer from 1 to 128")
+    stop = body.get("stop")
+    stops = (
+        [stop]
+        if isinstance(stop, str)
+        else [s for s in stop if isinstance(s, str) and s]
+        if isinstance(stop, list)
+        else []
+    )
+    return Sampling(
+        n=n,
+        max_tokens=max_tokens,
+        temperature=number("temperature", default_temperature, 0.0, 10.0),
+        top_p=number("top_p", default_top_p, 0.0, 1.0) or 1.0,
+        stop=stops,
+    )
+
+
+def cut_at_stop(text: str, stops: list[str]) -> tuple[str, bool]:
+    cut = min((text.index(s) for s in stops if s in text), default=-1)
+    return (text[:cut], True) if cut >= 0 else (text, False)
+
+
+def transformers_sampler(trainer: Any, tokenizer: Any) -> Sampler:
+    """Sample from the training model in-process (PolicyServer calls it under the policy lock, so never
+    during a training step)."""
+    import torch
+
+    eos = int(tokenizer.eos_token_id)
+    pad = int(tokenizer.pad_token_id)
+
+    def sample(ids: list[int], sampling: Sampling) -> list[tuple[str, str, int]]:
+        model = trainer.accelerator.unwrap_model(trainer.model)
+        was_training = model.training
+        model.eval()
+        try:
+            with torch.no_grad():
+                inputs = torch.tensor([ids] * sampling.n, device=model.device)
+                greedy = sampling.temperature == 0.0
+                extra: dict[str, Any] = (
+                    {} if greedy else {"temperature": sampling.temperature, "top_p": sampling.top_p}
+                )
+                out = model.generate(
+                    input_ids=inputs,
+                    attention_mask=torch.ones_like(inputs),
+                    do_sample=not greedy,
+                    max_new_tokens=sampling.max_tokens,
+                    pad_token_id=pad,
+                    eos_token_id=eos,
+                    **extra,
+                )
+        finally:
+            model.train(was_training)
+        results = []
+        for row in out[:, len(ids) :].tolist():
+            tokens = row[: row.index(eos) + 1] if eos in row else row
+            finished = bool(tokens) and tokens[-1] == eos
+            results.append(
+                (
+                    tokenizer.decode(tokens, skip_special_tokens=True),
+                    "stop" if finished else "length",
+                    len(tokens),
+                )
+            )
+        return results
+
+    return sample
+
+
+def vllm_sampler(trainer: Any, tokenizer: Any) -> Sampler:
+    """Sample through the job's vLLM server with TRL's client (rank 0 holds it in server mode); under the
+    policy lock, so never while TRL pushes new weights to the server."""
+    from grpo_trainer.trl_adapter import vllm_client
+
+    client = vllm_client(trainer)
+    eos = int(tokenizer.eos_token_id)
+
+    def sample(ids: list[int], sampling: Sampling) -> list[tuple[str, str, int]]:
+        output = client.generate(
+            prompts=[ids],
+            n=sampling.n,
+            temperature=sampling.temperature,
+            top_p=sampling.top_p,
+            max_tokens=sampling.max_tokens,
+            logprobs=None,
+        )
+        results = []
+        for tokens in output["completion_ids"]:
+            finished = bool(tokens) and tokens[-1] == eos
+            results.append(
+                (
+                    tokenizer.decode(tokens, skip_special_tokens=True),
+                    "stop" if finished else "length",
+                    len(tokens),
+                )
+            )
+        return results
+
+    return sample
+
+
+class PolicyServer:
+    """The HTTP server, in daemon threads of rank 0."""
+
+    def __init__(
+        self,
+        port: int,
+        served_model: str,
+        tokenizer: Any,
+        sampler: Sampler,
+        *,
+        max_completion_length: int,
+        temperature: float,
+        top_p: float,
+        lock: PolicyLock | None = None,
+        host: str = "0.0.0.0",
+    ):
+        # Held around tokenising, sampling and decoding: the training thread holds it during a step, and
+        # a fast tokenizer must not be used from two threads at once.
+        self.lock = lock or PolicyLock()
+        self.served_model = served_model
+        self.tokenizer = tokenizer
+        self.sampler = sampler
+        self.max_completion_length = max_completion_length
+        self.temperature, self.top_p = temperature, top_p
+        self.requests = 0
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, format: str, *args: Any) -> None:
+                log.debug("%s " + format, self.address_string(), *args)
+
+            def _answer(self, code: int, body: Any) -> None:
+                data = json.dumps(body).encode()
+                self.send_response(code)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def do_GET(self) -> None:
+                path = self.path.split("?", 1)[0].rstrip("/")
+                if path == "/healthz":
+                    self._answer(200, {"status": "ok"})
+                elif path in ("/v1/models", "/models"):
+                    self._answer(200, {"object": "list", "data": [server.model_entry()]})
+                else:
+                    self._answer(404, error_body(f"no route GET {path}", "not_found"))
+
+            def do_POST(self) -> None:
+                path = self.path.split("?", 1)[0].rstrip("/")
+                routes = {
+                    "/v1/chat/completions": server.chat,
+                    "/chat/completions": server.chat,
+                    "/v1/completions": server.completions,
+                    "/completions": server.completions,
+                }
+                handler = routes.get(path)
+                if handler is None:
+                    self._answer(404, error_body(f"no route POST {path}", "not_found"))
+                    return
+                try:
+                    length = int(self.headers.get("Content-Length") or 0)
+                    if length > MAX_BODY_BYTES:
+                        raise BadRequest(f"the request body is larger than {MAX_BODY_BYTES} bytes")
+                    body = json.loads(self.rfile.read(length) or b"{}")
+                    if not isinstance(body, dict):
+                        raise BadRequest("the request body must be a JSON object")
+                    with server.lock.sampling():
+                        answer = handler(body)
+                    self._answer(200, answer)
+                except (BadRequest, json.JSONDecodeError) as exc:
+                    self._answer(400, error_body(str(exc), "invalid_request_error"))
+                except Exception as exc:  # a sampling failure must answer, not hang the client
+                    log.exception("policy server: %s failed", path)
+                    self._answer(500, error_body(f"{type(exc).__name__}: {exc}", "server_error"))
+
+        self._httpd = ThreadingHTTPServer((host, port), Handler)
+        self._httpd.daemon_threads = True
+        self.port = int(self._httpd.server_address[1])
+        self._thread = threading.Thread(target=self._httpd.serve_forever, name="policy-server", daemon=True)
+
+    def start(self) -> PolicyServer:
+        self._thread.start()
+        log.info("policy server on port %d serving %s", self.port, self.served_model)
+        return self
+
+    def close(self) -> None:
+        self._httpd.shutdown()
+        self._httpd.server_close()
+
+    def model_entry(self) -> dict[str, Any]:
+        return {"id": self.served_model, "object": "model", "created": 0, "owned_by": "grpo-operator"}
+
+    def _sampling(self, body: dict[str, Any]) -> Sampling:
+        return sampling_of(body, self.max_completion_length, self.temperature, self.top_p)
+
+    def _run(self, ids: list[int], sampling: Sampling) -> list[tuple[str, str, int]]:
+        self.requests += 1
+        out = []
+        for text, reason, tokens in self.sampler(ids, sampling):
+            cut, stopped = cut_at_stop(text, sampling.stop)
+            out.append((cut, "stop" if stopped else reason, tokens))
+        return out
+
+    def chat(self, body: dict[str, Any]) -> dict[str, Any]:
+        messages = body.get("messages")
+        if (
+            not isinstance(messages, list)
+            or not messages
+            or not all(
+                isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
+                for m in messages
+            )
+        ):
+            raise BadRequest("messages must be a non-empty list of {role, content} with text content")
+        ids = prompt_ids(self.tokenizer, [{"role": m["role"], "content": m["content"]} for m in messages])
+        results = self._run(ids, self._sampling(body))
+        return {
+            "id": f"chatcmpl-{uuid.uuid4().hex}",
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "model": str(body.get("model") or self.served_model),
+            "choices": [
+                {
+                    "index": i,
+                    "message": {"role": "assistant", "content": text},
+                    "finish_reason": reason,
+                    "logprobs": None,
+                }
+                for i, (text, reason, _) in enumerate(results)
+            ],
+            "usage": usage(len(ids), results),
+        }
+
+    def completions(self, body: dict[str, Any]) -> dict[str, Any]:
+        prompt = body.get("prompt")
+        prompts = [prompt] if isinstance(prompt, str) else prompt
+        if not isinstance(prompts, list) or not prompts or not all(isinstance(p, str) for p in prompts):
+            raise BadRequest("prompt must be a string or a non-empty list of strings")
+        sampling = self._sampling(body)
+        choices: list[dict[str, Any]] = []
+        prompt_tokens = 0
+        completion_tokens = 0
+        for text_prompt in prompts:
+            ids = text_ids(self.tokenizer, text_prompt)
+            results = self._run(ids, sampling)
+            prompt_tokens += len(ids)
+            completion_tokens += sum(t for _, _, t in results)
+            for text, reason, _ in results:
+                choices.append(
+                    {"index": len(choices), "text": text, "finish_reason": reason, "logprobs": None}
+                )
+        return {
+            "id": f"cmpl-{uuid.uuid4().hex}",
+            "object": "text_completion",
+            "created": int(time.time()),
+            "model": str(body.get("model") or self.served_model),
+            "choices": choices,
+            "usage": {
+                "prompt_tokens": prompt_tokens,
+                "completion_tokens": completion_tokens,
+                "total_tokens": prompt_tokens + completion_tokens,
+            },
+        }
+
+
+def usage(prompt_tokens: int, results: list[tuple[str, str, int]]) -> dict[str, int]:
+    completion = sum(t for _, _, t in results)
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion,
+        "total_tokens": prompt_tokens + completion,
+    }
+
+
+def error_body(message: str, kind: str) -> dict[str, Any]:
+    return {"error": {"message": message, "type": kind, "param": None, "code": None}}
