@@ -11,6 +11,7 @@ from grpo_operator.api import GRPOJobSpec, GRPOJobStatus
 from grpo_operator.api.crd import GENERATED_HEADER, build_crd, model_openapi_schema
 from grpo_operator.api.docs import render_api_md
 from grpo_operator.api.generate import outputs, repo_root, stale_files
+from grpo_operator.api.rollouts import ROLLOUTS_SOURCE_IMMUTABLE, RolloutsSpec
 from grpo_operator.api.spec import (
     MODEL_IDENTITY_UNCHANGED,
     EnvVar,
@@ -149,7 +150,8 @@ def test_descriptions_defaults_and_bounds_come_from_the_models() -> None:
         "v_proj",
         "o_proj",
     ]
-    assert spec["required"] == ["model", "dataset", "grpo", "metric"]
+    # dataset and metric are required by CEL unless spec.rollouts.source is Client.
+    assert spec["required"] == ["model", "grpo"]
     assert spec["properties"]["generation"]["properties"]["gpus"]["maximum"] == 8
 
 
@@ -172,6 +174,8 @@ def test_every_model_rule_is_in_the_crd() -> None:
     assert all(r.rule in rules(env_item["properties"]["valueFrom"]) for r in EnvVarSource.cel_rules)
     assert "self.groupSize == oldSelf.groupSize" in rules(props["grpo"])
     assert "self.nodes == oldSelf.nodes" in rules(props["trainer"])
+    assert ROLLOUTS_SOURCE_IMMUTABLE.rule in rules(spec)
+    assert all(r.rule in rules(props["rollouts"]) for r in RolloutsSpec.cel_rules)
     root_rules = rules(_schema())
     assert any(r == "self.metadata.name.size() <= 40" for r in root_rules)
 

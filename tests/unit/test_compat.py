@@ -36,9 +36,8 @@ def test_defaults_leave_trainer_json_and_the_gang_hash_as_they_were() -> None:
     job = job_from_object(job_object())
     text = trainer_config_text(job, OperatorSettings())
     assert not keys(json.loads(text)) & LATER_KEYS
-    assert (
-        TrainerConfig.model_validate_json(text).dataset.apply_chat_template is True
-    )  # the new trainer's default
+    dataset = TrainerConfig.model_validate_json(text).dataset
+    assert dataset is not None and dataset.apply_chat_template is True  # the new trainer's default
     hashed = gang_hash_input(job)
     assert not keys(hashed) & LATER_KEYS and "inputs" not in hashed
 

@@ -22,6 +22,13 @@ from grpo_operator.api.dataset_uri import (
     parse_dataset_uri,
 )
 from grpo_operator.api.prompt_template import PROMPT_TEMPLATE_RULES, template_fields
+from grpo_operator.api.rollouts import (
+    CLIENT_MODE_RULES,
+    ROLLOUTS_SOURCE_IMMUTABLE,
+    RolloutsSpec,
+    client_mode_violation,
+    rollouts_source,
+)
 
 # GPUs one Kubernetes node offers at most (an 8-GPU HGX/DGX box); per-pod GPU counts above it could
 # never be scheduled.
@@ -848,7 +855,7 @@ class GRPOJobSpec(ApiModel):
             ".grpo.promptsPerStep",
         ),
         CelRule(
-            "self.grpo.validation.everySteps == 0 || has(self.dataset.validation)",
+            "self.grpo.validation.everySteps == 0 || !has(self.dataset) || has(self.dataset.validation)",
             "spec.grpo.validation.everySteps > 0 needs spec.dataset.validation: set a validation dataset URI "
             "or set everySteps to 0",
             ".grpo.validation.everySteps",
@@ -870,6 +877,7 @@ class GRPOJobSpec(ApiModel):
             "or use an existingClaim",
             ".checkpoints.volume.accessMode",
         ),
+        *CLIENT_MODE_RULES,
     )
 
     model: ModelSpec = Field(
@@ -883,11 +891,19 @@ class GRPOJobSpec(ApiModel):
             ]
         },
     )
-    dataset: DatasetSpec = Field(description="Training (and optional validation) prompts.")
+    dataset: DatasetSpec | None = Field(
+        default=None,
+        description="Training (and optional validation) prompts; required unless rollouts.source is Client.",
+    )
     grpo: GRPOSpec = Field(
         description="GRPO hyper-parameters; groupSize, promptsPerStep and lora are immutable."
     )
-    metric: MetricSpec = Field(description="The reward (metric) service.")
+    metric: MetricSpec | None = Field(
+        default=None, description="The reward (metric) service; required unless rollouts.source is Client."
+    )
+    rollouts: RolloutsSpec | None = Field(
+        default=None, description="Where scored rollouts come from; unset means the metric service."
+    )
     generation: GenerationSpec = Field(
         default_factory=GenerationSpec, description="The vLLM generation server."
     )
@@ -943,7 +959,10 @@ class GRPOJobSpec(ApiModel):
     def _cross_object(self) -> GRPOJobSpec:
         if (self.grpo.prompts_per_step * self.grpo.group_size) % self.trainer_data_parallel_batch() != 0:
             raise self.cel_rules[0].violation()
-        if self.grpo.validation.every_steps > 0 and self.dataset.validation is None:
+        violation = client_mode_violation(self)
+        if violation is not None:
+            raise violation
+        if self.grpo.validation.every_steps > 0 and self.dataset and self.dataset.validation is None:
             raise self.cel_rules[1].violation()
         if self.model_on_volume() and self.checkpoints.volume.access_mode != "ReadWriteMany":
             raise self.cel_rules[2].violation()
@@ -1005,6 +1024,8 @@ def check_immutable(old: GRPOJobSpec, new: GRPOJobSpec) -> list[str]:
         update={"token_secret_ref": None}
     ):
         errors.append("spec.model is immutable: delete the job and create a new one to train another model")
+    if rollouts_source(old) != rollouts_source(new):
+        errors.append(ROLLOUTS_SOURCE_IMMUTABLE.message)
     old_d, new_d = old.to_dict(), new.to_dict()
     for obj, rules in immutability_rules().items():
         for name, rule in zip(IMMUTABLE_FIELDS[obj], rules, strict=True):

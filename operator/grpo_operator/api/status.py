@@ -70,6 +70,11 @@ class ProgressStatus(_StatusModel):
     )
     last_step_time: datetime | None = Field(default=None, description="When the last step finished.")
     step_duration_seconds: float | None = Field(default=None, ge=0, description="Duration of the last step.")
+    waiting_for_client_since: datetime | None = Field(
+        default=None,
+        description="Client-rollout jobs: when trainer rank 0 began waiting for the client's groups for its "
+        "next step. It waits while this is at or after lastStepTime; no stall is declared meanwhile.",
+    )
 
     @model_validator(mode="after")
     def _fill_display(self) -> ProgressStatus:
