@@ -194,7 +194,7 @@ def test_config_map_holds_the_trainer_config() -> None:
     assert config.generation.server_host == "math-gen.team-a.svc"
     assert config.generation.server_port == SETTINGS.vllm_port
     assert config.generation.weight_sync_port == SETTINGS.weight_sync_port
-    assert config.metric.url == "http://math-metric.team-a.svc:8080"
+    assert config.metric is not None and config.metric.url == "http://math-metric.team-a.svc:8080"
     assert config.model.name == "Qwen/Qwen2.5-1.5B-Instruct"
 
 
