@@ -18,20 +18,24 @@ from pydantic import ValidationError
 
 from grpo_operator.api.resource import compute_rollouts
 from grpo_operator.api.status import TERMINAL_PHASES
+from grpo_operator.api.trainer_config import ROLLOUTS_PORT
 from grpo_operator.builders import Job, Manifest, gang_hash, gang_pods, infrastructure, job_from_object
 from grpo_operator.builders.children import metric_workload
 from grpo_operator.builders.common import (
     ANNOTATION_HASH,
     KUEUE_GROUP_LABEL,
     KUEUE_RETRIABLE_ANNOTATION,
+    client_rollouts,
     generation_pod_name,
     metric_name,
+    rollouts_name,
     trainer_pod_name,
 )
 from grpo_operator.reconcile import ownership
 from grpo_operator.reconcile.conditions import (
     CONFLICT,
     FAILED,
+    GATEWAY_READY,
     METRIC_READY,
     RUNNING,
     SCHEDULED,
@@ -68,7 +72,12 @@ GANG_ROLES = ("trainer", "generation")
 # Trainer exit codes with a reason of their own (the trainer's ExitCode, docs/trainer.md "Exit codes"):
 # 4 = the checkpoint found is another job's or for other weights (permanent), 5 = a non-finite step
 # (a counted restart from the last good checkpoint).
-TRAINER_EXIT_REASONS = {4: "CheckpointMismatch", 5: "NonFiniteTraining", 6: "OutOfMemory"}
+TRAINER_EXIT_REASONS = {
+    4: "CheckpointMismatch",
+    5: "NonFiniteTraining",
+    6: "OutOfMemory",
+    7: "CancelledByClient",
+}
 # What a permanent trainer exit means, for status.message; codes not listed mean an invalid configuration.
 _PERMANENT_MEANINGS = {
     "CheckpointMismatch": "the checkpoint on the volume cannot be resumed by this job",
@@ -237,7 +246,10 @@ def reconcile(job_obj: dict[str, Any], observed: Observed, now: datetime, settin
         return step.finish()
 
     _ensure(step, observed, metric_workload(job, settings))
-    _metric_readiness(step, job, observed)
+    if client_rollouts(job):
+        _gateway_readiness(step, job, observed)
+    else:
+        _metric_readiness(step, job, observed)
 
     if step.conflict is not None and step.attempt == 0:
         # Nothing has started: no gang, no Created event, until the name is free.
@@ -428,6 +440,9 @@ def _run_gang(step: _Step, job: Job, observed: Observed) -> None:
         if special is not None:
             reason = special
             step.event("Warning", special, summary)
+        if special == "CancelledByClient":
+            _fail(step, job, observed, special, _cancelled_message(step))
+            return
         if first.role == "trainer" and term and term.exit_code in step.settings.permanent_exit_codes:
             meaning = _PERMANENT_MEANINGS.get(special or "", "the configuration is invalid")
             _fail(
@@ -714,6 +729,11 @@ def _stalled(step: _Step, job: Job, observed: Observed) -> bool:
     if since is None:
         since = step.now  # the gang becomes Running with this reconcile: the clock starts now
     last_step = parse_time((step.old.get("progress") or {}).get("lastStepTime"))
+    if _waiting_for_client(step, last_step):
+        # A client-rollout trainer waiting for the client's next groups is not stalled: the client decides
+        # when its rollouts are done (DSPy may be validating). Look again within the deadline.
+        step.requeue_at(step.now + timedelta(seconds=limit))
+        return False
     base = max(since, last_step) if last_step is not None else since
     deadline = base + timedelta(seconds=limit)
     if step.now < deadline:
@@ -730,6 +750,22 @@ def _stalled(step: _Step, job: Job, observed: Observed) -> bool:
         counted=True,
     )
     return True
+
+
+def _waiting_for_client(step: _Step, last_step: datetime | None) -> bool:
+    """Trainer rank 0 reports (status.progress.waitingForClientSince) that it waits for the client's groups,
+    and has not completed a step since it began waiting."""
+    waiting = parse_time((step.old.get("progress") or {}).get("waitingForClientSince"))
+    return waiting is not None and (last_step is None or waiting >= last_step)
+
+
+def _cancelled_message(step: _Step) -> str:
+    steps = (step.old.get("progress") or {}).get("step")
+    at = f" after step {steps}" if steps is not None else ""
+    return (
+        f"the client cancelled the run (Arbor's cancel route): trainer rank 0 stopped{at} without training "
+        "further and exited with code 7; the checkpoints written so far stay on the volume"
+    )
 
 
 def _restart_or_fail(
@@ -804,6 +840,16 @@ def _clean_up_finished(step: _Step, job: Job, observed: Observed) -> None:
     )
     _delete_metric_workload(step, job, observed)
     step.drop_condition(METRIC_READY)
+    if step.new.get("phase") == "Failed":
+        # A failed job's client must not wait on a gateway whose trainer never comes back: without the
+        # gateway its next call fails at once. After success the gateway stays, answering status and
+        # terminate (DSPy calls terminate after its last step), until the job is deleted.
+        deployment = observed.get("Deployment", rollouts_name(job))
+        if deployment is not None:
+            ref = ChildRef("apps/v1", "Deployment", rollouts_name(job), _uid(deployment))
+            if ref not in step.plan.deletes:
+                step.plan.deletes.append(ref)
+        step.drop_condition(GATEWAY_READY)
 
 
 def _ttl(step: _Step, job: Job) -> None:
@@ -842,6 +888,7 @@ def _metric_readiness(step: _Step, job: Job, observed: Observed) -> None:
     show only as repeated restarts. The condition (and a Warning event when it gets stuck) names the
     pod and the cause. It never changes the phase: the gang may be fine and only scoring is down.
     """
+    assert job.spec.metric is not None, "only metric-service jobs have a metric Deployment"
     deployment = observed.get("Deployment", metric_name(job)) or {}
     available = int((deployment.get("status") or {}).get("availableReplicas") or 0)
     if available >= 1:
@@ -888,10 +935,36 @@ def _metric_not_ready(job: Job, observed: Observed) -> tuple[str, str]:
         waiting = pod.waiting()
         if waiting is not None:
             why, detail = waiting
-            hint = f" (image {job.spec.metric.image})" if "Image" in why else ""
+            hint = f" (image {job.spec.metric.image})" if "Image" in why and job.spec.metric else ""
             return why, f"metric pod {pod.name} is waiting: {why}{hint}{': ' + detail if detail else ''}"
     # Being created, no pod yet, or pods starting: one state, so the status is not rewritten for each.
     return "Starting", "no metric pod is ready yet; the service answers once a pod's /healthz returns 200"
+
+
+def _gateway_readiness(step: _Step, job: Job, observed: Observed) -> None:
+    """Condition GatewayReady: whether the rollout gateway of a client-rollout job has a ready pod, and if
+    not, why. Like MetricReady it never changes the phase: the client sees the gateway's absence itself."""
+    name = rollouts_name(job)
+    deployment = observed.get("Deployment", name) or {}
+    ready = int((deployment.get("status") or {}).get("availableReplicas") or 0) >= 1
+    reason, message = "Available", f"the rollout gateway answers on Service {name}, port {ROLLOUTS_PORT}"
+    if not ready:
+        reason, message = "Starting", f"the rollout gateway {name} has no ready pod yet"
+        for cond in (deployment.get("status") or {}).get("conditions") or []:
+            if cond.get("type") == "ReplicaFailure" and cond.get("status") == "True":
+                reason = str(cond.get("reason") or "FailedCreate")
+                message = f"the API server refused the pods of Deployment {name}: {cond.get('message')}"
+        for pod in (p for p in observed.pods() if p.role == "rollouts" and not p.terminating):
+            blocked = pod.unschedulable() or pod.waiting()
+            if blocked is not None:
+                reason, detail = blocked
+                message = f"rollout gateway pod {pod.name}: {reason}{': ' + detail if detail else ''}"
+                break
+    previous = get_condition(list(step.old.get("conditions") or []), GATEWAY_READY)
+    step.condition(GATEWAY_READY, "True" if ready else "False", reason, message)
+    stuck = not ready and reason in _METRIC_STUCK_REASONS
+    if stuck and (previous is None or previous.get("reason") != reason):
+        step.event("Warning", "GatewayNotReady", message)
 
 
 # --- children -----------------------------------------------------------------------------------------------
