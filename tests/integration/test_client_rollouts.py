@@ -10,8 +10,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import requests
 
 from tests.harness.kube import Cluster, wait_for
+from tests.harness.local_runner import LocalJobRunner
 from tests.integration.test_operator import (
     _condition,
     job_manifest,
@@ -91,3 +93,35 @@ def test_a_client_rollout_job_runs_its_gateway_and_ends_when_the_client_cancels(
             lambda: kube.get("deployment", "dspy-rollouts", namespace) is None,
             timeout=60,
         )
+
+
+def test_the_local_runner_runs_the_gateway_and_points_the_trainer_at_it(
+    kube: Cluster, namespace: str, tmp_path: Path
+) -> None:
+    """The local runner (the kubelet of the demo and the end-to-end tests) runs the gateway pod as a
+    process with the rendered gateway.json and the job's token, and rewrites trainer.json to reach it."""
+    kube.kubectl("create", "secret", "generic", "dspy-token", "-n", namespace, "--from-literal=token=s3cret")
+    with running_operator(kube, namespace, tmp_path):
+        kube.apply(client_manifest("dspy"), namespace)
+        wait_phase(kube, namespace, "dspy", "Running")
+        runner = LocalJobRunner(kube, namespace, "dspy", {}, tmp_path / "run")
+        runner.workdir.mkdir(parents=True)
+        try:
+            assert runner.client_rollouts()
+            runner.ensure_gateway()
+            base = f"http://127.0.0.1:{runner.gateway_port}"
+            answer = requests.post(
+                f"{base}/v1/fine_tuning/grpo/status", json={"job_id": None}, timeout=10
+            ).json()
+            assert answer["job_id"] == f"{namespace}/dspy" and len(answer["pending_batch_ids"]) == 2
+            models = f"{base}/v1/models"
+            assert requests.get(models, timeout=10).status_code == 401
+            assert (
+                requests.get(models, headers={"Authorization": "Bearer s3cret"}, timeout=10).status_code
+                == 200
+            )
+            config = json.loads(runner.trainer_config(tmp_path / "workspace").read_text())
+            assert config["rollouts"]["gatewayUrl"] == f"http://127.0.0.1:{runner.gateway_internal_port}"
+            assert config["rollouts"]["policyPort"] == runner.policy_port and "metric" not in config
+        finally:
+            runner.close()
