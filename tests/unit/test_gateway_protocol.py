@@ -183,6 +183,13 @@ def test_unknown_and_filled_batch_ids_are_refused(gw: RunningGateway) -> None:
 # --- the trainer's side: groups, replay, progress --------------------------------------------------------------
 
 
+def test_a_trainer_asking_for_another_b_is_refused(gw: RunningGateway) -> None:
+    response = requests.post(
+        f"{gw.internal_url}/internal/v1/groups", json={"step": 1, "count": 3, "attempt": 1}, timeout=10
+    )
+    assert_arbor_error(response, 400, "spec.grpo.promptsPerStep = 2")
+
+
 def test_groups_long_poll_until_b_groups_arrive_in_order(gw: RunningGateway) -> None:
     started = time.monotonic()
     assert gw.groups(1, wait_seconds=0.5) == {"step": 1, "groups": []}
@@ -249,6 +256,7 @@ def test_terminate_trains_what_was_sent_then_stops_and_stays_answerable(gw: Runn
     for _ in range(2):  # DSPy may call terminate again; the answer is the final status
         final = gw.arbor("terminate", {"job_id": JOB_ID}).json()
         assert final["status"] == "succeeded" and final["current_model"] == MODEL
+        assert final["pending_batch_ids"] == [], "a client that terminated is asked for nothing more"
 
 
 def test_cancel_stops_the_trainer_at_once(gw: RunningGateway) -> None:

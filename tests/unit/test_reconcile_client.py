@@ -68,6 +68,20 @@ def test_waiting_for_the_client_is_not_a_stall() -> None:
     assert plan.restart is not None and plan.restart.counted
 
 
+def test_a_wait_reported_by_an_earlier_gang_does_not_hide_a_stall() -> None:
+    world = client_world(runPolicy={"progressDeadlineSeconds": 900})
+    world.job["status"]["progress"] = {"step": 3, "waitingForClientSince": format_time(world.now)}
+    world.advance(10)
+    world.terminate("math-trainer-1-0", 1, "killed while waiting")
+    world.settle()
+    world.run_all()
+    world.settle()
+    assert world.status()["phase"] == "Running" and world.status()["trainerAttempt"] == 2
+    world.advance(901)  # the new gang never steps and never reports a wait of its own
+    world.step()
+    assert world.status()["reason"] == "ProgressDeadlineExceeded"
+
+
 def test_cancel_by_the_client_is_final_and_stops_the_gateway() -> None:
     world = client_world(runPolicy={"backoffLimit": 3})
     world.job["status"]["progress"] = {"step": 7, "totalSteps": 500}

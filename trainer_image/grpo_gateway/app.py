@@ -178,6 +178,13 @@ async def _groups(request: web.Request) -> web.Response:
         raise ProtocolError(f"step must be a positive integer (the optimizer step to train), got {step!r}")
     if isinstance(attempt, bool) or not isinstance(attempt, int) or attempt < 0:
         raise ProtocolError(f"attempt must be a non-negative integer, got {attempt!r}")
+    count = body.get("count", gateway.config.prompts_per_step)
+    if count != gateway.config.prompts_per_step:
+        raise ProtocolError(
+            f"count is {count!r} but this gateway hands out spec.grpo.promptsPerStep = "
+            f"{gateway.config.prompts_per_step} groups per step: the trainer and the gateway were rendered "
+            "from different specs"
+        )
     wait = body.get("wait_seconds", 30)
     wait = min(float(wait), MAX_WAIT_SECONDS) if isinstance(wait, int | float) else 30.0
     loop = asyncio.get_running_loop()

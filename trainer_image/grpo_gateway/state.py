@@ -77,6 +77,8 @@ class GatewayState:
     asked_step: int = 0
     attempt: int = 0
     initialized: bool = False
+    # The client called terminate or cancel: it sends nothing more, so no ids are announced again.
+    client_done: bool = False
     groups_received: int = 0
     checkpoint_requests: list[CheckpointRequest] = field(default_factory=list)
     _last_id: int = 0
@@ -137,7 +139,7 @@ class GatewayState:
         return max(self.asked_step, max(self.assigned, default=0)) + math.ceil(len(self.unassigned) / self.b)
 
     def _announce(self) -> None:
-        if self.pending or self.stop is not None or self.trainer_state == "cancelled":
+        if self.pending or self.stop is not None or self.client_done or self.trainer_state == "cancelled":
             return
         if self.trainer_state != "finished":
             if len(self.unassigned) >= self.b * self.config.max_steps_ahead:
@@ -219,6 +221,7 @@ class GatewayState:
         self.check_job(body.get("job_id"))
         if self.trainer_state not in ("finished", "cancelled") and self.stop != "cancel":
             self.stop = kind
+        self.client_done = True
         self.pending.clear()
         return self.status()
 

@@ -729,12 +729,12 @@ def _stalled(step: _Step, job: Job, observed: Observed) -> bool:
     if since is None:
         since = step.now  # the gang becomes Running with this reconcile: the clock starts now
     last_step = parse_time((step.old.get("progress") or {}).get("lastStepTime"))
-    if _waiting_for_client(step, last_step):
+    base = max(since, last_step) if last_step is not None else since
+    if _waiting_for_client(step, base):
         # A client-rollout trainer waiting for the client's next groups is not stalled: the client decides
         # when its rollouts are done (DSPy may be validating). Look again within the deadline.
         step.requeue_at(step.now + timedelta(seconds=limit))
         return False
-    base = max(since, last_step) if last_step is not None else since
     deadline = base + timedelta(seconds=limit)
     if step.now < deadline:
         step.requeue_at(deadline)
@@ -752,11 +752,12 @@ def _stalled(step: _Step, job: Job, observed: Observed) -> bool:
     return True
 
 
-def _waiting_for_client(step: _Step, last_step: datetime | None) -> bool:
-    """Trainer rank 0 reports (status.progress.waitingForClientSince) that it waits for the client's groups,
-    and has not completed a step since it began waiting."""
+def _waiting_for_client(step: _Step, base: datetime) -> bool:
+    """Trainer rank 0 of the running gang reports (status.progress.waitingForClientSince) that it waits for
+    the client's groups: set since the gang runs and since its last step (an older value is stale: a
+    trainer that died waiting, or one that got its groups and did not clear it)."""
     waiting = parse_time((step.old.get("progress") or {}).get("waitingForClientSince"))
-    return waiting is not None and (last_step is None or waiting >= last_step)
+    return waiting is not None and waiting >= base
 
 
 def _cancelled_message(step: _Step) -> str:
