@@ -44,10 +44,12 @@ CLIENT_PORT_NAME = "client"
 INTERNAL_PORT_NAME = "internal"
 # Pod template annotation: a changed gateway.json rolls the gateway (it reads its config at start).
 ANNOTATION_GATEWAY_CONFIG_HASH = "grpo.dev/gateway-config-hash"
-# Small on purpose: the gateway relays JSON and buffers at most a few steps of groups.
+# The gateway relays JSON (about 50 MiB idle) and keeps each step's groups until a checkpoint covers it
+# (for replay): about 2x their JSON size, so checkpoints.everySteps x B x G transcripts. The limit leaves
+# room for long transcripts and long checkpoint intervals without reserving it.
 GATEWAY_RESOURCES: dict[str, Any] = {
     "requests": {"cpu": "100m", "memory": "256Mi"},
-    "limits": {"memory": "1Gi"},
+    "limits": {"memory": "4Gi"},
 }
 
 
