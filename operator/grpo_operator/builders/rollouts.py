@@ -45,12 +45,10 @@ INTERNAL_PORT_NAME = "internal"
 # Pod template annotation: a changed gateway.json rolls the gateway (it reads its config at start).
 ANNOTATION_GATEWAY_CONFIG_HASH = "grpo.dev/gateway-config-hash"
 # The gateway relays JSON (about 50 MiB idle) and keeps each step's groups until a checkpoint covers it
-# (for replay): about 2x their JSON size, so checkpoints.everySteps x B x G transcripts. The limit leaves
-# room for long transcripts and long checkpoint intervals without reserving it.
-GATEWAY_RESOURCES: dict[str, Any] = {
-    "requests": {"cpu": "100m", "memory": "256Mi"},
-    "limits": {"memory": "4Gi"},
-}
+# (for replay): about 2x their JSON size, so checkpoints.everySteps x B x G transcripts. Requests only, like
+# the metric pod's defaults: a fixed limit would count against a namespace's limits.memory quota whatever
+# the job needs, and an OOM kill would lose the groups (the namespace's LimitRange may still set one).
+GATEWAY_RESOURCES: dict[str, Any] = {"requests": {"cpu": "100m", "memory": "256Mi"}}
 
 
 def gateway_env(job: Job) -> list[dict[str, Any]]:
