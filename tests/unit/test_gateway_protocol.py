@@ -315,6 +315,20 @@ def test_a_completion_is_held_while_the_trainer_restarts() -> None:
         assert response.status_code == 200 and response.json()["choices"][0]["message"]["content"] == "back"
 
 
+def test_a_held_completion_whose_client_gave_up_is_not_sampled() -> None:
+    with RunningGateway(gateway_config(completion_wait_seconds=30.0)) as gw:
+        with pytest.raises(requests.Timeout):
+            requests.post(
+                f"{gw.client_url}/v1/chat/completions",
+                json={"model": MODEL, "messages": [{"role": "user", "content": "hi"}]},
+                timeout=1.0,
+            )
+        time.sleep(2.5)  # the gateway notices at its next retry
+        policy = gw.start_policy(lambda body: "late")
+        time.sleep(2.0)
+        assert policy.requests == [], "a request nobody waits for must not reach the trainer"
+
+
 def test_a_completion_the_trainer_never_takes_is_503_with_arbors_body() -> None:
     with RunningGateway(gateway_config(completion_wait_seconds=2.0)) as gw:
         started = time.monotonic()

@@ -137,7 +137,11 @@ async def _completions(request: web.Request) -> web.StreamResponse:
         )
     assert gateway.forwarder is not None
     path = "/v1/chat/completions" if request.path.endswith("chat/completions") else "/v1/completions"
-    status, content_type, payload = await gateway.forwarder.forward(path, raw)
+
+    def client_waiting() -> bool:
+        return request.transport is not None and not request.transport.is_closing()
+
+    status, content_type, payload = await gateway.forwarder.forward(path, raw, client_waiting)
     return web.Response(status=status, body=payload, content_type=content_type)
 
 

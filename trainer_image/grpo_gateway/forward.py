@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+from collections.abc import Callable
 
 import aiohttp
 
@@ -30,8 +31,11 @@ class Forwarder:
         self.wait_seconds = wait_seconds
         self.held = 0  # requests waiting for the trainer right now
 
-    async def forward(self, path: str, body: bytes) -> tuple[int, str, bytes]:
-        """(status, content type, body) of the trainer's answer, or the gateway's 503 after the wait."""
+    async def forward(
+        self, path: str, body: bytes, client_waiting: Callable[[], bool] = lambda: True
+    ) -> tuple[int, str, bytes]:
+        """(status, content type, body) of the trainer's answer, or the gateway's 503 after the wait. A held
+        request whose client has gone (it timed out and will retry) is dropped rather than sampled."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.wait_seconds
         url = self.trainer_url + path
@@ -55,6 +59,10 @@ class Forwarder:
                 log.info("holding %s: trainer rank 0 is not answering (%s)", path, why)
             remaining = deadline - loop.time()
             if remaining <= 0:
+                break
+            if not client_waiting():
+                log.info("dropping held %s: its client disconnected", path)
+                why = "the client disconnected"
                 break
             self.held += 1
             try:
