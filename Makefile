@@ -3,9 +3,11 @@ SHELL := /bin/bash
 PY ?= python3.11
 VENV := .venv
 BIN := $(VENV)/bin
-EXTRAS ?= dev,trainer
+EXTRAS ?= dev,trainer,dspy
+# Arbor's DSPy provider (the client of client-rollout jobs), without the server it would drag in.
+ARBOR := arbor-ai==0.2.17
 # Keyed by pyproject.toml and the extras: a dependency edit makes a new venv stamp and a new wheelhouse.
-DEPS_KEY := $(shell (cat pyproject.toml; echo "$(EXTRAS)") | sha256sum | cut -c1-12)
+DEPS_KEY := $(shell (cat pyproject.toml; echo "$(EXTRAS) $(ARBOR)") | sha256sum | cut -c1-12)
 STAMP := $(VENV)/.installed-$(DEPS_KEY)
 # The package index here answers without cache headers, so pip's own cache stays empty and a fresh
 # clone would download torch and the CUDA wheels (several GB) again. Keep the wheels ourselves, outside
@@ -19,10 +21,12 @@ $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	@if [ ! -f $(WHEELHOUSE)/.complete ]; then \
 	  echo "[venv] downloading the wheels of grpo-operator[$(EXTRAS)] into $(WHEELHOUSE) (once; torch and CUDA wheels: several GB, ~10 min)"; \
-	  $(BIN)/pip download -q -d $(WHEELHOUSE) '.[$(EXTRAS)]' setuptools==80.9.0 && touch $(WHEELHOUSE)/.complete; \
+	  $(BIN)/pip download -q -d $(WHEELHOUSE) '.[$(EXTRAS)]' setuptools==80.9.0 && \
+	  $(BIN)/pip download -q --no-deps -d $(WHEELHOUSE) '$(ARBOR)' && touch $(WHEELHOUSE)/.complete; \
 	fi
 	@echo "[venv] installing grpo-operator[$(EXTRAS)] from $(WHEELHOUSE)"
 	$(BIN)/pip install -q --no-index --find-links $(WHEELHOUSE) -e '.[$(EXTRAS)]'
+	$(BIN)/pip install -q --no-index --find-links $(WHEELHOUSE) --no-deps '$(ARBOR)'
 	@rm -f $(VENV)/.installed-*; touch $@
 
 # Control-plane binaries built from Go modules, cached in ~/.cache/grpo-testbins (see docs/development.md).

@@ -193,7 +193,7 @@ def check(cluster: BenchCluster, namespaces: list[str], expect: dict[tuple[str, 
                 and o["metadata"]["labels"].get(LABEL_ROLE) == "metric"
                 and (o.get("status") or {}).get("phase") == "Running"
             ]
-            replicas = int(spec_job.spec.metric.replicas)
+            replicas = int(spec_job.spec.metric.replicas) if spec_job.spec.metric is not None else 0
             if len(metric_pods) != replicas:
                 report.fail(f"{where}: {len(metric_pods)} metric pods Running, expected {replicas}")
             if not metric_ready(status):

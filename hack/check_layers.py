@@ -2,7 +2,8 @@
 
 Layers (docs/design.md): api -> builders -> reconcile -> runtime; each may import only the layers
 below it. ``api`` imports neither kopf nor kubernetes, so the trainer and tools can use it alone.
-The trainer (grpo_trainer) and the metric SDK (grpo_metric) share only ``grpo_operator.api``.
+The trainer (grpo_trainer), the metric SDK (grpo_metric) and the rollout gateway (grpo_gateway) share
+only ``grpo_operator.api``.
 """
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ def violations() -> list[str]:
                     )
                 if layer == "api" and mod.split(".")[0] in FORBIDDEN_IN_API:
                     found.append(f"{path.relative_to(REPO)}: api must not import '{mod}'")
-    for sub in ("grpo_trainer", "grpo_metric"):
+    for sub in ("grpo_trainer", "grpo_metric", "grpo_gateway"):
         for path in sorted((REPO / "trainer_image" / sub).rglob("*.py")):
             for mod in imported_modules(path):
                 if mod.startswith("grpo_operator") and layer_of(mod) != "api" and mod != "grpo_operator":

@@ -134,10 +134,11 @@ class OperatorSettings:
     pod_run_as_group: int = 65532
     pod_fs_group: int = 65532
     # Trainer exit codes that mean "retrying cannot help" (invalid configuration, 2; a checkpoint of another
-    # job or other weights, 4; CUDA out of memory, 6): the job fails at once instead of spending its
-    # backoffLimit. The default is the restart policy's (reconcile/restart_policy.py,
-    # DEFAULT_PERMANENT_EXIT_CODES; tests/unit/test_restart_policy.py keeps the two equal).
-    permanent_exit_codes: tuple[int, ...] = (2, 4, 6)
+    # job or other weights, 4; CUDA out of memory, 6; the client cancelled a client-rollout job, 7): the job
+    # fails at once instead of spending its backoffLimit. The default is the restart policy's
+    # (reconcile/restart_policy.py, DEFAULT_PERMANENT_EXIT_CODES; tests/unit/test_restart_policy.py keeps
+    # the two equal).
+    permanent_exit_codes: tuple[int, ...] = (2, 4, 6, 7)
 
     # --- platform limits (Helm: platformPolicy.*; the chart's admission policy enforces the same) ---------
     # Every limit is off while empty (or 0). The operator checks a job against them before creating its

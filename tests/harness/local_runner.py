@@ -6,6 +6,10 @@ GRPOJob's pods, and only for them:
 
 - for the job's Running metric pod it starts the metric server the image would run (a local
   command given per image), with the container's environment;
+- for a client-rollout job's Running rollout gateway pod it starts ``python -m grpo_gateway`` with the
+  gateway.json the operator rendered, on ``gateway_port`` (the client's port; free if 0) and free local
+  ports for the internal and policy ports, and keeps it up for ``linger_seconds`` after the job ends
+  (the client calls terminate after its last step);
 - for the job's Running trainer pod it starts ``python -m grpo_trainer`` with the pod's environment,
   the trainer config the operator rendered (read from the job's ConfigMap), the job's volume (the
   claim's directory from the local provisioner stands in for ``/workspace``), and a kubeconfig holding
@@ -14,8 +18,8 @@ GRPOJob's pods, and only for them:
   code and the trainer's termination message), as a kubelet would; when the operator deletes a
   trainer pod (restart, suspend), the process gets SIGTERM, as a container would.
 
-What differs from a real pod, and why: there is no cluster DNS here, so the metric URL's host is
-rewritten to 127.0.0.1; there is no vLLM server (no GPU), so generation runs in-process
+What differs from a real pod, and why: there is no cluster DNS here, so the metric URL's host (and the
+gateway's and the trainer's addresses of each other) is rewritten to 127.0.0.1; there is no vLLM server (no GPU), so generation runs in-process
 (``generation.backend: transformers``); paths under /workspace are rewritten to the claim's directory,
 and the pod's emptyDir home directory (HOME) to a directory of the runner's. Nothing else in the rendered config is changed. Only single-process trainer gangs (1 node x 1 GPU)
 are run locally.
@@ -24,6 +28,7 @@ are run locally.
 from __future__ import annotations
 
 import argparse
+import base64
 import json
 import os
 import signal
@@ -111,6 +116,11 @@ class LocalJobRunner:
     metric_port: int = 0
     trainers: dict[str, Proc] = field(default_factory=dict)
     finished: set[str] = field(default_factory=set)
+    gateway: Proc | None = None
+    gateway_port: int = 0
+    gateway_internal_port: int = 0
+    policy_port: int = 0
+    linger_seconds: float = 60.0
 
     # --- cluster reads -------------------------------------------------------------------------
     def pods(self, role: str) -> list[dict[str, Any]]:
@@ -204,6 +214,68 @@ class LocalJobRunner:
                 time.sleep(0.3)
         raise RuntimeError(f"metric server did not answer /healthz within 60s; see {log}")
 
+    # --- rollout gateway (client-rollout jobs) ---------------------------------------------------
+    def client_rollouts(self) -> bool:
+        cm = self.kube.get("configmap", f"{self.job}-config", self.namespace)
+        return bool(cm and "gateway.json" in (cm.get("data") or {}))
+
+    def secret_env(self, pod: dict[str, Any]) -> dict[str, str]:
+        """The container's secretKeyRef variables, resolved as the kubelet would."""
+        out: dict[str, str] = {}
+        for var in pod["spec"]["containers"][0].get("env", []):
+            ref = (var.get("valueFrom") or {}).get("secretKeyRef")
+            if ref:
+                secret = self.kube.get("secret", ref["name"], self.namespace) or {}
+                value = (secret.get("data") or {}).get(ref["key"])
+                if value is not None:
+                    out[var["name"]] = base64.b64decode(value).decode()
+        return out
+
+    def ensure_gateway(self) -> None:
+        running = [p for p in self.pods("rollouts") if p["status"].get("phase") == "Running"]
+        if self.gateway and self.gateway.popen.poll() is None:
+            if not running:  # the operator removed the gateway (the job failed)
+                self.stop(self.gateway, grace=5)
+                self.gateway = None
+            return
+        if not running:
+            return
+        pod = running[0]
+        cm = self.kube.get("configmap", f"{self.job}-config", self.namespace)
+        assert cm is not None
+        config = json.loads(cm["data"]["gateway.json"])
+        self.gateway_port = self.gateway_port or free_port()
+        self.gateway_internal_port = self.gateway_internal_port or free_port()
+        self.policy_port = self.policy_port or free_port()
+        config.update(
+            clientPort=self.gateway_port,
+            internalPort=self.gateway_internal_port,
+            trainerUrl=f"http://127.0.0.1:{self.policy_port}",
+        )
+        path = self.workdir / "gateway.json"
+        path.write_text(json.dumps(config, indent=2))
+        env = {**os.environ, **self.local_home(container_env(pod)), **self.secret_env(pod)}
+        env.update(GRPO_GATEWAY_CONFIG=str(path), PYTHONPATH=f"{REPO / 'operator'}:{REPO / 'trainer_image'}")
+        log = self.workdir / "gateway.log"
+        handle = log.open("ab")
+        popen = subprocess.Popen(
+            [self.python, "-m", "grpo_gateway"], env=env, stdout=handle, stderr=subprocess.STDOUT, cwd=REPO
+        )
+        self.gateway = Proc(pod["metadata"]["name"], pod["metadata"]["uid"], popen, log, handle)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{self.gateway_port}/healthz", timeout=2):
+                    print(
+                        f"[local-runner] rollout gateway on http://127.0.0.1:{self.gateway_port}/v1/; log {log}"
+                    )
+                    return
+            except OSError:
+                if popen.poll() is not None:
+                    raise RuntimeError(f"rollout gateway exited with {popen.returncode}; see {log}") from None
+                time.sleep(0.3)
+        raise RuntimeError(f"rollout gateway did not answer /healthz within 60s; see {log}")
+
     def local_home(self, env: dict[str, str]) -> dict[str, str]:
         """``env`` with the pod's emptyDir HOME replaced by a directory of the runner's (a user's own HOME,
         e.g. under /workspace, is kept)."""
@@ -246,10 +318,14 @@ class LocalJobRunner:
         cm = self.kube.get("configmap", f"{self.job}-config", self.namespace)
         assert cm is not None, f"ConfigMap {self.job}-config missing"
         config = rewrite_paths(json.loads(cm["data"]["trainer.json"]), workspace, mounts)
-        url = urllib.parse.urlsplit(config["metric"]["url"])
-        config["metric"]["url"] = urllib.parse.urlunsplit(
-            url._replace(netloc=f"127.0.0.1:{self.metric_port}")
-        )
+        if "metric" in config:
+            url = urllib.parse.urlsplit(config["metric"]["url"])
+            config["metric"]["url"] = urllib.parse.urlunsplit(
+                url._replace(netloc=f"127.0.0.1:{self.metric_port}")
+            )
+        if "rollouts" in config:
+            config["rollouts"]["gatewayUrl"] = f"http://127.0.0.1:{self.gateway_internal_port}"
+            config["rollouts"]["policyPort"] = self.policy_port
         config["generation"]["backend"] = "transformers"
         config["metricsPort"] = free_port()
         path = self.workdir / "trainer.json"
@@ -297,7 +373,11 @@ class LocalJobRunner:
         )
 
     def step(self) -> None:
-        self.ensure_metric()
+        client = self.client_rollouts()
+        if client:
+            self.ensure_gateway()
+        else:
+            self.ensure_metric()
         current = {p["metadata"]["name"]: p for p in self.pods("trainer")}
         for name, proc in list(self.trainers.items()):
             pod = current.get(name)
@@ -309,7 +389,8 @@ class LocalJobRunner:
                 self.stop(proc)  # the operator deleted it: SIGTERM, as a container would get
                 del self.trainers[name]
                 self.finished.add(name)
-        if not (self.metric and self.metric.popen.poll() is None):
+        service = self.gateway if client else self.metric
+        if not (service and service.popen.poll() is None):
             return
         for name, pod in current.items():
             if name in self.trainers or name in self.finished or pod["metadata"].get("deletionTimestamp"):
@@ -332,15 +413,23 @@ class LocalJobRunner:
             self.stop(proc)
         if self.metric:
             self.stop(self.metric, grace=5)
+        if self.gateway:
+            self.stop(self.gateway, grace=5)
 
     def run(self, timeout: float) -> str:
         self.workdir.mkdir(parents=True, exist_ok=True)
         deadline = time.monotonic() + timeout
         try:
+            ended: float | None = None
             while time.monotonic() < deadline:
                 phase = self.job_phase()
                 if phase in TERMINAL and not self.trainers:
-                    return phase
+                    # A client-rollout job's gateway keeps answering its client a while (terminate).
+                    if self.gateway is None or self.gateway.popen.poll() is not None:
+                        return phase
+                    ended = ended or time.monotonic()
+                    if time.monotonic() - ended >= self.linger_seconds:
+                        return phase
                 self.step()
                 time.sleep(1)
             raise TimeoutError(f"job {self.namespace}/{self.job} did not finish within {timeout:.0f}s")

@@ -194,6 +194,18 @@ def test_a_job_within_the_limits_is_accepted_and_unwatched_namespaces_are_not_ju
     assert elsewhere.returncode == 0, elsewhere.stderr
 
 
+def test_a_client_rollout_job_without_a_metric_image_is_judged_on_its_other_images(
+    kube: Cluster, installed: Installed
+) -> None:
+    job = grpojob("dspy", rollouts={"source": "Client"})
+    del job["spec"]["metric"], job["spec"]["dataset"]
+    proc = apply_job(kube, job, installed.namespace, dry_run=True)
+    assert proc.returncode == 0, proc.stderr
+    job["spec"]["trainer"]["image"] = "docker.io/evil/trainer:1"
+    refused = apply_job(kube, job, installed.namespace, dry_run=True)
+    assert refused.returncode != 0 and "spec.trainer.image" in refused.stderr, refused.stderr
+
+
 # --- the trainer's identity -------------------------------------------------------------------------------
 
 

@@ -43,6 +43,22 @@ def _obj(**fields: st.SearchStrategy[Any]) -> st.SearchStrategy[dict[str, Any]]:
 
 _WRONG_TYPES = st.sampled_from(["1", True, [], {}])
 
+_LABELS = _pick(
+    st.sampled_from([{"app": "dspy"}, {"app.kubernetes.io/name": "nb", "team": ""}]),
+    st.sampled_from([{}, {"bad key": "x"}, {"app": "-x"}, {"/app": "x"}]),
+)
+_ROLLOUTS = _obj(
+    source=_pick(st.sampled_from(["Metric", "Client", "Client"]), st.just("Arbor")),
+    client=_opt(
+        _obj(
+            allowFrom=_opt(st.lists(_obj(podLabels=_LABELS, namespaceLabels=_opt(_LABELS)), max_size=2)),
+            tokenSecretRef=_opt(
+                _obj(name=_pick(st.just("dspy-token"), st.just("Bad_Name")), key=st.just("token"))
+            ),
+        )
+    ),
+)
+
 
 def _ints(lo: int, hi: int, bad_lo: int, bad_hi: int) -> st.SearchStrategy[Any]:
     """Integers in [lo, hi] (valid), or from the wider [bad_lo, bad_hi], or of the wrong type."""
@@ -215,6 +231,19 @@ def job_manifests(draw: st.DrawFn) -> dict[str, Any]:
         value = draw(_opt(strategy))
         if value is not _ABSENT:
             spec[key] = value
+    # spec.rollouts: a client-rollout job usually leaves out metric and dataset (as it must), a metric job
+    # sometimes does (as it must not).
+    rollouts = draw(st.one_of(_ROLLOUTS, st.just(_ABSENT)))
+    if rollouts is not _ABSENT:
+        spec["rollouts"] = rollouts
+    client = isinstance(rollouts, dict) and rollouts.get("source") == "Client"
+    for key in ("metric", "dataset"):
+        if draw(st.integers(0, 9)) < (8 if client else 1):
+            del spec[key]
+    if client and draw(st.integers(0, 9)) < 8:
+        # Mostly without the two knobs a client-rollout job refuses, so that valid ones are common too.
+        spec["grpo"].pop("dynamicSampling", None)
+        spec["grpo"].pop("validation", None)
     if draw(st.integers(0, 39)) == 0:
         spec[draw(st.sampled_from(["replicas", "extra"]))] = 1
     return {

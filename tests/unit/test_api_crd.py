@@ -13,6 +13,7 @@ from grpo_operator.api.crd import GENERATED_HEADER, build_crd, model_openapi_sch
 from grpo_operator.api.docs import render_api_md
 from grpo_operator.api.generate import outputs, repo_root, stale_files
 from grpo_operator.api.resource import NameRules
+from grpo_operator.api.rollouts import ROLLOUTS_SOURCE_IMMUTABLE, RolloutsSpec
 from grpo_operator.api.spec import (
     MODEL_IDENTITY_UNCHANGED,
     EnvVar,
@@ -152,7 +153,8 @@ def test_descriptions_defaults_and_bounds_come_from_the_models() -> None:
         "v_proj",
         "o_proj",
     ]
-    assert spec["required"] == ["model", "dataset", "grpo", "metric"]
+    # dataset and metric are required by CEL unless spec.rollouts.source is Client.
+    assert spec["required"] == ["model", "grpo"]
     assert spec["properties"]["generation"]["properties"]["gpus"]["maximum"] == 8
 
 
@@ -182,6 +184,8 @@ def test_every_model_rule_is_in_the_crd() -> None:
     assert "self.nodes == oldSelf.nodes" in rules(props["trainer"])
     assert rules(_schema()) == [r.rule for r in NameRules]
     assert "self.metadata.name.size() <= 40" in rules(_schema())
+    assert ROLLOUTS_SOURCE_IMMUTABLE.rule in rules(spec)
+    assert first_on(props["rollouts"], RolloutsSpec)
 
 
 def test_lists_and_strings_touched_by_cel_are_bounded() -> None:

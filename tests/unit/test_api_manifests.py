@@ -59,6 +59,14 @@ def _case(id: str, field: str, changes: dict[str, Any], name: str = "job") -> Ca
     return Case(id=id, manifest=with_changes(changes, name), field=field)
 
 
+# A client-rollout job: the changes that turn base_manifest into one.
+CLIENT: dict[str, Any] = {
+    "spec.rollouts": {"source": "Client"},
+    "spec.metric": _DELETE,
+    "spec.dataset": _DELETE,
+}
+
+
 INVALID_CASES: list[Case] = [
     _case("group-size-1", "spec.grpo.groupSize", {"spec.grpo.groupSize": 1}),
     _case("group-size-0", "spec.grpo.groupSize", {"spec.grpo.groupSize": 0}),
@@ -300,11 +308,73 @@ INVALID_CASES: list[Case] = [
     _case("name-starts-with-digit", "metadata.name", {}, name="1job"),
     _case("name-with-dot", "metadata.name", {}, name="job.v1"),
     _case("spec-missing", "spec", {"spec": _DELETE}),
+    # spec.rollouts: the client sends scored rollouts, so the job has no metric service and no dataset.
+    _case("dataset-missing", "spec.dataset", {"spec.dataset": _DELETE}),
+    _case("client-with-metric", "spec.metric", {**CLIENT, "spec.metric": {"image": "m:1"}}),
+    _case("client-with-dataset", "spec.dataset", {**CLIENT, "spec.dataset": {"train": "hf://a/b"}}),
+    _case(
+        "client-dynamic-sampling", "spec.grpo.dynamicSampling", {**CLIENT, "spec.grpo.dynamicSampling": True}
+    ),
+    _case(
+        "client-validation",
+        "spec.grpo.validation.everySteps",
+        {**CLIENT, "spec.grpo.validation": {"everySteps": 5}},
+    ),
+    _case("rollouts-source-unknown", "spec.rollouts.source", {"spec.rollouts": {"source": "Arbor"}}),
+    _case(
+        "rollouts-client-with-metric-source",
+        "spec.rollouts.client",
+        {"spec.rollouts": {"source": "Metric", "client": {}}},
+    ),
+    _case(
+        "rollouts-peer-without-pod-labels",
+        "spec.rollouts.client.allowFrom[0].podLabels",
+        {**CLIENT, "spec.rollouts.client": {"allowFrom": [{"podLabels": {}}]}},
+    ),
+    _case(
+        "rollouts-peer-bad-label-key",
+        "spec.rollouts.client.allowFrom[0].podLabels",
+        {**CLIENT, "spec.rollouts.client": {"allowFrom": [{"podLabels": {"bad key": "x"}}]}},
+    ),
+    _case(
+        "rollouts-peer-bad-label-value",
+        "spec.rollouts.client.allowFrom[0].namespaceLabels",
+        {
+            **CLIENT,
+            "spec.rollouts.client": {
+                "allowFrom": [{"podLabels": {"a": "b"}, "namespaceLabels": {"a": "-x"}}]
+            },
+        },
+    ),
+    _case(
+        "rollouts-token-bad-secret-name",
+        "spec.rollouts.client.tokenSecretRef.name",
+        {**CLIENT, "spec.rollouts.client": {"tokenSecretRef": {"name": "Not_A_Name", "key": "token"}}},
+    ),
 ]
 
 
 VALID_CASES: list[Case] = [
     _case("minimal", "", {}),
+    _case("client-rollouts-minimal", "", CLIENT),
+    _case("metric-rollouts-explicit", "", {"spec.rollouts": {"source": "Metric"}}),
+    _case(
+        "client-rollouts-peers-and-token",
+        "",
+        {
+            **CLIENT,
+            "spec.rollouts.client": {
+                "allowFrom": [
+                    {"podLabels": {"app": "dspy-notebook"}},
+                    {
+                        "podLabels": {"app.kubernetes.io/name": "jupyter"},
+                        "namespaceLabels": {"kubernetes.io/metadata.name": "notebooks"},
+                    },
+                ],
+                "tokenSecretRef": {"name": "dspy-token", "key": "token"},
+            },
+        },
+    ),
     _case(
         "inputs",
         "",
@@ -523,6 +593,8 @@ IMMUTABLE_UPDATES: list[tuple[str, dict[str, Any]]] = [
     ),
     ("spec.trainer.gpusPerNode", {"spec.trainer.gpusPerNode": 2}),
     ("spec.trainer.perDeviceBatchSize", {"spec.trainer.perDeviceBatchSize": 2}),
+    # A job that trained from its metric service cannot continue from a client.
+    ("spec.rollouts.source", CLIENT),
 ]
 
 MUTABLE_UPDATES: list[dict[str, Any]] = [

@@ -109,6 +109,7 @@ def test_defaults_are_the_documented_ones() -> None:
     assert (g.max_prompt_length, g.max_completion_length, g.seed, g.dynamic_sampling) == (512, 256, 42, False)
     assert g.lora.target_modules == ["q_proj", "k_proj", "v_proj", "o_proj"] and not g.lora.enabled
     assert (g.validation.every_steps, g.validation.max_prompts) == (0, 64)
+    assert spec.metric is not None
     assert (spec.metric.port, spec.metric.batch_size, spec.metric.error_budget) == (8080, 32, 0.05)
     assert (spec.generation.gpus, spec.generation.tensor_parallel_size) == (1, 1)
     assert spec.generation.image == "vllm/vllm-openai:v0.31.0"
@@ -157,7 +158,7 @@ def test_quantities_are_normalised_to_strings() -> None:
             "metric": {"image": "i", "resources": {"requests": {"cpu": 2, "memory": "1Gi"}}},
         }
     )
-    assert spec.metric.resources.requests == {"cpu": "2", "memory": "1Gi"}
+    assert spec.metric is not None and spec.metric.resources.requests == {"cpu": "2", "memory": "1Gi"}
 
 
 def test_rollouts_and_metric_calls() -> None:

@@ -16,6 +16,7 @@ import pytest
 from grpo_operator.api import GRPOJob, GRPOJobSpec
 from grpo_operator.api.base import ApiModel, CelRule, CelRules, RuleViolation
 from grpo_operator.api.resource import NameRules
+from grpo_operator.api.rollouts import RolloutsSpec
 from grpo_operator.api.spec import (
     EnvVar,
     EnvVarSource,
@@ -26,7 +27,7 @@ from grpo_operator.api.spec import (
     Toleration,
 )
 
-from tests.unit.test_api_manifests import with_changes
+from tests.unit.test_api_manifests import _DELETE, CLIENT, with_changes
 
 _SECRET = {"secretKeyRef": {"name": "s", "key": "k"}}
 
@@ -59,6 +60,13 @@ RULE_BREAKERS: dict[CelRule, dict[str, Any]] = {
     GRPOJobSpec.Rules.validation_needs_dataset: {"spec.grpo.validation": {"everySteps": 10}},
     GRPOJobSpec.Rules.model_on_volume_needs_rwx: {"spec.model.name": "/workspace/models/qwen"},
     GRPOJobSpec.Rules.multi_node_needs_rwx: {"spec.trainer.nodes": 2},
+    GRPOJobSpec.Rules.metric_required: {"spec.metric": _DELETE},
+    GRPOJobSpec.Rules.dataset_required: {"spec.dataset": _DELETE},
+    GRPOJobSpec.Rules.no_metric_with_client: {**CLIENT, "spec.metric": {"image": "m:1"}},
+    GRPOJobSpec.Rules.no_dataset_with_client: {**CLIENT, "spec.dataset": {"train": "hf://a/b"}},
+    GRPOJobSpec.Rules.no_dynamic_sampling_with_client: {**CLIENT, "spec.grpo.dynamicSampling": True},
+    GRPOJobSpec.Rules.no_validation_with_client: {**CLIENT, "spec.grpo.validation": {"everySteps": 5}},
+    RolloutsSpec.Rules.client_only_for_client: {"spec.rollouts": {"source": "Metric", "client": {}}},
 }
 
 

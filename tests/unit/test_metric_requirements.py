@@ -53,10 +53,11 @@ def test_vllm_pin_is_inside_trls_supported_window_and_matches_its_torch() -> Non
 def test_trainer_dockerfile_installs_both_requirement_files_and_checks_the_entrypoint() -> None:
     text = (IMAGE / "Dockerfile").read_text()
     assert "pip install -r /tmp/req/requirements.txt -r /tmp/req/requirements-vllm.txt" in text
-    for package in ("grpo_trainer", "grpo_metric", "grpo_operator/api"):
+    for package in ("grpo_trainer", "grpo_metric", "grpo_gateway", "grpo_operator/api"):
         assert re.search(rf"COPY \S*{package} /app/{package}", text), package
     assert 'ENTRYPOINT ["python", "-m", "grpo_trainer"]' in text
-    assert "import grpo_trainer.main" in text
+    assert re.search(r"import [^\n]*grpo_trainer\.main", text)
+    assert re.search(r"import [^\n]*grpo_gateway\.app", text)
 
 
 def test_entrypoint_module_imports_without_torch() -> None:

@@ -493,7 +493,9 @@ def test_trainer_exit_reasons_match_the_trainers_exit_codes() -> None:
         ExitCode.CHECKPOINT_MISMATCH: "CheckpointMismatch",
         ExitCode.NON_FINITE: "NonFiniteTraining",
         ExitCode.OUT_OF_MEMORY: "OutOfMemory",
+        ExitCode.CANCELLED: "CancelledByClient",  # client-rollout jobs
     }
+    assert ExitCode.CANCELLED in SETTINGS.permanent_exit_codes
     assert ExitCode.CHECKPOINT_MISMATCH in SETTINGS.permanent_exit_codes
     assert ExitCode.OUT_OF_MEMORY in SETTINGS.permanent_exit_codes
     assert ExitCode.NON_FINITE not in SETTINGS.permanent_exit_codes

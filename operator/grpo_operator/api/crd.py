@@ -34,6 +34,7 @@ from grpo_operator.api.resource import (
     VERSION,
     NameRules,
 )
+from grpo_operator.api.rollouts import ROLLOUTS_SOURCE_IMMUTABLE
 from grpo_operator.api.spec import GRPOJobSpec, immutability_rules
 from grpo_operator.api.status import GRPOJobStatus
 
@@ -166,6 +167,7 @@ def spec_schema() -> dict[str, Any]:
     schema = model_openapi_schema(GRPOJobSpec)
     for obj, rules in immutability_rules().items():
         schema["properties"][obj].setdefault(_CEL_KEY, []).extend(r.to_schema() for r in rules)
+    schema.setdefault(_CEL_KEY, []).append(ROLLOUTS_SOURCE_IMMUTABLE.to_schema())
     return schema
 
 

@@ -206,6 +206,10 @@ the field and the fix:
   optimisation step splits the B * G completions evenly over the data-parallel processes
   (the trainer accumulates gradients over (B * G) / (that product) micro-steps);
 - `grpo.validation.everySteps > 0` needs `dataset.validation`;
+- `metric` and `dataset` are required, unless `rollouts.source` is `Client`: then both must be absent
+  (the client scores its own rollouts and sends its prompts with them), and so must
+  `grpo.dynamicSampling: true` and `grpo.validation.everySteps > 0` (the trainer neither samples nor
+  scores); `rollouts.client` only with `rollouts.source: Client` (see docs/dspy.md);
 - `trainer.nodes > 1` needs `checkpoints.volume.accessMode: ReadWriteMany` (or an `existingClaim`);
 - a `model.name` on the job's volume (`/workspace/...`) needs `checkpoints.volume.accessMode:
   ReadWriteMany`: the vLLM pod, usually on another node than the trainers, mounts the volume only then
@@ -223,7 +227,7 @@ the field and the fix:
 **Immutable while the job exists** (CEL transition rules `self == oldSelf`): `spec.model` (except
 `tokenSecretRef`),
 `spec.grpo.groupSize`, `spec.grpo.promptsPerStep`, `spec.trainer.nodes`, `spec.trainer.gpusPerNode`,
-`spec.trainer.perDeviceBatchSize`. Changing them would invalidate checkpoints and the data order;
+`spec.trainer.perDeviceBatchSize`, `spec.rollouts.source` (unset means `Metric`). Changing them would invalidate checkpoints and the data order;
 delete the job and create a new one. Every other field may be changed while the job exists.
 
 **Unknown fields.** The schema is structural and never preserves unknown fields (the one exception is

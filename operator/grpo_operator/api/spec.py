@@ -42,6 +42,7 @@ from grpo_operator.api.pod_fields import (
     ResourceRequirements,
     Toleration,
 )
+from grpo_operator.api.rollouts import CLIENT_MODE, ROLLOUTS_SOURCE_IMMUTABLE, RolloutsSpec, rollouts_source
 from grpo_operator.api.scheduling import NodeLabels, RunPolicySpec, SchedulingSpec
 from grpo_operator.api.storage import (
     INPUTS_MOUNT_PATH,
@@ -94,6 +95,7 @@ __all__ = [
     "NodeLabels",
     "Quantity",
     "ResourceRequirements",
+    "RolloutsSpec",
     "RunPolicySpec",
     "SchedulingSpec",
     "SecretKeySelector",
@@ -137,7 +139,7 @@ class GRPOJobSpec(ApiModel):
         )
 
         validation_needs_dataset = CelRule(
-            "self.grpo.validation.everySteps == 0 || has(self.dataset.validation)",
+            "self.grpo.validation.everySteps == 0 || !has(self.dataset) || has(self.dataset.validation)",
             "spec.grpo.validation.everySteps > 0 needs spec.dataset.validation: set a validation dataset URI "
             "or set everySteps to 0",
             ".grpo.validation.everySteps",
@@ -162,15 +164,70 @@ class GRPOJobSpec(ApiModel):
             ".checkpoints.volume.accessMode",
         )
 
+        # Client-rollout jobs (spec.rollouts.source: Client) have no metric service and no dataset.
+        metric_required = CelRule(
+            f"has(self.metric) || ({CLIENT_MODE})",
+            "spec.metric is required: the metric service scores the completions the trainer samples. Set "
+            "spec.metric.image, or set spec.rollouts.source: Client to have a client (e.g. DSPy) send scored "
+            "rollouts instead",
+            ".metric",
+        )
+
+        dataset_required = CelRule(
+            f"has(self.dataset) || ({CLIENT_MODE})",
+            "spec.dataset is required: it holds the prompts the trainer samples completions for. Set "
+            "spec.dataset.train, or set spec.rollouts.source: Client to have a client (e.g. DSPy) send its "
+            "prompts with its scored rollouts",
+            ".dataset",
+        )
+
+        no_metric_with_client = CelRule(
+            f"!({CLIENT_MODE}) || !has(self.metric)",
+            "spec.metric must not be set when spec.rollouts.source is Client: the client scores its own "
+            "rollouts, so the metric service would never be called. Remove spec.metric",
+            ".metric",
+        )
+
+        no_dataset_with_client = CelRule(
+            f"!({CLIENT_MODE}) || !has(self.dataset)",
+            "spec.dataset must not be set when spec.rollouts.source is Client: the client sends its prompts "
+            "with its scored rollouts, so the dataset would never be read. Remove spec.dataset",
+            ".dataset",
+        )
+
+        no_dynamic_sampling_with_client = CelRule(
+            f"!({CLIENT_MODE}) || !self.grpo.dynamicSampling",
+            "spec.grpo.dynamicSampling is not supported when spec.rollouts.source is Client: the client "
+            "generates the groups, so the trainer cannot drop tied groups and sample new prompts to refill "
+            "the step. Set dynamicSampling to false",
+            ".grpo.dynamicSampling",
+        )
+
+        no_validation_with_client = CelRule(
+            f"!({CLIENT_MODE}) || self.grpo.validation.everySteps == 0",
+            "spec.grpo.validation.everySteps must be 0 when spec.rollouts.source is Client: there is no "
+            "dataset or metric service to validate with (DSPy validates on the client: GRPO's valset). Set "
+            "everySteps to 0",
+            ".grpo.validation.everySteps",
+        )
+
     model: ModelSpec = Field(
         description="The model to fine-tune. Immutable, except tokenSecretRef.",
         json_schema_extra={"x-kubernetes-validations": [MODEL_IMMUTABLE.to_schema()]},
     )
-    dataset: DatasetSpec = Field(description="Training (and optional validation) prompts.")
+    dataset: DatasetSpec | None = Field(
+        default=None,
+        description="Training (and optional validation) prompts; required unless rollouts.source is Client.",
+    )
     grpo: GRPOSpec = Field(
         description="GRPO hyper-parameters; groupSize, promptsPerStep and lora are immutable."
     )
-    metric: MetricSpec = Field(description="The reward (metric) service.")
+    metric: MetricSpec | None = Field(
+        default=None, description="The reward (metric) service; required unless rollouts.source is Client."
+    )
+    rollouts: RolloutsSpec | None = Field(
+        default=None, description="Where scored rollouts come from; unset means the metric service."
+    )
     generation: GenerationSpec = Field(
         default_factory=GenerationSpec, description="The vLLM generation server."
     )
@@ -219,7 +276,8 @@ class GRPOJobSpec(ApiModel):
     def _cross_object(self) -> GRPOJobSpec:
         if (self.grpo.prompts_per_step * self.grpo.group_size) % self.trainer_data_parallel_batch() != 0:
             raise self.Rules.batch_divides_evenly.violation()
-        if self.grpo.validation.every_steps > 0 and self.dataset.validation is None:
+        self._client_mode_rules()
+        if self.grpo.validation.every_steps > 0 and self.dataset and self.dataset.validation is None:
             raise self.Rules.validation_needs_dataset.violation()
         if self.model_on_volume() and self.checkpoints.volume.access_mode != "ReadWriteMany":
             raise self.Rules.model_on_volume_needs_rwx.violation()
@@ -230,6 +288,23 @@ class GRPOJobSpec(ApiModel):
         ):
             raise self.Rules.multi_node_needs_rwx.violation()
         return self
+
+    def _client_mode_rules(self) -> None:
+        """The pydantic twin of the client-mode rules, in the order the CRD lists them."""
+        client = rollouts_source(self) == "Client"
+        rules = self.Rules
+        if self.metric is None and not client:
+            raise rules.metric_required.violation()
+        if self.dataset is None and not client:
+            raise rules.dataset_required.violation()
+        if client and self.metric is not None:
+            raise rules.no_metric_with_client.violation()
+        if client and self.dataset is not None:
+            raise rules.no_dataset_with_client.violation()
+        if client and self.grpo.dynamic_sampling:
+            raise rules.no_dynamic_sampling_with_client.violation()
+        if client and self.grpo.validation.every_steps > 0:
+            raise rules.no_validation_with_client.violation()
 
     def model_on_volume(self) -> bool:
         """model.name is a directory on the job's volume (mounted at VOLUME_MOUNT_PATH in the pods)."""
@@ -279,6 +354,8 @@ def check_immutable(old: GRPOJobSpec, new: GRPOJobSpec) -> list[str]:
         update={"token_secret_ref": None}
     ):
         errors.append(MODEL_IMMUTABLE.message)
+    if rollouts_source(old) != rollouts_source(new):
+        errors.append(ROLLOUTS_SOURCE_IMMUTABLE.message)
     old_d, new_d = old.to_dict(), new.to_dict()
     for obj, names in IMMUTABLE_FIELDS.items():
         for name in names:

@@ -72,8 +72,9 @@ class ProgressStatus(_StatusModel):
     step_duration_seconds: float | None = Field(default=None, ge=0, description="Duration of the last step.")
     waiting_for_client_since: datetime | None = Field(
         default=None,
-        description="Client-rollout jobs: when trainer rank 0 began waiting for the client's groups for its "
-        "next step. It waits while this is at or after lastStepTime; no stall is declared meanwhile.",
+        description="Client-rollout jobs: set by trainer rank 0 while it waits for the client's groups of its "
+        "next step (when it began waiting), removed when they arrive. No stall is declared while it is "
+        "set and no older than the running gang and its last step.",
     )
 
     @model_validator(mode="after")

@@ -30,10 +30,13 @@ WEIGHT_SYNC_PORT = 51216
 TRAINER_METRICS_PORT = 9090
 # Arbor's default port, so a DSPy user's api_base looks the same as with a local Arbor server.
 ROLLOUTS_PORT = 7453
-# Trainer rank 0's policy server (OpenAI-compatible completions from the current policy), which the rollout
-# gateway forwards the client's completion requests to.
+# The rollout gateway's port for trainer rank 0 (groups, progress): the job's trainer pods only.
+GATEWAY_INTERNAL_PORT = 7454
+# Trainer rank 0's policy server (OpenAI-compatible completions from the current policy), which the
+# rollout gateway forwards the client's completion requests to.
 POLICY_PORT = 7455
-# The environment variable of trainer rank 0 holding the per-job bearer token (spec.rollouts.client.tokenSecretRef).
+# The environment variable of the rollout gateway holding the per-job bearer token
+# (spec.rollouts.client.tokenSecretRef).
 ROLLOUTS_TOKEN_ENV = "GRPO_ROLLOUTS_TOKEN"
 
 
@@ -109,7 +112,10 @@ class ClientRolloutsConfig(_ConfigModel):
     completions on ``port`` and trains on the scored groups the client sends."""
 
     port: int = Field(
-        default=ROLLOUTS_PORT, ge=1, le=65535, description="Port of the client protocol on trainer rank 0."
+        default=ROLLOUTS_PORT,
+        ge=1,
+        le=65535,
+        description="Client port of the job's rollout gateway (Arbor's protocol), for messages and docs.",
     )
     served_model: str = Field(
         min_length=1,
@@ -189,7 +195,7 @@ class TrainerConfig(_ConfigModel):
         uid: str | None,
         spec: GRPOJobSpec,
         *,
-        metric_url: str,
+        metric_url: str | None,
         generation_host: str | None,
         backend: Literal["vllm-server", "transformers"] = "vllm-server",
         vllm_port: int = VLLM_SERVER_PORT,
@@ -197,15 +203,40 @@ class TrainerConfig(_ConfigModel):
         metrics_port: int = TRAINER_METRICS_PORT,
         checkpoint_dir: str = DEFAULT_CHECKPOINT_DIR,
         output_dir: str = DEFAULT_OUTPUT_DIR,
+        gateway_url: str | None = None,
     ) -> TrainerConfig:
         """Render the trainer config for a job (pure: same inputs, same config). The ports are the
-        operator's settings, the same values it puts on the pods and Services."""
+        operator's settings, the same values it puts on the pods and Services. A job whose rollouts come
+        from a client (spec.rollouts.source: Client) needs ``gateway_url``, any other ``metric_url``."""
         if backend == "vllm-server" and not generation_host:
             raise ValueError("backend vllm-server needs generation_host (the <job>-gen Service's DNS name)")
+        metric: MetricClientConfig | None = None
+        rollouts: ClientRolloutsConfig | None = None
+        if spec.metric is not None:
+            if not metric_url:
+                raise ValueError("a job with spec.metric needs metric_url (the <job>-metric Service's URL)")
+            metric = MetricClientConfig(
+                url=metric_url,
+                batch_size=spec.metric.batch_size,
+                concurrency=spec.metric.concurrency,
+                timeout_seconds=float(spec.metric.timeout_seconds),
+                max_retries=spec.metric.max_retries,
+                error_budget=spec.metric.error_budget,
+                max_response_bytes=spec.metric.max_response_bytes,
+                max_abs_reward=spec.metric.max_abs_reward,
+            )
+        else:
+            if not gateway_url:
+                raise ValueError(
+                    "a job with spec.rollouts.source: Client needs gateway_url (its rollout gateway)"
+                )
+            # The trainer's policy server is reached by the gateway alone (NetworkPolicy), which checks the
+            # client's bearer token itself: the trainer gets no token.
+            rollouts = ClientRolloutsConfig(served_model=spec.model.name, gateway_url=gateway_url)
         return cls(
             job=JobRef(namespace=namespace, name=name, uid=uid),
             model=spec.model.model_copy(deep=True),
-            dataset=spec.dataset.model_copy(deep=True),
+            dataset=spec.dataset.model_copy(deep=True) if spec.dataset is not None else None,
             grpo=spec.grpo.model_copy(deep=True),
             trainer=TrainerTopology(
                 nodes=spec.trainer.nodes,
@@ -219,16 +250,8 @@ class TrainerConfig(_ConfigModel):
                 weight_sync_port=weight_sync_port,
                 startup_timeout_seconds=float(spec.generation.startup_timeout_seconds),
             ),
-            metric=MetricClientConfig(
-                url=metric_url,
-                batch_size=spec.metric.batch_size,
-                concurrency=spec.metric.concurrency,
-                timeout_seconds=float(spec.metric.timeout_seconds),
-                max_retries=spec.metric.max_retries,
-                error_budget=spec.metric.error_budget,
-                max_response_bytes=spec.metric.max_response_bytes,
-                max_abs_reward=spec.metric.max_abs_reward,
-            ),
+            metric=metric,
+            rollouts=rollouts,
             checkpoints=CheckpointConfig(
                 dir=checkpoint_dir,
                 every_steps=spec.checkpoints.every_steps,

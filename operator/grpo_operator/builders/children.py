@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from grpo_operator.api.spec import GRPOJobSpec
-from grpo_operator.builders.common import Job, Manifest
+from grpo_operator.builders.common import Job, Manifest, client_rollouts
 from grpo_operator.builders.config import trainer_config_map
 from grpo_operator.builders.gang import generation_service, trainer_service
 from grpo_operator.builders.metric import metric_deployment, metric_service
@@ -15,6 +15,12 @@ from grpo_operator.builders.network import (
     trainer_network_policy,
 )
 from grpo_operator.builders.rbac import trainer_role, trainer_role_binding, trainer_service_account
+from grpo_operator.builders.rollouts import (
+    gateway_deployment,
+    gateway_network_policy,
+    gateway_service,
+    policy_service,
+)
 from grpo_operator.builders.storage import checkpoint_pvc
 from grpo_operator.settings import OperatorSettings
 
@@ -32,7 +38,13 @@ def job_from_object(obj: dict[str, Any]) -> Job:
 
 def infrastructure(job: Job, settings: OperatorSettings) -> list[Manifest]:
     """Children that live as long as the job runs or is suspended (everything except the gang pods and
-    the metric Deployment): config, volume, identity, Services, NetworkPolicies."""
+    the metric Deployment): config, volume, identity, Services, NetworkPolicies, and in a client-rollout
+    job the rollout gateway, which keeps the client's session through suspends and restarts."""
+    if client_rollouts(job):
+        rollouts = [gateway_service(job), policy_service(job)]
+        policies = [gateway_network_policy(job)]
+    else:
+        rollouts, policies = [metric_service(job)], [metric_network_policy(job)]
     out = [
         trainer_config_map(job, settings),
         trainer_service_account(job),
@@ -40,11 +52,13 @@ def infrastructure(job: Job, settings: OperatorSettings) -> list[Manifest]:
         trainer_role_binding(job),
         trainer_service(job, settings),
         generation_service(job, settings),
-        metric_service(job),
+        *rollouts,
         generation_network_policy(job, settings),
-        metric_network_policy(job),
+        *policies,
         trainer_network_policy(job, settings),
     ]
+    if client_rollouts(job):
+        out.append(gateway_deployment(job, settings))
     pvc = checkpoint_pvc(job)
     if pvc is not None:
         out.insert(1, pvc)
@@ -52,5 +66,6 @@ def infrastructure(job: Job, settings: OperatorSettings) -> list[Manifest]:
 
 
 def metric_workload(job: Job, settings: OperatorSettings) -> list[Manifest]:
-    """The metric Deployment: runs while the gang runs, stopped when suspended or finished."""
-    return [metric_deployment(job, settings)]
+    """The metric Deployment: runs while the gang runs, stopped when suspended or finished. None in a
+    client-rollout job."""
+    return [] if client_rollouts(job) else [metric_deployment(job, settings)]

@@ -10,11 +10,18 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from grpo_operator.api.resource import API_VERSION, GROUP, KIND
+from grpo_operator.api.rollouts import rollouts_source
 from grpo_operator.api.spec import VOLUME_MOUNT_PATH, GRPOJobSpec
-from grpo_operator.api.trainer_config import CONFIG_MAP_KEY, CONFIG_MOUNT_DIR, CONFIG_PATH
+from grpo_operator.api.trainer_config import (
+    CONFIG_MAP_KEY,
+    CONFIG_MOUNT_DIR,
+    CONFIG_PATH,
+    GATEWAY_INTERNAL_PORT,
+    POLICY_PORT,
+)
 
 Manifest = dict[str, Any]
-Role = Literal["trainer", "generation", "metric"]
+Role = Literal["trainer", "generation", "metric", "rollouts"]
 
 PART_OF = "grpo-operator"
 LABEL_NAME = "app.kubernetes.io/name"
@@ -35,7 +42,14 @@ ANNOTATION_CONFIG_HASH = f"{GROUP}/config-hash"
 # The checkpoint a trainer pod resumes from, readable without parsing env (kubectl describe).
 ANNOTATION_RESUME_FROM = f"{GROUP}/resume-from"
 
-APP_NAMES: dict[Role, str] = {"trainer": "grpo-trainer", "generation": "vllm", "metric": "grpo-metric"}
+APP_NAMES: dict[Role, str] = {
+    "trainer": "grpo-trainer",
+    "generation": "vllm",
+    "metric": "grpo-metric",
+    "rollouts": "grpo-rollouts",
+}
+# Roles whose pods a Deployment of the job creates (owned by its ReplicaSet, not by the job itself).
+DEPLOYMENT_ROLES: frozenset[str] = frozenset({"metric", "rollouts"})
 
 # Kueue's plain-pod integration (see docs/kueue.md).
 KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
@@ -117,8 +131,36 @@ def generation_pod_name(job: Job, attempt: int, index: int) -> str:
     return f"{job.name}-gen-{attempt}-{index}"
 
 
-def metric_url(job: Job) -> str:
+def rollouts_name(job: Job) -> str:
+    """The rollout gateway's Deployment, Service and NetworkPolicy (client-rollout jobs)."""
+    return f"{job.name}-rollouts"
+
+
+def policy_service_name(job: Job) -> str:
+    """The Service that names trainer rank 0 of whichever attempt runs (client-rollout jobs)."""
+    return f"{job.name}-policy"
+
+
+def client_rollouts(job: Job) -> bool:
+    """spec.rollouts.source is Client: a rollout gateway instead of the metric service."""
+    return rollouts_source(job.spec) == "Client"
+
+
+def metric_url(job: Job) -> str | None:
+    """The metric service's URL; None for a client-rollout job, which has none."""
+    if job.spec.metric is None:
+        return None
     return f"http://{metric_name(job)}.{job.namespace}.svc:{job.spec.metric.port}"
+
+
+def gateway_url(job: Job) -> str:
+    """The rollout gateway's internal URL, for trainer rank 0."""
+    return f"http://{rollouts_name(job)}.{job.namespace}.svc:{GATEWAY_INTERNAL_PORT}"
+
+
+def policy_url(job: Job) -> str:
+    """Trainer rank 0's policy server, for the rollout gateway: stable across gang restarts."""
+    return f"http://{policy_service_name(job)}.{job.namespace}.svc:{POLICY_PORT}"
 
 
 def generation_host(job: Job) -> str:

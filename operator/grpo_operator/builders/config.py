@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
-from grpo_operator.api.trainer_config import TrainerConfig
+from grpo_operator.api.gateway_config import GATEWAY_CONFIG_KEY, GatewayConfig
+from grpo_operator.api.trainer_config import ROLLOUTS_TOKEN_ENV, JobRef, TrainerConfig
 from grpo_operator.builders.common import (
     CONFIG_KEY,
     Job,
     Manifest,
+    client_rollouts,
     config_map_name,
     content_hash,
+    gateway_url,
     generation_host,
     metadata,
     metric_url,
+    policy_url,
     with_hash,
 )
 from grpo_operator.settings import OperatorSettings
@@ -26,6 +30,7 @@ def trainer_config(job: Job, settings: OperatorSettings) -> TrainerConfig:
         job.uid,
         job.spec,
         metric_url=metric_url(job),
+        gateway_url=gateway_url(job) if client_rollouts(job) else None,
         generation_host=generation_host(job),
         backend="vllm-server",
         vllm_port=settings.vllm_port,
@@ -43,12 +48,36 @@ def config_hash(job: Job, settings: OperatorSettings) -> str:
     return content_hash(trainer_config_text(job, settings))
 
 
+def gateway_config(job: Job) -> GatewayConfig:
+    """The rollout gateway's config (client-rollout jobs)."""
+    spec = job.spec
+    client = spec.rollouts.client if spec.rollouts is not None else None
+    return GatewayConfig(
+        job=JobRef(namespace=job.namespace, name=job.name, uid=job.uid or None),
+        served_model=spec.model.name,
+        group_size=spec.grpo.group_size,
+        prompts_per_step=spec.grpo.prompts_per_step,
+        steps=spec.grpo.steps,
+        trainer_url=policy_url(job),
+        token_env=ROLLOUTS_TOKEN_ENV if client is not None and client.token_secret_ref is not None else None,
+        # A completion waits for the trainer as long as the trainers wait for vLLM: through a gang restart.
+        completion_wait_seconds=float(spec.generation.startup_timeout_seconds),
+    )
+
+
+def gateway_config_text(job: Job) -> str:
+    return gateway_config(job).dump_json() + "\n"
+
+
 def trainer_config_map(job: Job, settings: OperatorSettings) -> Manifest:
+    data = {CONFIG_KEY: trainer_config_text(job, settings)}
+    if client_rollouts(job):
+        data[GATEWAY_CONFIG_KEY] = gateway_config_text(job)
     return with_hash(
         {
             "apiVersion": "v1",
             "kind": "ConfigMap",
             "metadata": metadata(job, config_map_name(job), "trainer"),
-            "data": {CONFIG_KEY: trainer_config_text(job, settings)},
+            "data": data,
         }
     )

@@ -13,7 +13,7 @@ from typing import Any
 
 from grpo_operator.api.compat import drop_later_defaults
 from grpo_operator.api.spec import EnvVar
-from grpo_operator.api.trainer_config import CONFIG_ENV
+from grpo_operator.api.trainer_config import CONFIG_ENV, POLICY_PORT
 from grpo_operator.builders.common import (
     ANNOTATION_CONFIG_HASH,
     ANNOTATION_HASH,
@@ -27,6 +27,7 @@ from grpo_operator.builders.common import (
     Job,
     Manifest,
     Role,
+    client_rollouts,
     config_map_name,
     content_hash,
     generation_host,
@@ -136,14 +137,18 @@ def gang_hash_input(job: Job) -> dict[str, Any]:
     # when there are any): their defaults appear in every stored spec after an upgrade, and hashing them
     # would restart every running job.
     drop_later_defaults(spec)
-    metric_client = {
-        k: v for k, v in spec["metric"].items() if k not in ("image", "replicas", "resources", "env")
-    }
-    checkpoints = {k: v for k, v in spec["checkpoints"].items() if k != "retention"}
-    shaped = {key: spec[key] for key in ("model", "dataset", "grpo", "generation", "trainer", "scheduling")}
+    # spec.rollouts is left out: its source never changes, and its client part (who may reach the
+    # gateway, the gateway's token) shapes only the gateway and its NetworkPolicy.
+    keys = ("model", "dataset", "grpo", "generation", "trainer", "scheduling")
+    shaped = {key: spec[key] for key in keys if key in spec}
     if spec.get("inputs"):
         shaped["inputs"] = spec["inputs"]
-    return {**shaped, "metric": metric_client, "checkpoints": checkpoints}
+    if "metric" in spec:
+        shaped["metric"] = {
+            k: v for k, v in spec["metric"].items() if k not in ("image", "replicas", "resources", "env")
+        }
+    checkpoints = {k: v for k, v in spec["checkpoints"].items() if k != "retention"}
+    return {**shaped, "checkpoints": checkpoints}
 
 
 def _resources(
@@ -369,7 +374,7 @@ def trainer_env(
         {"name": "GRPO_TRAINER_ATTEMPT", "value": str(attempt)},
         # The same endpoints as in trainer.json, for tools and debugging shells in the pod.
         {"name": "GRPO_VLLM_URL", "value": f"http://{generation_host(job)}:{settings.vllm_port}"},
-        {"name": "GRPO_METRIC_URL", "value": metric_url(job)},
+        *([{"name": "GRPO_METRIC_URL", "value": url}] if (url := metric_url(job)) else []),
         # vLLM workers connect back to trainer rank 0 at this address for weight sync; without it
         # vLLM guesses the address from a route to 8.8.8.8.
         {"name": "VLLM_HOST_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
@@ -389,6 +394,9 @@ def trainer_pod(job: Job, settings: OperatorSettings, attempt: int, rank: int, r
             {"name": "weight-sync", "containerPort": settings.weight_sync_port, "protocol": "TCP"},
             {"name": "metrics", "containerPort": settings.trainer_metrics_port, "protocol": "TCP"},
         ]
+        if client_rollouts(job):
+            # The policy server the rollout gateway forwards the client's completion requests to.
+            ports.append({"name": "policy", "containerPort": POLICY_PORT, "protocol": "TCP"})
         annotations.update(
             {
                 "prometheus.io/scrape": "true",

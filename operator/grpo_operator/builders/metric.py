@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from grpo_operator.api.spec import MetricSpec
 from grpo_operator.builders.common import (
     Job,
     Manifest,
@@ -23,8 +24,13 @@ METRIC_PORT_NAME = "http"
 METRIC_PORT_ENV = "GRPO_METRIC_PORT"
 
 
+def _metric(job: Job) -> MetricSpec:
+    assert job.spec.metric is not None, "a client-rollout job has no metric service"
+    return job.spec.metric
+
+
 def metric_resources(job: Job, settings: OperatorSettings) -> dict[str, Any]:
-    res = job.spec.metric.resources
+    res = _metric(job).resources
     requests = quantity_map(res.requests) if res.requests else dict(settings.default_metric_requests)
     out: dict[str, Any] = {"requests": requests}
     if res.limits:
@@ -33,7 +39,7 @@ def metric_resources(job: Job, settings: OperatorSettings) -> dict[str, Any]:
 
 
 def metric_deployment(job: Job, settings: OperatorSettings) -> Manifest:
-    spec = job.spec.metric
+    spec = _metric(job)
     port = spec.port
     env = [{"name": METRIC_PORT_ENV, "value": str(port)}]
     env += [var.to_dict() for var in spec.env if var.name != METRIC_PORT_ENV]
@@ -97,7 +103,7 @@ def metric_service(job: Job) -> Manifest:
                 "ports": [
                     {
                         "name": METRIC_PORT_NAME,
-                        "port": job.spec.metric.port,
+                        "port": _metric(job).port,
                         "targetPort": METRIC_PORT_NAME,
                         "protocol": "TCP",
                     }

@@ -16,10 +16,12 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+from grpo_operator.api.trainer_config import POLICY_PORT
 from grpo_operator.builders.common import (
     Job,
     Manifest,
     Role,
+    client_rollouts,
     generation_policy_name,
     metadata,
     metric_policy_name,
@@ -66,6 +68,7 @@ def generation_network_policy(job: Job, settings: OperatorSettings) -> Manifest:
 
 
 def metric_network_policy(job: Job) -> Manifest:
+    assert job.spec.metric is not None, "a client-rollout job has no metric service"
     ingress: list[dict[str, Any]] = [
         {
             "from": [{"podSelector": {"matchLabels": selector_labels(job, "trainer")}}],
@@ -87,6 +90,14 @@ def trainer_network_policy(job: Job, settings: OperatorSettings) -> Manifest:
             ]
         }
     ]
+    if client_rollouts(job):
+        # The rollout gateway forwards the client's completion requests to rank 0's policy server.
+        ingress.append(
+            {
+                "from": [{"podSelector": {"matchLabels": selector_labels(job, "rollouts")}}],
+                "ports": [{"protocol": "TCP", "port": POLICY_PORT}],
+            }
+        )
     scrapers: list[dict[str, Any]] = []
     for peer in (*settings.metrics_scrapers, *settings.trainer_metrics_scrapers):
         if dict(peer) not in scrapers:

@@ -161,7 +161,7 @@ def parser() -> argparse.ArgumentParser:
         "Logs of one of the job's pods (default: trainer rank 0 of the current attempt).",
         f"  {PROG} logs qwen-gsm8k -f\n  {PROG} logs qwen-gsm8k --role generation\n  {PROG} logs qwen-gsm8k --rank 1 --tail 100",
     )
-    p.add_argument("--role", choices=("trainer", "generation", "metric"), default="trainer")
+    p.add_argument("--role", choices=("trainer", "generation", "metric", "rollouts"), default="trainer")
     p.add_argument(
         "--rank", type=int, default=0, help="trainer node rank, or index of the generation/metric pod"
     )

@@ -13,6 +13,7 @@ from grpo_operator.builders.common import (
     KUEUE_RETRIABLE_ANNOTATION,
     generation_pod_name,
     metric_name,
+    rollouts_name,
     trainer_pod_name,
 )
 from grpo_operator.reconcile import ownership
@@ -90,9 +91,18 @@ def delete_pods(step: Step, observed: Observed, which: Any) -> None:
 
 
 def delete_metric_workload(step: Step, job: Job, observed: Observed) -> None:
-    deployment = observed.get("Deployment", metric_name(job))
+    _delete_deployment(step, observed, metric_name(job))
+
+
+def delete_gateway(step: Step, job: Job, observed: Observed) -> None:
+    """Stop a client-rollout job's rollout gateway."""
+    _delete_deployment(step, observed, rollouts_name(job))
+
+
+def _delete_deployment(step: Step, observed: Observed, name: str) -> None:
+    deployment = observed.get("Deployment", name)
     if deployment is not None:
-        ref = ChildRef("apps/v1", "Deployment", metric_name(job), _uid(deployment))
+        ref = ChildRef("apps/v1", "Deployment", name, _uid(deployment))
         if ref not in step.plan.deletes:
             step.plan.deletes.append(ref)
 

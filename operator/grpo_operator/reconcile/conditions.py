@@ -12,10 +12,22 @@ SUSPENDED = "Suspended"
 SUCCEEDED = "Succeeded"
 FAILED = "Failed"
 METRIC_READY = "MetricReady"
+# The rollout gateway of a client-rollout job (its counterpart of MetricReady).
+GATEWAY_READY = "GatewayReady"
 # An object with a child's name exists that the operator did not create for this job.
 CONFLICT = "Conflict"
 PLATFORM_POLICY = "PlatformPolicy"
-CONDITION_ORDER = (SCHEDULED, RUNNING, METRIC_READY, SUSPENDED, SUCCEEDED, FAILED, CONFLICT, PLATFORM_POLICY)
+CONDITION_ORDER = (
+    SCHEDULED,
+    RUNNING,
+    METRIC_READY,
+    GATEWAY_READY,
+    SUSPENDED,
+    SUCCEEDED,
+    FAILED,
+    CONFLICT,
+    PLATFORM_POLICY,
+)
 
 MAX_MESSAGE = 4096
 

@@ -5,8 +5,15 @@ from __future__ import annotations
 from datetime import timedelta
 
 from grpo_operator.builders import Job
-from grpo_operator.reconcile.children import delete_metric_workload, delete_pods
-from grpo_operator.reconcile.conditions import FAILED, METRIC_READY, RUNNING, SUCCEEDED, format_time
+from grpo_operator.reconcile.children import delete_gateway, delete_metric_workload, delete_pods
+from grpo_operator.reconcile.conditions import (
+    FAILED,
+    GATEWAY_READY,
+    METRIC_READY,
+    RUNNING,
+    SUCCEEDED,
+    format_time,
+)
 from grpo_operator.reconcile.observed import Observed, parse_time
 from grpo_operator.reconcile.step import Step
 
@@ -37,7 +44,7 @@ def succeed(step: Step, job: Job, observed: Observed) -> None:
 
 def clean_up_finished(step: Step, job: Job, observed: Observed) -> None:
     """A finished job keeps its config, volume, Services and terminated trainer pods (for logs); the vLLM
-    server, still-running pods and the metric service are stopped."""
+    server, still-running pods and the metric service are stopped; a failed client-rollout job's gateway too."""
     delete_pods(
         step,
         observed,
@@ -45,6 +52,12 @@ def clean_up_finished(step: Step, job: Job, observed: Observed) -> None:
     )
     delete_metric_workload(step, job, observed)
     step.drop_condition(METRIC_READY)
+    if step.new.get("phase") == "Failed":
+        # A failed job's client must not wait on a gateway whose trainer never comes back: without the
+        # gateway its next call fails at once. After success the gateway stays, answering status and
+        # terminate (DSPy calls terminate after its last step), until the job is deleted.
+        delete_gateway(step, job, observed)
+        step.drop_condition(GATEWAY_READY)
 
 
 def ttl(step: Step, job: Job) -> None:

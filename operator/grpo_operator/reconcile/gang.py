@@ -3,7 +3,7 @@ and the decision to restart it or fail the job."""
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import datetime, timedelta
 from pathlib import PurePosixPath
 
 from grpo_operator.builders import Job, gang_hash, gang_pods
@@ -15,6 +15,7 @@ from grpo_operator.reconcile.observed import Observed, PodView, parse_time
 from grpo_operator.reconcile.plan import Restart
 from grpo_operator.reconcile.restart_policy import (
     BACKOFF_LIMIT_EXCEEDED,
+    CANCELLED_BY_CLIENT,
     GENERATION_FAILED,
     GENERATION_STARTUP_TIMEOUT,
     OOM_KILLED,
@@ -104,6 +105,9 @@ def run_gang(step: Step, job: Job, observed: Observed) -> None:
             rule = exit_rule
             if rule.event:
                 step.event("Warning", rule.reason, summary)
+        if rule.reason == CANCELLED_BY_CLIENT.reason and rule.permanent:
+            fail(step, job, observed, rule.reason, _cancelled_message(step, rule))
+            return
         if rule.permanent:
             summary = (
                 f"{summary} (exit code {rule.exit_code} means {rule.meaning}; retrying cannot "
@@ -383,6 +387,11 @@ def _stalled(step: Step, job: Job, observed: Observed) -> bool:
         since = step.now  # the gang becomes Running with this reconcile: the clock starts now
     last_step = parse_time((step.old.get("progress") or {}).get("lastStepTime"))
     base = max(since, last_step) if last_step is not None else since
+    if _waiting_for_client(step, base):
+        # A client-rollout trainer waiting for the client's next groups is not stalled: the client decides
+        # when its rollouts are done (DSPy may be validating). Look again within the deadline.
+        step.requeue_at(step.now + timedelta(seconds=limit))
+        return False
     deadline = base + timedelta(seconds=limit)
     if step.now < deadline:
         step.requeue_at(deadline)
@@ -397,6 +406,23 @@ def _stalled(step: Step, job: Job, observed: Observed) -> bool:
         f"no training step completed for {limit}s{at}: the gang is considered stalled",
     )
     return True
+
+
+def _waiting_for_client(step: Step, base: datetime) -> bool:
+    """Trainer rank 0 of the running gang reports (status.progress.waitingForClientSince) that it waits for
+    the client's groups: set since the gang runs and since its last step (an older value is stale: a
+    trainer that died waiting, or one that got its groups and did not clear it)."""
+    waiting = parse_time((step.old.get("progress") or {}).get("waitingForClientSince"))
+    return waiting is not None and waiting >= base
+
+
+def _cancelled_message(step: Step, rule: RestartRule) -> str:
+    steps = (step.old.get("progress") or {}).get("step")
+    at = f" after step {steps}" if steps is not None else ""
+    return (
+        f"exit code {rule.exit_code} means {rule.meaning} (Arbor's cancel route): trainer rank 0 stopped{at} "
+        "without training further; the checkpoints written so far stay on the volume"
+    )
 
 
 def restart_or_fail(step: Step, job: Job, observed: Observed, rule: RestartRule, message: str) -> None:

@@ -21,6 +21,7 @@ from grpo_operator.api.resource import compute_rollouts
 from grpo_operator.api.status import TERMINAL_PHASES
 from grpo_operator.builders import Job, infrastructure, job_from_object
 from grpo_operator.builders.children import metric_workload
+from grpo_operator.builders.common import client_rollouts
 from grpo_operator.reconcile import ownership
 from grpo_operator.reconcile.children import check_conflicts, delete_metric_workload, delete_pods, ensure
 from grpo_operator.reconcile.conditions import (
@@ -35,7 +36,7 @@ from grpo_operator.reconcile.conditions import (
 )
 from grpo_operator.reconcile.finished import clean_up_finished, ttl
 from grpo_operator.reconcile.gang import restart_or_fail, run_gang
-from grpo_operator.reconcile.metric_readiness import metric_readiness
+from grpo_operator.reconcile.metric_readiness import gateway_readiness, metric_readiness
 from grpo_operator.reconcile.observed import Observed, parse_time
 from grpo_operator.reconcile.plan import Plan
 from grpo_operator.reconcile.policy import PLATFORM_POLICY, platform_violations
@@ -100,7 +101,10 @@ def reconcile(job_obj: dict[str, Any], observed: Observed, now: datetime, settin
         return step.finish()
 
     ensure(step, observed, metric_workload(job, settings))
-    metric_readiness(step, job, observed)
+    if client_rollouts(job):
+        gateway_readiness(step, job, observed)
+    else:
+        metric_readiness(step, job, observed)
 
     if step.conflict is not None and step.attempt == 0:
         # Nothing has started: no gang, no Created event, until the name is free.

@@ -1,10 +1,12 @@
-"""Condition MetricReady: whether the job's metric service has a ready pod, and if not, why."""
+"""Conditions MetricReady and GatewayReady: whether the job's metric service (or, for a client-rollout
+job, its rollout gateway) has a ready pod, and if not, why."""
 
 from __future__ import annotations
 
+from grpo_operator.api.trainer_config import ROLLOUTS_PORT
 from grpo_operator.builders import Job
-from grpo_operator.builders.common import metric_name
-from grpo_operator.reconcile.conditions import METRIC_READY, get_condition
+from grpo_operator.builders.common import metric_name, rollouts_name
+from grpo_operator.reconcile.conditions import GATEWAY_READY, METRIC_READY, get_condition
 from grpo_operator.reconcile.observed import Observed
 from grpo_operator.reconcile.step import Step
 
@@ -32,6 +34,7 @@ def metric_readiness(step: Step, job: Job, observed: Observed) -> None:
     show only as repeated restarts. The condition (and a Warning event when it gets stuck) names the
     pod and the cause. It never changes the phase: the gang may be fine and only scoring is down.
     """
+    assert job.spec.metric is not None, "only metric-service jobs have a metric Deployment"
     deployment = observed.get("Deployment", metric_name(job)) or {}
     available = int((deployment.get("status") or {}).get("availableReplicas") or 0)
     if available >= 1:
@@ -78,7 +81,33 @@ def _metric_not_ready(job: Job, observed: Observed) -> tuple[str, str]:
         waiting = pod.waiting()
         if waiting is not None:
             why, detail = waiting
-            hint = f" (image {job.spec.metric.image})" if "Image" in why else ""
+            hint = f" (image {job.spec.metric.image})" if "Image" in why and job.spec.metric else ""
             return why, f"metric pod {pod.name} is waiting: {why}{hint}{': ' + detail if detail else ''}"
     # Being created, no pod yet, or pods starting: one state, so the status is not rewritten for each.
     return "Starting", "no metric pod is ready yet; the service answers once a pod's /healthz returns 200"
+
+
+def gateway_readiness(step: Step, job: Job, observed: Observed) -> None:
+    """Condition GatewayReady: whether the rollout gateway of a client-rollout job has a ready pod, and if
+    not, why. Like MetricReady it never changes the phase: the client sees the gateway's absence itself."""
+    name = rollouts_name(job)
+    deployment = observed.get("Deployment", name) or {}
+    ready = int((deployment.get("status") or {}).get("availableReplicas") or 0) >= 1
+    reason, message = "Available", f"the rollout gateway answers on Service {name}, port {ROLLOUTS_PORT}"
+    if not ready:
+        reason, message = "Starting", f"the rollout gateway {name} has no ready pod yet"
+        for cond in (deployment.get("status") or {}).get("conditions") or []:
+            if cond.get("type") == "ReplicaFailure" and cond.get("status") == "True":
+                reason = str(cond.get("reason") or "FailedCreate")
+                message = f"the API server refused the pods of Deployment {name}: {cond.get('message')}"
+        for pod in (p for p in observed.pods() if p.role == "rollouts" and not p.terminating):
+            blocked = pod.unschedulable() or pod.waiting()
+            if blocked is not None:
+                reason, detail = blocked
+                message = f"rollout gateway pod {pod.name}: {reason}{': ' + detail if detail else ''}"
+                break
+    previous = get_condition(list(step.old.get("conditions") or []), GATEWAY_READY)
+    step.condition(GATEWAY_READY, "True" if ready else "False", reason, message)
+    stuck = not ready and reason in _METRIC_STUCK_REASONS
+    if stuck and (previous is None or previous.get("reason") != reason):
+        step.event("Warning", "GatewayNotReady", message)

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from grpo_operator.api.resource import KIND
-from grpo_operator.builders.common import LABEL_JOB, LABEL_MANAGED_BY, LABEL_ROLE, PART_OF
+from grpo_operator.builders.common import DEPLOYMENT_ROLES, LABEL_JOB, LABEL_MANAGED_BY, LABEL_ROLE, PART_OF
 from grpo_operator.builders.storage import ANNOTATION_JOB_UID
 from grpo_operator.reconcile.observed import Observed
 
@@ -80,7 +80,9 @@ def is_mine(obj: Obj, job_meta: Obj) -> bool:
         # and never written (the runtime keeps only those created since the job was).
         labels = _meta(obj).get("labels")
         return (
-            isinstance(labels, dict) and labels.get(LABEL_ROLE) == "metric" and not controlled_by_other(obj)
+            isinstance(labels, dict)
+            and labels.get(LABEL_ROLE) in DEPLOYMENT_ROLES
+            and not controlled_by_other(obj)
         )
     return False
 

@@ -24,7 +24,7 @@ def _image_violations(spec: GRPOJobSpec, prefixes: tuple[str, ...]) -> list[str]
     if not prefixes:
         return []
     images = (
-        ("spec.metric.image", spec.metric.image),
+        *([("spec.metric.image", spec.metric.image)] if spec.metric is not None else []),
         ("spec.trainer.image", spec.trainer.image),
         ("spec.generation.image", spec.generation.image),
     )

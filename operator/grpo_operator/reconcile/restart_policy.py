@@ -94,6 +94,16 @@ OUT_OF_MEMORY = RestartRule(
     exit_code=6,
     event=True,
 )
+CANCELLED_BY_CLIENT = RestartRule(
+    "CancelledByClient",
+    Trigger.EXIT_CODE,
+    "Trainer rank 0 exits 7: the client of a client-rollout job cancelled the run (Arbor's cancel route)",
+    counted=False,
+    permanent=True,
+    meaning="the client cancelled the run",
+    exit_code=7,
+    event=True,
+)
 TRAINER_FAILED = RestartRule(
     "TrainerFailed",
     Trigger.POD_FAILURE,
@@ -237,6 +247,7 @@ RULES: tuple[RestartRule, ...] = (
     CHECKPOINT_MISMATCH,
     NON_FINITE_TRAINING,
     OUT_OF_MEMORY,
+    CANCELLED_BY_CLIENT,
     TRAINER_FAILED,
     OOM_KILLED,
     GENERATION_FAILED,

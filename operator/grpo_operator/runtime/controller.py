@@ -27,7 +27,14 @@ from typing import Any, TypeVar
 from kubernetes.client.exceptions import ApiException
 
 from grpo_operator.api.resource import API_VERSION, KIND
-from grpo_operator.builders.common import KUEUE_GROUP_LABEL, LABEL_JOB, LABEL_MANAGED_BY, LABEL_ROLE, PART_OF
+from grpo_operator.builders.common import (
+    DEPLOYMENT_ROLES,
+    KUEUE_GROUP_LABEL,
+    LABEL_JOB,
+    LABEL_MANAGED_BY,
+    LABEL_ROLE,
+    PART_OF,
+)
 from grpo_operator.builders.storage import ANNOTATION_JOB_UID
 from grpo_operator.observability import HealthState, OperatorMetrics
 from grpo_operator.reconcile import Observed, Plan, Refusal, reconcile
@@ -690,7 +697,7 @@ def managed_child(obj: Obj) -> bool:
         return not refs and ANNOTATION_JOB_UID in (meta.get("annotations") or {})
     if obj.get("kind") == "Pod":
         role = (meta.get("labels") or {}).get(LABEL_ROLE)
-        return role == "metric" and any(r.get("kind") == "ReplicaSet" for r in refs)
+        return role in DEPLOYMENT_ROLES and any(r.get("kind") == "ReplicaSet" for r in refs)
     return False
 
 
@@ -705,7 +712,7 @@ def _pod_of_this_job(pod: Obj, uid: str | None, job_created: str | None) -> bool
     if _owned_by(pod, uid):
         return True
     meta = pod.get("metadata") or {}
-    if (meta.get("labels") or {}).get(LABEL_ROLE) != "metric":
+    if (meta.get("labels") or {}).get(LABEL_ROLE) not in DEPLOYMENT_ROLES:
         return False
     created = meta.get("creationTimestamp")
     # RFC 3339 UTC timestamps with second precision compare correctly as strings.

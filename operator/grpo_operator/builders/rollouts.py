@@ -1,0 +1,205 @@
+"""The rollout gateway of a client-rollout job (spec.rollouts.source: Client): Deployment + Service
+`<job>-rollouts`, its NetworkPolicy, and Service `<job>-policy` that names trainer rank 0.
+
+The gateway speaks Arbor's protocol to the client (DSPy) on the client port and holds the job's protocol
+state, so it must outlive gang restarts: a CPU-only Deployment beside the gang, like the metric service
+it replaces, and kept after the job succeeds (DSPy calls terminate after its last step). One replica with
+the Recreate strategy: two gateways behind one Service would each hand out their own batch ids.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from grpo_operator.api.gateway_config import GATEWAY_CONFIG_ENV, GATEWAY_CONFIG_KEY
+from grpo_operator.api.trainer_config import (
+    CONFIG_MOUNT_DIR,
+    GATEWAY_INTERNAL_PORT,
+    POLICY_PORT,
+    ROLLOUTS_PORT,
+    ROLLOUTS_TOKEN_ENV,
+)
+from grpo_operator.builders.common import (
+    LABEL_JOB,
+    LABEL_NODE_RANK,
+    Job,
+    Manifest,
+    config_map_name,
+    content_hash,
+    labels,
+    metadata,
+    policy_service_name,
+    rollouts_name,
+    selector_labels,
+    with_hash,
+)
+from grpo_operator.builders.config import gateway_config_text
+from grpo_operator.builders.network import ingress_policy
+from grpo_operator.builders.scheduling import image_pull_secrets, pod_placement
+from grpo_operator.builders.security import secure_pod_spec
+from grpo_operator.settings import OperatorSettings
+
+CLIENT_PORT_NAME = "client"
+INTERNAL_PORT_NAME = "internal"
+# Pod template annotation: a changed gateway.json rolls the gateway (it reads its config at start).
+ANNOTATION_GATEWAY_CONFIG_HASH = "grpo.dev/gateway-config-hash"
+# The gateway relays JSON (about 50 MiB idle) and keeps each step's groups until a checkpoint covers it
+# (for replay): about 2x their JSON size, so checkpoints.everySteps x B x G transcripts. Requests only, like
+# the metric pod's defaults: a fixed limit would count against a namespace's limits.memory quota whatever
+# the job needs, and an OOM kill would lose the groups (the namespace's LimitRange may still set one).
+GATEWAY_RESOURCES: dict[str, Any] = {"requests": {"cpu": "100m", "memory": "256Mi"}}
+
+
+def gateway_env(job: Job) -> list[dict[str, Any]]:
+    env: list[dict[str, Any]] = [
+        {"name": GATEWAY_CONFIG_ENV, "value": f"{CONFIG_MOUNT_DIR}/{GATEWAY_CONFIG_KEY}"},
+        {"name": "PYTHONUNBUFFERED", "value": "1"},
+    ]
+    client = job.spec.rollouts.client if job.spec.rollouts is not None else None
+    if client is not None and client.token_secret_ref is not None:
+        # A reference only: the kubelet resolves it, so the token is never in the GRPOJob, the pod spec
+        # or the operator.
+        ref = client.token_secret_ref
+        env.append(
+            {
+                "name": ROLLOUTS_TOKEN_ENV,
+                "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}},
+            }
+        )
+    return env
+
+
+def gateway_deployment(job: Job, settings: OperatorSettings) -> Manifest:
+    probe = {"httpGet": {"path": "/healthz", "port": CLIENT_PORT_NAME}}
+    container: dict[str, Any] = {
+        "name": "gateway",
+        "image": job.spec.trainer.image,
+        "imagePullPolicy": settings.image_pull_policy,
+        "command": ["python", "-m", "grpo_gateway"],
+        "env": gateway_env(job),
+        "ports": [
+            {"name": CLIENT_PORT_NAME, "containerPort": ROLLOUTS_PORT, "protocol": "TCP"},
+            {"name": INTERNAL_PORT_NAME, "containerPort": GATEWAY_INTERNAL_PORT, "protocol": "TCP"},
+        ],
+        "resources": copy.deepcopy(GATEWAY_RESOURCES),
+        "readinessProbe": {**probe, "periodSeconds": 5, "failureThreshold": 3},
+        "livenessProbe": {**probe, "initialDelaySeconds": 10, "periodSeconds": 10, "failureThreshold": 6},
+        "volumeMounts": [{"name": "config", "mountPath": CONFIG_MOUNT_DIR, "readOnly": True}],
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+    }
+    pod_spec: dict[str, Any] = {
+        # No Kubernetes API credentials and no service-link environment, like the metric pod.
+        "automountServiceAccountToken": False,
+        "enableServiceLinks": False,
+        "containers": [container],
+        "volumes": [
+            {
+                "name": "config",
+                "configMap": {
+                    "name": config_map_name(job),
+                    "items": [{"key": GATEWAY_CONFIG_KEY, "path": GATEWAY_CONFIG_KEY}],
+                },
+            }
+        ],
+        **pod_placement(job, settings, gpu=False),
+        **image_pull_secrets(job, settings),
+    }
+    return with_hash(
+        {
+            "apiVersion": "apps/v1",
+            "kind": "Deployment",
+            "metadata": metadata(job, rollouts_name(job), "rollouts"),
+            "spec": {
+                "replicas": 1,
+                "strategy": {"type": "Recreate"},
+                "selector": {"matchLabels": selector_labels(job, "rollouts")},
+                "template": {
+                    "metadata": {
+                        "labels": labels(job, "rollouts"),
+                        "annotations": {
+                            ANNOTATION_GATEWAY_CONFIG_HASH: content_hash(gateway_config_text(job))
+                        },
+                    },
+                    "spec": secure_pod_spec(pod_spec, settings),
+                },
+            },
+        }
+    )
+
+
+def gateway_service(job: Job) -> Manifest:
+    return with_hash(
+        {
+            "apiVersion": "v1",
+            "kind": "Service",
+            "metadata": metadata(job, rollouts_name(job), "rollouts"),
+            "spec": {
+                "type": "ClusterIP",
+                "selector": selector_labels(job, "rollouts"),
+                "ports": [
+                    {
+                        "name": CLIENT_PORT_NAME,
+                        "port": ROLLOUTS_PORT,
+                        "targetPort": CLIENT_PORT_NAME,
+                        "protocol": "TCP",
+                    },
+                    {
+                        "name": INTERNAL_PORT_NAME,
+                        "port": GATEWAY_INTERNAL_PORT,
+                        "targetPort": INTERNAL_PORT_NAME,
+                        "protocol": "TCP",
+                    },
+                ],
+            },
+        }
+    )
+
+
+def policy_service(job: Job) -> Manifest:
+    """Trainer rank 0 under one name for every attempt: MASTER_ADDR names the attempt's pod, which the
+    gateway (living across attempts) cannot know. Only one attempt's pods exist at a time (a new gang
+    starts once the old one is gone), so the selector matches one pod at most."""
+    return with_hash(
+        {
+            "apiVersion": "v1",
+            "kind": "Service",
+            "metadata": metadata(job, policy_service_name(job), "trainer"),
+            "spec": {
+                "type": "ClusterIP",
+                "selector": {**selector_labels(job, "trainer"), LABEL_NODE_RANK: "0"},
+                "ports": [
+                    {"name": "policy", "port": POLICY_PORT, "targetPort": POLICY_PORT, "protocol": "TCP"}
+                ],
+            },
+        }
+    )
+
+
+def client_peers(job: Job) -> list[dict[str, Any]]:
+    """NetworkPolicy peers for spec.rollouts.client.allowFrom."""
+    client = job.spec.rollouts.client if job.spec.rollouts is not None else None
+    peers: list[dict[str, Any]] = []
+    for peer in client.allow_from if client is not None else []:
+        entry: dict[str, Any] = {"podSelector": {"matchLabels": dict(peer.pod_labels)}}
+        if peer.namespace_labels is not None:
+            entry["namespaceSelector"] = {"matchLabels": dict(peer.namespace_labels)}
+        peers.append(entry)
+    return peers
+
+
+def gateway_network_policy(job: Job) -> Manifest:
+    # The internal port hands out the client's groups and takes the trainer's progress: the job's trainer
+    # pods only. The client port: the clients the job names and the job's own pods. kubectl port-forward
+    # is not filtered: the kubelet connects inside the pod's network namespace.
+    ingress: list[dict[str, Any]] = [
+        {
+            "from": [{"podSelector": {"matchLabels": selector_labels(job, "trainer")}}],
+            "ports": [{"protocol": "TCP", "port": GATEWAY_INTERNAL_PORT}],
+        },
+        {
+            "from": [{"podSelector": {"matchLabels": {LABEL_JOB: job.name}}}, *client_peers(job)],
+            "ports": [{"protocol": "TCP", "port": ROLLOUTS_PORT}],
+        },
+    ]
+    return ingress_policy(job, rollouts_name(job), "rollouts", ingress)
