@@ -89,6 +89,12 @@ def container_env(pod: dict[str, Any]) -> dict[str, str]:
     return env
 
 
+def container_exit_code(returncode: int) -> int:
+    """The exit code a container runtime reports for a process: Popen's ``-N`` for a process killed by
+    signal N is reported as 128 + N (137 for SIGKILL), as a kubelet shows it in the pod's status."""
+    return 128 - returncode if returncode < 0 else returncode
+
+
 @dataclass
 class Proc:
     pod: str
@@ -361,7 +367,7 @@ class LocalJobRunner:
         )
 
     def report_exit(self, proc: Proc) -> None:
-        code = proc.popen.returncode
+        code = container_exit_code(proc.popen.returncode)
         tail = proc.log.read_text(errors="replace").strip().splitlines()[-1:] if proc.log.exists() else []
         message = tail[0][-1000:] if tail and code else ""
         pod = self.kube.get("pod", proc.pod, self.namespace)
