@@ -52,8 +52,9 @@ lint: venv
 prometheus:
 	bash hack/helm/ensure-prometheus.sh
 
+# Everything it needs is installed above, so a skipped test is a failure here (tests/conftest.py).
 test: venv testbins prometheus lint
-	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/pytest -ra $(PYTEST_ARGS)
+	PATH=$(CURDIR)/$(BIN):$$PATH GRPO_NO_SKIPS=1 $(BIN)/pytest -ra $(PYTEST_ARGS)
 
 # Pure tests only (no cluster, no torch, no helm): seconds.
 test-unit: venv

@@ -1,11 +1,36 @@
 """Shared fixtures. Tests that use ``kube`` run against a real API server (see tests/harness/kube.py);
-if that cluster cannot be reached or started, they fail loudly rather than skip."""
+if that cluster cannot be reached or started, they fail loudly rather than skip.
+
+With ``GRPO_NO_SKIPS=1`` (set by .ci/run) a skipped test or module fails instead: a developer without
+the trainer or dspy extra may skip what needs them, CI must not silently run less than the whole suite."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import os
+from collections.abc import Generator, Iterator
 
 import pytest
+
+NO_SKIPS = os.environ.get("GRPO_NO_SKIPS") == "1"
+
+
+def _forbid_skip(report: pytest.CollectReport | pytest.TestReport) -> None:
+    if NO_SKIPS and report.skipped:
+        reason = report.longrepr[-1] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+        report.outcome = "failed"
+        report.longrepr = f"skipped, but GRPO_NO_SKIPS=1 (CI) runs every test: {reason}"
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Generator[None, None, None]:
+    outcome = yield
+    _forbid_skip(outcome.get_result())
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_make_collect_report(collector: pytest.Collector) -> Generator[None, None, None]:
+    outcome = yield
+    _forbid_skip(outcome.get_result())
 
 from tests.harness.kube import Cluster
 
