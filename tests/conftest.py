@@ -11,6 +11,8 @@ from collections.abc import Generator, Iterator
 
 import pytest
 
+from tests.harness.kube import Cluster
+
 NO_SKIPS = os.environ.get("GRPO_NO_SKIPS") == "1"
 
 
@@ -31,8 +33,6 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
 def pytest_make_collect_report(collector: pytest.Collector) -> Generator[None, None, None]:
     outcome = yield
     _forbid_skip(outcome.get_result())
-
-from tests.harness.kube import Cluster
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
