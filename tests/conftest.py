@@ -23,16 +23,22 @@ def _forbid_skip(report: pytest.CollectReport | pytest.TestReport) -> None:
         report.longrepr = f"skipped, but GRPO_NO_SKIPS=1 (CI) runs every test: {reason}"
 
 
-@pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Generator[None, None, None]:
-    outcome = yield
-    _forbid_skip(outcome.get_result())
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    report = yield
+    _forbid_skip(report)
+    return report
 
 
-@pytest.hookimpl(hookwrapper=True)
-def pytest_make_collect_report(collector: pytest.Collector) -> Generator[None, None, None]:
-    outcome = yield
-    _forbid_skip(outcome.get_result())
+@pytest.hookimpl(wrapper=True)
+def pytest_make_collect_report(
+    collector: pytest.Collector,
+) -> Generator[None, pytest.CollectReport, pytest.CollectReport]:
+    report = yield
+    _forbid_skip(report)
+    return report
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
