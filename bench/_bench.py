@@ -369,6 +369,9 @@ class OperatorProcess:
     # Run the operator from this source tree (its `operator/` folder) instead of the installed one:
     # how the before/after figures of an operator change are taken on one machine.
     source: Path | None = None
+    # The command that takes `grpo-operator run`'s arguments (default: the installed `grpo-operator`); e.g.
+    # bench/kopf_watching.py, the variant whose watches are kopf's own.
+    program: list[str] | None = None
     proc: subprocess.Popen[bytes] | None = None
     starts: int = 0
     # CPU seconds of earlier (killed or stopped) processes of this operator, so totals span restarts.
@@ -378,13 +381,14 @@ class OperatorProcess:
     def start(self) -> None:
         self.starts += 1
         binary = Path(sys.executable).with_name("grpo-operator")
-        if not binary.exists():
+        if self.program is None and not binary.exists():
             raise RuntimeError(f"{binary} is missing: run `.venv/bin/pip install -e .` first")
+        program = self.program or [str(binary)]
         with self.log_path.open("ab") as out:
             out.write(f"\n===== start {self.starts} =====\n".encode())
             out.flush()
             self.proc = subprocess.Popen(
-                [str(binary), "run", "--all-namespaces", "--http-port", "0", *self.extra_args],
+                [*program, "run", "--all-namespaces", "--http-port", "0", *self.extra_args],
                 env=self._env(),
                 stdout=out,
                 stderr=subprocess.STDOUT,

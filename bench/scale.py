@@ -33,6 +33,7 @@ import argparse
 import json
 import os
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -378,6 +379,7 @@ def operator_run(
     operator_args: list[str],
     source: Path | None,
     kueue: bool = False,
+    program: list[str] | None = None,
 ) -> dict[str, Any]:
     namespaces = sorted({m["metadata"]["namespace"] for m in manifests})
     create_namespaces(cluster, namespaces)
@@ -426,7 +428,11 @@ def operator_run(
             done.set()
 
     op = OperatorProcess(
-        op_kubeconfig, workdir / f"operator-{tag}.log", extra_args=operator_args, source=source
+        op_kubeconfig,
+        workdir / f"operator-{tag}.log",
+        extra_args=operator_args,
+        source=source,
+        program=program,
     )
     op.start()
     api = cluster.api()
@@ -573,6 +579,7 @@ def run_size(
     source: Path | None,
     skip_floor: bool = False,
     kueue: bool = False,
+    program: list[str] | None = None,
 ) -> SizeResult:
     tag = f"{count} jobs"
     run = time.strftime("%H%M%S")
@@ -587,7 +594,7 @@ def run_size(
         (nan, nan, nan) if skip_floor else floor(cluster, manifests, tag, timeout)
     )
     res = operator_run(
-        cluster, op_kubeconfig, manifests, tag, idle, timeout, workdir, operator_args, source, kueue
+        cluster, op_kubeconfig, manifests, tag, idle, timeout, workdir, operator_args, source, kueue, program
     )
     durations = res["durations"]
     return SizeResult(
@@ -715,8 +722,19 @@ def main() -> int:
         action="store_true",
         help="queue every job through one Kueue ClusterQueue (skips the floor)",
     )
+    parser.add_argument(
+        "--runtime",
+        choices=("informers", "kopf"),
+        default="informers",
+        help="who watches: the product runtime's own informers (default), or kopf's watching and indexes "
+        "(bench/kopf_watching.py; same reconcile and plan application)",
+    )
     args = parser.parse_args()
     sizes = args.jobs or [30, 100, 300]
+    program = None
+    if args.runtime == "kopf":
+        tree = args.operator_source or Path(__file__).resolve().parents[1]
+        program = [sys.executable, str(tree / "bench" / "kopf_watching.py")]
     args.workdir.mkdir(parents=True, exist_ok=True)
     log(f"cluster {args.cluster}: {args.gpu_nodes} GPU nodes x 8, {args.cpu_nodes} CPU nodes")
     cluster = BenchCluster.up(args.cluster, args.gpu_nodes, args.cpu_nodes)
@@ -732,6 +750,7 @@ def main() -> int:
         "memory_gib": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1),
         "uname": " ".join(os.uname()),
         "operator": str(args.operator_source or "installed"),
+        "runtime": args.runtime,
         "cluster": args.cluster,
         "gpu_nodes": args.gpu_nodes,
         "cpu_nodes": args.cpu_nodes,
@@ -750,6 +769,7 @@ def main() -> int:
                 args.operator_source,
                 args.skip_floor or args.kueue,
                 args.kueue,
+                program,
             )
         )
         print(report(results), flush=True)
