@@ -10,7 +10,7 @@ tests/unit/test_restart_policy.py drives reconcile through every row.
 The operator setting ``permanent_exit_codes`` (GRPO_OPERATOR_PERMANENT_EXIT_CODES) decides which trainer
 exit codes are permanent; its default is ``DEFAULT_PERMANENT_EXIT_CODES``, the exit-code rows marked
 permanent here. A code taken out of it becomes a counted restart under its row's reason; a code added
-to it that has no row fails the job as ``PermanentFailure``.
+to it that has no row fails the job with the reason PermanentFailure.
 """
 
 from __future__ import annotations
