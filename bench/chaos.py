@@ -510,6 +510,12 @@ def metric_down(s: Scenario, args: argparse.Namespace) -> bool:
     s.job_watch.on_event = chained
     down = len(reported_down & set(touched))
     log(f"metric-down: {down} of {len(touched)} jobs reported MetricReady=False during the outage")
+    for label, keys in zip(how, groups, strict=True):
+        missed = sorted(f"{ns}/{name}" for ns, name in keys if (ns, name) not in reported_down)
+        log(
+            f"metric-down: {label}: {len(keys) - len(missed)} of {len(keys)} reported it"
+            + (f"; never False: {', '.join(missed)}" if missed else "")
+        )
     try:
         s.wait_settled("every job to report MetricReady=True again", timeout=120)
         log(
