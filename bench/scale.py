@@ -107,6 +107,9 @@ class SizeResult:
     # the operator's own request counter, "verb resource" -> requests per job (ramp) / in the idle window
     ramp_requests_per_job_by_kind: dict[str, float] = field(default_factory=dict)
     idle_requests_by_kind: dict[str, float] = field(default_factory=dict)
+    # after every job is Running: requests per job until the operator went quiet, and how long that took
+    settling_requests_per_job_by_kind: dict[str, float] = field(default_factory=dict)
+    quiet_after_s: float = float("nan")
     kueue: bool = False
     admitted_p50_s: float = float("nan")
     admitted_p95_s: float = float("nan")
@@ -308,11 +311,18 @@ def timeline_report(results: list[SizeResult]) -> str:
 
 def requests_report(results: list[SizeResult]) -> str:
     """Where the operator's requests go, by its own counter: per job during the ramp, and in the idle window."""
-    lines = ["operator requests by verb and resource (its own counter): per job (ramp) | in the idle window"]
+    lines = [
+        "operator requests by verb and resource (its own counter): per job until all Running (ramp) | per job "
+        "from then until quiet (settling) | in the idle window"
+    ]
     for r in results:
         ramp = ", ".join(f"{k} {v:.2f}" for k, v in r.ramp_requests_per_job_by_kind.items()) or "none"
+        settling = ", ".join(f"{k} {v:.2f}" for k, v in r.settling_requests_per_job_by_kind.items()) or "none"
         idle = ", ".join(f"{k} {v:.0f}" for k, v in r.idle_requests_by_kind.items()) or "none"
-        lines.append(f"{r.jobs:>5} jobs: {ramp} | idle {r.idle_seconds:.0f}s: {idle}")
+        lines.append(
+            f"{r.jobs:>5} jobs: {ramp} | settling ({r.quiet_after_s:.0f}s): {settling} | "
+            f"idle {r.idle_seconds:.0f}s: {idle}"
+        )
     return "\n".join(lines)
 
 
@@ -472,8 +482,13 @@ def operator_run(
         _operator_metric(op, "grpo_operator_reconcile_total", without='result="gone"') - reconciles0
     )
     requests1 = _operator_series(op, "grpo_operator_api_requests_total")
-    log(f"[{tag}] operator: all settled after {t_b:.1f}s; idle for {idle:.0f}s")
-    time.sleep(5)  # trailing events of the ramp (e.g. the last status echoes)
+    # Every job is Running, but the cluster is not yet still: metric pods (on the few CPU nodes) become
+    # ready after the gangs, and each job's MetricReady condition follows them. The idle window starts
+    # once the operator has sent nothing for QUIET_SECONDS, so it measures the operator at rest.
+    quiet_after = _wait_until_quiet(op, timeout=180.0)
+    log(
+        f"[{tag}] operator: all settled after {t_b:.1f}s, quiet {quiet_after:.1f}s later; idle for {idle:.0f}s"
+    )
     idle0 = RequestCounts.read(cluster)
     requests_idle0 = _operator_series(op, "grpo_operator_api_requests_total")
     cpu_idle0, _ = op.sample()
@@ -524,7 +539,9 @@ def operator_run(
         "ramp_reconciles": ramp_reconciles,
         # The operator's own count, by verb and resource: where its requests go.
         "ramp_requests_by_kind": _requests_by_kind(requests0, requests1),
+        "quiet_after_s": quiet_after,
         "idle_requests_by_kind": _requests_by_kind(requests_idle0, requests_idle1),
+        "settling_requests_by_kind": _requests_by_kind(requests1, requests_idle0),
         "timeline": summarize_timelines(timelines),
     }
 
@@ -554,6 +571,24 @@ def _operator_metric(op: OperatorProcess, name: str, without: str = "\0") -> flo
     if not series:
         return float("nan")
     return sum(value for labels, value in series.items() if without not in labels)
+
+
+QUIET_SECONDS = 10.0
+
+
+def _wait_until_quiet(op: OperatorProcess, timeout: float) -> float:
+    """Seconds until the operator's own request counter stayed unchanged for QUIET_SECONDS (or timeout)."""
+    start = time.monotonic()
+    last = _operator_series(op, "grpo_operator_api_requests_total")
+    still_since = start
+    while time.monotonic() - start < timeout:
+        time.sleep(1.0)
+        now = _operator_series(op, "grpo_operator_api_requests_total")
+        if now != last:
+            last, still_since = now, time.monotonic()
+        elif time.monotonic() - still_since >= QUIET_SECONDS:
+            return still_since - start
+    return time.monotonic() - start
 
 
 def _requests_by_kind(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
@@ -628,6 +663,8 @@ def run_size(
         timeline=res["timeline"],
         ramp_requests_per_job_by_kind={k: v / count for k, v in res["ramp_requests_by_kind"].items()},
         idle_requests_by_kind=res["idle_requests_by_kind"],
+        settling_requests_per_job_by_kind={k: v / count for k, v in res["settling_requests_by_kind"].items()},
+        quiet_after_s=res["quiet_after_s"],
         kueue=kueue,
         admitted_p50_s=median(res["admission"]) if res["admission"] else nan,
         admitted_p95_s=percentile(res["admission"], 95) if res["admission"] else nan,
