@@ -226,6 +226,32 @@ def with_hash(manifest: Manifest) -> Manifest:
     return out
 
 
+def cluster_ip_service(
+    job: Job,
+    name: str,
+    role: Role,
+    ports: list[tuple[str, int, int | str]],
+    selector: dict[str, str] | None = None,
+) -> Manifest:
+    """A ClusterIP Service of the job's pods of ``role`` (or ``selector``); ``ports`` as (name, port,
+    targetPort), TCP."""
+    return with_hash(
+        {
+            "apiVersion": "v1",
+            "kind": "Service",
+            "metadata": metadata(job, name, role),
+            "spec": {
+                "type": "ClusterIP",
+                "selector": selector if selector is not None else selector_labels(job, role),
+                "ports": [
+                    {"name": port_name, "port": port, "targetPort": target, "protocol": "TCP"}
+                    for port_name, port, target in ports
+                ],
+            },
+        }
+    )
+
+
 def quantity_map(values: Mapping[str, object]) -> dict[str, str]:
     """Resource quantities as strings, the form Kubernetes returns them in (2 and "2" are equal)."""
     return {key: str(value) for key, value in values.items()}

@@ -28,6 +28,7 @@ from grpo_operator.builders.common import (
     Manifest,
     Role,
     client_rollouts,
+    cluster_ip_service,
     config_map_name,
     content_hash,
     generation_host,
@@ -329,19 +330,8 @@ def generation_service(job: Job, settings: OperatorSettings) -> Manifest:
     # Selects by role only, not by attempt: the Service stays put while the pod behind it changes.
     # The weight-sync port is not here on purpose: trainer rank 0 binds it and vLLM connects to it
     # when TRL forms the NCCL group, so it is published on the trainer Service.
-    return with_hash(
-        {
-            "apiVersion": "v1",
-            "kind": "Service",
-            "metadata": metadata(job, generation_service_name(job), "generation"),
-            "spec": {
-                "type": "ClusterIP",
-                "selector": selector_labels(job, "generation"),
-                "ports": [
-                    {"name": "http", "port": settings.vllm_port, "targetPort": "http", "protocol": "TCP"}
-                ],
-            },
-        }
+    return cluster_ip_service(
+        job, generation_service_name(job), "generation", [("http", settings.vllm_port, "http")]
     )
 
 

@@ -8,6 +8,7 @@ from grpo_operator.api.spec import MetricSpec
 from grpo_operator.builders.common import (
     Job,
     Manifest,
+    cluster_ip_service,
     labels,
     metadata,
     metric_name,
@@ -92,22 +93,6 @@ def metric_deployment(job: Job, settings: OperatorSettings) -> Manifest:
 
 
 def metric_service(job: Job) -> Manifest:
-    return with_hash(
-        {
-            "apiVersion": "v1",
-            "kind": "Service",
-            "metadata": metadata(job, metric_name(job), "metric"),
-            "spec": {
-                "type": "ClusterIP",
-                "selector": selector_labels(job, "metric"),
-                "ports": [
-                    {
-                        "name": METRIC_PORT_NAME,
-                        "port": _metric(job).port,
-                        "targetPort": METRIC_PORT_NAME,
-                        "protocol": "TCP",
-                    }
-                ],
-            },
-        }
+    return cluster_ip_service(
+        job, metric_name(job), "metric", [(METRIC_PORT_NAME, _metric(job).port, METRIC_PORT_NAME)]
     )

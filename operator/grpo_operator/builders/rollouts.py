@@ -25,6 +25,7 @@ from grpo_operator.builders.common import (
     LABEL_NODE_RANK,
     Job,
     Manifest,
+    cluster_ip_service,
     config_map_name,
     content_hash,
     labels,
@@ -129,30 +130,14 @@ def gateway_deployment(job: Job, settings: OperatorSettings) -> Manifest:
 
 
 def gateway_service(job: Job) -> Manifest:
-    return with_hash(
-        {
-            "apiVersion": "v1",
-            "kind": "Service",
-            "metadata": metadata(job, rollouts_name(job), "rollouts"),
-            "spec": {
-                "type": "ClusterIP",
-                "selector": selector_labels(job, "rollouts"),
-                "ports": [
-                    {
-                        "name": CLIENT_PORT_NAME,
-                        "port": ROLLOUTS_PORT,
-                        "targetPort": CLIENT_PORT_NAME,
-                        "protocol": "TCP",
-                    },
-                    {
-                        "name": INTERNAL_PORT_NAME,
-                        "port": GATEWAY_INTERNAL_PORT,
-                        "targetPort": INTERNAL_PORT_NAME,
-                        "protocol": "TCP",
-                    },
-                ],
-            },
-        }
+    return cluster_ip_service(
+        job,
+        rollouts_name(job),
+        "rollouts",
+        [
+            (CLIENT_PORT_NAME, ROLLOUTS_PORT, CLIENT_PORT_NAME),
+            (INTERNAL_PORT_NAME, GATEWAY_INTERNAL_PORT, INTERNAL_PORT_NAME),
+        ],
     )
 
 
@@ -160,19 +145,12 @@ def policy_service(job: Job) -> Manifest:
     """Trainer rank 0 under one name for every attempt: MASTER_ADDR names the attempt's pod, which the
     gateway (living across attempts) cannot know. Only one attempt's pods exist at a time (a new gang
     starts once the old one is gone), so the selector matches one pod at most."""
-    return with_hash(
-        {
-            "apiVersion": "v1",
-            "kind": "Service",
-            "metadata": metadata(job, policy_service_name(job), "trainer"),
-            "spec": {
-                "type": "ClusterIP",
-                "selector": {**selector_labels(job, "trainer"), LABEL_NODE_RANK: "0"},
-                "ports": [
-                    {"name": "policy", "port": POLICY_PORT, "targetPort": POLICY_PORT, "protocol": "TCP"}
-                ],
-            },
-        }
+    return cluster_ip_service(
+        job,
+        policy_service_name(job),
+        "trainer",
+        [("policy", POLICY_PORT, POLICY_PORT)],
+        selector={**selector_labels(job, "trainer"), LABEL_NODE_RANK: "0"},
     )
 
 
