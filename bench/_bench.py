@@ -161,8 +161,14 @@ class BenchCluster:
             raise RuntimeError(f"kubectl {' '.join(args)} failed: {out.stderr.strip()[-2000:]}")
         return out
 
-    def get_list(self, resource: str, namespace: str | None = None, selector: str | None = None) -> list[Obj]:
-        args = ["get", resource, "-o", "json"]
+    def get_list(
+        self,
+        resource: str,
+        namespace: str | None = None,
+        selector: str | None = None,
+        managed_fields: bool = False,
+    ) -> list[Obj]:
+        args = ["get", resource, "-o", "json"] + (["--show-managed-fields"] if managed_fields else [])
         args += ["-n", namespace] if namespace else ["-A"]
         if selector:
             args += ["-l", selector]

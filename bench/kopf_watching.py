@@ -221,7 +221,7 @@ def register_watching(registry: kopf.OperatorRegistry, controller: Controller, c
             raw = _raw(body, kind, api_version)
             if type != "DELETED" and (not managed_child(raw) or cache.echo(kind, raw)):
                 return
-            controller.child_event(str(namespace), str(raw["metadata"]["labels"][LABEL_JOB]))
+            controller.child_event(str(namespace), str(raw["metadata"]["labels"][LABEL_JOB]), kind)
 
     for resource in CHILD_RESOURCES:
         register_child(resource)

@@ -110,6 +110,8 @@ class SizeResult:
     # after every job is Running: requests per job until the operator went quiet, and how long that took
     settling_requests_per_job_by_kind: dict[str, float] = field(default_factory=dict)
     quiet_after_s: float = float("nan")
+    # the operator's Events until every job settled, "type reason" -> events per job
+    events_per_job_by_reason: dict[str, float] = field(default_factory=dict)
     kueue: bool = False
     admitted_p50_s: float = float("nan")
     admitted_p95_s: float = float("nan")
@@ -204,12 +206,13 @@ STAGES: tuple[tuple[str, str], ...] = (
     ("infrastructure created", "the last non-pod child's creationTimestamp"),
     ("gang pods created", "the last vLLM/trainer pod's creationTimestamp"),
     ("volume provisioned", "the checkpoint claim's PersistentVolume's creationTimestamp (side stage)"),
+    ("claim bound", "the PV controller's last write of the claim, from its managedFields (side stage)"),
     ("gang pods bound", "the last gang pod's PodScheduled condition"),
     ("gang pods Running", "the last gang pod's Ready condition (vLLM must answer /health)"),
     ("status Running", "the job's Running condition, written by the operator"),
 )
 # Not a step on the way but a precondition beside it: the stage alone is measured from the infrastructure.
-SIDE_STAGES = {"volume provisioned": "infrastructure created"}
+SIDE_STAGES = {"volume provisioned": "infrastructure created", "claim bound": "infrastructure created"}
 CHILD_KINDS = "configmaps,persistentvolumeclaims,serviceaccounts,roles,rolebindings,services,networkpolicies,deployments,pods"
 
 
@@ -224,6 +227,16 @@ def _condition_time(obj: Obj, kind: str) -> float | None:
         if cond.get("type") == kind and cond.get("status") == "True":
             return _ts(cond.get("lastTransitionTime"))
     return None
+
+
+def _bound_time(claim: Obj) -> float | None:
+    """When the PV controller (in kube-controller-manager) last wrote the claim: binding it to its volume."""
+    times = [
+        _ts(entry.get("time"))
+        for entry in (claim.get("metadata") or {}).get("managedFields") or []
+        if entry.get("manager") == "kube-controller-manager"
+    ]
+    return max((t for t in times if t is not None), default=None)
 
 
 def job_timelines(jobs: list[Obj], children: list[Obj], volumes: list[Obj]) -> list[dict[str, float]]:
@@ -249,7 +262,8 @@ def job_timelines(jobs: list[Obj], children: list[Obj], volumes: list[Obj]) -> l
         ready = [_condition_time(p, "Ready") for p in gang]
         claims = [c for c in infra if c["kind"] == "PersistentVolumeClaim"]
         provisioned = [pv_created.get(str((c.get("spec") or {}).get("volumeName"))) for c in claims]
-        if None in bound or None in ready or not claims or None in provisioned:
+        claim_bound = [_bound_time(c) for c in claims]
+        if None in bound or None in ready or not claims or None in provisioned or None in claim_bound:
             continue
         moments = {
             "applied": applied,
@@ -258,6 +272,7 @@ def job_timelines(jobs: list[Obj], children: list[Obj], volumes: list[Obj]) -> l
             "infrastructure created": max(_ts(c["metadata"]["creationTimestamp"]) or 0.0 for c in infra),
             "gang pods created": max(_ts(c["metadata"]["creationTimestamp"]) or 0.0 for c in gang),
             "volume provisioned": max(t for t in provisioned if t is not None),
+            "claim bound": max(t for t in claim_bound if t is not None),
             "gang pods bound": max(t for t in bound if t is not None),
             "gang pods Running": max(t for t in ready if t is not None),
             "status Running": running,
@@ -290,7 +305,7 @@ def read_timelines(cluster: BenchCluster, namespaces: list[str]) -> list[dict[st
     children: list[Obj] = []
     for namespace in namespaces:
         jobs += cluster.get_list("grpojobs", namespace)
-        children += cluster.get_list(CHILD_KINDS, namespace, selector="grpo.dev/job")
+        children += cluster.get_list(CHILD_KINDS, namespace, selector="grpo.dev/job", managed_fields=True)
     return job_timelines(jobs, children, cluster.get_list("persistentvolumes"))
 
 
@@ -323,6 +338,10 @@ def requests_report(results: list[SizeResult]) -> str:
             f"{r.jobs:>5} jobs: {ramp} | settling ({r.quiet_after_s:.0f}s): {settling} | "
             f"idle {r.idle_seconds:.0f}s: {idle}"
         )
+    lines.append("of which Events, per job until quiet, by type and reason (grpo_operator_events_total)")
+    for r in results:
+        events = ", ".join(f"{k} {v:.2f}" for k, v in r.events_per_job_by_reason.items()) or "none"
+        lines.append(f"{r.jobs:>5} jobs: {events}")
     return "\n".join(lines)
 
 
@@ -461,6 +480,7 @@ def operator_run(
     load0 = os.getloadavg()[0]
     reconciles0 = _operator_metric(op, "grpo_operator_reconcile_total", without='result="gone"')
     requests0 = _operator_series(op, "grpo_operator_api_requests_total")
+    events0 = _operator_series(op, "grpo_operator_events_total")
     log(f"[{tag}] operator: applying {len(manifests)} GRPOJobs")
     t0 = time.monotonic()
     cluster.kubectl("apply", "--server-side", "-f", path, timeout=timeout)
@@ -491,6 +511,7 @@ def operator_run(
     )
     idle0 = RequestCounts.read(cluster)
     requests_idle0 = _operator_series(op, "grpo_operator_api_requests_total")
+    events1 = _operator_series(op, "grpo_operator_events_total")
     cpu_idle0, _ = op.sample()
     time.sleep(idle)
     idle1 = RequestCounts.read(cluster)
@@ -542,6 +563,7 @@ def operator_run(
         "quiet_after_s": quiet_after,
         "idle_requests_by_kind": _requests_by_kind(requests_idle0, requests_idle1),
         "settling_requests_by_kind": _requests_by_kind(requests1, requests_idle0),
+        "events_by_reason": _requests_by_kind(events0, events1, ("type", "reason")),
         "timeline": summarize_timelines(timelines),
     }
 
@@ -568,8 +590,7 @@ def _operator_metric(op: OperatorProcess, name: str, without: str = "\0") -> flo
     """Sum of the operator's metric ``name`` over its series, leaving out series whose labels contain
     ``without`` (e.g. reconciles of jobs that were gone: the floor's children being deleted meanwhile)."""
     series = _operator_series(op, name)
-    if not series:
-        return float("nan")
+    # No series yet is a count of 0 (a labelled counter has none until first counted).
     return sum(value for labels, value in series.items() if without not in labels)
 
 
@@ -591,12 +612,15 @@ def _wait_until_quiet(op: OperatorProcess, timeout: float) -> float:
     return time.monotonic() - start
 
 
-def _requests_by_kind(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
-    """The operator's own count of its API requests between two reads, by "verb resource"."""
+def _requests_by_kind(
+    before: dict[str, float], after: dict[str, float], labels_: tuple[str, str] = ("verb", "resource")
+) -> dict[str, float]:
+    """The growth of one of the operator's counters between two reads, by two of its labels (its API
+    requests by "verb resource", its Events by "type reason")."""
     out: dict[str, float] = {}
     for labels, value in after.items():
         fields = {k: v.strip('"') for k, v in (part.split("=", 1) for part in labels.split(","))}
-        key = f"{fields['verb']} {fields['resource']}"
+        key = f"{fields[labels_[0]]} {fields[labels_[1]]}"
         delta = value - before.get(labels, 0.0)
         if delta:
             out[key] = out.get(key, 0.0) + delta
@@ -664,6 +688,7 @@ def run_size(
         ramp_requests_per_job_by_kind={k: v / count for k, v in res["ramp_requests_by_kind"].items()},
         idle_requests_by_kind=res["idle_requests_by_kind"],
         settling_requests_per_job_by_kind={k: v / count for k, v in res["settling_requests_by_kind"].items()},
+        events_per_job_by_reason={k: v / count for k, v in res["events_by_reason"].items()},
         quiet_after_s=res["quiet_after_s"],
         kueue=kueue,
         admitted_p50_s=median(res["admission"]) if res["admission"] else nan,

@@ -49,6 +49,12 @@ class OperatorSettings:
     # from the watch caches and spends its time waiting for its writes, so workers are cheap; with 4,
     # 300 jobs applied at once queued behind them (bench/scale.py, docs/scaling.md).
     workers: int = 16
+    # A change to a job's children (a pod scheduled, started, ready; a claim bound; the metric Deployment's
+    # availability) reconciles the job this many seconds after the first such change, with every change
+    # that arrived meanwhile. A pod goes from scheduled to Running in well under a second on a quick
+    # cluster, and without batching each step was its own reconcile and often its own status write. A
+    # change to the GRPOJob itself is reconciled at once. 0 reconciles on every change.
+    child_event_batch_seconds: float = 0.5
     # Timeout of one Kubernetes API request made by the reconcile loop.
     api_timeout_seconds: float = 30.0
     # Port of the HTTP server with /metrics, /healthz and /readyz (0 picks a free port, for tests).
@@ -171,6 +177,11 @@ class OperatorSettings:
     def __post_init__(self) -> None:
         if self.resync_seconds <= 0:
             raise SettingsError(f"resync_seconds must be > 0, got {self.resync_seconds}: use e.g. 30")
+        if not 0 <= self.child_event_batch_seconds <= 10:
+            raise SettingsError(
+                f"child_event_batch_seconds must be between 0 and 10, got {self.child_event_batch_seconds}: "
+                "use e.g. 0.5 (0 reconciles a job on every change of its children)"
+            )
         if self.workers < 1:
             raise SettingsError(f"workers must be >= 1, got {self.workers}")
         if not 0 <= self.http_port <= 65535:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from typing import Any, cast
 
 from grpo_operator.runtime.informer import ClusterCache, Informer
@@ -64,7 +65,7 @@ def cache(
         node_resource=NODE,
         job_label="grpo.dev/job",
         on_job=lambda t, ns, name, rv: jobs.append((t, ns, name, rv)),
-        on_child=lambda ns, job: touched.append((ns, job)),
+        on_child=lambda ns, job, kind: touched.append((ns, job)),
         **options,
     )
 
@@ -192,10 +193,98 @@ def test_an_unmanaged_object_is_never_put_into_a_child_cache() -> None:
         node_resource=NODE,
         job_label="grpo.dev/job",
         on_job=lambda t, ns, name, rv: None,
-        on_child=lambda ns, job: None,
+        on_child=lambda ns, job, kind: None,
         keep_child=lambda o: bool((o["metadata"].get("annotations") or {}).get("mine")),
     )
     for informer_ in (i for per in c.children.values() for i in per.values()):
         informer_._replace([])
     c.put_child(obj("j1-config", 7, job="j1", kind="ConfigMap"))
     assert c.children_of("ns", "j1")[0] == []
+
+
+def test_a_childs_change_wakes_its_job_only_where_reconcile_looks() -> None:
+    """A provisioner marking a claim, a Deployment's counters moving: the cache follows, the job is not
+    reconciled. A claim bound, a pod's status, the operator's annotations or the metric Deployment's
+    availability: the job is reconciled."""
+    from grpo_operator.runtime.controller import METADATA_ONLY_KINDS, child_view
+
+    touched: list[tuple[str, str]] = []
+    c = cache([], touched, metadata_only=METADATA_ONLY_KINDS, child_view=child_view)
+    claims, deployments, pods = (c.children[k][None] for k in ("PersistentVolumeClaim", "Deployment", "Pod"))
+    claim = obj("j1-ckpt", 1, job="j1", kind="PersistentVolumeClaim")
+    claim["metadata"]["annotations"] = {"grpo.dev/job-uid": "u1"}
+    deployment = obj("j1-metric", 2, job="j1", kind="Deployment")
+    deployment["status"] = {"replicas": 1, "conditions": [{"type": "Progressing", "status": "True"}]}
+    pod = obj("j1-trainer-1-0", 3, job="j1")
+    pod["status"] = {"phase": "Pending"}
+    claims._replace([claim])
+    deployments._replace([deployment])
+    pods._replace([pod])
+    touched.clear()
+
+    provisioning = copy.deepcopy(claim)
+    provisioning["metadata"]["resourceVersion"] = "10"
+    provisioning["metadata"]["annotations"]["volume.kubernetes.io/storage-provisioner"] = "csi.example"
+    claims._apply("MODIFIED", provisioning)
+    counters = copy.deepcopy(deployment)
+    counters["metadata"]["resourceVersion"] = "12"
+    counters["status"].update(updatedReplicas=1, observedGeneration=2)
+    counters["status"]["conditions"][0]["lastUpdateTime"] = "2026-12-01T00:00:00Z"
+    deployments._apply("MODIFIED", counters)
+    assert touched == [], "nothing reconcile reads changed"
+    assert claims.objects[("ns", "j1-ckpt")]["metadata"]["resourceVersion"] == "10", "the cache follows"
+
+    bound = copy.deepcopy(provisioning)
+    bound["metadata"]["resourceVersion"] = "11"
+    bound["metadata"]["annotations"]["pv.kubernetes.io/bind-completed"] = "yes"
+    claims._apply("MODIFIED", bound)  # a new gang waits for this
+    assert touched == [("ns", "j1")]
+    available = copy.deepcopy(counters)
+    available["metadata"]["resourceVersion"] = "13"
+    available["status"]["availableReplicas"] = 1
+    deployments._apply("MODIFIED", available)
+    assert touched == [("ns", "j1")] * 2
+    running = copy.deepcopy(pod)
+    running["metadata"]["resourceVersion"] = "14"
+    running["status"]["phase"] = "Running"
+    pods._apply("MODIFIED", running)
+    relabelled = copy.deepcopy(bound)
+    relabelled["metadata"]["resourceVersion"] = "15"
+    relabelled["metadata"]["annotations"]["grpo.dev/retention"] = "Retain"
+    claims._apply("MODIFIED", relabelled)
+    assert touched == [("ns", "j1")] * 4
+
+
+def test_storage_classes_give_each_binding_mode_and_the_newest_default() -> None:
+    from grpo_operator.runtime.kube import STORAGE_CLASS
+
+    c = cache([], [], storage_class_resource=STORAGE_CLASS)
+    assert c.storage_class_modes() is None, "not known before the first list"
+
+    def storage_class(name: str, mode: str | None, default: bool, created: str) -> dict[str, Any]:
+        sc = obj(name, 1, namespace="", kind="StorageClass")
+        sc["metadata"]["creationTimestamp"] = created
+        if default:
+            sc["metadata"]["annotations"] = {"storageclass.kubernetes.io/is-default-class": "true"}
+        if mode is not None:
+            sc["volumeBindingMode"] = mode
+        return sc
+
+    assert c.storage_classes is not None
+    c.storage_classes._replace(
+        [
+            storage_class("old-default", "WaitForFirstConsumer", True, "2026-01-01T00:00:00Z"),
+            storage_class("new-default", None, True, "2026-06-01T00:00:00Z"),  # unset means Immediate
+            storage_class("local", "WaitForFirstConsumer", False, "2026-07-01T00:00:00Z"),
+        ]
+    )
+    assert c.storage_class_modes() == (
+        (
+            ("local", "WaitForFirstConsumer"),
+            ("new-default", "Immediate"),
+            ("old-default", "WaitForFirstConsumer"),
+        ),
+        "new-default",
+    )
+    c.storage_classes.forbidden = True
+    assert c.storage_class_modes() is None, "without permission to watch them, nothing is known"

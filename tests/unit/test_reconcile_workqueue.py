@@ -48,3 +48,56 @@ def test_delayed_adds_keep_the_earliest_and_backoff_grows() -> None:
         queue.close()
 
     asyncio.run(scenario())
+
+
+def test_a_burst_of_child_changes_is_one_run_after_the_batch_period() -> None:
+    """Pod scheduled, started, ready: three changes within moments, one reconcile, no later than the
+    period after the first of them (a steady stream of changes never postpones it)."""
+
+    async def scenario() -> None:
+        loop = asyncio.get_running_loop()
+        queue: WorkQueue[str] = WorkQueue()
+        start = loop.time()
+        queue.add_batched("a", 0.2)
+        await asyncio.sleep(0.1)
+        queue.add_batched("a", 0.2)
+        assert len(queue) == 0, "nothing runs before the period is over"
+        key = await asyncio.wait_for(queue.get(), timeout=2)
+        waited = loop.time() - start
+        assert key == "a" and 0.15 <= waited < 0.3, waited
+        queue.done(key)
+        await asyncio.sleep(0.3)
+        assert len(queue) == 0, "the burst ran once"
+        queue.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_batched_change_joins_a_waiting_run_and_a_run_drops_pending_schedules() -> None:
+    async def scenario() -> None:
+        queue: WorkQueue[str] = WorkQueue()
+        queue.add("a")  # the job itself changed: runs at once
+        queue.add_batched("a", 0.05)  # its pod changed too: the waiting run will see it
+        key = await asyncio.wait_for(queue.get(), timeout=1)
+        queue.done(key)
+        await asyncio.sleep(0.1)
+        assert len(queue) == 0, "no second run for a change the first one saw"
+
+        queue.add_after("b", 0.05)  # e.g. a retry scheduled earlier
+        queue.add("b")  # the job changed meanwhile: this run decides again and schedules its own follow-up
+        key = await asyncio.wait_for(queue.get(), timeout=1)
+        queue.done(key)
+        await asyncio.sleep(0.1)
+        assert len(queue) == 0, "the earlier schedule was dropped by the run"
+
+        queue.add("c")
+        key = await asyncio.wait_for(queue.get(), timeout=1)
+        queue.add_batched("c", 0.05)  # changed while being reconciled: it may have missed it, so once more
+        queue.done(key)
+        assert len(queue) == 0, "not at once: after the batch period"
+        key = await asyncio.wait_for(queue.get(), timeout=1)
+        assert key == "c"
+        queue.done(key)
+        queue.close()
+
+    asyncio.run(scenario())

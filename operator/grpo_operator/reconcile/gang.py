@@ -5,9 +5,15 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta
 from pathlib import PurePosixPath
+from typing import Any
 
 from grpo_operator.builders import Job, gang_hash, gang_pods
-from grpo_operator.builders.common import KUEUE_GROUP_LABEL, generation_pod_name, trainer_pod_name
+from grpo_operator.builders.common import (
+    KUEUE_GROUP_LABEL,
+    created_pvc_name,
+    generation_pod_name,
+    trainer_pod_name,
+)
 from grpo_operator.reconcile.children import delete_pods
 from grpo_operator.reconcile.conditions import RUNNING, SCHEDULED, SUSPENDED, get_condition
 from grpo_operator.reconcile.finished import fail, succeed
@@ -150,7 +156,13 @@ def run_gang(step: Step, job: Job, observed: Observed) -> None:
             step.set_phase("Pending", "ChildConflict", step.conflict)
             step.condition(RUNNING, "False", "Pending", step.conflict)
             return
-        step.plan.creates.extend(missing)
+        claim = None if current else _unbound_claim(job, observed)
+        if claim is None:
+            step.plan.creates.extend(missing)
+        elif claim:
+            _wait_for_volume(step, job, observed, claim)
+            return
+        # else the claim is being created by this reconcile: reported as pods still to be created
 
     present = [current[name] for name in expected if name in current]
     all_running = len(present) == len(expected) and all(p.phase == "Running" for p in present)
@@ -186,6 +198,52 @@ def _resume_from(job: Job, step: Step) -> str:
     if queued and step.checkpoint_path:
         return str(PurePosixPath(step.checkpoint_path).parent)
     return step.checkpoint_path
+
+
+def _unbound_claim(job: Job, observed: Observed) -> dict[str, Any] | None:
+    """The claim a new gang waits for ({} while it is being created), or None when the pods are due now.
+
+    A new gang is created once its claim is bound when the claim's StorageClass binds immediately. The
+    scheduler turns away a pod whose claim is not bound yet ("pod has unbound immediate
+    PersistentVolumeClaims") and retries it with a growing back-off: created before the binding, the pods
+    start later than created after it, and the job reports a passing Unschedulable with a Warning. A class
+    that binds for a claim's first pod (WaitForFirstConsumer), or one the operator cannot see, never waits:
+    there the pods are what gets the claim bound. Nor does a claim the user brought (existingClaim): the
+    operator does not watch claims it did not create."""
+    volume = job.spec.checkpoints.volume
+    name = created_pvc_name(job)
+    if volume.existing_claim or not observed.waits_for_binding(name, volume.storage_class_name):
+        return None
+    return observed.get("PersistentVolumeClaim", name) or {}
+
+
+def _wait_for_volume(step: Step, job: Job, observed: Observed, claim: dict[str, Any]) -> None:
+    name = created_pvc_name(job)
+    message = (
+        f"gang attempt {step.attempt}: its pods are created once PersistentVolumeClaim {name} is bound (its "
+        "StorageClass binds volumes immediately, and the scheduler turns away pods whose claim is not bound)"
+    )
+    step.condition(SCHEDULED, "False", "WaitingForVolume", message)
+    step.condition(RUNNING, "False", "Pending", message)
+    step.set_phase("Pending", "WaitingForVolume", message)
+    _not_suspended(step)
+    created = parse_time((claim.get("metadata") or {}).get("creationTimestamp"))
+    limit = job.spec.run_policy.startup_deadline_seconds
+    if created is None:
+        return
+    deadline = created + timedelta(seconds=limit)
+    if step.now < deadline:
+        step.requeue_at(deadline)
+        return
+    restart_or_fail(
+        step,
+        job,
+        observed,
+        STARTUP_DEADLINE_EXCEEDED,
+        f"PersistentVolumeClaim {name} was not bound within spec.runPolicy.startupDeadlineSeconds ({limit}s) "
+        f"of its creation, so gang attempt {step.attempt} never started: kubectl describe pvc {name} says "
+        "why (no provisioner for its StorageClass, a failing one, a storage quota)",
+    )
 
 
 def _wait_for_earlier_pods(step: Step, names: list[str]) -> None:

@@ -49,6 +49,25 @@ class Refusal:
     message: str
 
 
+# Set by the PV controller on a claim once it is bound to a volume; it stays while the claim exists.
+ANNOTATION_BIND_COMPLETED = "pv.kubernetes.io/bind-completed"
+
+
+@dataclass(frozen=True)
+class StorageClasses:
+    """The cluster's StorageClasses as far as a claim's binding goes: each class's volumeBindingMode and
+    the default class (the one a claim without storageClassName gets)."""
+
+    binding_modes: tuple[tuple[str, str], ...] = ()
+    default: str | None = None
+
+    def binds_immediately(self, name: str | None) -> bool:
+        """Whether a claim of class ``name`` (None: the default class) is bound before any pod uses it.
+        False when the class is not known: then nothing can be said, and nothing may wait for it."""
+        name = name or self.default
+        return name is not None and dict(self.binding_modes).get(name) == "Immediate"
+
+
 @dataclass(frozen=True)
 class Observed:
     """What was found of one job's children: the objects labelled grpo.dev/job=<job> in its namespace and
@@ -60,6 +79,19 @@ class Observed:
     objects: tuple[Obj, ...] = ()
     nodes: frozenset[str] | None = None
     refusals: tuple[Refusal, ...] = ()
+    # None: the StorageClasses are not known (not watched, or not allowed to be).
+    storage_classes: StorageClasses | None = None
+
+    def waits_for_binding(self, claim: str, storage_class: str | None) -> bool:
+        """Whether the pods of claim ``claim`` (class ``storage_class``, None: the default) are to wait
+        for it to be bound: its class binds immediately and the claim, created or about to be, is not
+        bound yet. False for a class that binds only for a claim's first pod, and for a class not known:
+        their pods must exist for the claim to be bound at all."""
+        if self.storage_classes is None or not self.storage_classes.binds_immediately(storage_class):
+            return False
+        found = self.get("PersistentVolumeClaim", claim)
+        annotations = ((found or {}).get("metadata") or {}).get("annotations") or {}
+        return annotations.get(ANNOTATION_BIND_COMPLETED) != "yes"
 
     def of_kind(self, kind: str) -> list[Obj]:
         return [o for o in self.objects if o.get("kind") == kind]

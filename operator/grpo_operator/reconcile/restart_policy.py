@@ -223,7 +223,7 @@ STARTUP_DEADLINE_EXCEEDED = RestartRule(
     "A gang attempt is not running within `runPolicy.startupDeadlineSeconds` (see Deadlines)",
     counted=False,
     permanent=True,
-    meaning="the message says what the gang was waiting for (scheduler, Kueue, image pull)",
+    meaning="the message says what the gang was waiting for (its volume, scheduler, Kueue, image pull)",
 )
 DEADLINE_EXCEEDED = RestartRule(
     "DeadlineExceeded",

@@ -26,7 +26,7 @@ from typing import Any, TypeVar
 
 from kubernetes.client.exceptions import ApiException
 
-from grpo_operator.api.resource import API_VERSION, KIND
+from grpo_operator.api.resource import API_VERSION, GROUP, KIND
 from grpo_operator.builders.common import (
     DEPLOYMENT_ROLES,
     KUEUE_GROUP_LABEL,
@@ -39,6 +39,7 @@ from grpo_operator.builders.storage import ANNOTATION_JOB_UID
 from grpo_operator.observability import HealthState, OperatorMetrics
 from grpo_operator.reconcile import Observed, Plan, Refusal, reconcile
 from grpo_operator.reconcile.conditions import format_time
+from grpo_operator.reconcile.observed import ANNOTATION_BIND_COMPLETED, StorageClasses
 from grpo_operator.reconcile.record import ANNOTATION_RECORD, record_annotation
 from grpo_operator.runtime.informer import ClusterCache
 from grpo_operator.runtime.kube import (
@@ -46,6 +47,7 @@ from grpo_operator.runtime.kube import (
     GRPOJOB,
     KUEUE_WORKLOAD,
     NODE,
+    STORAGE_CLASS,
     Kube,
     Obj,
     resource_for,
@@ -58,6 +60,9 @@ Key = tuple[str, str]
 T = TypeVar("T")
 
 NODE_CACHE_SECONDS = 15.0
+# Children whose changes come in bursts (a pod's start is several status updates; the metric Deployment's
+# counters follow its pods): their changes wake the job batched (settings.child_event_batch_seconds).
+BATCHED_KINDS = frozenset({"Pod", "Deployment"})
 EVENT_DEDUPE_SECONDS = 600.0
 
 # What the child caches hold (memory under tenant load): the API server sends only objects carrying the
@@ -145,8 +150,13 @@ class Controller:
         self.queue.add(key)
         self.metrics.queue_depth.set(len(self.queue))
 
-    def child_event(self, namespace: str, job: str) -> None:
-        self.queue.add((namespace, job))
+    def child_event(self, namespace: str, job: str, kind: str) -> None:
+        if kind in BATCHED_KINDS:
+            # The steps of one pod's start, and the gang's pods, arrive within moments of each other.
+            self.queue.add_batched((namespace, job), self.settings.child_event_batch_seconds)
+        else:
+            # Rare and each worth acting on at once: a claim bound (the gang waits for it), a child deleted.
+            self.queue.add((namespace, job))
         self.metrics.queue_depth.set(len(self.queue))
 
     # --- lifecycle ---------------------------------------------------------------------------------------------
@@ -169,6 +179,8 @@ class Controller:
                 child_selector=CHILD_SELECTOR,
                 keep_child=managed_child,
                 metadata_only=METADATA_ONLY_KINDS,
+                child_view=child_view,
+                storage_class_resource=STORAGE_CLASS,
             )
             self.cache.informers.start()
         self.health.workers_alive = self._workers_alive
@@ -352,10 +364,12 @@ class Controller:
                     continue  # a pod of an earlier job with the same name, on its way out
                 objects.append(obj)
         objects += await self._kueue_workloads(namespace, objects)
+        classes = self.cache.storage_class_modes() if self.cache is not None else None
         return Observed(
             objects=tuple(objects),
             nodes=await self._node_names(),
             refusals=self._refusals.get((namespace, name), ()),
+            storage_classes=StorageClasses(*classes) if classes is not None else None,
         )
 
     async def _probe(self, job: Obj, observed: Observed, plan: Plan) -> list[Obj]:
@@ -699,6 +713,44 @@ def managed_child(obj: Obj) -> bool:
         role = (meta.get("labels") or {}).get(LABEL_ROLE)
         return role in DEPLOYMENT_ROLES and any(r.get("kind") == "ReplicaSet" for r in refs)
     return False
+
+
+def child_view(obj: Obj) -> object:
+    """What reconcile reads of a child; a change anywhere else does not wake its job. Pods: everything but
+    the resourceVersion (phase, conditions, container states, node, Kueue's gates and marks). Every kind:
+    uid, labels, owner references, deletion, the operator's own annotations and a claim's bind-completed
+    mark. Deployments also: spec, available replicas and the ReplicaFailure condition. Left out, for
+    example: the PV controller's and provisioner's other marks on a claim, a Deployment's other counters
+    and its Progressing condition."""
+    meta = obj.get("metadata") or {}
+    if obj.get("kind") == "Pod":
+        return (
+            {k: v for k, v in meta.items() if k not in ("resourceVersion", "managedFields")},
+            obj.get("spec"),
+            obj.get("status"),
+        )
+    annotations = meta.get("annotations") or {}
+    kept = {
+        k: v for k, v in annotations.items() if k.startswith(f"{GROUP}/") or k == ANNOTATION_BIND_COMPLETED
+    }
+    view: dict[str, Any] = {
+        "uid": meta.get("uid"),
+        "labels": meta.get("labels"),
+        "ownerReferences": meta.get("ownerReferences"),
+        "deletionTimestamp": meta.get("deletionTimestamp"),
+        "finalizers": meta.get("finalizers"),
+        "annotations": kept,
+    }
+    if obj.get("kind") == "Deployment":
+        status = obj.get("status") or {}
+        view["spec"] = obj.get("spec")
+        view["availableReplicas"] = status.get("availableReplicas")
+        view["replicaFailure"] = [
+            (c.get("status"), c.get("reason"), c.get("message"))
+            for c in status.get("conditions") or []
+            if isinstance(c, dict) and c.get("type") == "ReplicaFailure"
+        ]
+    return view
 
 
 def _apply_verb(manifest: Obj) -> str:

@@ -17,6 +17,9 @@ Semantics as in client-go's reflector, which the correctness of a level-based re
   retained claim with the operator's marks), selected server-side by the labels only the operator sets;
   kinds whose body reconcile never reads are watched metadata-only. A tenant's objects that merely carry
   a job's label cost the operator no memory (bench/tenant_memory.py).
+* A change tells the listener only when what the controller reads of the object changed (``view``):
+  a Deployment's replica counters or the PV controller's marks on a bound claim update the cache and
+  wake nobody. The echo of the operator's own write (same resourceVersion) wakes nobody either.
 * Our own writes are put into the cache at once (``put``) unless the cache already holds a newer
   resourceVersion, so a decision is never made from an object older than one the operator wrote.
 """
@@ -46,12 +49,17 @@ T = TypeVar("T")
 Listener = Callable[[str, Obj], None]
 # Which objects a cache keeps; the others are treated as absent (and never held in memory).
 Keep = Callable[[Obj], bool]
+# What of an object its listener acts on; a change that leaves it equal is not news.
+View = Callable[[Obj], object]
 
 # Metadata-only list and watch (what client-go's metadata informers ask for): the API server sends each
 # object's metadata and nothing else, so a ConfigMap's data never reaches the operator. The trailing plain
 # JSON lets a server without this support answer with whole objects, which ``slim`` then cuts down.
 METADATA_LIST = "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1, application/json"
 METADATA_WATCH = "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1, application/json"
+
+# The StorageClass a claim without storageClassName gets.
+DEFAULT_CLASS_ANNOTATION = "storageclass.kubernetes.io/is-default-class"
 
 LIST_PAGE = 500
 WATCH_SECONDS = 300  # the server ends each watch after this long; the informer re-watches from where it was
@@ -99,7 +107,10 @@ class Informer:
         timeout: float = 30.0,
         metadata_only: bool = False,
         keep: Keep | None = None,
+        view: View | None = None,
+        forbidden_means: str | None = None,
     ) -> None:
+        """``forbidden_means``: what the operator does without this cache, logged when it may not watch."""
         self.api = api
         self.resource = resource
         self.namespace = namespace
@@ -108,6 +119,10 @@ class Informer:
         self.timeout = timeout
         self.metadata_only = metadata_only
         self.keep = keep
+        self.view = view
+        self.forbidden_means = (
+            forbidden_means or "reading them per reconcile instead, which costs API requests"
+        )
         self.objects: dict[Key, Obj] = {}
         self.synced = False
         self.forbidden = False
@@ -151,7 +166,8 @@ class Informer:
         if type_ == "DELETED":
             self.objects.pop(key, None)
         else:
-            have, new = _rv(self.objects.get(key)), _rv(obj)
+            before = self.objects.get(key)
+            have, new = _rv(before), _rv(obj)
             if have is not None and new is not None and have > new:
                 return  # our own newer write is already here; this event is older
             self.objects[key] = slim(obj)
@@ -159,6 +175,8 @@ class Informer:
                 # The echo of the operator's own write, which ``put`` stored and the reconcile that wrote it
                 # already decided from: nothing new to tell anyone.
                 return
+            if before is not None and self.view is not None and self.view(before) == self.view(obj):
+                return  # changed only where the listener does not look
         if self.listener is not None:
             self.listener(type_, obj)
 
@@ -198,9 +216,9 @@ class Informer:
                     self.forbidden = True
                     self.synced = False
                     log.warning(
-                        "no permission to list/watch %s (HTTP 403): reading them per reconcile instead, which "
-                        "costs API requests; grant list and watch on %s to the operator",
+                        "no permission to list/watch %s (HTTP 403): %s; grant list and watch on %s to the operator",
                         self.name,
+                        self.forbidden_means,
                         self.resource.plural,
                     )
                     return
@@ -353,14 +371,17 @@ class ClusterCache:
         node_resource: Resource,
         job_label: str,
         on_job: Callable[[str, str, str, str | None], None],
-        on_child: Callable[[str, str], None],
+        on_child: Callable[[str, str, str], None],
         timeout: float = 30.0,
         child_selector: str | None = None,
         keep_child: Keep | None = None,
         metadata_only: frozenset[str] = frozenset(),
+        child_view: View | None = None,
+        storage_class_resource: Resource | None = None,
     ) -> None:
         """``child_selector`` (default: ``job_label`` present) is the server-side filter of every child
-        watch, ``keep_child`` the client-side one; kinds in ``metadata_only`` are watched as metadata."""
+        watch, ``keep_child`` the client-side one; kinds in ``metadata_only`` are watched as metadata;
+        a child's change wakes its job only when ``child_view`` of it changed."""
         self.job_label = job_label
         self._on_job = on_job
         self._on_child = on_child
@@ -379,12 +400,25 @@ class ClusterCache:
                     timeout=timeout,
                     metadata_only=r.kind in metadata_only,
                     keep=keep_child,
+                    view=child_view,
                 )
                 for ns in namespaces
             }
             for r in child_resources
         }
         self.nodes = Informer(api, node_resource, None, timeout=timeout)
+        self.storage_classes = (
+            Informer(
+                api,
+                storage_class_resource,
+                None,
+                timeout=timeout,
+                forbidden_means="new gangs are created without waiting for their volume to be bound, and "
+                "the scheduler may turn their pods away until it is",
+            )
+            if storage_class_resource
+            else None
+        )
         # (namespace, job) -> {(kind, name)}, and the reverse, so a relabelled or deleted child leaves its job.
         self._by_job: dict[Key, set[tuple[str, str]]] = {}
         self._job_of: dict[tuple[str, str, str], Key] = {}
@@ -392,6 +426,7 @@ class ClusterCache:
             *self.jobs.values(),
             *(i for per in self.children.values() for i in per.values()),
             self.nodes,
+            *([self.storage_classes] if self.storage_classes is not None else []),
         ]
         self.informers = Informers(everything)
 
@@ -403,8 +438,8 @@ class ClusterCache:
         self._on_job(type_, namespace, name, str(rv) if rv is not None else None)
 
     def _child_event(self, type_: str, obj: Obj) -> None:
-        for owner in self._index(type_, obj):
-            self._on_child(*owner)
+        for namespace, job in self._index(type_, obj):
+            self._on_child(namespace, job, str(obj.get("kind")))
 
     def _index(self, type_: str, obj: Obj) -> set[Key]:
         """Files a child under its job (or removes it); returns the jobs whose children changed."""
@@ -488,3 +523,18 @@ class ClusterCache:
         if not self.nodes.synced or self.nodes.forbidden:
             return None
         return frozenset(name for _, name in self.nodes.objects)
+
+    def storage_class_modes(self) -> tuple[tuple[tuple[str, str], ...], str | None] | None:
+        """((class, volumeBindingMode) of every StorageClass, the default class), or None while unknown."""
+        informer = self.storage_classes
+        if informer is None or not informer.synced or informer.forbidden:
+            return None
+        modes: list[tuple[str, str]] = []
+        defaults: list[tuple[str, str]] = []
+        for (_, name), obj in sorted(informer.objects.items()):
+            modes.append((name, str(obj.get("volumeBindingMode") or "Immediate")))
+            meta = obj.get("metadata") or {}
+            if (meta.get("annotations") or {}).get(DEFAULT_CLASS_ANNOTATION) == "true":
+                defaults.append((str(meta.get("creationTimestamp") or ""), name))
+        # With several defaults the API server gives a new claim the newest (as Kubernetes does since 1.26).
+        return tuple(modes), max(defaults)[1] if defaults else None

@@ -50,6 +50,8 @@ class Resource:
 GRPOJOB = Resource(GROUP, VERSION, PLURAL, "GRPOJob")
 POD = Resource("", "v1", "pods", "Pod")
 NODE = Resource("", "v1", "nodes", "Node")
+# Read (never written) for each class's volumeBindingMode: a new gang waits for a claim that binds at once.
+STORAGE_CLASS = Resource("storage.k8s.io", "v1", "storageclasses", "StorageClass")
 EVENT = Resource("", "v1", "events", "Event")
 # Kueue's Workload of a queued pod group: read (never written) to show why Kueue has not admitted a job.
 KUEUE_WORKLOAD = Resource("kueue.x-k8s.io", "v1beta2", "workloads", "Workload")

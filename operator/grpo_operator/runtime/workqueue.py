@@ -4,6 +4,10 @@
 * Adding a key that is already waiting is a no-op; adding a key that is being processed marks it
   dirty, and it is processed once more afterwards (no event is lost, bursts collapse into one run).
 * ``add_after`` schedules a key for later (deadlines, TTL, retries with backoff).
+* ``add_batched`` gathers a burst of changes into one run: the key runs once, ``period`` after the first
+  change, whatever arrives meanwhile (the Kubernetes Job controller does the same with pod events).
+* Taking a key cancels its pending schedule: every run decides again from the current state and
+  schedules its own follow-up (the next deadline, a retry), so an earlier schedule has nothing to add.
 """
 
 from __future__ import annotations
@@ -47,6 +51,13 @@ class WorkQueue(Generic[K]):
             existing.cancel()
         self._timers[key] = loop.call_at(due, self._fire, key)
 
+    def add_batched(self, key: K, period: float) -> None:
+        """Run ``key`` within ``period`` seconds: at once if it is already waiting, else when the earliest
+        pending schedule (this one or an earlier) comes due."""
+        if key in self._waiting:
+            return  # the run it waits for will see this change too
+        self.add_after(key, period)
+
     def add_rate_limited(self, key: K, base: float = 1.0, cap: float = 300.0) -> float:
         """Retry ``key`` with exponential backoff per key (1, 2, 4 ... ``cap`` seconds); returns the delay."""
         failures = self._failures.get(key, 0)
@@ -73,6 +84,9 @@ class WorkQueue(Generic[K]):
     async def get(self) -> K:
         key = await self._queue.get()
         self._waiting.discard(key)
+        timer = self._timers.pop(key, None)
+        if timer is not None:
+            timer.cancel()
         self._processing.add(key)
         return key
 
