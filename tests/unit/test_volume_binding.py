@@ -49,7 +49,11 @@ def test_pods_of_an_immediate_claim_are_created_once_it_is_bound() -> None:
     assert ("Normal", "Created") in events(first) and not [e for e in first.events if e.type == "Warning"]
     assert w.status()["reason"] == "Scheduling", "while the claim is being created: pods still to be created"
 
-    w.step()  # woken by something else before the claim is bound: say what the gang waits for
+    plan = w.step()  # woken by something else at once: most claims bind within a second, so no write yet
+    assert w.pods() == [] and plan.status is None and plan.record is None
+    assert plan.requeue_after is not None and plan.requeue_after <= 5
+    w.advance(5)
+    w.step()  # still not bound: now the status says what the gang waits for
     assert w.pods() == []
     assert w.status()["phase"] == "Pending" and w.status()["reason"] == "WaitingForVolume"
     assert "PersistentVolumeClaim math-ckpt" in w.status()["message"]
@@ -106,6 +110,7 @@ def test_an_explicit_immediate_class_waits_even_when_the_default_would_not() -> 
         FIRST_CONSUMER, checkpoints={"volume": {"accessMode": "ReadWriteMany", "storageClassName": "fast"}}
     )
     w.step()
+    w.advance(5)
     w.step()
     assert w.pods() == [] and w.status()["reason"] == "WaitingForVolume"
 

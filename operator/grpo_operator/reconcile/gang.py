@@ -38,6 +38,8 @@ from grpo_operator.reconcile.step import GANG_ROLES, Step, resume_point
 from grpo_operator.settings import OperatorSettings
 
 _SCHEDULING = "waiting for the scheduler to place the pods"
+# A new gang waiting for its claim to be bound says so once the claim is this old (seconds).
+VOLUME_WAIT_SHOWN_AFTER = 5.0
 
 
 def _exit_rule(pod: PodView, settings: OperatorSettings) -> RestartRule | None:
@@ -159,10 +161,9 @@ def run_gang(step: Step, job: Job, observed: Observed) -> None:
         claim = None if current else _unbound_claim(job, observed)
         if claim is None:
             step.plan.creates.extend(missing)
-        elif claim:
-            _wait_for_volume(step, job, observed, claim)
+        elif _wait_for_volume(step, job, observed, claim):
             return
-        # else the claim is being created by this reconcile: reported as pods still to be created
+        # else the claim is new: reported as pods still to be created (which they are) for a few seconds
 
     present = [current[name] for name in expected if name in current]
     all_running = len(present) == len(expected) and all(p.phase == "Running" for p in present)
@@ -217,8 +218,19 @@ def _unbound_claim(job: Job, observed: Observed) -> dict[str, Any] | None:
     return observed.get("PersistentVolumeClaim", name) or {}
 
 
-def _wait_for_volume(step: Step, job: Job, observed: Observed, claim: dict[str, Any]) -> None:
+def _wait_for_volume(step: Step, job: Job, observed: Observed, claim: dict[str, Any]) -> bool:
+    """Says that the gang waits for its volume, once the claim has waited VOLUME_WAIT_SHOWN_AFTER: most
+    claims are bound within a second or two, and a status write for each such wait would be a write for
+    nothing (until then the job reads "waiting for the pods to be created", which is true). False while
+    it says nothing yet."""
     name = created_pvc_name(job)
+    created = parse_time((claim.get("metadata") or {}).get("creationTimestamp"))
+    if created is None:
+        return False  # created by this reconcile
+    shown = created + timedelta(seconds=VOLUME_WAIT_SHOWN_AFTER)
+    if step.now < shown:
+        step.requeue_at(shown)
+        return False
     message = (
         f"gang attempt {step.attempt}: its pods are created once PersistentVolumeClaim {name} is bound (its "
         "StorageClass binds volumes immediately, and the scheduler turns away pods whose claim is not bound)"
@@ -227,14 +239,11 @@ def _wait_for_volume(step: Step, job: Job, observed: Observed, claim: dict[str, 
     step.condition(RUNNING, "False", "Pending", message)
     step.set_phase("Pending", "WaitingForVolume", message)
     _not_suspended(step)
-    created = parse_time((claim.get("metadata") or {}).get("creationTimestamp"))
     limit = job.spec.run_policy.startup_deadline_seconds
-    if created is None:
-        return
     deadline = created + timedelta(seconds=limit)
     if step.now < deadline:
         step.requeue_at(deadline)
-        return
+        return True
     restart_or_fail(
         step,
         job,
@@ -244,6 +253,7 @@ def _wait_for_volume(step: Step, job: Job, observed: Observed, claim: dict[str, 
         f"of its creation, so gang attempt {step.attempt} never started: kubectl describe pvc {name} says "
         "why (no provisioner for its StorageClass, a failing one, a storage quota)",
     )
+    return True
 
 
 def _wait_for_earlier_pods(step: Step, names: list[str]) -> None:
