@@ -679,6 +679,26 @@ def delete_namespaces(
     wait_for(f"namespaces {', '.join(names)} to be deleted", gone, timeout=timeout, interval=2)
 
 
+def settle(cluster: BenchCluster, namespaces: Iterable[str], timeout: float = 1200) -> float:
+    """Waits until what a phase left behind is gone: its namespaces (so every object in them) and the
+    volumes of their claims. The next phase must not share kube-controller-manager with this one's
+    clean-up: its garbage collector, namespace controller and PV controller share one client limited to
+    20 requests a second, and the PV controller's binding of the next phase's claims queues behind the
+    deletions (at 300 jobs, minutes). Returns the seconds waited."""
+    names = set(namespaces)
+    t0 = time.monotonic()
+    delete_namespaces(cluster, names, timeout=timeout, wait=True)
+
+    def volumes_gone() -> bool:
+        volumes = cluster.get_list("persistentvolumes")
+        return not any(
+            ((v.get("spec") or {}).get("claimRef") or {}).get("namespace") in names for v in volumes
+        )
+
+    wait_for("their volumes to be deleted", volumes_gone, timeout=timeout, interval=2)
+    return time.monotonic() - t0
+
+
 def gpu_pods(cluster: BenchCluster) -> int:
     """Pods of GRPOJobs (or of the floor) still in the cluster: trainer, vLLM and metric pods."""
     out = cluster.kubectl("get", "pods", "-A", "-l", LABEL_JOB, "-o", "name").stdout

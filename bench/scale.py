@@ -63,6 +63,7 @@ from _bench import (
     percentile,
     pod_informer,
     schedulable,
+    settle,
     wait_for,
     write_list,
 )
@@ -392,8 +393,8 @@ def floor(
     informer.stop()
     os.unlink(path)
     log(f"[{tag}] floor: all pods Running after {t_running:.1f}s; cleaning up")
-    delete_namespaces(cluster, namespaces)
-    wait_for("the floor's pods to be gone", lambda: gpu_pods(cluster) == 0, timeout=600, interval=2)
+    waited = settle(cluster, namespaces)
+    log(f"[{tag}] floor: namespaces and volumes gone after {waited:.0f}s")
     return t_create, t_running, requests
 
 
@@ -537,6 +538,8 @@ def operator_run(
 
     wait_for("the jobs' pods to be gone", pods_gone, timeout=600, interval=2)
     op.stop()
+    waited = settle(cluster, namespaces)
+    log(f"[{tag}] operator: namespaces and volumes gone after {waited:.0f}s")
     durations = ramp.durations()
     admission = [admitted[k] - ramp.started[k] for k in admitted if k in ramp.started]
     ramp_counts = after - before
