@@ -227,9 +227,7 @@ def _wait_for_volume(step: Step, job: Job, observed: Observed, claim: dict[str, 
     created = parse_time((claim.get("metadata") or {}).get("creationTimestamp"))
     if created is None:
         return False  # created by this reconcile
-    shown = created + timedelta(seconds=VOLUME_WAIT_SHOWN_AFTER)
-    if step.now < shown:
-        step.requeue_at(shown)
+    if not step.due(created + timedelta(seconds=VOLUME_WAIT_SHOWN_AFTER)):
         return False
     message = (
         f"gang attempt {step.attempt}: its pods are created once PersistentVolumeClaim {name} is bound (its "
@@ -240,9 +238,7 @@ def _wait_for_volume(step: Step, job: Job, observed: Observed, claim: dict[str, 
     step.set_phase("Pending", "WaitingForVolume", message)
     _not_suspended(step)
     limit = job.spec.run_policy.startup_deadline_seconds
-    deadline = created + timedelta(seconds=limit)
-    if step.now < deadline:
-        step.requeue_at(deadline)
+    if not step.due(created + timedelta(seconds=limit)):
         return True
     restart_or_fail(
         step,

@@ -202,9 +202,7 @@ def active_deadline(step: Step, job: Job, observed: Observed) -> bool:
     started = parse_time(step.new.get("startTime"))
     if limit is None or started is None:
         return False
-    deadline = started + timedelta(seconds=limit)
-    if step.now < deadline:
-        step.requeue_at(deadline)
+    if not step.due(started + timedelta(seconds=limit)):
         return False
     restart_or_fail(
         step,

@@ -101,6 +101,13 @@ class Step:
     def requeue_at(self, moment: datetime) -> None:
         self.requeue.append(max(_MIN_REQUEUE, (moment - self.now).total_seconds()))
 
+    def due(self, moment: datetime) -> bool:
+        """Whether ``moment`` has come; when it has not, the job is reconciled again then."""
+        if self.now < moment:
+            self.requeue_at(moment)
+            return False
+        return True
+
     def finish(self) -> Plan:
         # Compared with the status as stored, so a field someone else overwrote is written back.
         patch = {k: self.new.get(k) for k in OWNED_STATUS_FIELDS if self.new.get(k) != self.actual.get(k)}
