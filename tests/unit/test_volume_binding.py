@@ -51,8 +51,8 @@ def test_pods_of_an_immediate_claim_are_created_once_it_is_bound() -> None:
 
     plan = w.step()  # woken by something else at once: most claims bind within a second, so no write yet
     assert w.pods() == [] and plan.status is None and plan.record is None
-    assert plan.requeue_after is not None and plan.requeue_after <= 5
-    w.advance(5)
+    assert plan.requeue_after is not None and plan.requeue_after <= 10
+    w.advance(10)
     w.step()  # still not bound: now the status says what the gang waits for
     assert w.pods() == []
     assert w.status()["phase"] == "Pending" and w.status()["reason"] == "WaitingForVolume"
@@ -110,7 +110,7 @@ def test_an_explicit_immediate_class_waits_even_when_the_default_would_not() -> 
         FIRST_CONSUMER, checkpoints={"volume": {"accessMode": "ReadWriteMany", "storageClassName": "fast"}}
     )
     w.step()
-    w.advance(5)
+    w.advance(10)
     w.step()
     assert w.pods() == [] and w.status()["reason"] == "WaitingForVolume"
 

@@ -38,8 +38,9 @@ from grpo_operator.reconcile.step import GANG_ROLES, Step, resume_point
 from grpo_operator.settings import OperatorSettings
 
 _SCHEDULING = "waiting for the scheduler to place the pods"
-# A new gang waiting for its claim to be bound says so once the claim is this old (seconds).
-VOLUME_WAIT_SHOWN_AFTER = 5.0
+# A new gang waiting for its claim to be bound says so once the claim is this old (seconds): longer than a
+# cloud disk of a class that binds at once usually takes to provision, far shorter than any startup deadline.
+VOLUME_WAIT_SHOWN_AFTER = 10.0
 
 
 def _exit_rule(pod: PodView, settings: OperatorSettings) -> RestartRule | None:
@@ -220,9 +221,9 @@ def _unbound_claim(job: Job, observed: Observed) -> dict[str, Any] | None:
 
 def _wait_for_volume(step: Step, job: Job, observed: Observed, claim: dict[str, Any]) -> bool:
     """Says that the gang waits for its volume, once the claim has waited VOLUME_WAIT_SHOWN_AFTER: most
-    claims are bound within a second or two, and a status write for each such wait would be a write for
-    nothing (until then the job reads "waiting for the pods to be created", which is true). False while
-    it says nothing yet."""
+    claims are bound within seconds, and two status writes for each such wait (to say it, and to say it
+    is over) would be writes for nothing (until then the job reads "waiting for the pods to be created",
+    which is true). False while it says nothing yet."""
     name = created_pvc_name(job)
     created = parse_time((claim.get("metadata") or {}).get("creationTimestamp"))
     if created is None:
