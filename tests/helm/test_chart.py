@@ -396,6 +396,7 @@ NAMESPACED_RULES = {
 CLUSTER_RULES = {
     ("apiextensions.k8s.io", "customresourcedefinitions"): {"list", "watch"},
     ("", "nodes"): {"list", "watch"},
+    ("storage.k8s.io", "storageclasses"): {"list", "watch"},
 }
 
 
