@@ -562,11 +562,11 @@ def operator_run(
         "admission": admission,
         "ramp_reconciles": ramp_reconciles,
         # The operator's own count, by verb and resource: where its requests go.
-        "ramp_requests_by_kind": _requests_by_kind(requests0, requests1),
+        "ramp_requests_by_kind": _growth_by_labels(requests0, requests1),
         "quiet_after_s": quiet_after,
-        "idle_requests_by_kind": _requests_by_kind(requests_idle0, requests_idle1),
-        "settling_requests_by_kind": _requests_by_kind(requests1, requests_idle0),
-        "events_by_reason": _requests_by_kind(events0, events1, ("type", "reason")),
+        "idle_requests_by_kind": _growth_by_labels(requests_idle0, requests_idle1),
+        "settling_requests_by_kind": _growth_by_labels(requests1, requests_idle0),
+        "events_by_reason": _growth_by_labels(events0, events1, ("type", "reason")),
         "timeline": summarize_timelines(timelines),
     }
 
@@ -615,7 +615,7 @@ def _wait_until_quiet(op: OperatorProcess, timeout: float) -> float:
     return time.monotonic() - start
 
 
-def _requests_by_kind(
+def _growth_by_labels(
     before: dict[str, float], after: dict[str, float], labels_: tuple[str, str] = ("verb", "resource")
 ) -> dict[str, float]:
     """The growth of one of the operator's counters between two reads, by two of its labels (its API
