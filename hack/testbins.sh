@@ -194,6 +194,19 @@ build_kueue() {
 
 components=("$@")
 [ ${#components[@]} -eq 0 ] && components=(etcd kwok k8s helm kubeconform kueue)
+# Room each build takes when nothing is cached: its binaries plus what it adds to Go's module and build
+# caches (measured cold, rounded up; shared packages counted with the first component that compiles them).
+declare -A disk_mb=([etcd]=400 [kwok]=1000 [k8s]=4500 [helm]=900 [kubeconform]=100 [kueue]=1800)
+declare -A dir_of=([etcd]="etcd-$ETCD_VERSION" [kwok]="kwok-$KWOK_VERSION" [k8s]="k8s-$K8S_VERSION"
+  [helm]="helm-$HELM_VERSION" [kubeconform]="kubeconform-$KUBECONFORM_VERSION" [kueue]="kueue-$KUEUE_VERSION")
+missing=()
+for c in "${components[@]}"; do
+  if [ -n "${dir_of[$c]:-}" ] && [ ! -f "$ROOT/${dir_of[$c]}/.ready" ]; then
+    missing+=("$ROOT" "${disk_mb[$c]}" "${c}_with_its_Go_caches")
+  fi
+done
+[ ${#missing[@]} -eq 0 ] || bash "$HERE/disk-check.sh" "${missing[@]}"
+
 T0=$SECONDS
 for c in "${components[@]}"; do
   case "$c" in
