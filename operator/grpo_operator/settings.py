@@ -55,6 +55,13 @@ class OperatorSettings:
     # cluster, and without batching each step was its own reconcile and often its own status write. A
     # change to the GRPOJob itself is reconciled at once. 0 reconciles on every change.
     child_event_batch_seconds: float = 0.5
+    # A new gang whose checkpoint claim must be bound before its pods are created (its StorageClass binds
+    # immediately) says so in its status (Pending, WaitingForVolume) once the claim is this many seconds
+    # old. Until then the job reads "waiting for the pods to be created". Saying it costs two status writes
+    # (to say it, and to say it is over), so a binding that takes the usual time should not pay them:
+    # dynamic provisioners commonly take seconds to tens of seconds, and the local cluster's PV controller
+    # bound claims up to 25 s after their creation with 300 jobs arriving at once (docs/scaling.md).
+    volume_wait_reported_seconds: float = 30.0
     # Timeout of one Kubernetes API request made by the reconcile loop.
     api_timeout_seconds: float = 30.0
     # Port of the HTTP server with /metrics, /healthz and /readyz (0 picks a free port, for tests).
@@ -181,6 +188,11 @@ class OperatorSettings:
             raise SettingsError(
                 f"child_event_batch_seconds must be between 0 and 10, got {self.child_event_batch_seconds}: "
                 "use e.g. 0.5 (0 reconciles a job on every change of its children)"
+            )
+        if not 0 <= self.volume_wait_reported_seconds <= 600:
+            raise SettingsError(
+                f"volume_wait_reported_seconds must be between 0 and 600, got {self.volume_wait_reported_seconds}: "
+                "use e.g. 30 (0 says at once that a new gang waits for its claim to be bound)"
             )
         if self.workers < 1:
             raise SettingsError(f"workers must be >= 1, got {self.workers}")

@@ -329,6 +329,8 @@ def test_operator_settings_and_flags_parse_as_the_operator_parses_them(values: P
     assert settings.http_port == merged["operator"]["httpPort"]
     assert settings.workers == merged["operator"]["workers"]
     assert settings.resync_seconds == merged["operator"]["resyncSeconds"]
+    assert settings.child_event_batch_seconds == merged["operator"]["childEventBatchSeconds"]
+    assert settings.volume_wait_reported_seconds == merged["operator"]["volumeWaitReportedSeconds"]
     assert settings.clusterwide == merged["watch"]["allNamespaces"]
     assert set(settings.namespaces) == set(merged["watch"]["namespaces"])
     assert list(settings.metrics_scrapers) == merged["metrics"]["podMonitors"]["generation"]["allowFrom"]

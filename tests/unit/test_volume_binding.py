@@ -9,13 +9,17 @@ pods to exist, and a class the operator cannot see is treated the same way: neve
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
-from grpo_operator.reconcile import Observed
+import pytest
+from grpo_operator.reconcile import Observed, Plan, reconcile
 from grpo_operator.reconcile.observed import ANNOTATION_BIND_COMPLETED, StorageClasses
+from grpo_operator.settings import OperatorSettings, SettingsError
 
 from tests.unit.test_reconcile import World, events, job_object
+
+REPORTED_AFTER = OperatorSettings().volume_wait_reported_seconds
 
 IMMEDIATE = StorageClasses((("fast", "Immediate"), ("local", "WaitForFirstConsumer")), default="fast")
 FIRST_CONSUMER = StorageClasses((("fast", "Immediate"), ("local", "WaitForFirstConsumer")), default="local")
@@ -24,6 +28,12 @@ FIRST_CONSUMER = StorageClasses((("fast", "Immediate"), ("local", "WaitForFirstC
 @dataclass
 class ClassWorld(World):
     storage_classes: StorageClasses | None = None
+    settings: OperatorSettings = field(default_factory=OperatorSettings)
+
+    def reconcile(self) -> Plan:
+        plan = reconcile(copy.deepcopy(self.job), self.observed(), self.now, self.settings)
+        self.plans.append(plan)
+        return plan
 
     def observed(self) -> Observed:
         return Observed(
@@ -37,8 +47,12 @@ class ClassWorld(World):
         annotations[ANNOTATION_BIND_COMPLETED] = "yes"
 
 
-def world(classes: StorageClasses | None, **spec: Any) -> ClassWorld:
-    return ClassWorld(job=job_object(**spec), storage_classes=classes)
+def world(
+    classes: StorageClasses | None, settings: OperatorSettings | None = None, **spec: Any
+) -> ClassWorld:
+    return ClassWorld(
+        job=job_object(**spec), storage_classes=classes, settings=settings or OperatorSettings()
+    )
 
 
 def test_pods_of_an_immediate_claim_are_created_once_it_is_bound() -> None:
@@ -51,8 +65,11 @@ def test_pods_of_an_immediate_claim_are_created_once_it_is_bound() -> None:
 
     plan = w.step()  # woken by something else at once: most claims bind within a second, so no write yet
     assert w.pods() == [] and plan.status is None and plan.record is None
-    assert plan.requeue_after is not None and plan.requeue_after <= 10
-    w.advance(10)
+    assert plan.requeue_after is not None and plan.requeue_after <= REPORTED_AFTER
+    w.advance(REPORTED_AFTER - 1)
+    plan = w.step()  # a usual provisioning time: still no write
+    assert w.pods() == [] and plan.status is None and plan.record is None
+    w.advance(1)
     w.step()  # still not bound: now the status says what the gang waits for
     assert w.pods() == []
     assert w.status()["phase"] == "Pending" and w.status()["reason"] == "WaitingForVolume"
@@ -110,9 +127,36 @@ def test_an_explicit_immediate_class_waits_even_when_the_default_would_not() -> 
         FIRST_CONSUMER, checkpoints={"volume": {"accessMode": "ReadWriteMany", "storageClassName": "fast"}}
     )
     w.step()
-    w.advance(10)
+    w.advance(REPORTED_AFTER)
     w.step()
     assert w.pods() == [] and w.status()["reason"] == "WaitingForVolume"
+
+
+def test_the_wait_is_reported_after_the_operator_setting() -> None:
+    w = world(IMMEDIATE, settings=OperatorSettings(volume_wait_reported_seconds=5))
+    w.step()
+    plan = w.step()
+    assert plan.status is None and plan.requeue_after is not None and plan.requeue_after <= 5
+    w.advance(5)
+    w.step()
+    assert w.pods() == [] and w.status()["reason"] == "WaitingForVolume"
+
+
+def test_a_startup_deadline_shorter_than_the_report_delay_still_fails_the_job_on_time() -> None:
+    w = world(IMMEDIATE, runPolicy={"startupDeadlineSeconds": 10})
+    w.step()
+    plan = w.step()
+    assert plan.requeue_after is not None and plan.requeue_after <= 10, "woken at the deadline"
+    w.advance(10)
+    w.step()
+    assert w.status()["phase"] == "Failed" and w.status()["reason"] == "StartupDeadlineExceeded"
+    assert w.pods() == []
+
+
+def test_a_volume_wait_setting_out_of_range_is_refused_naming_it() -> None:
+    for value in (-1.0, 601.0):
+        with pytest.raises(SettingsError, match="volume_wait_reported_seconds must be between 0 and 600"):
+            OperatorSettings(volume_wait_reported_seconds=value)
 
 
 def test_a_claim_never_bound_fails_the_job_at_the_startup_deadline_naming_it() -> None:

@@ -38,9 +38,6 @@ from grpo_operator.reconcile.step import GANG_ROLES, Step, resume_point
 from grpo_operator.settings import OperatorSettings
 
 _SCHEDULING = "waiting for the scheduler to place the pods"
-# A new gang waiting for its claim to be bound says so once the claim is this old (seconds): longer than a
-# cloud disk of a class that binds at once usually takes to provision, far shorter than any startup deadline.
-VOLUME_WAIT_SHOWN_AFTER = 10.0
 
 
 def _exit_rule(pod: PodView, settings: OperatorSettings) -> RestartRule | None:
@@ -220,15 +217,18 @@ def _unbound_claim(job: Job, observed: Observed) -> dict[str, Any] | None:
 
 
 def _wait_for_volume(step: Step, job: Job, observed: Observed, claim: dict[str, Any]) -> bool:
-    """Says that the gang waits for its volume, once the claim has waited VOLUME_WAIT_SHOWN_AFTER: most
-    claims are bound within seconds, and two status writes for each such wait (to say it, and to say it
-    is over) would be writes for nothing (until then the job reads "waiting for the pods to be created",
-    which is true). False while it says nothing yet."""
+    """Says that the gang waits for its volume, once the claim is settings.volume_wait_reported_seconds
+    old: most claims are bound within seconds, and two status writes for each such wait (to say it, and to
+    say it is over) would be writes for nothing (until then the job reads "waiting for the pods to be
+    created", which is true). False while it says nothing yet."""
     name = created_pvc_name(job)
     created = parse_time((claim.get("metadata") or {}).get("creationTimestamp"))
     if created is None:
         return False  # created by this reconcile
-    if not step.due(created + timedelta(seconds=VOLUME_WAIT_SHOWN_AFTER)):
+    limit = job.spec.run_policy.startup_deadline_seconds
+    # Both moments are scheduled: a startup deadline shorter than the report delay still fails the job on time.
+    expired = step.due(created + timedelta(seconds=limit))
+    if not step.due(created + timedelta(seconds=step.settings.volume_wait_reported_seconds)) and not expired:
         return False
     message = (
         f"gang attempt {step.attempt}: its pods are created once PersistentVolumeClaim {name} is bound (its "
@@ -238,8 +238,7 @@ def _wait_for_volume(step: Step, job: Job, observed: Observed, claim: dict[str, 
     step.condition(RUNNING, "False", "Pending", message)
     step.set_phase("Pending", "WaitingForVolume", message)
     _not_suspended(step)
-    limit = job.spec.run_policy.startup_deadline_seconds
-    if not step.due(created + timedelta(seconds=limit)):
+    if not expired:
         return True
     restart_or_fail(
         step,
