@@ -64,6 +64,12 @@ NODE_CACHE_SECONDS = 15.0
 # counters follow its pods): their changes wake the job batched (settings.child_event_batch_seconds).
 BATCHED_KINDS = frozenset({"Pod", "Deployment"})
 EVENT_DEDUPE_SECONDS = 600.0
+# Events are posted in the background, as client-go's event recorder does: the worker that decided them goes on
+# to the next job instead of waiting for the round trip. With 300 jobs arriving at once that wait was a third of
+# a new job's first reconcile and half of the one that says Running, and jobs whose pods were Ready queued
+# behind it. Beyond this many events in flight a reconcile posts its own and waits for them, so an API server
+# that cannot keep up slows the reconciles down instead of growing the operator's memory.
+MAX_EVENTS_IN_FLIGHT = 1000
 
 # What the child caches hold (memory under tenant load): the API server sends only objects carrying the
 # labels the operator sets, and of those the caches keep only what the operator manages (managed_child).
@@ -121,6 +127,7 @@ class Controller:
         # object someone else made is found only this way) before deciding again.
         self._taken: dict[Key, set[tuple[str, str]]] = {}
         self._recent_events: dict[tuple[Key, str, str], float] = {}
+        self._events_in_flight: set[asyncio.Task[None]] = set()
         self._nodes: tuple[float, frozenset[str] | None] = (0.0, None)
         self._nodes_forbidden = False
         self._workloads_forbidden = False
@@ -195,6 +202,7 @@ class Controller:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
         self._tasks.clear()
+        await self.flush_events(timeout=5.0)
         if self.cache is not None:
             await self.cache.informers.stop()
         self.queue.close()
@@ -523,20 +531,20 @@ class Controller:
             )
         else:
             await asyncio.gather(*(self._write("create", m, failures, taken) for m in plan.creates))
-            await asyncio.gather(*(self.post_event(job, e.type, e.reason, e.message) for e in plan.events))
+            await self.emit_events(job, [(e.type, e.reason, e.message) for e in plan.events])
         self._refusals[key] = tuple(failures)
         if taken:
             self._taken[key] = set(taken)
         else:
             self._taken.pop(key, None)
-        for failure in failures:
-            # Quota, admission webhooks and policy engines refuse children with 4xx: tell the user why.
-            await self.post_event(
-                job,
-                "Warning",
-                "ChildRejected",
-                f"the API server refused {failure.kind} {failure.name}: {failure.message}",
-            )
+        # Quota, admission webhooks and policy engines refuse children with 4xx: tell the user why.
+        await self.emit_events(
+            job,
+            [
+                ("Warning", "ChildRejected", f"the API server refused {f.kind} {f.name}: {f.message}")
+                for f in failures
+            ],
+        )
         if plan.restart is not None:
             self.metrics.restarts.labels(
                 namespace=namespace,
@@ -654,6 +662,38 @@ class Controller:
             job = (meta.get("labels") or {}).get(LABEL_JOB, "?")
             log.info("%s/%s: created %s %s", meta["namespace"], job, manifest["kind"], meta["name"])
 
+    async def emit_events(self, job: Obj, events: list[tuple[str, str, str]]) -> None:
+        """Post ``events`` (type, reason, message) about ``job`` in the background (see MAX_EVENTS_IN_FLIGHT)."""
+        if not events:
+            return
+        meta = job["metadata"]
+        about = {"metadata": {k: meta.get(k) for k in ("namespace", "name", "uid")}}
+        if len(self._events_in_flight) + len(events) > MAX_EVENTS_IN_FLIGHT:
+            await asyncio.gather(*(self._post_quietly(about, *e) for e in events))
+            return
+        for event in events:
+            task = asyncio.create_task(self._post_quietly(about, *event), name="grpo-event")
+            self._events_in_flight.add(task)
+            task.add_done_callback(self._events_in_flight.discard)
+
+    async def flush_events(self, timeout: float | None = None) -> None:
+        """Wait for the events in flight (at most ``timeout`` seconds; what is left then is dropped)."""
+        pending = set(self._events_in_flight)
+        if not pending:
+            return
+        _, late = await asyncio.wait(pending, timeout=timeout)
+        for task in late:
+            task.cancel()
+        if late:
+            log.warning("dropped %d events still being posted at shutdown", len(late))
+
+    async def _post_quietly(self, job: Obj, type_: str, reason: str, message: str) -> None:
+        try:
+            await self.post_event(job, type_, reason, message)
+        except Exception as exc:  # a lost connection: events are best effort, and nobody awaits this one
+            self.metrics.api_errors.labels(verb="create", kind="Event", code="0").inc()
+            log.warning("could not post event %s on %s/%s: %s", reason, *_key_of(job), exc)
+
     async def post_event(self, job: Obj, type_: str, reason: str, message: str) -> None:
         meta = job["metadata"]
         namespace, name = meta["namespace"], meta["name"]
@@ -693,6 +733,11 @@ class Controller:
         except ApiException as exc:  # events are best effort; the status says the same
             self._api_error("create", "Event", exc)
             log.warning("could not post event %s on %s/%s: HTTP %s", reason, namespace, name, exc.status)
+
+
+def _key_of(job: Obj) -> tuple[str, str]:
+    meta = job.get("metadata") or {}
+    return str(meta.get("namespace")), str(meta.get("name"))
 
 
 def _names(refs: list[tuple[str, str]]) -> str:
