@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from grpo_operator.builders import gang_pods, job_from_object, metric_workload
+from grpo_operator.reconcile.metric_readiness import FIRST_METRIC_REPORT_AFTER_SECONDS
 from grpo_operator.settings import OperatorSettings
 
 from tests.unit.test_reconcile import World, events, job_object
@@ -39,14 +40,49 @@ def set_available(world: World, replicas: int) -> None:
 def test_metric_ready_turns_true_when_the_deployment_has_an_available_pod() -> None:
     world = World(job_object())
     world.settle()
+    world.run_all()
+    world.settle()
     cond = world.condition("MetricReady")
-    assert (cond["status"], cond["reason"]) == ("False", "Starting")
+    assert (cond["status"], cond["reason"]) == ("False", "Starting"), "a Running job always says it"
     add_metric_pod(world, {"phase": "Running"})
     set_available(world, 1)
     world.settle()
     cond = world.condition("MetricReady")
     assert (cond["status"], cond["reason"]) == ("True", "Available")
     assert "math-metric" in cond["message"]
+
+
+def test_a_new_jobs_metric_readiness_is_first_said_with_its_running_status() -> None:
+    world = World(job_object())
+    first = world.step()
+    assert first.status is not None
+    assert all(c["type"] != "MetricReady" for c in world.status()["conditions"]), "nothing said yet"
+    world.settle()
+    add_metric_pod(world, {"phase": "Running"})
+    set_available(world, 1)
+    plan = world.step()
+    assert plan.status is None, "the metric service coming up while the gang starts costs no write of its own"
+    assert plan.requeue_after is not None and plan.requeue_after <= FIRST_METRIC_REPORT_AFTER_SECONDS
+    world.run_all()
+    plan = world.step()
+    assert plan.status is not None and plan.status["phase"] == "Running"
+    cond = world.condition("MetricReady")
+    assert (cond["status"], cond["reason"]) == ("True", "Available"), "said in the same write as Running"
+
+
+def test_a_job_that_stays_pending_says_its_metric_readiness_once_the_deployment_is_30_s_old() -> None:
+    world = World(job_object())
+    world.settle()
+    add_metric_pod(world, {"phase": "Running"})
+    set_available(world, 1)
+    world.advance(FIRST_METRIC_REPORT_AFTER_SECONDS - 1)
+    world.settle()
+    assert all(c["type"] != "MetricReady" for c in world.status()["conditions"])
+    world.advance(1)
+    world.step()
+    assert world.status()["phase"] == "Pending"
+    cond = world.condition("MetricReady")
+    assert (cond["status"], cond["reason"]) == ("True", "Available")
 
 
 def test_an_unschedulable_metric_pod_is_named_with_the_schedulers_reason_and_one_warning() -> None:
@@ -130,6 +166,8 @@ def test_a_metric_service_that_goes_away_is_reported_and_the_gang_keeps_running(
 
 def test_finished_and_suspended_jobs_drop_the_condition() -> None:
     world = World(job_object())
+    world.settle()
+    world.run_all()
     world.settle()
     assert world.condition("MetricReady")
     world.job["spec"]["suspend"] = True

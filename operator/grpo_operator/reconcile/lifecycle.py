@@ -36,7 +36,11 @@ from grpo_operator.reconcile.conditions import (
 )
 from grpo_operator.reconcile.finished import clean_up_finished, ttl
 from grpo_operator.reconcile.gang import restart_or_fail, run_gang
-from grpo_operator.reconcile.metric_readiness import gateway_readiness, metric_readiness
+from grpo_operator.reconcile.metric_readiness import (
+    gateway_readiness,
+    metric_readiness,
+    withhold_first_metric_report,
+)
 from grpo_operator.reconcile.observed import Observed, parse_time
 from grpo_operator.reconcile.plan import Plan
 from grpo_operator.reconcile.policy import PLATFORM_POLICY, platform_violations
@@ -118,6 +122,8 @@ def reconcile(job_obj: dict[str, Any], observed: Observed, now: datetime, settin
     if active_deadline(step, job, observed):
         return step.finish()
     run_gang(step, job, observed)
+    if not client_rollouts(job):
+        withhold_first_metric_report(step, job, observed)
     return step.finish()
 
 

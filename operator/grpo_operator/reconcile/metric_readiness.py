@@ -3,11 +3,13 @@ job, its rollout gateway) has a ready pod, and if not, why."""
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 from grpo_operator.api.trainer_config import ROLLOUTS_PORT
 from grpo_operator.builders import Job
 from grpo_operator.builders.common import metric_name, rollouts_name
 from grpo_operator.reconcile.conditions import GATEWAY_READY, METRIC_READY, get_condition
-from grpo_operator.reconcile.observed import Observed
+from grpo_operator.reconcile.observed import Observed, parse_time
 from grpo_operator.reconcile.step import Step
 
 # Metric pod states that do not go away by waiting: worth a Warning event, not just a condition.
@@ -24,6 +26,10 @@ _METRIC_STUCK_REASONS = frozenset(
         "RunContainerError",
     }
 )
+
+# A new job's MetricReady is first said with its Running status, once the metric Deployment is this many seconds
+# old, or at once when the metric pods are stuck (see withhold_first_metric_report).
+FIRST_METRIC_REPORT_AFTER_SECONDS = 30.0
 
 
 def metric_readiness(step: Step, job: Job, observed: Observed) -> None:
@@ -51,6 +57,28 @@ def metric_readiness(step: Step, job: Job, observed: Observed) -> None:
     stuck = status == "False" and reason in _METRIC_STUCK_REASONS
     if stuck and (previous is None or previous.get("reason") != reason):
         step.event("Warning", "MetricNotReady", message)
+
+
+def withhold_first_metric_report(step: Step, job: Job, observed: Observed) -> None:
+    """Leaves MetricReady out of a new job's status until the job is Running, the metric Deployment is
+    FIRST_METRIC_REPORT_AFTER_SECONDS old, or its pods are stuck (a reason worth a Warning).
+
+    The metric service usually comes up a few seconds before the gang, and a status write of its own to say
+    so (after the write that said it was starting) was one of a new job's three status writes on its way to
+    Running. Until the first report the condition is absent: nothing is said yet, rather than a state that
+    is about to change. Once reported, every change is written as it happens."""
+    if get_condition(list(step.old.get("conditions") or []), METRIC_READY) is not None:
+        return
+    condition = get_condition(list(step.new.get("conditions") or []), METRIC_READY)
+    if condition is None or step.new.get("phase") == "Running":
+        return
+    if condition.get("status") == "False" and condition.get("reason") in _METRIC_STUCK_REASONS:
+        return
+    deployment = observed.get("Deployment", metric_name(job)) or {}
+    created = parse_time((deployment.get("metadata") or {}).get("creationTimestamp"))
+    if created is not None and step.due(created + timedelta(seconds=FIRST_METRIC_REPORT_AFTER_SECONDS)):
+        return
+    step.drop_condition(METRIC_READY)
 
 
 def _metric_not_ready(job: Job, observed: Observed) -> tuple[str, str]:
