@@ -70,7 +70,25 @@ def test_a_new_jobs_metric_readiness_is_first_said_with_its_running_status() -> 
     assert (cond["status"], cond["reason"]) == ("True", "Available"), "said in the same write as Running"
 
 
-def test_a_job_that_stays_pending_says_its_metric_readiness_once_the_deployment_is_30_s_old() -> None:
+def test_a_job_that_cannot_be_scheduled_says_its_metric_readiness_at_once() -> None:
+    world = World(job_object())
+    world.step()
+    pod = world.pod("math-trainer-1-1")
+    pod["status"]["conditions"] = [
+        {
+            "type": "PodScheduled",
+            "status": "False",
+            "reason": "Unschedulable",
+            "message": "0/3 nodes are available",
+        }
+    ]
+    world.step()
+    assert world.status()["reason"] == "Unschedulable"
+    cond = world.condition("MetricReady")
+    assert (cond["status"], cond["reason"]) == ("False", "Starting"), "said with the reason the job waits"
+
+
+def test_a_slow_start_says_its_metric_readiness_once_the_deployment_is_30_s_old() -> None:
     world = World(job_object())
     world.settle()
     add_metric_pod(world, {"phase": "Running"})

@@ -15,7 +15,6 @@ from typing import Any
 import pytest
 from grpo_operator.reconcile import OWNED_STATUS_FIELDS, Observed, Plan, reconcile
 from grpo_operator.reconcile.conditions import format_time
-from grpo_operator.reconcile.metric_readiness import FIRST_METRIC_REPORT_AFTER_SECONDS
 from grpo_operator.reconcile.record import ANNOTATION_RECORD, record_annotation
 from grpo_operator.settings import OperatorSettings
 from hypothesis import HealthCheck, given, settings
@@ -664,12 +663,8 @@ def test_startup_deadline_fails_a_gang_that_never_runs() -> None:
         }
     ]
     plan = world.step()
-    # First due: the metric service's first report (a Pending job says it once the Deployment is 30 s old).
-    assert plan.requeue_after == pytest.approx(FIRST_METRIC_REPORT_AFTER_SECONDS)
-    world.advance(FIRST_METRIC_REPORT_AFTER_SECONDS)
-    plan = world.step()
-    assert plan.requeue_after == pytest.approx(600 - FIRST_METRIC_REPORT_AFTER_SECONDS)
-    world.advance(600 - FIRST_METRIC_REPORT_AFTER_SECONDS - 1)
+    assert plan.requeue_after == pytest.approx(600)
+    world.advance(599)
     assert world.step().status is None
     world.advance(2)
     plan = world.step()

@@ -30,6 +30,16 @@ _METRIC_STUCK_REASONS = frozenset(
 # A new job's MetricReady is first said with its Running status, once the metric Deployment is this many seconds
 # old, or at once when the metric pods are stuck (see withhold_first_metric_report).
 FIRST_METRIC_REPORT_AFTER_SECONDS = 30.0
+# The (phase, reason) of a job whose gang is on its way with nothing in the way: pods being created and
+# scheduled, containers starting, vLLM loading the model.
+_BRINGING_UP = frozenset(
+    {
+        ("Pending", "Creating"),
+        ("Pending", "Scheduling"),
+        ("Initializing", "ContainersStarting"),
+        ("Initializing", "WaitingForGeneration"),
+    }
+)
 
 
 def metric_readiness(step: Step, job: Job, observed: Observed) -> None:
@@ -60,17 +70,19 @@ def metric_readiness(step: Step, job: Job, observed: Observed) -> None:
 
 
 def withhold_first_metric_report(step: Step, job: Job, observed: Observed) -> None:
-    """Leaves MetricReady out of a new job's status until the job is Running, the metric Deployment is
-    FIRST_METRIC_REPORT_AFTER_SECONDS old, or its pods are stuck (a reason worth a Warning).
+    """Leaves MetricReady out of a new job's status while its first gang is being brought up, until the job
+    is Running or the metric Deployment is FIRST_METRIC_REPORT_AFTER_SECONDS old.
 
     The metric service usually comes up a few seconds before the gang, and a status write of its own to say
     so (after the write that said it was starting) was one of a new job's three status writes on its way to
-    Running. Until the first report the condition is absent: nothing is said yet, rather than a state that
-    is about to change. Once reported, every change is written as it happens."""
+    Running: it now rides on the write that says Running. Until then the condition is absent (nothing said
+    yet rather than a state about to change). A job that waits for anything else (unschedulable, a queue, a
+    volume, a refusal, a stuck pod) and metric pods that are stuck are reported at once: that is when a
+    user reads the conditions to find out why. Once reported, every change is written as it happens."""
     if get_condition(list(step.old.get("conditions") or []), METRIC_READY) is not None:
         return
     condition = get_condition(list(step.new.get("conditions") or []), METRIC_READY)
-    if condition is None or step.new.get("phase") == "Running":
+    if condition is None or (step.new.get("phase"), step.new.get("reason")) not in _BRINGING_UP:
         return
     if condition.get("status") == "False" and condition.get("reason") in _METRIC_STUCK_REASONS:
         return
