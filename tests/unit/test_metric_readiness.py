@@ -73,15 +73,8 @@ def test_a_new_jobs_metric_readiness_is_first_said_with_its_running_status() -> 
 def test_a_job_that_cannot_be_scheduled_says_its_metric_readiness_at_once() -> None:
     world = World(job_object())
     world.step()
-    pod = world.pod("math-trainer-1-1")
-    pod["status"]["conditions"] = [
-        {
-            "type": "PodScheduled",
-            "status": "False",
-            "reason": "Unschedulable",
-            "message": "0/3 nodes are available",
-        }
-    ]
+    scheduler = {"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": "no GPUs"}
+    world.pod("math-trainer-1-1")["status"]["conditions"] = [scheduler]
     world.step()
     assert world.status()["reason"] == "Unschedulable"
     cond = world.condition("MetricReady")
