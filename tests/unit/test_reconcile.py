@@ -57,12 +57,13 @@ class World:
     serial: int = 0
     # Deleted pods stay, terminating, until gone() (a real kubelet's grace period); else they vanish at once.
     graceful: bool = False
+    settings: OperatorSettings = SETTINGS
 
     def observed(self) -> Observed:
         return Observed(objects=tuple(copy.deepcopy(list(self.objects.values()))), nodes=self.nodes)
 
     def reconcile(self) -> Plan:
-        plan = reconcile(copy.deepcopy(self.job), self.observed(), self.now, SETTINGS)
+        plan = reconcile(copy.deepcopy(self.job), self.observed(), self.now, self.settings)
         self.plans.append(plan)
         return plan
 

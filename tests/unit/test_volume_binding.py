@@ -9,11 +9,11 @@ pods to exist, and a class the operator cannot see is treated the same way: neve
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
-from grpo_operator.reconcile import Observed, Plan, reconcile
+from grpo_operator.reconcile import Observed
 from grpo_operator.reconcile.observed import ANNOTATION_BIND_COMPLETED, StorageClasses
 from grpo_operator.settings import OperatorSettings, SettingsError
 
@@ -28,12 +28,6 @@ FIRST_CONSUMER = StorageClasses((("fast", "Immediate"), ("local", "WaitForFirstC
 @dataclass
 class ClassWorld(World):
     storage_classes: StorageClasses | None = None
-    settings: OperatorSettings = field(default_factory=OperatorSettings)
-
-    def reconcile(self) -> Plan:
-        plan = reconcile(copy.deepcopy(self.job), self.observed(), self.now, self.settings)
-        self.plans.append(plan)
-        return plan
 
     def observed(self) -> Observed:
         return Observed(

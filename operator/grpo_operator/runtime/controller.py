@@ -669,10 +669,10 @@ class Controller:
         meta = job["metadata"]
         about = {"metadata": {k: meta.get(k) for k in ("namespace", "name", "uid")}}
         if len(self._events_in_flight) + len(events) > MAX_EVENTS_IN_FLIGHT:
-            await asyncio.gather(*(self._post_quietly(about, *e) for e in events))
+            await asyncio.gather(*(self.post_event(about, *e) for e in events))
             return
         for event in events:
-            task = asyncio.create_task(self._post_quietly(about, *event), name="grpo-event")
+            task = asyncio.create_task(self.post_event(about, *event), name="grpo-event")
             self._events_in_flight.add(task)
             task.add_done_callback(self._events_in_flight.discard)
 
@@ -686,13 +686,6 @@ class Controller:
             task.cancel()
         if late:
             log.warning("dropped %d events still being posted at shutdown", len(late))
-
-    async def _post_quietly(self, job: Obj, type_: str, reason: str, message: str) -> None:
-        try:
-            await self.post_event(job, type_, reason, message)
-        except Exception as exc:  # a lost connection: events are best effort, and nobody awaits this one
-            self.metrics.api_errors.labels(verb="create", kind="Event", code="0").inc()
-            log.warning("could not post event %s on %s/%s: %s", reason, *_key_of(job), exc)
 
     async def post_event(self, job: Obj, type_: str, reason: str, message: str) -> None:
         meta = job["metadata"]
@@ -733,11 +726,9 @@ class Controller:
         except ApiException as exc:  # events are best effort; the status says the same
             self._api_error("create", "Event", exc)
             log.warning("could not post event %s on %s/%s: HTTP %s", reason, namespace, name, exc.status)
-
-
-def _key_of(job: Obj) -> tuple[str, str]:
-    meta = job.get("metadata") or {}
-    return str(meta.get("namespace")), str(meta.get("name"))
+        except Exception as exc:  # a lost connection; posted in the background, so nobody else would catch it
+            self.metrics.api_errors.labels(verb="create", kind="Event", code="0").inc()
+            log.warning("could not post event %s on %s/%s: %s", reason, namespace, name, exc)
 
 
 def _names(refs: list[tuple[str, str]]) -> str:
