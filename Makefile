@@ -20,7 +20,7 @@ STAMP := $(VENV)/.installed-$(DEPS_KEY)
 # the repository; installs then run offline from them.
 WHEELHOUSE ?= $(HOME)/.cache/grpo-wheels/$(DEPS_KEY)
 
-.PHONY: venv prometheus testbins cluster-up cluster-down generate lint test test-unit demo gpu-check images smoke clean
+.PHONY: venv prometheus testbins cluster-up cluster-down generate lint check test test-unit demo gpu-check images smoke clean
 
 venv: $(STAMP)
 $(STAMP): pyproject.toml
@@ -64,13 +64,27 @@ lint: venv
 prometheus:
 	bash hack/helm/ensure-prometheus.sh
 
-# Everything it needs is installed above, so a skipped test is a failure here (tests/conftest.py).
-test: venv testbins prometheus lint
-	PATH=$(CURDIR)/$(BIN):$$PATH GRPO_NO_SKIPS=1 $(BIN)/pytest -ra $(PYTEST_ARGS)
+# The feedback tiers, fastest first; each stops `make test` at its first failing tier (docs/development.md,
+# "Test tiers"). The markers `unit`, `trainer` and `cluster` are set in tests/conftest.py; the three
+# expressions below cover every collected test exactly once, so no tier can drop a test silently.
+TIER_UNIT := unit
+TIER_TRAINER := trainer and not cluster and not unit
+TIER_CLUSTER := not unit and not (trainer and not cluster)
+PYTEST := PATH=$(CURDIR)/$(BIN):$$PATH GRPO_NO_SKIPS=1 $(BIN)/pytest -ra --durations=15
 
-# Pure tests only (no cluster, no torch, no helm): seconds.
+# Lint, types, import layers and the pure unit tests: what to run before every commit (about a minute).
+check: venv lint
+	$(PYTEST) -m "$(TIER_UNIT)" $(PYTEST_ARGS)
+
+# Everything, tier by tier: a break in the unit tier shows in minutes, before the control plane is built.
+# Everything each tier needs is installed first, so a skipped test is a failure here (tests/conftest.py).
+test: check testbins prometheus
+	$(PYTEST) -m "$(TIER_TRAINER)" $(PYTEST_ARGS)
+	$(PYTEST) -m "$(TIER_CLUSTER)" $(PYTEST_ARGS)
+
+# The pure tests alone, without lint (seconds).
 test-unit: venv
-	$(BIN)/pytest -ra -m "not cluster and not trainer" tests/unit $(PYTEST_ARGS)
+	$(BIN)/pytest -ra -m "$(TIER_UNIT)" $(PYTEST_ARGS)
 
 demo: venv testbins
 	PATH=$(CURDIR)/$(BIN):$$PATH bash hack/demo.sh

@@ -36,6 +36,11 @@ from typing import Any
 
 from grpo_metric import MetricServer
 
+if __package__ in (None, ""):
+    # Run as `python bench/gpu_check.py`: Python puts bench/ first on the path, not the repository root that
+    # holds the `bench` and `tests` packages this script imports.
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
 from bench.trainer_overhead import bare_trl
 from tests.trainer.toy import (
     REPO,

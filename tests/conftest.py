@@ -41,10 +41,24 @@ def pytest_make_collect_report(
     return report
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    # Registered here rather than in pyproject.toml: an edit there re-keys the wheel cache (Makefile DEPS_KEY).
+    config.addinivalue_line(
+        "markers", "unit: pure tests under tests/unit, needing neither a cluster nor torch (`make check`)"
+    )
+
+
+UNIT_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "unit")
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if "kube" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.cluster)
+        # The first feedback tier (`make check`): pure tests that need neither a cluster nor torch.
+        in_unit_dir = str(item.path).startswith(UNIT_DIR + os.sep)
+        if in_unit_dir and item.get_closest_marker("cluster") is None and item.get_closest_marker("trainer") is None:
+            item.add_marker(pytest.mark.unit)
 
 
 @pytest.fixture(scope="session")
