@@ -6,14 +6,17 @@ spec.trainer.image, and strict about unknown keys) still reads its config."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 from grpo_operator.api import TrainerConfig
-from grpo_operator.api.compat import LATER_FIELDS, wire_name
+from grpo_operator.api.compat import LATER_FIELDS, RELEASED_FIELDS_FILE, spec_fields, wire_name
+from grpo_operator.api.spec import GRPOJobSpec
 from grpo_operator.builders import gang_hash, job_from_object
 from grpo_operator.builders.config import trainer_config_text
 from grpo_operator.builders.gang import gang_hash_input
 from grpo_operator.settings import OperatorSettings
+from pydantic_core import to_jsonable_python
 
 from tests.unit.test_reconcile import job_object
 
@@ -59,3 +62,51 @@ def test_a_field_set_away_from_its_default_reaches_the_trainer_and_restarts_the_
     assert gang_hash(job) != gang_hash(base)
     if "inputs" not in spec:
         assert trainer_config_text(job, OperatorSettings()) != trainer_config_text(base, OperatorSettings())
+
+
+def _released() -> dict[str, object]:
+    return dict(json.loads(Path(RELEASED_FIELDS_FILE).read_text()))
+
+
+def _unsafe_new_fields(fields: dict[tuple[str, ...], object], released: dict[str, object]) -> list[str]:
+    later = {path for path, _ in LATER_FIELDS}
+    allowed_new: set[tuple[str, ...]] = set()
+    unsafe: list[str] = []
+    for path in sorted(fields, key=len):
+        if ".".join(path) in released:
+            continue
+        # Below a new field that is safe, the rest of its subtree is absent from old jobs as a whole.
+        if fields[path] is None or path in later or any(path[:i] in allowed_new for i in range(1, len(path))):
+            allowed_new.add(path)
+        else:
+            unsafe.append(".".join(path))
+    return unsafe
+
+
+def test_every_field_added_since_the_release_is_none_defaulted_or_handled_for_upgrades() -> None:
+    unsafe = _unsafe_new_fields(spec_fields(GRPOJobSpec), _released())
+    assert not unsafe, (
+        f"spec fields added since the release with a non-None default: {unsafe}. Jobs the operator already "
+        "runs get them at their default, which would change the gang hash (restarting every running gang) "
+        "and trainer.json (an older trainer image refuses unknown keys): give the field a None default, or "
+        "list it in grpo_operator.api.compat.LATER_FIELDS (docs/development.md, 'A new spec field')"
+    )
+
+
+def test_released_defaults_are_unchanged() -> None:
+    now = {".".join(path): to_jsonable_python(d) for path, d in spec_fields(GRPOJobSpec).items()}
+    changed = {k: (v, now[k]) for k, v in _released().items() if k in now and now[k] != v}
+    assert not changed, (
+        f"released spec fields whose default changed (released, now): {changed}. A running job holds the "
+        "released default implicitly; changing it changes the gang hash and restarts every running gang"
+    )
+    assert set(_released()) <= set(now), f"released fields removed: {sorted(set(_released()) - set(now))}"
+
+
+def test_the_check_refuses_a_new_field_with_a_default() -> None:
+    # The check itself, on a spec that gained a defaulted field, a None-defaulted one and a later field.
+    fields = {("grpo",): "<required>", ("grpo", "new_knob"): 3, ("grpo", "opt_in"): None, ("dataset",): None}
+    fields[LATER_FIELDS[0][0]] = LATER_FIELDS[0][1]
+    released = {"grpo": "<required>", "dataset": None}
+    assert _unsafe_new_fields(fields, released) == ["grpo.new_knob"]
+    assert _unsafe_new_fields({**fields, ("opt", "inner"): 1, ("opt",): None}, released) == ["grpo.new_knob"]

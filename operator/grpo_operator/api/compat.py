@@ -8,7 +8,14 @@ trainer image, pinned in the job's spec.trainer.image, refuses keys it does not 
 
 from __future__ import annotations
 
-from typing import Any
+from pathlib import Path
+from typing import Any, get_args
+
+from pydantic import BaseModel
+
+# The spec's field paths (Python names, dotted) and defaults at the last release; written by
+# `python -m hack.released_fields --update` at a release, never by `make generate`.
+RELEASED_FIELDS_FILE = str(Path(__file__).with_name("released_fields.json"))
 
 # (path of field names from the spec, its default). Field names are the Python ones; the camelCase
 # (wire) names are derived.
@@ -46,3 +53,31 @@ def later_defaults_exclude(model: Any) -> dict[str, Any]:
                 node = node.setdefault(name, {})
             node[path[-1]] = True
     return exclude
+
+
+def spec_fields(model: type[BaseModel], prefix: tuple[str, ...] = ()) -> dict[tuple[str, ...], Any]:
+    """Every field of ``model`` and of the models nested in it (through Optional, lists and dicts), by path
+    of Python names, with its default (``REQUIRED`` for a field without one, the factory's value for a
+    ``default_factory``). Upgrade safety is judged on this list (tests/unit/test_compat.py)."""
+    found: dict[tuple[str, ...], Any] = {}
+    for name, info in model.model_fields.items():
+        path = (*prefix, name)
+        if info.default_factory is not None:
+            default: Any = info.default_factory()  # type: ignore[call-arg]
+        elif info.is_required():
+            default = REQUIRED
+        else:
+            default = info.default
+        found[path] = default
+        for nested in _models_in(info.annotation):
+            found.update(spec_fields(nested, path))
+    return found
+
+
+REQUIRED = "<required>"
+
+
+def _models_in(annotation: Any) -> list[type[BaseModel]]:
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return [annotation]
+    return [m for arg in get_args(annotation) for m in _models_in(arg)]
