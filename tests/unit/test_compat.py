@@ -105,8 +105,13 @@ def test_released_defaults_are_unchanged() -> None:
 
 def test_the_check_refuses_a_new_field_with_a_default() -> None:
     # The check itself, on a spec that gained a defaulted field, a None-defaulted one and a later field.
-    fields = {("grpo",): "<required>", ("grpo", "new_knob"): 3, ("grpo", "opt_in"): None, ("dataset",): None}
+    fields: dict[tuple[str, ...], object] = {
+        ("grpo",): "<required>",
+        ("grpo", "new_knob"): 3,
+        ("grpo", "opt_in"): None,
+        ("dataset",): None,
+    }
     fields[LATER_FIELDS[0][0]] = LATER_FIELDS[0][1]
-    released = {"grpo": "<required>", "dataset": None}
+    released: dict[str, object] = {"grpo": "<required>", "dataset": None}
     assert _unsafe_new_fields(fields, released) == ["grpo.new_knob"]
     assert _unsafe_new_fields({**fields, ("opt", "inner"): 1, ("opt",): None}, released) == ["grpo.new_knob"]
