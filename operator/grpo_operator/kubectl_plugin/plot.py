@@ -15,21 +15,26 @@ import matplotlib
 matplotlib.use("Agg")  # no display on servers and CI
 import matplotlib.pyplot as plt
 
+from grpo_operator.kubectl_plugin.data import as_float, step_of
+
 
 def plot_rows(rows: list[dict[str, Any]], out_png: Path, title: str) -> Path:
     """Draws ``rows`` (records of metrics.jsonl) into ``out_png``."""
+    # The trainer image writes metrics.jsonl: a record without a numeric step and reward is not drawn.
+    rows = [r for r in rows if step_of(r) is not None and as_float(r.get("reward_mean")) is not None]
     if not rows:
         raise ValueError("no steps to plot yet")
-    steps = [r["step"] for r in rows]
-    mean = [r["reward_mean"] for r in rows]
-    std = [r.get("reward_std") or 0.0 for r in rows]
+    steps = [step_of(r) or 0 for r in rows]
+    mean = [as_float(r["reward_mean"]) or 0.0 for r in rows]
+    std = [as_float(r.get("reward_std")) or 0.0 for r in rows]
     fig, ax = plt.subplots(figsize=(7, 4), dpi=110)
     ax.plot(steps, mean, label="train reward (mean)", color="tab:blue")
     ax.fill_between(
         steps, [m - s for m, s in zip(mean, std, strict=True)], [m + s for m, s in zip(mean, std, strict=True)],
         alpha=0.2, color="tab:blue", label="± std within the step",
     )  # fmt: skip
-    val = [(r["step"], r["validation_mean"]) for r in rows if r.get("validation_mean") is not None]
+    val = [(step_of(r), as_float(r.get("validation_mean"))) for r in rows]
+    val = [(x, y) for x, y in val if y is not None]
     if val:
         ax.plot(*zip(*val, strict=True), "o-", color="tab:orange", label="validation reward (mean)")
     ax.set_xlabel("step")

@@ -2,12 +2,28 @@
 
 from __future__ import annotations
 
+import re
 import textwrap
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
 
+from grpo_operator.kubectl_plugin.data import as_float, step_of
+
 BARS = "▁▂▃▄▅▆▇█"
+# C0 controls but newline and tab, DEL, and C1 controls (U+009B is CSI on its own): what a terminal
+# acts on rather than prints. Samples, metrics, the manifest and status text are written by the
+# tenant's images, so any of them could clear the screen, set the window title, write the clipboard
+# (OSC 52) or hide a link (OSC 8).
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+TEXT_LIMIT = 64 << 10  # characters of one prompt or completion shown as text
+
+
+def terminal_safe(text: str) -> str:
+    """``text`` with every control character a terminal would act on written as a visible ``\\u00XX``
+    escape. Inside a JSON or YAML string that escape means the same character again, so ``-o json``
+    output stays valid and decodes to the original data."""
+    return _CONTROL.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
 
 
 def sparkline(values: Sequence[float | None], width: int = 48) -> str:
@@ -37,11 +53,13 @@ def sparkline(values: Sequence[float | None], width: int = 48) -> str:
 
 
 def number(value: Any, digits: int = 4) -> str:
-    return f"{value:.{digits}f}" if isinstance(value, int | float) else "-"
+    known = as_float(value)
+    return f"{known:.{digits}f}" if known is not None else "-"
 
 
 def percent(value: Any) -> str:
-    return f"{100 * value:.1f}%" if isinstance(value, int | float) else "-"
+    known = as_float(value)
+    return f"{100 * known:.1f}%" if known is not None else "-"
 
 
 def age(stamp: str | None, now: datetime | None = None) -> str:
@@ -150,18 +168,42 @@ def status_text(report: dict[str, Any], now: datetime | None = None) -> str:
     return "\n".join(lines)
 
 
-def _block(text: str, width: int, prefix: str) -> str:
+def clip(text: str, limit: int = TEXT_LIMIT) -> str:
+    """At most ``limit`` characters of ``text``, and how many bytes were left out."""
+    if len(text) <= limit:
+        return text
+    dropped = len(text[limit:].encode("utf-8", errors="replace"))
+    return f"{text[:limit]}… [truncated {dropped} bytes]"
+
+
+def wrap(line: str, width: int) -> list[str]:
+    """``line`` in pieces of at most ``width`` characters, broken after a space where there is one
+    near the end of a piece. Linear in the line's length (textwrap is quadratic on a long word)."""
+    pieces: list[str] = []
+    start, n = 0, len(line)
+    while n - start > width:
+        end = start + width
+        space = line.rfind(" ", start + width // 2, end)
+        cut = space + 1 if space >= 0 else end
+        pieces.append(line[start:cut].rstrip(" "))
+        start = cut
+    pieces.append(line[start:])
+    return pieces
+
+
+def _block(text: Any, width: int, prefix: str) -> str:
     out: list[str] = []
-    for para in str(text).splitlines() or [""]:
-        out.extend(textwrap.wrap(para, width - len(prefix), replace_whitespace=False) or [""])
+    for para in clip(text if isinstance(text, str) else str(text)).splitlines() or [""]:
+        out.extend(wrap(para, max(8, width - len(prefix))))
     return "\n".join(prefix + line for line in out)
 
 
 def sample_head(sample: dict[str, Any]) -> str:
-    reward = sample.get("reward")
-    parts = [f"reward {reward:+.4f}" if isinstance(reward, int | float) else "reward - (not scored)"]
-    if isinstance(sample.get("advantage"), int | float):
-        parts.append(f"advantage {sample['advantage']:+.3f}")
+    reward = as_float(sample.get("reward"))
+    parts = [f"reward {reward:+.4f}" if reward is not None else "reward - (not scored)"]
+    advantage = as_float(sample.get("advantage"))
+    if advantage is not None:
+        parts.append(f"advantage {advantage:+.3f}")
     if sample.get("formatFailure"):
         parts.append("FORMAT FAILURE")
     return "  ".join(parts)
@@ -189,7 +231,7 @@ def samples_text(samples: Sequence[dict[str, Any]], width: int = 100) -> str:
 def rewards_text(rows: Sequence[dict[str, Any]]) -> str:
     body = [
         [
-            str(r.get("step", "-")),
+            str(step_of(r)) if step_of(r) is not None else "-",
             number(r.get("reward_mean")),
             number(r.get("reward_std")),
             percent(r.get("format_failure_ratio")),
@@ -199,8 +241,7 @@ def rewards_text(rows: Sequence[dict[str, Any]]) -> str:
         for r in rows
     ]
     text = table(["STEP", "REWARD", "STD", "FORMAT-FAIL", "NO-SIGNAL", "VALIDATION"], body)
-    reward = [r.get("reward_mean") for r in rows]
-    return f"{text}\n\nreward  {sparkline([v if isinstance(v, int | float) else None for v in reward])}"
+    return f"{text}\n\nreward  {sparkline([as_float(r.get('reward_mean')) for r in rows])}"
 
 
 def checkpoints_text(items: Sequence[dict[str, Any]], model: str | None) -> str:

@@ -8,7 +8,10 @@ create pods/exec). While a trainer runs it is placed on the trainer's node, beca
 claim can be mounted by several pods on one node only. It deletes itself after ``lifetime`` seconds
 if the plugin is interrupted before it removes it.
 
-A transport reads paths under ``/workspace`` through that pod:
+A transport reads paths under ``/workspace`` through that pod. What is on the volume was written by the
+tenant's trainer image, so every transport reads a bounded number of bytes, refuses a path that
+resolves (through symbolic links) outside the volume, and copies out only regular files, directories
+and symbolic links that stay inside the copied directory:
 
 - :class:`ExecTransport` (the default): ``kubectl exec`` into the reader pod running ``tail`` / ``ls`` /
   ``tar``, through the real kubectl with the user's connection flags;
@@ -22,19 +25,21 @@ from __future__ import annotations
 
 import os
 import shutil
+import stat
 import subprocess
 import tarfile
+import tempfile
 import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
-from pathlib import Path
-from typing import Any, Protocol
+from pathlib import Path, PurePosixPath
+from typing import IO, Any, Protocol
 
 from grpo_operator.api.resource import API_VERSION, KIND
 from grpo_operator.builders.common import LABEL_JOB, LABEL_NODE_RANK, LABEL_PART_OF, LABEL_ROLE, PART_OF
 from grpo_operator.kubectl_plugin.data import MOUNT
-from grpo_operator.kubectl_plugin.errors import NotFound, PluginError
+from grpo_operator.kubectl_plugin.errors import BadData, NotFound, PluginError
 from grpo_operator.kubectl_plugin.kube import Kube
 
 DEFAULT_READER_IMAGE = "busybox:1.37.0"
@@ -45,11 +50,20 @@ ACCESS_ENV = "KUBECTL_GRPO_VOLUME_ACCESS"
 # exists to copy it from.
 DEFAULT_UID = 65532
 MISSING = 3  # exit code of the reader's shell when a path does not exist
+OUTSIDE = 4  # exit code of the reader's shell when a path resolves outside the volume
+CHUNK = 1 << 20
 
 
 class VolumeTransport(Protocol):
-    def read(self, path: str, offset: int = 0) -> bytes | None:
-        """Bytes of the file at ``path`` from ``offset`` on; None when it does not exist."""
+    def size(self, path: str) -> int | None:
+        """Size of the regular file at ``path``; None when there is none."""
+
+    def chunks(self, path: str, offset: int, limit: int) -> Iterator[bytes]:
+        """At most ``limit`` bytes of the file at ``path`` from ``offset`` on, a chunk at a time."""
+
+    def read(self, path: str, offset: int = 0, limit: int = CHUNK) -> bytes | None:
+        """At most ``limit`` bytes of the file at ``path`` from ``offset`` on; None when it does not
+        exist."""
 
     def list_dir(self, path: str) -> list[str] | None:
         """Names in the directory at ``path``; None when it does not exist."""
@@ -210,37 +224,147 @@ def reader(
         kube.delete_pod(name)
 
 
+def outside(path: str, real: str) -> BadData:
+    return BadData(
+        f"{path} on the job's volume is a symbolic link to {real}, outside the volume: the plugin does "
+        "not follow it (the trainer image wrote the link; remove it from the volume)"
+    )
+
+
+def refuse_member(source: str, name: str, why: str) -> BadData:
+    return BadData(
+        f"refusing to export {source}: {name!r} {why}. Only regular files, directories and relative "
+        "symbolic links that stay inside the exported directory are copied; remove it from the volume "
+        "(the trainer image wrote it) and export again"
+    )
+
+
+def link_escapes(target: str) -> bool:
+    """Whether a symbolic link's target may leave the directory it is in: absolute, or with ``..``
+    (checked on the text, since the links it passes through are themselves untrusted)."""
+    return target.startswith("/") or ".." in PurePosixPath(target).parts
+
+
+def extract_tar(stream: IO[bytes], dest: Path, source: str) -> None:
+    """Extracts a tar stream of the directory ``source`` into ``dest``, member by member, refusing any
+    member that could write or point outside ``dest``."""
+    links: set[PurePosixPath] = set()
+    try:
+        with tarfile.open(fileobj=stream, mode="r|") as archive:
+            for member in archive:
+                name = PurePosixPath(member.name)
+                if member.name.startswith("/") or ".." in name.parts:
+                    raise refuse_member(source, member.name, "has a path that leaves the directory")
+                if any(parent in links for parent in name.parents):
+                    raise refuse_member(source, member.name, "lies under a symbolic link")
+                if member.islnk():
+                    raise refuse_member(source, member.name, f"is a hard link to {member.linkname!r}")
+                if member.issym():
+                    if link_escapes(member.linkname):
+                        raise refuse_member(source, member.name, f"is a symbolic link to {member.linkname!r}")
+                    links.add(name)
+                elif not (member.isfile() or member.isdir()):
+                    raise refuse_member(source, member.name, "is a device, pipe or other special file")
+                archive.extract(member, dest, filter="data")
+    except tarfile.TarError as exc:
+        raise BadData(
+            f"copying {source} out of the job's volume failed: what the reader pod sent is not a "
+            f"readable tar archive ({exc}); check the reader image (--reader-image) has a working tar"
+        ) from exc
+
+
+# Resolves "$1" in the reader pod and refuses what lies outside the volume; later commands use "$p".
+_RESOLVE = (
+    f'p=$(realpath "$1" 2>/dev/null) || exit {MISSING}; '
+    f'case "$p" in {MOUNT}|{MOUNT}/*) ;; *) echo "$p" >&2; exit {OUTSIDE};; esac; '
+)
+
+
 class ExecTransport:
     """Reads through ``kubectl exec`` into the reader pod."""
 
     def __init__(self, kubectl: list[str], pod: str) -> None:
         self.prefix = [*kubectl, "exec", pod, "-c", READER_CONTAINER, "--"]
 
-    def _run(self, script: str, *args: str) -> subprocess.CompletedProcess[bytes]:
-        proc = subprocess.run([*self.prefix, "sh", "-c", script, "sh", *args], capture_output=True)
-        if proc.returncode not in (0, MISSING):
+    def _check(self, returncode: int, stderr: str, path: str) -> None:
+        if returncode == OUTSIDE:
+            raise outside(path, stderr.strip()[:4096])
+        if returncode not in (0, MISSING):
             raise PluginError(
                 f"reading the job's volume through the reader pod failed (kubectl exec exited "
-                f"{proc.returncode}): {proc.stderr.decode(errors='replace').strip()}"
+                f"{returncode}): {stderr.strip()[:4096]}"
             )
+
+    def _run(self, script: str, *args: str) -> subprocess.CompletedProcess[bytes]:
+        proc = subprocess.run([*self.prefix, "sh", "-c", _RESOLVE + script, "sh", *args], capture_output=True)
+        self._check(proc.returncode, proc.stderr.decode(errors="replace"), args[0])
         return proc
 
-    def read(self, path: str, offset: int = 0) -> bytes | None:
-        proc = self._run(f'test -f "$1" || exit {MISSING}; tail -c +"$2" "$1"', path, str(offset + 1))
-        return None if proc.returncode == MISSING else proc.stdout
+    def size(self, path: str) -> int | None:
+        proc = self._run(f'test -f "$p" || exit {MISSING}; stat -c %s "$p"', path)
+        if proc.returncode == MISSING:
+            return None
+        try:
+            return int(proc.stdout.strip())
+        except ValueError as exc:
+            raise PluginError(
+                f"the reader pod's stat printed {proc.stdout[:200]!r} for {path}, not a size: "
+                "choose a reader image with busybox or coreutils stat (--reader-image)"
+            ) from exc
+
+    def chunks(self, path: str, offset: int, limit: int) -> Iterator[bytes]:
+        script = f'test -f "$p" || exit {MISSING}; tail -c +"$2" "$p" | head -c "$3"'
+        with (
+            tempfile.TemporaryFile() as err,
+            subprocess.Popen(
+                [*self.prefix, "sh", "-c", _RESOLVE + script, "sh", path, str(offset + 1), str(limit)],
+                stdout=subprocess.PIPE,
+                stderr=err,
+            ) as proc,
+        ):
+            assert proc.stdout is not None
+            while chunk := proc.stdout.read(CHUNK):
+                yield chunk
+            proc.wait()
+            err.seek(0)
+            self._check(proc.returncode, err.read(4096).decode(errors="replace"), path)
+
+    def read(self, path: str, offset: int = 0, limit: int = CHUNK) -> bytes | None:
+        if self.size(path) is None:
+            return None
+        return b"".join(self.chunks(path, offset, limit))
 
     def list_dir(self, path: str) -> list[str] | None:
-        proc = self._run(f'test -d "$1" || exit {MISSING}; ls -1A "$1"', path)
-        return None if proc.returncode == MISSING else proc.stdout.decode().split()
+        proc = self._run(f'test -d "$p" || exit {MISSING}; ls -1A "$p"', path)
+        return None if proc.returncode == MISSING else proc.stdout.decode(errors="replace").split()
 
     def copy_out(self, path: str, dest: Path) -> None:
-        with subprocess.Popen(
-            [*self.prefix, "tar", "cf", "-", "-C", path, "."], stdout=subprocess.PIPE, stderr=subprocess.PIPE
-        ) as proc:
+        script = f'test -d "$p" || exit {MISSING}; exec tar cf - -C "$p" .'
+        with (
+            tempfile.TemporaryFile() as err,
+            subprocess.Popen(
+                [*self.prefix, "sh", "-c", _RESOLVE + script, "sh", path], stdout=subprocess.PIPE, stderr=err
+            ) as proc,
+        ):
             assert proc.stdout is not None
-            with tarfile.open(fileobj=proc.stdout, mode="r|") as archive:
-                archive.extractall(dest, filter="data")
-            stderr = proc.stderr.read().decode(errors="replace") if proc.stderr else ""
+            try:
+                extract_tar(proc.stdout, dest, path)
+            except BadData:
+                # Killing an exited process does nothing, so wait() still tells whether the stream was
+                # empty because the path was missing or refused, which is the error to report then.
+                proc.kill()
+                proc.wait()
+                if proc.returncode not in (MISSING, OUTSIDE):
+                    raise
+                err.seek(0)
+                stderr = err.read(4096).decode(errors="replace")
+            else:
+                proc.wait()
+                err.seek(0)
+                stderr = err.read(4096).decode(errors="replace")
+        if proc.returncode == MISSING:
+            raise NotFound(f"{path} does not exist on the job's volume")
+        self._check(proc.returncode, stderr, path)
         if proc.returncode != 0:
             raise PluginError(f"copying {path} out of the reader pod failed: {stderr.strip()}")
 
@@ -251,24 +375,87 @@ class HostPathTransport:
     def __init__(self, root: Path) -> None:
         self.root = root
 
-    def _local(self, path: str) -> Path:
-        relative = Path(path).relative_to(MOUNT)
-        return self.root / relative
-
-    def read(self, path: str, offset: int = 0) -> bytes | None:
-        local = self._local(path)
-        if not local.is_file():
+    def _local(self, path: str) -> Path | None:
+        """The file behind ``path``, resolved; None when it does not exist; refused when it resolves
+        outside the volume."""
+        local = self.root / Path(path).relative_to(MOUNT)
+        try:
+            real = local.resolve(strict=True)
+        except (FileNotFoundError, NotADirectoryError):
             return None
-        with local.open("rb") as handle:
+        except RuntimeError as exc:  # a loop of links
+            raise BadData(f"{path} on the job's volume is a loop of symbolic links ({exc})") from exc
+        if not real.is_relative_to(self.root.resolve()):
+            raise outside(path, str(real))
+        return real
+
+    def _open(self, path: str) -> int | None:
+        local = self._local(path)
+        if local is None:
+            return None
+        try:
+            # Non-blocking: opening a named pipe for reading would otherwise wait for a writer forever.
+            fd = os.open(local, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOFOLLOW)
+        except (FileNotFoundError, IsADirectoryError):
+            return None
+        except OSError as exc:
+            raise BadData(f"{path} on the job's volume cannot be opened ({exc})") from exc
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            return None
+        return fd
+
+    def size(self, path: str) -> int | None:
+        fd = self._open(path)
+        if fd is None:
+            return None
+        try:
+            return os.fstat(fd).st_size
+        finally:
+            os.close(fd)
+
+    def chunks(self, path: str, offset: int, limit: int) -> Iterator[bytes]:
+        fd = self._open(path)
+        if fd is None:
+            return
+        with os.fdopen(fd, "rb") as handle:
             handle.seek(offset)
-            return handle.read()
+            while limit > 0 and (chunk := handle.read(min(CHUNK, limit))):
+                limit -= len(chunk)
+                yield chunk
+
+    def read(self, path: str, offset: int = 0, limit: int = CHUNK) -> bytes | None:
+        if self.size(path) is None:
+            return None
+        return b"".join(self.chunks(path, offset, limit))
 
     def list_dir(self, path: str) -> list[str] | None:
         local = self._local(path)
-        return sorted(p.name for p in local.iterdir()) if local.is_dir() else None
+        return sorted(p.name for p in local.iterdir()) if local is not None and local.is_dir() else None
 
     def copy_out(self, path: str, dest: Path) -> None:
         local = self._local(path)
-        if not local.is_dir():
+        if local is None or not local.is_dir():
             raise NotFound(f"{path} does not exist on the job's volume")
-        shutil.copytree(local, dest, dirs_exist_ok=True)
+
+        def copy_file(src: str, dst: str) -> None:
+            name = os.path.relpath(src, local)
+            try:
+                fd = os.open(src, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOFOLLOW)
+            except OSError as exc:
+                raise refuse_member(path, name, f"cannot be opened ({exc.strerror})") from exc
+            with os.fdopen(fd, "rb") as source, open(dst, "wb") as target:
+                if not stat.S_ISREG(os.fstat(fd).st_mode):
+                    raise refuse_member(path, name, "is a device, pipe or other special file")
+                shutil.copyfileobj(source, target)
+
+        # Links are copied as links, never followed, and checked afterwards in ``dest``, which the
+        # trainer cannot change while they are checked.
+        shutil.copytree(local, dest, symlinks=True, dirs_exist_ok=True, copy_function=copy_file)
+        for dirpath, dirnames, filenames in os.walk(dest):
+            for name in dirnames + filenames:
+                entry = Path(dirpath) / name
+                if entry.is_symlink() and link_escapes(os.readlink(entry)):
+                    raise refuse_member(
+                        path, str(entry.relative_to(dest)), f"is a symbolic link to {os.readlink(entry)!r}"
+                    )
