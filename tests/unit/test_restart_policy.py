@@ -18,6 +18,7 @@ from grpo_operator.reconcile.restart_policy import (
     BACKOFF_LIMIT_EXCEEDED,
     CANCELLED_BY_CLIENT,
     CHECKPOINT_MISMATCH,
+    CHILD_DRIFTED,
     DEADLINE_EXCEEDED,
     DEFAULT_PERMANENT_EXIT_CODES,
     EVICTED,
@@ -150,6 +151,12 @@ def _spec_changed() -> tuple[World, Plan]:
     return world, world.step()
 
 
+def _image_set_by_hand() -> tuple[World, Plan]:
+    world = running_world()
+    world.pod(TRAINER)["spec"]["containers"][0]["image"] = "registry.example/theirs:1"
+    return world, world.step()
+
+
 def _never_scheduled() -> tuple[World, Plan]:
     world = World(job_object(runPolicy={"startupDeadlineSeconds": 600}))
     world.step()
@@ -197,6 +204,7 @@ SCENARIOS: dict[str, Callable[[], tuple[World, Plan]]] = {
     POD_DELETED.reason: _pod_vanished,
     OTHER_DISRUPTION.reason: _disruption_condition(None),
     SPEC_CHANGED.reason: _spec_changed,
+    CHILD_DRIFTED.reason: _image_set_by_hand,
     STARTUP_DEADLINE_EXCEEDED.reason: _never_scheduled,
     DEADLINE_EXCEEDED.reason: _active_deadline,
     BACKOFF_LIMIT_EXCEEDED.reason: _backoff_spent,

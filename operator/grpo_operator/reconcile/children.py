@@ -4,6 +4,8 @@ that are not the job's, and delete pods and the metric service."""
 from __future__ import annotations
 
 import copy
+import dataclasses
+import re
 from typing import Any
 
 from grpo_operator.builders import Job, Manifest
@@ -11,6 +13,12 @@ from grpo_operator.builders.common import (
     ANNOTATION_HASH,
     KUEUE_GROUP_LABEL,
     KUEUE_RETRIABLE_ANNOTATION,
+    LABEL_ATTEMPT,
+    LABEL_JOB,
+    LABEL_MANAGED_BY,
+    LABEL_NODE_RANK,
+    LABEL_ROLE,
+    PART_OF,
     generation_pod_name,
     metric_name,
     rollouts_name,
@@ -18,15 +26,19 @@ from grpo_operator.builders.common import (
 )
 from grpo_operator.reconcile import ownership
 from grpo_operator.reconcile.conditions import CONFLICT, get_condition, truncate
-from grpo_operator.reconcile.observed import Observed
+from grpo_operator.reconcile.drift import Drift, describe, drifted_fields
+from grpo_operator.reconcile.observed import Observed, PodView
 from grpo_operator.reconcile.plan import ChildPatch, ChildRef
 from grpo_operator.reconcile.step import Step
+
+# The Warning event of a child someone else changed (the operator puts it back).
+CHILD_DRIFTED = "ChildDrifted"
 
 
 def ensure(step: Step, observed: Observed, desired: list[Manifest]) -> None:
     """Create every desired child that is missing; update the job's own children that differ from the spec
-    (by their spec-hash), naming the uid they were observed with. A same-name object that is not the
-    job's is left alone (check_conflicts reports it)."""
+    (by their spec-hash) or from what the operator builds (drift, see drift.py), naming the uid they were
+    observed with. A same-name object that is not the job's is left alone (check_conflicts reports it)."""
     for manifest in desired:
         kind, name = manifest["kind"], manifest["metadata"]["name"]
         if (kind, name) in step.foreign:
@@ -38,9 +50,38 @@ def ensure(step: Step, observed: Observed, desired: list[Manifest]) -> None:
         want = manifest["metadata"].get("annotations", {}).get(ANNOTATION_HASH)
         have = ((current.get("metadata") or {}).get("annotations") or {}).get(ANNOTATION_HASH)
         if have != want or _scaled_by_hand(manifest, current):
-            update = copy.deepcopy(manifest)
-            update["metadata"]["uid"] = (current.get("metadata") or {}).get("uid")
-            step.plan.applies.append(update)
+            step.plan.applies.append(_update(manifest, current))
+            continue
+        drifts = _drift(manifest, current, observed)
+        if not drifts:
+            continue
+        fields = describe(drifts)
+        if any(d.extra for d in drifts):
+            # What another field manager added stays through a forced apply: recreate the child instead.
+            step.plan.deletes.append(ChildRef(manifest["apiVersion"], kind, name, _uid(current)))
+            done = "deleting it to create it again as built"
+        else:
+            step.plan.applies.append(_update(manifest, current))
+            done = "restoring it"
+        step.event(
+            "Warning",
+            CHILD_DRIFTED,
+            f"{kind} {name} was changed outside the operator ({fields}); {done}. Change the GRPOJob's spec "
+            "instead: the operator keeps its children as the spec builds them",
+        )
+
+
+def _update(manifest: Manifest, current: Manifest) -> Manifest:
+    update = copy.deepcopy(manifest)
+    update["metadata"]["uid"] = (current.get("metadata") or {}).get("uid")
+    return update
+
+
+def _drift(manifest: Manifest, current: Manifest, observed: Observed) -> list[Drift]:
+    if (manifest["kind"], manifest["metadata"]["name"]) in observed.metadata_only:
+        # Only the metadata was read (ConfigMaps are watched metadata-only): compare what there is.
+        return drifted_fields({"metadata": manifest["metadata"]}, current)
+    return drifted_fields(manifest, current)
 
 
 def check_conflicts(step: Step, job: Job, desired: list[Manifest]) -> None:
@@ -110,3 +151,59 @@ def _delete_deployment(step: Step, observed: Observed, name: str) -> None:
 def _uid(obj: dict[str, Any]) -> str | None:
     value = (obj.get("metadata") or {}).get("uid")
     return str(value) if value else None
+
+
+def gang_pod_labels(job_name: str, pod_name: str) -> dict[str, str] | None:
+    """The labels the operator gives the gang pod named ``pod_name`` (the name says its role, attempt and
+    rank), or None when the name is not one of a gang pod of the job."""
+    match = _GANG_NAME.match(pod_name[len(job_name) :]) if pod_name.startswith(job_name) else None
+    if match is None:
+        return None
+    role = "trainer" if match.group(1) == "trainer" else "generation"
+    out = {LABEL_MANAGED_BY: PART_OF, LABEL_JOB: job_name, LABEL_ROLE: role, LABEL_ATTEMPT: match.group(2)}
+    if role == "trainer":
+        out[LABEL_NODE_RANK] = match.group(3)
+    return out
+
+
+_GANG_NAME = re.compile(r"^-(trainer|gen)-([0-9]+)-([0-9]+)$")
+
+
+def split_strays(observed: Observed, job_meta: dict[str, Any]) -> tuple[Observed, list[tuple[PodView, str]]]:
+    """The job's pods whose labels no longer say what the operator made them (a tenant removed or changed
+    grpo.dev/job, grpo.dev/role, the attempt or the rank) taken out of ``observed``, each with what is
+    wrong. Labels are what Services, NetworkPolicies and the operator's own watch select on: such a pod
+    is not counted as the job's, and as it carries the job's controller reference it is the operator's
+    own pod, altered, which is deleted (a new one is made as built) rather than left to run beside it."""
+    uid, name = str(job_meta.get("uid") or ""), str(job_meta.get("name") or "")
+    kept: list[dict[str, Any]] = []
+    strays: list[tuple[PodView, str]] = []
+    for obj in observed.objects:
+        if obj.get("kind") != "Pod" or not ownership.controlled_by(obj, uid):
+            kept.append(obj)
+            continue
+        pod = PodView(obj)
+        want = gang_pod_labels(name, pod.name)
+        if want is None:
+            strays.append((pod, "its name is not one the operator gives pods"))
+            continue
+        wrong = sorted(k for k, v in want.items() if pod.labels.get(k) != v)
+        if wrong:
+            strays.append((pod, f"its label{'s' if len(wrong) > 1 else ''} {', '.join(wrong)} changed"))
+        else:
+            kept.append(obj)
+    return dataclasses.replace(observed, objects=tuple(kept)), strays
+
+
+def delete_strays(step: Step, strays: list[tuple[PodView, str]]) -> None:
+    """Delete the job's pods whose labels were changed (see split_strays), with a ChildDrifted event."""
+    for pod, why in strays:
+        if pod.terminating:
+            continue
+        step.plan.deletes.append(ChildRef("v1", "Pod", pod.name, _uid(pod.obj)))
+        step.event(
+            "Warning",
+            CHILD_DRIFTED,
+            f"Pod {pod.name} was changed outside the operator ({why}); it is no longer counted as the job's "
+            "and is deleted. Do not relabel the job's pods",
+        )

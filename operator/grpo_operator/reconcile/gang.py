@@ -10,18 +10,21 @@ from typing import Any
 from grpo_operator.builders import Job, gang_hash, gang_pods
 from grpo_operator.builders.common import (
     KUEUE_GROUP_LABEL,
+    LABEL_ATTEMPT,
     created_pvc_name,
     generation_pod_name,
     trainer_pod_name,
 )
-from grpo_operator.reconcile.children import delete_pods
+from grpo_operator.reconcile.children import delete_pods, gang_pod_labels
 from grpo_operator.reconcile.conditions import RUNNING, SCHEDULED, SUSPENDED, get_condition
+from grpo_operator.reconcile.drift import describe, pod_drift
 from grpo_operator.reconcile.finished import fail, succeed
 from grpo_operator.reconcile.observed import Observed, PodView, parse_time
 from grpo_operator.reconcile.plan import Restart
 from grpo_operator.reconcile.restart_policy import (
     BACKOFF_LIMIT_EXCEEDED,
     CANCELLED_BY_CLIENT,
+    CHILD_DRIFTED,
     GENERATION_FAILED,
     GENERATION_STARTUP_TIMEOUT,
     OOM_KILLED,
@@ -75,11 +78,22 @@ def run_gang(step: Step, job: Job, observed: Observed) -> None:
         succeed(step, job, observed)
         return
 
+    altered = [(pod, why) for pod, why in step.strays if _attempt_of(job, pod.name) == attempt]
+    if altered and not any(pod.terminating for pod, _ in altered):
+        pod, why = altered[0]
+        restart_or_fail(
+            step, job, observed, CHILD_DRIFTED, f"pod {pod.name} was changed outside the operator ({why})"
+        )
+        return
+
     failures: list[PodView] = []
     disruptions: list[tuple[RestartRule, str]] = []
     for name in expected:
         pod = current.get(name)
         if pod is None:
+            if was_running or current:
+                # Gone from the watch is not gone: a pod whose labels were removed still runs. Look it up.
+                step.plan.verify.append(("Pod", name))
             if was_running:
                 disruptions.append((POD_DELETED, f"pod {name} disappeared while the gang was running"))
             continue
@@ -138,19 +152,34 @@ def run_gang(step: Step, job: Job, observed: Observed) -> None:
         )
         return
 
-    # Steady state: remove pods of earlier attempts, create missing pods, report progress.
-    delete_pods(step, observed, lambda pod: pod.role in GANG_ROLES and pod.attempt != attempt)
     resume_from = next(
         (p.resume_from for p in current.values() if p.role == "trainer" and p.resume_from is not None),
         _resume_from(job, step),
     )
-    missing = [
-        m for m in gang_pods(job, step.settings, attempt, resume_from) if m["metadata"]["name"] not in current
-    ]
+    built = gang_pods(job, step.settings, attempt, resume_from)
+    if _pods_drifted(step, job, observed, built, current):
+        return
+
+    # Steady state: remove pods of earlier attempts, create missing pods, report progress.
+    delete_pods(step, observed, lambda pod: pod.role in GANG_ROLES and pod.attempt != attempt)
+    missing = [m for m in built if m["metadata"]["name"] not in current]
     if missing:
-        earlier = sorted(p.name for p in gang if p.attempt != attempt)
+        earlier = sorted(
+            {p.name for p in gang if p.attempt != attempt} | {pod.name for pod, _ in step.strays}
+        )
+        if not current and attempt > 1:
+            # Before a new gang starts, the previous one must be gone, and a pod of it that lost its labels
+            # is not in the watch: look its names up (fencing, see _wait_for_earlier_pods).
+            seen = {p.name for p in gang} | {pod.name for pod, _ in step.strays}
+            previous = [generation_pod_name(job, attempt - 1, 0)] + [
+                trainer_pod_name(job, attempt - 1, rank) for rank in range(job.spec.trainer.nodes)
+            ]
+            step.plan.verify += [("Pod", name) for name in previous if name not in seen]
         if earlier:
             _wait_for_earlier_pods(step, earlier)
+            if step.strays:
+                # A pod that lost its labels is not watched: no event says when it is gone.
+                step.requeue_at(step.now + timedelta(seconds=5))
             return
         if step.conflict is not None:
             step.set_phase("Pending", "ChildConflict", step.conflict)
@@ -186,6 +215,46 @@ def run_gang(step: Step, job: Job, observed: Observed) -> None:
         return
 
     _waiting(step, job, observed, expected, present)
+
+
+def _attempt_of(job: Job, pod_name: str) -> int | None:
+    labels = gang_pod_labels(job.name, pod_name)
+    return int(labels[LABEL_ATTEMPT]) if labels is not None else None
+
+
+def _pods_drifted(
+    step: Step, job: Job, observed: Observed, built: list[dict[str, Any]], current: dict[str, PodView]
+) -> bool:
+    """A pod of the gang whose image, resources or deadline is no longer what the operator built (see
+    drift.pod_drift) is replaced with the whole gang, not counted against backoffLimit. When the pods of a
+    gang started because of drift drift too before it ran, it is the cluster that changes them as they
+    are created (a mutating admission webhook): replacing them again would never end, so the job fails."""
+    for manifest in built:
+        pod = current.get(manifest["metadata"]["name"])
+        drifts = pod_drift(manifest, pod.obj) if pod is not None and not pod.terminating else []
+        if pod is None or not drifts:
+            continue
+        fields = describe(drifts)
+        step.event(
+            "Warning",
+            CHILD_DRIFTED.reason,
+            f"Pod {pod.name} was changed outside the operator ({fields}); the gang is replaced by pods as built",
+        )
+        message = f"pod {pod.name} differs from what the operator built ({fields})"
+        if step.old_phase == "Restarting" and step.new.get("reason") == CHILD_DRIFTED.reason:
+            fail(
+                step,
+                job,
+                observed,
+                CHILD_DRIFTED.reason,
+                f"{message}, and so did the pods that replaced the last changed gang before they ran: something in "
+                "the cluster changes the job's pods as they are created (a mutating admission webhook rewriting "
+                "images or resources?). Exempt the job's namespace from it, or ask the platform team",
+            )
+        else:
+            restart_or_fail(step, job, observed, CHILD_DRIFTED, message)
+        return True
+    return False
 
 
 def _resume_from(job: Job, step: Step) -> str:

@@ -23,7 +23,14 @@ from grpo_operator.builders import Job, infrastructure, job_from_object
 from grpo_operator.builders.children import metric_workload
 from grpo_operator.builders.common import client_rollouts
 from grpo_operator.reconcile import ownership
-from grpo_operator.reconcile.children import check_conflicts, delete_metric_workload, delete_pods, ensure
+from grpo_operator.reconcile.children import (
+    check_conflicts,
+    delete_metric_workload,
+    delete_pods,
+    delete_strays,
+    ensure,
+    split_strays,
+)
 from grpo_operator.reconcile.conditions import (
     FAILED,
     METRIC_READY,
@@ -59,7 +66,7 @@ def reconcile(job_obj: dict[str, Any], observed: Observed, now: datetime, settin
     new = {k: old[k] for k in OWNED_STATUS_FIELDS if k in old}
     meta = job_obj.get("metadata") or {}
     parts = ownership.split(observed, meta)
-    observed = parts.mine
+    observed, strays = split_strays(parts.mine, meta)
     step = Step(
         obj=job_obj,
         now=now,
@@ -69,12 +76,14 @@ def reconcile(job_obj: dict[str, Any], observed: Observed, now: datetime, settin
         actual=actual,
         record=record,
         foreign=parts.foreign,
+        strays=strays,
     )
     if meta.get("deletionTimestamp"):
         # No finalizer: the garbage collector removes the children through their owner references.
         step.plan.phase = step.old_phase
         return step.plan
 
+    delete_strays(step, strays)
     try:
         job = job_from_object(job_obj)
     except ValidationError as exc:

@@ -81,6 +81,9 @@ class Observed:
     refusals: tuple[Refusal, ...] = ()
     # None: the StorageClasses are not known (not watched, or not allowed to be).
     storage_classes: StorageClasses | None = None
+    # (kind, name) of the objects of which only the metadata was read (kinds watched metadata-only):
+    # their bodies cannot be compared with what the operator builds.
+    metadata_only: frozenset[tuple[str, str]] = frozenset()
 
     def waits_for_binding(self, claim: str, storage_class: str | None) -> bool:
         """Whether the pods of claim ``claim`` (class ``storage_class``, None: the default) are to wait

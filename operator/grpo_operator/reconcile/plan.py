@@ -78,6 +78,10 @@ class Plan:
     # The phase the job has after this plan (for the operator's jobs-by-phase gauge).
     phase: str | None = None
     restart: Restart | None = None
+    # Children the decision took for gone that the runtime is to look up by name (kind, name): pods that
+    # lost the labels the operator's watch selects on vanish from it while they still run. The runtime
+    # reads each and, if found, decides again knowing them.
+    verify: list[tuple[str, str]] = field(default_factory=list)
 
     def is_empty(self) -> bool:
         """True when the plan changes nothing in the cluster."""

@@ -201,6 +201,17 @@ SPEC_CHANGED = RestartRule(
     permanent=False,
     meaning="the new gang runs the new spec, from the last checkpoint",
 )
+CHILD_DRIFTED = RestartRule(
+    "ChildDrifted",
+    Trigger.OPERATOR,
+    "A gang pod changed outside the operator: a container's image or resources, or its deadline, differ "
+    "from the pod the operator built (`kubectl set image`), or it lost the job's labels",
+    counted=False,
+    permanent=False,
+    meaning="not the job's failure; the new gang runs the pods as built. If the new gang's pods drift "
+    "too before it runs, the job fails: something in the cluster changes pods as they are created",
+    event=True,
+)
 GENERATION_STARTUP_TIMEOUT = RestartRule(
     "GenerationStartupTimeout",
     Trigger.OPERATOR,
@@ -261,6 +272,7 @@ RULES: tuple[RestartRule, ...] = (
     POD_DELETED,
     OTHER_DISRUPTION,
     SPEC_CHANGED,
+    CHILD_DRIFTED,
     STARTUP_DEADLINE_EXCEEDED,
     DEADLINE_EXCEEDED,
     BACKOFF_LIMIT_EXCEEDED,

@@ -50,6 +50,8 @@ class Step:
     foreign: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
     # Set when such an object blocks the job: the message, and no pod is created while it is set.
     conflict: str | None = None
+    # The job's own pods whose labels were changed (children.split_strays): not the job's gang any more.
+    strays: list[Any] = field(default_factory=list)
 
     @property
     def generation(self) -> int | None:

@@ -75,18 +75,13 @@ MAX_EVENTS_IN_FLIGHT = 1000
 # labels the operator sets, and of those the caches keep only what the operator manages (managed_child).
 CHILD_SELECTOR = f"{LABEL_MANAGED_BY}={PART_OF},{LABEL_JOB}"
 # Kinds reconcile reads only the metadata of (labels, annotations with the spec-hash, owner references,
-# uid): watched metadata-only, so no ConfigMap data or object body is ever sent or kept.
-METADATA_ONLY_KINDS = frozenset(
-    {
-        "ConfigMap",
-        "PersistentVolumeClaim",
-        "ServiceAccount",
-        "Role",
-        "RoleBinding",
-        "Service",
-        "NetworkPolicy",
-    }
-)
+# uid): watched metadata-only, so no ConfigMap data or claim body is ever sent or kept. A ConfigMap's data
+# is read (one GET) only when the ConfigMap changed since the operator last wrote or read it, to find data
+# someone else changed (drift, see reconcile/drift.py). The other kinds are small and watched whole, so
+# reconcile can compare them with what it builds.
+METADATA_ONLY_KINDS = frozenset({"ConfigMap", "PersistentVolumeClaim"})
+# Metadata-only kinds whose body reconcile compares: read once per change.
+READ_ON_CHANGE_KINDS = frozenset({"ConfigMap"})
 
 
 class StatusConflict(Exception):
@@ -126,6 +121,9 @@ class Controller:
         # caches hold only what the operator manages, so the next reconcile reads these names (a same-name
         # object someone else made is found only this way) before deciding again.
         self._taken: dict[Key, set[tuple[str, str]]] = {}
+        # Per job: the resourceVersion each ConfigMap of it had when the operator last wrote or read it whole.
+        # A ConfigMap whose cached metadata shows another is read again (READ_ON_CHANGE_KINDS).
+        self._verified: dict[Key, dict[tuple[str, str], str]] = {}
         self._recent_events: dict[tuple[Key, str, str], float] = {}
         self._events_in_flight: set[asyncio.Task[None]] = set()
         self._nodes: tuple[float, frozenset[str] | None] = (0.0, None)
@@ -149,6 +147,7 @@ class Controller:
             self._written_rv.pop(key, None)
             self._refusals.pop(key, None)
             self._taken.pop(key, None)
+            self._verified.pop(key, None)
             self.queue.discard(key)
             return
         self.phases.setdefault(key, None)
@@ -275,6 +274,7 @@ class Controller:
             self.phases.pop(key, None)
             self._refusals.pop(key, None)
             self._taken.pop(key, None)
+            self._verified.pop(key, None)
         self.metrics.queue_depth.set(len(self.queue))
 
     # --- workers -----------------------------------------------------------------------------------------------
@@ -306,7 +306,7 @@ class Controller:
                     self.metrics.reconciles.labels(result="gone").inc()
                     return None
                 raise
-            observed = await self.observe(job)
+            observed, verified = await self.observe(job)
             now = self.clock()
             plan = reconcile(job, observed, now, self.settings)
             found = await self._probe(job, observed, plan)
@@ -316,6 +316,8 @@ class Controller:
                 observed = dataclasses.replace(observed, objects=observed.objects + tuple(found))
                 plan = reconcile(job, observed, now, self.settings)
             await self.execute(job, plan)
+            # Read whole and acted on: not read again until it changes.
+            self._verified.setdefault(key, {}).update(verified)
         except StatusConflict:
             self.metrics.reconciles.labels(result="conflict").inc()
             self.queue.add_after(key, 0.2)
@@ -352,15 +354,20 @@ class Controller:
                 return copy.deepcopy(job)
         return await self._call(self.kube.get, GRPOJOB, namespace, name)
 
-    async def observe(self, job: Obj) -> Observed:
+    async def observe(self, job: Obj) -> tuple[Observed, dict[tuple[str, str], str]]:
+        """The job's children, and the resourceVersions of the metadata-only ones this call read whole."""
         meta = job["metadata"]
         namespace, name, uid = meta["namespace"], meta["name"], meta.get("uid")
         selector = f"{LABEL_JOB}={name}"
         resources = CHILD_RESOURCES
         lists: list[list[Obj]] = []
+        partial: set[tuple[str, str]] = set()
+        verified: dict[tuple[str, str], str] = {}
         if self.cache is not None:
             cached, missing = self.cache.children_of(namespace, name)
-            lists.append(cached)  # the cache replaces objects, never changes them in place
+            # the cache replaces objects, never changes them in place
+            cached, partial, verified = await self._read_changed(namespace, name, cached)
+            lists.append(cached)
             resources = tuple(r for r in CHILD_RESOURCES if r.kind in missing)
         lists += await asyncio.gather(
             *(self._call(self.kube.list, resource, namespace, selector) for resource in resources)
@@ -373,12 +380,46 @@ class Controller:
                 objects.append(obj)
         objects += await self._kueue_workloads(namespace, objects)
         classes = self.cache.storage_class_modes() if self.cache is not None else None
-        return Observed(
+        observed = Observed(
             objects=tuple(objects),
             nodes=await self._node_names(),
             refusals=self._refusals.get((namespace, name), ()),
             storage_classes=StorageClasses(*classes) if classes is not None else None,
+            metadata_only=frozenset(partial),
         )
+        return observed, verified
+
+    async def _read_changed(
+        self, namespace: str, job: str, cached: list[Obj]
+    ) -> tuple[list[Obj], set[tuple[str, str]], dict[tuple[str, str], str]]:
+        """The cached children with each metadata-only one of READ_ON_CHANGE_KINDS that changed since the
+        operator last wrote or read it replaced by the whole object (one GET); the (kind, name) of those
+        still known by their metadata only; the resourceVersions read."""
+        known = self._verified.get((namespace, job), {})
+        out: list[Obj] = []
+        partial: set[tuple[str, str]] = set()
+        verified: dict[tuple[str, str], str] = {}
+        for obj in cached:
+            kind, meta = str(obj.get("kind")), obj.get("metadata") or {}
+            ref = (kind, str(meta.get("name")))
+            if kind not in METADATA_ONLY_KINDS:
+                out.append(obj)
+                continue
+            rv = str(meta.get("resourceVersion"))
+            if kind not in READ_ON_CHANGE_KINDS or known.get(ref) == rv:
+                out.append(obj)
+                partial.add(ref)
+                continue
+            try:
+                whole = await self._call(self.kube.get, resource_for(kind), namespace, ref[1])
+            except ApiException as exc:
+                if exc.status != 404:
+                    raise
+                continue  # gone since the cache saw it: the watch tells the cache next
+            whole["kind"], whole["apiVersion"] = kind, obj.get("apiVersion")
+            verified[ref] = str((whole.get("metadata") or {}).get("resourceVersion"))
+            out.append(whole)
+        return out, partial, verified
 
     async def _probe(self, job: Obj, observed: Observed, plan: Plan) -> list[Obj]:
         """Reads every object the plan would create that the caches do not show and whose name a create
@@ -388,8 +429,8 @@ class Controller:
         other children was refused as taken, so a same-name object is never used before it is found."""
         meta = job["metadata"]
         namespace = meta["namespace"]
-        taken = self._taken.get((namespace, meta["name"]))
-        if not taken:
+        taken = self._taken.get((namespace, meta["name"])) or set()
+        if not taken and not plan.verify:
             return []
         seen = {(o.get("kind"), (o.get("metadata") or {}).get("name")) for o in observed.objects}
         wanted = [
@@ -398,6 +439,8 @@ class Controller:
             if not (m.get("metadata") or {}).get("uid")
         ]
         wanted = [key for key in dict.fromkeys(wanted) if key not in seen and key in taken]
+        # Names reconcile took for gone and asked to be read (pods that left the watch with their labels).
+        wanted += [key for key in dict.fromkeys(plan.verify) if key not in seen and key not in wanted]
 
         async def read(kind: str, name: str) -> Obj | None:
             # A list by name needs only the list permission the operator has for every child kind anyway.
@@ -657,6 +700,11 @@ class Controller:
             # caught up with yet (it would create the child again, get 409 and back off).
             written.setdefault("kind", manifest["kind"])
             written.setdefault("apiVersion", manifest["apiVersion"])
+            if manifest["kind"] in READ_ON_CHANGE_KINDS:
+                # What the operator just wrote is what it builds: no need to read it back.
+                job_key = (str(meta["namespace"]), str((meta.get("labels") or {}).get(LABEL_JOB)))
+                rv = str((written.get("metadata") or {}).get("resourceVersion"))
+                self._verified.setdefault(job_key, {})[(manifest["kind"], meta["name"])] = rv
             self.cache.put_child(written)
         if verb != "apply":
             job = (meta.get("labels") or {}).get(LABEL_JOB, "?")
@@ -765,6 +813,9 @@ def child_view(obj: Obj) -> object:
             obj.get("spec"),
             obj.get("status"),
         )
+    if obj.get("kind") in READ_ON_CHANGE_KINDS:
+        # Its data is not cached: any change (a new resourceVersion) may be one to its data.
+        return meta.get("resourceVersion")
     annotations = meta.get("annotations") or {}
     kept = {
         k: v for k, v in annotations.items() if k.startswith(f"{GROUP}/") or k == ANNOTATION_BIND_COMPLETED
@@ -777,9 +828,10 @@ def child_view(obj: Obj) -> object:
         "finalizers": meta.get("finalizers"),
         "annotations": kept,
     }
+    # The body, which reconcile compares with what it builds (drift): spec, rules, subjects, roleRef.
+    view.update({k: v for k, v in obj.items() if k not in ("metadata", "status")})
     if obj.get("kind") == "Deployment":
         status = obj.get("status") or {}
-        view["spec"] = obj.get("spec")
         view["availableReplicas"] = status.get("availableReplicas")
         view["replicaFailure"] = [
             (c.get("status"), c.get("reason"), c.get("message"))
