@@ -5,7 +5,8 @@
 
 The CRD (both copies) and docs/api.md come from the API models (``grpo_operator.api.generate``); the
 chart's Grafana dashboard from its panel list (``hack/helm/dashboard.py``); the restart-policy table of
-docs/operations.md from ``reconcile/restart_policy.py`` (``hack/restart_table.py``).
+docs/operations.md from ``reconcile/restart_policy.py`` (``hack/restart_table.py``); the alert table of
+docs/runbooks/README.md from the chart's alert values (``hack/runbook_index.py``).
 tests/unit/test_generated.py fails while any of them is stale.
 """
 
@@ -17,7 +18,7 @@ from pathlib import Path
 
 from grpo_operator.api import generate as api_generate
 
-from hack import restart_table
+from hack import restart_table, runbook_index
 from hack.helm import dashboard
 
 REPO = Path(__file__).resolve().parents[1]
@@ -29,6 +30,7 @@ def outputs() -> dict[Path, str]:
         **api_generate.outputs(REPO),
         dashboard.OUTPUT: dashboard.render_text(),
         restart_table.OUTPUT: restart_table.render_text(),
+        runbook_index.OUTPUT: runbook_index.render_text(),
     }
 
 
