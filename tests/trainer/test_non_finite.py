@@ -1,5 +1,5 @@
 """A diverging run never publishes NaN weights: after two good steps the metric turns absurd (rewards of
-+-1e38 with scaleRewards none, so the loss overflows); the trainer exits 5 with a message naming the step,
++-8e37 with scaleRewards none: finite advantages, but the gradients they scale overflow float32); the trainer exits 5 with a message naming the step,
 no checkpoint of the bad step appears, and with keepLast 1 the last good checkpoint survives intact.
 Then: enabling LoRA on top of those full-weight checkpoints is refused with exit 4 instead of loading with
 "missing keys" and finishing without training."""
@@ -25,7 +25,7 @@ ROLLOUTS_PER_STEP = 4 * 8  # B * G of the toy configuration
 
 
 class TurnsAbsurd:
-    """The toy reward for the first GOOD_STEPS steps' completions, then +-1e38."""
+    """The toy reward for the first GOOD_STEPS steps' completions, then +-8e37."""
 
     def __init__(self) -> None:
         self.scored = 0
@@ -37,7 +37,7 @@ class TurnsAbsurd:
             absurd = self.scored > GOOD_STEPS * ROLLOUTS_PER_STEP
         if not absurd:
             return fraction_of_target(example, completion)
-        return 1e38 if "a" in completion else -1e38
+        return 8e37 if "a" in completion else -8e37
 
 
 def test_non_finite_step_is_not_published_and_the_last_good_checkpoint_survives(
@@ -49,9 +49,10 @@ def test_non_finite_step_is_not_published_and_the_last_good_checkpoint_survives(
         raw["metric"]["url"] = metric.url
         raw["grpo"]["scaleRewards"] = "none"
         # The metric client refuses |reward| > metric.maxAbsReward (the spec caps it at 1e12), which keeps
-        # absurd rewards out; lifted here in trainer.json so the loss itself overflows, as a diverging step
-        # would make it, and the guard behind that bound is what is tested.
-        raw["metric"]["maxAbsReward"] = 1e39
+        # absurd rewards out; lifted here in trainer.json to just under the trainer's own limit (advantages
+        # representable in float32) so the step itself overflows, as a diverging step would make it, and
+        # the guard behind that bound is what is tested.
+        raw["metric"]["maxAbsReward"] = 8e37
         config.write_text(json.dumps(raw))
         log = tmp_path / "trainer.log"
         process = start_trainer(config, log)

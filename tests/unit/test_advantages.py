@@ -102,3 +102,80 @@ def test_invalid_inputs_explain_themselves(rewards: list[float], group_size: int
 def test_unknown_scale_rejected() -> None:
     with pytest.raises(ValueError, match="scale_rewards"):
         compute_advantages(torch.tensor([1.0, 0.0]), group_size=2, scale_rewards="std")  # type: ignore[arg-type]
+
+
+# -- no finite reward overflows (a client once sent 1e308: the sum overflowed and the job looped on NaN) --
+
+HUGE = 1.7e308  # close to float64's largest finite value
+
+
+@pytest.mark.parametrize("scale", ["group", "batch"])
+@pytest.mark.parametrize("factor", [1e307, 1e150, 1e3])
+def test_advantages_are_scale_invariant_up_to_the_largest_float(scale: str, factor: float) -> None:
+    rewards = torch.tensor([r * factor for r in SEED_REWARDS], dtype=torch.float64)
+    result = compute_advantages(rewards, group_size=4, scale_rewards=scale, max_abs_reward=None)  # type: ignore[arg-type]
+    assert [round(a, 4) for a in result.advantages.tolist()] == SEED_ADVANTAGES
+    assert math.isclose(float(result.group_std[0]), math.sqrt(0.075) * factor, rel_tol=1e-6)
+
+
+@pytest.mark.parametrize("scale", ["group", "batch"])
+def test_mixed_huge_and_small_rewards_give_the_defined_advantages(scale: str) -> None:
+    rewards = torch.tensor([HUGE, -HUGE, 1e-300, 0.0, HUGE, HUGE, HUGE, HUGE], dtype=torch.float64)
+    result = compute_advantages(rewards, group_size=4, scale_rewards=scale, max_abs_reward=None)  # type: ignore[arg-type]
+    adv = result.advantages.tolist()
+    assert all(math.isfinite(a) for a in adv)
+    # Population sigma of (1, -1, 0, 0) x HUGE is HUGE / sqrt(2); the all-equal huge group is exactly 0.
+    if scale == "group":
+        assert [round(a, 4) for a in adv[:4]] == [1.4142, -1.4142, 0.0, 0.0]
+    assert adv[4:] == [0.0] * 4
+    assert result.tied_groups.tolist() == [False, True]
+    assert math.isfinite(float(result.group_mean[0])) and math.isfinite(float(result.group_std[0]))
+
+
+@pytest.mark.parametrize("scale", ["group", "batch", "none"])
+@pytest.mark.parametrize(
+    "poison",
+    [
+        [1e308, 1e308, 0.0, 0.0],  # the attack: the group's sum overflows
+        [HUGE, -HUGE, 0.5, 0.1],  # r - mu overflows
+        [float("inf"), 0.0, 0.5, 0.1],
+        [1e6 * (1 + 1e-9), 0.0, 0.0, 0.0],  # just past the bound
+    ],
+)
+def test_a_group_with_a_reward_beyond_the_bound_is_rejected_and_the_others_keep_theirs(
+    scale: str, poison: list[float]
+) -> None:
+    rewards = torch.tensor(poison + SEED_REWARDS, dtype=torch.float64)
+    result = compute_advantages(rewards, group_size=4, scale_rewards=scale)  # type: ignore[arg-type]
+    adv = result.advantages.tolist()
+    assert all(math.isfinite(a) for a in adv)
+    assert adv[:4] == [0.0] * 4
+    assert result.rejected_groups.tolist() == [True, False] and result.num_rejected == 1
+    assert result.scored_groups.tolist() == [False, True]
+    alone = compute_advantages(torch.tensor(SEED_REWARDS), group_size=4, scale_rewards=scale)  # type: ignore[arg-type]
+    assert adv[4:] == pytest.approx(alone.advantages.tolist(), abs=1e-6)
+
+
+def test_scale_none_stays_within_twice_the_bound() -> None:
+    bound = 1e6  # r - mu of rewards within +-bound is within +-2 x bound
+    rewards = torch.tensor([bound, -bound, -bound, -bound, bound, bound, 0.0, 0.0], dtype=torch.float64)
+    result = compute_advantages(rewards, group_size=4, scale_rewards="none", max_abs_reward=bound)
+    assert result.advantages.tolist() == [1.5e6, -0.5e6, -0.5e6, -0.5e6, 0.5e6, 0.5e6, -0.5e6, -0.5e6]
+    assert result.num_rejected == 0
+
+
+def test_scale_none_without_a_bound_is_refused() -> None:
+    with pytest.raises(ValueError, match="'none' needs a reward bound"):
+        compute_advantages(
+            torch.tensor(SEED_REWARDS), group_size=4, scale_rewards="none", max_abs_reward=None
+        )
+    with pytest.raises(ValueError, match="max_abs_reward must be in"):
+        compute_advantages(torch.tensor(SEED_REWARDS), group_size=4, max_abs_reward=1e300)
+
+
+def test_the_default_bound_is_the_metric_paths() -> None:
+    from grpo_operator.api.trainer_config import MetricClientConfig
+    from grpo_trainer.advantages import DEFAULT_MAX_ABS_REWARD
+    from grpo_trainer.metric_client import DEFAULT_MAX_ABS_REWARD as METRIC_DEFAULT
+
+    assert DEFAULT_MAX_ABS_REWARD == METRIC_DEFAULT == MetricClientConfig(url="http://m").max_abs_reward

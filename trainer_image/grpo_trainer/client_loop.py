@@ -11,6 +11,12 @@ trained, the final model, exit 0; cancel -> exit 7 (CANCELLED), nothing more wri
 while waiting for the client) -> checkpoint, exit 0, resumed later. A restarted trainer resumes from
 the checkpoint at step c and asks the gateway for step c+1 again: the gateway keeps the groups of steps
 after its newest checkpoint, so they are trained on again (replay) and the client's work is not lost.
+
+A group the trainer cannot train on because of its data (a reward beyond the reward bound, which the
+gateway should already have refused) does not fail the step: it is skipped with advantage 0, logged by its
+batch_id and counted (grpo_groups_skipped_total, metrics.jsonl ``skipped_groups``), and the step goes on and
+is reported to the gateway like any other, so the group is consumed with it. A replay of that step after a
+restart skips it again; no restart is spent on it.
 """
 
 from __future__ import annotations
@@ -103,6 +109,13 @@ class ClientProgressCallback(ProgressCallback):
             self.status.update({"progress": {"waitingForClientSince": iso_now()}}, force=True)
         elif was_client:
             self.status.update({"progress": {"waitingForClientSince": None}}, force=True)
+
+    def describe_group(self, index: int) -> str:
+        # The gateway's batch_id is what the client's own logs and the gateway's know the group by.
+        last = self.feed.last if self.feed is not None else None
+        if last is None or index >= len(last.groups):
+            return super().describe_group(index)
+        return f"the client's group {index} of the step (batch_id {last.groups[index].batch_id})"
 
     def report(self, step: int, state: str) -> None:
         if self.gateway is not None:

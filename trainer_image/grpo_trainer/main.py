@@ -232,6 +232,7 @@ def build_trainer(
         keep_last=config.checkpoints.keep_last,
         owner=workspace.owner,
         dynamic_sampling=config.grpo.dynamic_sampling,
+        max_abs_reward=reward_bound(config),
         on_scored=callback.on_scored,
         pad_token_id=int(tokenizer.pad_token_id),
         **extra,
@@ -241,6 +242,23 @@ def build_trainer(
     if metrics is not None:
         trainer.grpo_on_non_finite = lambda _: metrics.non_finite_steps.inc()
     return trainer
+
+
+def reward_bound(config: TrainerConfig) -> float:
+    """The largest |reward| the trainer trains on: spec.metric.maxAbsReward for metric-service jobs; for
+    client jobs the bound the rollout gateway enforces on the client's rewards (the same default)."""
+    from grpo_trainer.advantages import DEFAULT_MAX_ABS_REWARD, MAX_REWARD_BOUND
+
+    if config.metric is None:
+        return DEFAULT_MAX_ABS_REWARD
+    bound = config.metric.max_abs_reward
+    if bound > MAX_REWARD_BOUND:
+        # Only a hand-written trainer.json gets here: the API caps spec.metric.maxAbsReward at 1e12.
+        raise ConfigError(
+            f"metric.maxAbsReward {bound:g} in trainer.json is above {MAX_REWARD_BOUND:g}, the largest bound "
+            "under which advantages stay finite in float32; lower it (spec.metric.maxAbsReward allows up to 1e12)"
+        )
+    return bound
 
 
 def restore(

@@ -90,11 +90,19 @@ class ProgressCallback(TrainerCallback):  # type: ignore[misc]
     # -- called from inside the generation round (every rank, global numbers) ----------------------------
 
     def on_scored(self, stats: StepStats) -> None:
+        if self.is_main:
+            step = self.trainer.state.global_step + 1 if self.trainer is not None else 0
+            for skipped in stats.skipped:
+                log.warning("step %d: %s: %s", step, self.describe_group(skipped.index), skipped.describe())
         if self.budget is None:
             return
         self.budget.record(stats.metric_errors, stats.rollouts)
         step = self.trainer.state.global_step + 1 if self.trainer is not None else 0
         self.budget.check(step)
+
+    def describe_group(self, index: int) -> str:
+        """How a log line names group ``index`` of the current step."""
+        return f"group {index} of the step"
 
     # -- HF TrainerCallback hooks ----------------------------------------------------------------------
 
@@ -145,6 +153,7 @@ class ProgressCallback(TrainerCallback):  # type: ignore[misc]
             "rollouts": stats.rollouts,
             "groups": stats.groups,
             "tied_groups": stats.tied_groups,
+            "skipped_groups": stats.skipped_groups,
             "refill_rounds": stats.refill_rounds,
             "loss": finite(logs.get(LOG_KEYS["loss"])),
             "kl": finite(logs.get(LOG_KEYS["kl"])),
@@ -238,6 +247,7 @@ class ProgressCallback(TrainerCallback):  # type: ignore[misc]
         m.format_failures.inc(stats.format_failures)
         m.metric_errors.inc(stats.metric_errors)
         m.zero_std_groups.inc(stats.tied_groups)
+        m.groups_skipped.inc(stats.skipped_groups)
         m.groups.inc(stats.groups)
         m.zero_std_group_ratio.set(stats.zero_std_group_ratio)
         m.rollouts.inc(stats.rollouts)

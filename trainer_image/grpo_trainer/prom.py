@@ -36,6 +36,7 @@ class TrainerMetrics:
     last_step_timestamp: Gauge
     metric_score_seconds: Counter
     non_finite_steps: Counter
+    groups_skipped: Counter
 
     @staticmethod
     def create(job: str, namespace: str, registry: CollectorRegistry | None = None) -> TrainerMetrics:
@@ -104,6 +105,11 @@ class TrainerMetrics:
                 "grpo_non_finite_steps_total",
                 "Steps refused because the loss, gradient norm or weights were not finite (the trainer then "
                 "exits 5; the operator counts the restart as NonFiniteTraining).",
+            ),
+            groups_skipped=counter(
+                "grpo_groups_skipped_total",
+                "Groups left out of training because of their data: a reward beyond the reward bound (the "
+                "group gets advantage 0; the run goes on).",
             ),
         )
 

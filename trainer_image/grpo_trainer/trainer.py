@@ -2,6 +2,9 @@
 
 * advantages from :func:`grpo_trainer.advantages.compute_advantages` (population sigma, exact zeros for
   tied groups, metric errors excluded) replace TRL's (sample sigma + 1e-4) on every generation round;
+* a group holding a reward beyond the reward bound (``max_abs_reward``) is skipped: advantage 0 for all its
+  answers, left out of the step's reward statistics and counted (``StepStats.skipped_groups``), so bad data
+  neither poisons the step nor fails it, and a replay of the same group after a restart skips it again;
 * tied ("no diversity") groups are counted every step and, with ``dynamicSampling``, replaced by freshly
   generated informative groups (DAPO), up to MAX_REFILL_ROUNDS extra generation rounds per step;
 * checkpoints are published as ``step-N`` + ``latest.json`` (checkpoints.py) instead of HF's
@@ -25,7 +28,12 @@ from typing import Any
 import torch
 from trl.trainer.grpo_trainer import GRPOTrainer
 
-from grpo_trainer.advantages import AdvantageResult, ScaleRewards, compute_advantages
+from grpo_trainer.advantages import (
+    DEFAULT_MAX_ABS_REWARD,
+    AdvantageResult,
+    ScaleRewards,
+    compute_advantages,
+)
 from grpo_trainer.checkpoints import GRPO_STATE_FILE, Manifest, Owner, publish
 from grpo_trainer.errors import NonFiniteTraining
 from grpo_trainer.trl_adapter import staged_checkpoint_dir
@@ -33,6 +41,29 @@ from grpo_trainer.trl_adapter import staged_checkpoint_dir
 log = logging.getLogger("grpo_trainer.trainer")
 # Extra generation rounds one step may spend replacing tied groups before training on what it has.
 MAX_REFILL_ROUNDS = 4
+
+
+@dataclass(frozen=True)
+class SkippedGroup:
+    """A group of the step the trainer did not train on: ``index`` is its place among the step's groups
+    (the gateway's order for client jobs), ``reward`` its reward of largest magnitude, ``bound`` the limit."""
+
+    index: int
+    reward: float
+    bound: float
+
+    @property
+    def reason(self) -> str:
+        return "reward_out_of_bound"
+
+    def describe(self) -> str:
+        # TRL holds rewards in float32: a reward past its range (e.g. 1e308) arrives here as inf.
+        value = f"{self.reward!r}" if math.isfinite(self.reward) else "past float32's range (|r| > 3.4e+38)"
+        return (
+            f"its reward {value} is beyond the reward bound [-{self.bound:g}, {self.bound:g}]; the group "
+            "is skipped (advantage 0 for all its answers) and counted in grpo_groups_skipped_total, and the "
+            "run goes on. Fix the scorer so that every reward is finite and within the bound"
+        )
 
 
 @dataclass
@@ -48,6 +79,12 @@ class StepStats:
     tied_groups: int = 0
     refill_rounds: int = 0
     replaced_groups: int = 0
+    # Groups left out of training because a reward lies beyond the bound (see SkippedGroup).
+    skipped: list[SkippedGroup] = field(default_factory=list)
+
+    @property
+    def skipped_groups(self) -> int:
+        return len(self.skipped)
 
     @property
     def format_failure_ratio(self) -> float:
@@ -128,12 +165,15 @@ class ProjectGRPOTrainer(GRPOTrainer):  # type: ignore[misc]
         keep_last: int,
         owner: Owner,
         dynamic_sampling: bool = False,
+        max_abs_reward: float = DEFAULT_MAX_ABS_REWARD,
         on_scored: Callable[[StepStats], None] | None = None,
         pad_token_id: int = 0,
         **kwargs: Any,
     ):
         super().__init__(*args, **kwargs)
         self.grpo_scale_rewards: ScaleRewards = scale_rewards_mode
+        # Enforced on every reward whatever its source (the metric client and the gateway bound them too).
+        self.grpo_max_abs_reward = max_abs_reward
         # TRL types num_generations as optional; in training it is always set (GRPOConfig validates G >= 2).
         self.grpo_group_size = int(self.num_generations or 0)
         self.grpo_checkpoint_dir = Path(checkpoint_dir)
@@ -172,7 +212,12 @@ class ProjectGRPOTrainer(GRPOTrainer):  # type: ignore[misc]
         output = super()._generate_and_score_completions(inputs)
         assert self.grpo_last_rewards is not None
         group_size = self.grpo_group_size
-        result = compute_advantages(self.grpo_last_rewards, group_size, self.grpo_scale_rewards)
+        result = compute_advantages(
+            self.grpo_last_rewards,
+            group_size,
+            self.grpo_scale_rewards,
+            max_abs_reward=self.grpo_max_abs_reward,
+        )
         n_local = len(inputs)
         start = self.accelerator.process_index * n_local
         output["advantages"] = result.advantages[start : start + n_local].to(output["advantages"].device)
@@ -208,7 +253,9 @@ class ProjectGRPOTrainer(GRPOTrainer):  # type: ignore[misc]
         ff, err, rollouts = self._global_counts(local_counts)
         rewards = self.grpo_last_rewards
         assert rewards is not None
-        valid = rewards[~torch.isnan(rewards)].double()
+        # A skipped group's rewards are out of bound: they would make the step's mean meaningless.
+        kept = ~result.rejected_groups.repeat_interleave(self.grpo_group_size)
+        valid = rewards.cpu()[kept & ~torch.isnan(rewards.cpu())].double()
         stats = StepStats(
             rollouts=rollouts,
             rewards_mean=float(valid.mean()) if valid.numel() else float("nan"),
@@ -217,6 +264,7 @@ class ProjectGRPOTrainer(GRPOTrainer):  # type: ignore[misc]
             metric_errors=err,
             groups=int(result.scored_groups.sum()),
             tied_groups=result.num_tied,
+            skipped=self._skipped_groups(rewards, result),
         )
         if self.grpo_dynamic_sampling and self.grpo_refill is not None:
             output = self._refill_tied_groups(inputs, output, result, stats)
@@ -224,6 +272,17 @@ class ProjectGRPOTrainer(GRPOTrainer):  # type: ignore[misc]
         if self.grpo_on_scored is not None:
             self.grpo_on_scored(stats)
         return output
+
+    def _skipped_groups(self, rewards: torch.Tensor, result: AdvantageResult) -> list[SkippedGroup]:
+        if not result.num_rejected:
+            return []
+        by_group = rewards.detach().double().cpu().view(-1, self.grpo_group_size)
+        skipped = []
+        for index in result.rejected_groups.nonzero().view(-1).tolist():
+            row = by_group[index]
+            row = torch.where(torch.isnan(row), torch.zeros_like(row), row)
+            skipped.append(SkippedGroup(index, float(row[row.abs().argmax()]), self.grpo_max_abs_reward))
+        return skipped
 
     # -- dynamic sampling --------------------------------------------------------------------------------
 
@@ -251,7 +310,8 @@ class ProjectGRPOTrainer(GRPOTrainer):  # type: ignore[misc]
             extra_inputs = [dict(self.train_dataset[i]) for i in indices for _ in range(group_size)]
             extra_out, extra_result, _ = self._score_round(extra_inputs)
             extra_tied = extra_result.tied_groups[first_group : first_group + groups_local].tolist()
-            take = [g for g, t in enumerate(extra_tied) if not t][:missing]
+            extra_rejected = extra_result.rejected_groups[first_group : first_group + groups_local].tolist()
+            take = [g for g, t in enumerate(extra_tied) if not t and not extra_rejected[g]][:missing]
             rows = [g * group_size + j for g in take for j in range(group_size)]
             if rows:
                 merged = self._concat(merged, self._select_rows(extra_out, rows))
