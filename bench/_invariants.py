@@ -21,19 +21,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from _bench import LABEL_ATTEMPT, LABEL_JOB, LABEL_ROLE, BenchCluster, Obj
+from grpo_operator.builders.child_kinds import CHILD_KINDS as CHILD_KIND_RECORDS
 
-# Every kind the operator creates, as kubectl names them, with their Kind.
-CHILD_KINDS = {
-    "configmaps": "ConfigMap",
-    "persistentvolumeclaims": "PersistentVolumeClaim",
-    "serviceaccounts": "ServiceAccount",
-    "roles.rbac.authorization.k8s.io": "Role",
-    "rolebindings.rbac.authorization.k8s.io": "RoleBinding",
-    "services": "Service",
-    "networkpolicies.networking.k8s.io": "NetworkPolicy",
-    "deployments.apps": "Deployment",
-    "pods": "Pod",
-}
+# Every kind the operator creates, as kubectl names them, with their Kind (one record each).
+CHILD_KINDS = {k.kubectl_name: k.kind for k in CHILD_KIND_RECORDS}
 
 
 @dataclass

@@ -67,6 +67,7 @@ from _bench import (
     wait_for,
     write_list,
 )
+from grpo_operator.builders.child_kinds import CHILD_KINDS as CHILD_KIND_RECORDS
 from grpo_operator.builders.common import LABEL_ROLE
 
 NAMESPACES_PER_RUN = 5
@@ -214,7 +215,7 @@ STAGES: tuple[tuple[str, str], ...] = (
 )
 # Not a step on the way but a precondition beside it: the stage alone is measured from the infrastructure.
 SIDE_STAGES = {"volume provisioned": "infrastructure created", "claim bound": "infrastructure created"}
-CHILD_KINDS = "configmaps,persistentvolumeclaims,serviceaccounts,roles,rolebindings,services,networkpolicies,deployments,pods"
+CHILD_KINDS = ",".join(k.kubectl_name for k in CHILD_KIND_RECORDS)
 
 
 def _ts(value: Any) -> float | None:

@@ -5,8 +5,10 @@
 
 The CRD (both copies) and docs/api.md come from the API models (``grpo_operator.api.generate``); the
 chart's Grafana dashboard from its panel list (``hack/helm/dashboard.py``); the restart-policy table of
-docs/operations.md from ``reconcile/restart_policy.py`` (``hack/restart_table.py``); the alert table of
-docs/runbooks/README.md from the chart's alert values (``hack/runbook_index.py``).
+docs/operations.md from ``reconcile/restart_policy.py`` (``hack/restart_table.py``), its event table and
+docs/trainer.md's exit-code table from the catalogs in ``api`` (``hack/catalog_tables.py``); the alert table of
+docs/runbooks/README.md from the chart's alert values (``hack/runbook_index.py``); the child-kinds table
+of docs/scaling.md from ``builders/child_kinds.py`` (``hack/child_kinds_table.py``).
 tests/unit/test_generated.py fails while any of them is stale.
 """
 
@@ -18,7 +20,7 @@ from pathlib import Path
 
 from grpo_operator.api import generate as api_generate
 
-from hack import restart_table, runbook_index
+from hack import catalog_tables, child_kinds_table, restart_table, runbook_index
 from hack.helm import dashboard
 
 REPO = Path(__file__).resolve().parents[1]
@@ -29,7 +31,10 @@ def outputs() -> dict[Path, str]:
     return {
         **api_generate.outputs(REPO),
         dashboard.OUTPUT: dashboard.render_text(),
-        restart_table.OUTPUT: restart_table.render_text(),
+        # docs/operations.md holds two generated tables (restart policy, events): both in one text.
+        restart_table.OUTPUT: catalog_tables.render_operations_text(),
+        catalog_tables.TRAINER_DOC: catalog_tables.render_trainer_text(),
+        child_kinds_table.OUTPUT: child_kinds_table.render_text(),
         runbook_index.OUTPUT: runbook_index.render_text(),
     }
 

@@ -1,40 +1,66 @@
-"""One list of child kinds, read from its real sources: what the builders create, what the operator
-watches (``CHILD_RESOURCES``), what the chart's RBAC grants, and the tables of docs/platform.md and
-docs/operations.md. Adding a child kind without the rest fails here, naming the copy that drifted."""
+"""One record per child kind (operator/grpo_operator/builders/child_kinds.py), held to its real copies:
+what the builders create, what the runtime watches and how a change wakes a job, what the chart's RBAC
+grants, and the tables of docs/platform.md and docs/operations.md (the table of docs/scaling.md is
+generated from the records). Adding a child kind without the rest fails here, naming the copy that drifted."""
 
 from __future__ import annotations
 
+import asyncio
+import inspect
 import re
 from pathlib import Path
+from typing import Any
 
+import pytest
 import yaml
 from grpo_operator.builders import gang_pods, infrastructure, metric_workload
-from grpo_operator.runtime.kube import CHILD_RESOURCES, EVENT, GRPOJOB, KUEUE_WORKLOAD, NODE
+from grpo_operator.builders.child_kinds import BY_KIND, CHILD_KINDS, ChildKind, Wake
+from grpo_operator.builders.common import Job
+from grpo_operator.runtime.controller import Controller
+from grpo_operator.runtime.kube import CHILD_RESOURCES, EVENT, GRPOJOB, KUEUE_WORKLOAD, NODE, resource_for
+from grpo_operator.runtime.wakeups import BATCHED_KINDS, METADATA_ONLY_KINDS, READ_ON_CHANGE_KINDS
 from grpo_operator.settings import OperatorSettings
 
 from tests.unit.test_builders import make_job
+from tests.unit.test_builders_rollouts import client_job
 
 REPO = Path(__file__).resolve().parents[2]
 RBAC_TEMPLATE = REPO / "helm" / "grpo-operator" / "templates" / "operator-rbac.yaml"
 PLATFORM_MD = REPO / "docs" / "platform.md"
 OPERATIONS_MD = REPO / "docs" / "operations.md"
-# Every verb the operator uses on a child: list+watch (its caches), create+patch (server-side apply),
-# delete (a child the job no longer needs).
-CHILD_VERBS = {"list", "watch", "create", "patch", "delete"}
 Grants = dict[tuple[str, str], set[str]]
+SETTINGS = OperatorSettings()
+
+
+def jobs() -> list[Job]:
+    """A job with a metric service that creates its own volume, and a client-rollout job: between them
+    every child the builders can make."""
+    return [make_job(), client_job()]
+
+
+def built_children(job: Job) -> list[dict[str, Any]]:
+    """Everything the operator creates for ``job``: its infrastructure, metric workload and gang pods."""
+    return [
+        *infrastructure(job, SETTINGS),
+        *metric_workload(job, SETTINGS),
+        *gang_pods(job, SETTINGS, 1, ""),
+    ]
 
 
 def created_kinds() -> set[str]:
-    """Kinds of every object the builders produce for a job that creates its own volume, in both the
-    running (metric Deployment, gang pods) and the infrastructure-only state."""
-    settings = OperatorSettings()
-    job = make_job()
-    children = [
-        *infrastructure(job, settings),
-        *metric_workload(job, settings),
-        *gang_pods(job, settings, 1, ""),
-    ]
-    return {str(child["kind"]) for child in children}
+    return {str(child["kind"]) for job in jobs() for child in built_children(job)}
+
+
+def built_by(builder: Any, job: Job) -> dict[str, Any] | None:
+    """What one builder makes for ``job`` (gang pods: attempt 1, rank or index 0); None where it makes
+    nothing for this kind of job."""
+    arguments = {"job": job, "settings": SETTINGS, "attempt": 1, "rank": 0, "index": 0, "resume_from": ""}
+    params = inspect.signature(builder).parameters
+    try:
+        manifest: dict[str, Any] | None = builder(**{n: arguments[n] for n in params if n in arguments})
+    except AssertionError:
+        return None  # a builder of the other kind of job (a metric policy for a client-rollout job)
+    return manifest
 
 
 def chart_rules(define: str) -> Grants:
@@ -84,29 +110,87 @@ def docs_rbac_tables() -> list[Grants]:
     return tables
 
 
-def test_the_operator_watches_exactly_the_kinds_its_builders_create() -> None:
-    watched = {r.kind for r in CHILD_RESOURCES}
-    created = created_kinds()
-    assert created - watched == set(), (
-        f"the builders create {sorted(created - watched)} but runtime/kube.py CHILD_RESOURCES does not list "
-        "them: the operator would never see those children change or go; add them there"
+def test_each_records_builders_make_exactly_the_children_of_its_kind() -> None:
+    assert created_kinds() == set(BY_KIND), (
+        f"the builders create {sorted(created_kinds() - set(BY_KIND))} with no record in "
+        f"builders/child_kinds.py, and records name {sorted(set(BY_KIND) - created_kinds())} that no builder "
+        "creates"
     )
-    assert watched - created == set(), (
-        f"CHILD_RESOURCES watches {sorted(watched - created)}, which no builder creates: remove them"
+    for record in CHILD_KINDS:
+        made: set[tuple[int, str]] = set()
+        for builder in record.builders:
+            found = [(i, built_by(builder, job)) for i, job in enumerate(jobs())]
+            found = [(i, m) for i, m in found if m is not None and m in built_children(jobs()[i])]
+            assert found, (
+                f"{builder.__name__}, named by the {record.kind} record, makes none of a job's children"
+            )
+            for i, manifest in found:
+                assert manifest is not None and manifest["kind"] == record.kind, (
+                    f"{builder.__name__} builds a {manifest and manifest['kind']}, but the {record.kind} record "
+                    "names it"
+                )
+                made.add((i, manifest["metadata"]["name"]))
+        # Every trainer rank's pod comes from trainer_pod; rank 0 stands for them.
+        wanted = {
+            (i, c["metadata"]["name"])
+            for i, job in enumerate(jobs())
+            for c in built_children(job)
+            if c["kind"] == record.kind and not re.search(r"-trainer-1-[1-9]\d*$", c["metadata"]["name"])
+        }
+        assert made == wanted, (
+            f"{record.kind}: the record's builders make {sorted(made)}, the jobs' children of that kind are "
+            f"{sorted(wanted)}: name the missing builder in builders/child_kinds.py"
+        )
+
+
+def test_the_runtime_watches_and_wakes_by_the_records() -> None:
+    assert [(r.group, r.version, r.plural, r.kind) for r in CHILD_RESOURCES] == [
+        (k.group, k.version, k.plural, k.kind) for k in CHILD_KINDS
+    ]
+    assert all(resource_for(k.kind).plural == k.plural for k in CHILD_KINDS)
+    # What the drift restore relies on: Service, NetworkPolicy, Role, RoleBinding and ServiceAccount cached
+    # whole (compared with their build), ConfigMaps by resourceVersion (read whole when changed).
+    assert {"Pod", "Deployment"} == BATCHED_KINDS
+    assert {"ConfigMap", "PersistentVolumeClaim"} == METADATA_ONLY_KINDS
+    assert {"ConfigMap"} == READ_ON_CHANGE_KINDS
+
+
+@pytest.mark.parametrize("record", CHILD_KINDS, ids=lambda k: k.kind)
+def test_a_childs_change_wakes_its_job_as_its_record_says(record: ChildKind) -> None:
+    """A pod's or Deployment's change waits for the batch (the rest of a burst joins it); any other child's
+    change queues the job at once."""
+
+    class NoKube:
+        def count_requests(self, hook: Any) -> None:
+            pass
+
+    async def queued_at_once() -> bool:
+        controller = Controller(OperatorSettings(child_event_batch_seconds=5.0), NoKube())  # type: ignore[arg-type]
+        controller.child_event("team-a", "math", record.kind)
+        waiting = len(controller.queue) == 1
+        await controller.stop()
+        return waiting
+
+    queued_now = asyncio.run(queued_at_once())
+    assert queued_now == (record.wake is Wake.IMMEDIATE), (
+        f"a {record.kind} change {'queued' if queued_now else 'did not queue'} its job at once; "
+        f"its record says {record.wake.value}"
     )
 
 
-def test_the_chart_grants_every_verb_the_operator_uses_on_each_child_and_nothing_else() -> None:
+def test_the_chart_grants_exactly_each_records_verbs_and_nothing_else() -> None:
     namespaced = chart_rules("grpo-operator.namespacedRules")
-    for resource in CHILD_RESOURCES:
-        granted = namespaced.get((resource.group, resource.plural), set())
-        assert granted >= CHILD_VERBS, (
-            f"{RBAC_TEMPLATE.relative_to(REPO)} grants {sorted(granted)} on {resource.plural}; the operator "
-            f"needs {sorted(CHILD_VERBS)} on every child kind"
+    cluster = chart_rules("grpo-operator.clusterRules")
+    for record in CHILD_KINDS:
+        rules = namespaced if record.namespaced else cluster
+        granted = rules.get((record.group, record.plural), set())
+        assert granted == record.verbs, (
+            f"{RBAC_TEMPLATE.relative_to(REPO)} grants {sorted(granted)} on {record.kubectl_name}; the "
+            f"operator uses exactly {sorted(record.verbs)} (builders/child_kinds.py): change one to match"
         )
     # The job itself (with its subresources), the Events the operator posts and the Kueue Workloads it reads
     # (only with kueue.enabled) are the only other grants.
-    expected = {(r.group, r.plural) for r in CHILD_RESOURCES} | {
+    expected = {(k.group, k.plural) for k in CHILD_KINDS} | {
         (GRPOJOB.group, GRPOJOB.plural),
         (GRPOJOB.group, f"{GRPOJOB.plural}/status"),
         (GRPOJOB.group, f"{GRPOJOB.plural}/finalizers"),
@@ -118,8 +202,17 @@ def test_the_chart_grants_every_verb_the_operator_uses_on_each_child_and_nothing
         f"namespaced grants that match no resource the operator uses: {sorted(set(namespaced) - expected)}; "
         f"resources it uses that are not granted: {sorted(expected - set(namespaced))}"
     )
-    cluster = chart_rules("grpo-operator.clusterRules")
     assert cluster.get((NODE.group, NODE.plural)) == {"list", "watch"}
+
+
+def test_the_rbac_table_of_platform_md_grants_each_records_verbs() -> None:
+    namespaced = docs_rbac_tables()[0]
+    for record in CHILD_KINDS:
+        documented = namespaced.get((record.group, record.plural), set())
+        assert documented == record.verbs, (
+            f"{PLATFORM_MD.relative_to(REPO)} documents {sorted(documented)} on {record.kubectl_name}; the "
+            f"record says {sorted(record.verbs)}"
+        )
 
 
 def test_the_rbac_tables_of_platform_md_are_the_charts_rules() -> None:
@@ -159,7 +252,7 @@ def _names(kind: str, cell: str) -> bool:
 def test_the_children_table_of_operations_md_names_every_created_kind() -> None:
     rows = _children_table()
     assert rows, f"{OPERATIONS_MD.name} lost its 'What the operator creates' table"
-    kinds = created_kinds()
+    kinds = set(BY_KIND)
     missing = sorted(k for k in kinds if not any(_names(k, row) for row in rows))
     assert not missing, f"{OPERATIONS_MD.relative_to(REPO)} 'What the operator creates' omits {missing}"
     stray = [row for row in rows if not any(_names(k, row) for k in kinds)]

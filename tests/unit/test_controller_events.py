@@ -12,7 +12,7 @@ import threading
 from typing import Any
 
 import pytest
-from grpo_operator.runtime import controller as controller_module
+from grpo_operator.runtime import events as events_module
 from grpo_operator.runtime.controller import Controller
 from grpo_operator.settings import OperatorSettings
 
@@ -61,7 +61,7 @@ def test_a_reconcile_does_not_wait_for_its_events_and_they_are_all_posted() -> N
 
 
 def test_beyond_the_in_flight_limit_a_reconcile_posts_its_own_events(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(controller_module, "MAX_EVENTS_IN_FLIGHT", 1)
+    monkeypatch.setattr(events_module, "MAX_EVENTS_IN_FLIGHT", 1)
 
     async def scenario() -> None:
         kube = HeldEvents()

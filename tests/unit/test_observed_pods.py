@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from grpo_operator.runtime.controller import _pod_of_this_job
+from grpo_operator.runtime.observe import _pod_of_this_job
 
 JOB_UID = "uid-new"
 JOB_CREATED = "2026-11-29T12:00:00Z"

@@ -116,7 +116,7 @@ def test_an_incomplete_or_forbidden_cache_is_never_used() -> None:
 
 
 def test_child_caches_keep_only_the_operators_objects_and_no_configmap_data() -> None:
-    from grpo_operator.runtime.controller import METADATA_ONLY_KINDS, managed_child
+    from grpo_operator.runtime.wakeups import METADATA_ONLY_KINDS, managed_child
 
     touched: list[tuple[str, str]] = []
     c = cache([], touched, keep_child=managed_child, metadata_only=METADATA_ONLY_KINDS)
@@ -206,7 +206,8 @@ def test_a_childs_change_wakes_its_job_only_where_reconcile_looks() -> None:
     """A provisioner marking a claim, a Deployment's counters moving: the cache follows, the job is not
     reconciled. A claim bound, a pod's status, the operator's annotations or the metric Deployment's
     availability: the job is reconciled."""
-    from grpo_operator.runtime.controller import METADATA_ONLY_KINDS, child_view
+    from grpo_operator.builders.child_kinds import child_view
+    from grpo_operator.runtime.wakeups import METADATA_ONLY_KINDS
 
     touched: list[tuple[str, str]] = []
     c = cache([], touched, metadata_only=METADATA_ONLY_KINDS, child_view=child_view)

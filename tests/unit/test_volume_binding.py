@@ -13,8 +13,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
+from grpo_operator.builders.storage import ANNOTATION_BIND_COMPLETED
 from grpo_operator.reconcile import Observed
-from grpo_operator.reconcile.observed import ANNOTATION_BIND_COMPLETED, StorageClasses
+from grpo_operator.reconcile.observed import StorageClasses
 from grpo_operator.settings import OperatorSettings, SettingsError
 
 from tests.unit.test_reconcile import World, events, job_object

@@ -8,6 +8,8 @@ ANNOTATION_RETENTION = "grpo.dev/retention"
 # The uid of the job the operator created the claim for. A retained claim has no owner reference, so this
 # mark (with the operator's labels) is how the operator tells its own claim from a same-name one.
 ANNOTATION_JOB_UID = "grpo.dev/job-uid"
+# Set by the PV controller on a claim once it is bound to a volume; it stays while the claim exists.
+ANNOTATION_BIND_COMPLETED = "pv.kubernetes.io/bind-completed"
 
 
 def checkpoint_pvc(job: Job) -> Manifest | None:

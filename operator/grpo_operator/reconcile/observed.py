@@ -13,6 +13,7 @@ from grpo_operator.builders.common import (
     LABEL_NODE_RANK,
     LABEL_ROLE,
 )
+from grpo_operator.builders.storage import ANNOTATION_BIND_COMPLETED
 from grpo_operator.reconcile.restart_policy import (
     DISRUPTION_STATUS_REASONS,
     EVICTED_BY_KUEUE,
@@ -47,10 +48,6 @@ class Refusal:
     name: str
     code: int
     message: str
-
-
-# Set by the PV controller on a claim once it is bound to a volume; it stays while the claim exists.
-ANNOTATION_BIND_COMPLETED = "pv.kubernetes.io/bind-completed"
 
 
 @dataclass(frozen=True)

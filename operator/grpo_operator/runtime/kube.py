@@ -20,6 +20,7 @@ from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
 from grpo_operator.api.resource import GROUP, PLURAL, VERSION
+from grpo_operator.builders.child_kinds import CHILD_KINDS
 
 Obj = dict[str, Any]
 
@@ -48,7 +49,6 @@ class Resource:
 
 
 GRPOJOB = Resource(GROUP, VERSION, PLURAL, "GRPOJob")
-POD = Resource("", "v1", "pods", "Pod")
 NODE = Resource("", "v1", "nodes", "Node")
 # Read (never written) for each class's volumeBindingMode: a new gang waits for a claim that binds at once.
 STORAGE_CLASS = Resource("storage.k8s.io", "v1", "storageclasses", "StorageClass")
@@ -56,18 +56,11 @@ EVENT = Resource("", "v1", "events", "Event")
 # Kueue's Workload of a queued pod group: read (never written) to show why Kueue has not admitted a job.
 KUEUE_WORKLOAD = Resource("kueue.x-k8s.io", "v1beta2", "workloads", "Workload")
 
-# Every kind the operator creates for a job, in the order they are observed.
-CHILD_RESOURCES: tuple[Resource, ...] = (
-    Resource("", "v1", "configmaps", "ConfigMap"),
-    Resource("", "v1", "persistentvolumeclaims", "PersistentVolumeClaim"),
-    Resource("", "v1", "serviceaccounts", "ServiceAccount"),
-    Resource("rbac.authorization.k8s.io", "v1", "roles", "Role"),
-    Resource("rbac.authorization.k8s.io", "v1", "rolebindings", "RoleBinding"),
-    Resource("", "v1", "services", "Service"),
-    Resource("networking.k8s.io", "v1", "networkpolicies", "NetworkPolicy"),
-    Resource("apps", "v1", "deployments", "Deployment"),
-    POD,
+# Every kind the operator creates for a job, in the order they are observed (builders/child_kinds.py).
+CHILD_RESOURCES: tuple[Resource, ...] = tuple(
+    Resource(k.group, k.version, k.plural, k.kind) for k in CHILD_KINDS
 )
+POD = next(r for r in CHILD_RESOURCES if r.kind == "Pod")
 BY_KIND: dict[str, Resource] = {r.kind: r for r in (*CHILD_RESOURCES, GRPOJOB, NODE, EVENT)}
 
 

@@ -1,0 +1,76 @@
+"""Renders the child kinds' records (operator/grpo_operator/builders/child_kinds.py) into docs/scaling.md,
+between the markers of its "What the operator watches" section; ``make generate`` writes it and
+tests/unit/test_generated.py fails while the doc differs from the records.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from grpo_operator.builders.child_kinds import CHILD_KINDS, Cache, ChildKind, Wake
+from grpo_operator.runtime.wakeups import CHILD_SELECTOR
+
+REPO = Path(__file__).resolve().parents[1]
+OUTPUT = REPO / "docs" / "scaling.md"
+BEGIN = (
+    "<!-- BEGIN generated child-kinds table: `make generate` writes it from "
+    "operator/grpo_operator/builders/child_kinds.py; edit the records there -->"
+)
+END = "<!-- END generated child-kinds table -->"
+# The verbs in the order the RBAC tables of docs/platform.md give them.
+VERB_ORDER = ("get", "list", "watch", "create", "patch", "delete")
+
+
+class MarkersMissing(ValueError):
+    """The document lacks the generated section's markers."""
+
+
+def _builders(record: ChildKind) -> str:
+    return ", ".join(f"`{fn.__module__.rsplit('.', 1)[-1]}.{fn.__name__}`" for fn in record.builders)
+
+
+def _wake(record: ChildKind) -> str:
+    if record.wake is Wake.BATCHED:
+        return "batched (`childEventBatchSeconds`)"
+    return "at once"
+
+
+def _row(record: ChildKind) -> str:
+    resource = f"`{record.kubectl_name}` {record.version}" + ("" if record.namespaced else " (cluster)")
+    verbs = ", ".join(v for v in VERB_ORDER if v in record.verbs)
+    cells = (record.kind, resource, _builders(record), record.cache.value, _wake(record), record.reads, verbs)
+    return "| " + " | ".join(cells) + " |"
+
+
+def render_section() -> str:
+    """The table and its note, markers included."""
+    partial = ", ".join(r.kind for r in CHILD_KINDS if r.cache is not Cache.WHOLE)
+    lines = [
+        BEGIN,
+        "",
+        "| Kind | Resource | Built by (`builders/`) | Cached | Wakes its job | On a change to | RBAC verbs |",
+        "|---|---|---|---|---|---|---|",
+        *(_row(record) for record in CHILD_KINDS),
+        "",
+        f"{len(CHILD_KINDS)} kinds, each watched once per namespace (or once cluster-wide) with the label "
+        f"selector `{CHILD_SELECTOR}`; {partial} as metadata only "
+        "(`PartialObjectMetadata`). A change anywhere else in an object updates the cache and wakes nobody.",
+        "",
+        END,
+    ]
+    return "\n".join(lines)
+
+
+def render(text: str) -> str:
+    """``text`` with its generated section replaced by the table as it is now."""
+    start, end = text.find(BEGIN), text.find(END)
+    if start < 0 or end < start:
+        raise MarkersMissing(
+            f"{OUTPUT.relative_to(REPO)} must hold the lines {BEGIN!r} and {END!r}, in that order, where "
+            "the child-kinds table goes: put them back in its 'What the operator watches' section"
+        )
+    return text[:start] + render_section() + text[end + len(END) :]
+
+
+def render_text() -> str:
+    return render(OUTPUT.read_text(encoding="utf-8"))

@@ -1,0 +1,242 @@
+"""Carrying out a plan: the job's record and status, child patches, deletes, applies and pod creates, in
+the order a job's pods need, and what the API server refused (for the next reconcile and the user)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+from kubernetes.client.exceptions import ApiException
+
+from grpo_operator.api.resource import KIND
+from grpo_operator.builders.common import LABEL_JOB
+from grpo_operator.reconcile import Plan, Refusal
+from grpo_operator.reconcile.record import ANNOTATION_RECORD, record_annotation
+from grpo_operator.runtime.controller_state import log
+from grpo_operator.runtime.events import EventRecorder
+from grpo_operator.runtime.kube import GRPOJOB, Obj, resource_for
+from grpo_operator.runtime.wakeups import READ_ON_CHANGE_KINDS
+
+
+class StatusConflict(Exception):
+    """The job changed between reading it and patching its status; decide again from the new state."""
+
+
+class PlanExecution(EventRecorder):
+    """Carries out a plan and remembers what the API server refused, for the next reconcile."""
+
+    async def execute(self, job: Obj, plan: Plan) -> None:
+        meta = job["metadata"]
+        namespace, name = meta["namespace"], meta["name"]
+        key = (namespace, name)
+        failures: list[Refusal] = []
+        taken: list[tuple[str, str]] = []
+        # The job's infrastructure (ConfigMap, volume, RBAC, Services, metric Deployment) does not depend on
+        # the status: with nothing to patch or delete first, it is written while the record and status are,
+        # which saves a new job two round trips before its first child. Pods always wait for the status.
+        early = bool(plan.applies) and not plan.patches and not plan.deletes
+        if early:
+            outcomes = await asyncio.gather(
+                self._write_status(job, plan),
+                self._write_all(plan.applies, failures, taken),
+                return_exceptions=True,
+            )
+            for outcome in outcomes:
+                if isinstance(outcome, BaseException):
+                    raise outcome
+        else:
+            await self._write_status(job, plan)
+        for child_patch in plan.patches:
+            ref = child_patch.ref
+            patch = child_patch.patch
+            if ref.uid:
+                # A uid in a patch is a precondition: it never reaches a newer object of the same name.
+                patch = {**patch, "metadata": {**patch.get("metadata", {}), "uid": ref.uid}}
+            try:
+                await self._call(self.kube.merge_patch, resource_for(ref.kind), namespace, ref.name, patch)
+            except ApiException as exc:
+                if exc.status not in (404, 409):
+                    self._api_error("patch", ref.kind, exc)
+                    raise
+        for ref in plan.deletes:
+            try:
+                await self._call(self.kube.delete, resource_for(ref.kind), namespace, ref.name, uid=ref.uid)
+                log.info("%s/%s: deleted %s %s", namespace, name, ref.kind, ref.name)
+            except ApiException as exc:
+                if exc.status == 409:
+                    # The uid precondition failed: the name belongs to a newer object now, which stays.
+                    log.info(
+                        "%s/%s: %s %s was replaced meanwhile; not deleted",
+                        namespace,
+                        name,
+                        ref.kind,
+                        ref.name,
+                    )
+                elif exc.status != 404:
+                    self._api_error("delete", ref.kind, exc)
+                    raise
+        # Children within one group do not depend on each other: send them concurrently. The groups
+        # stay in order, so pods are created only after their ConfigMap, PVC and ServiceAccount exist.
+        if not early:
+            await self._write_all(plan.applies, failures, taken)
+        if taken:
+            # A name the job's children need belongs to an object the operator did not create (or its own
+            # object changed since the decision): no pod may start next to it, and the plan's events would
+            # describe children that do not exist. The next reconcile reads the names and decides again.
+            log.info(
+                "%s/%s: %s taken; no pods created until the names are read", namespace, name, _names(taken)
+            )
+        else:
+            await asyncio.gather(*(self._write("create", m, failures, taken) for m in plan.creates))
+            await self.emit_events(job, [(e.type, e.reason, e.message) for e in plan.events])
+        self._refusals[key] = tuple(failures)
+        if taken:
+            self._taken[key] = set(taken)
+        else:
+            self._taken.pop(key, None)
+        # Quota, admission webhooks and policy engines refuse children with 4xx: tell the user why.
+        await self.emit_events(
+            job,
+            [
+                ("Warning", "ChildRejected", f"the API server refused {f.kind} {f.name}: {f.message}")
+                for f in failures
+            ],
+        )
+        if plan.restart is not None:
+            self.metrics.restarts.labels(
+                namespace=namespace,
+                grpojob=name,
+                reason=plan.restart.reason,
+                counted=str(plan.restart.counted).lower(),
+            ).inc()
+        if plan.delete_job:
+            try:
+                await self._call(self.kube.delete, GRPOJOB, namespace, name, uid=meta.get("uid"))
+                log.info("%s/%s: deleted after ttlSecondsAfterFinished", namespace, name)
+            except ApiException as exc:
+                if exc.status == 409:
+                    log.info("%s/%s: a newer job of this name exists; not deleted", namespace, name)
+                elif exc.status != 404:
+                    self._api_error("delete", KIND, exc)
+                    raise
+        if failures:
+            self.queue.add_rate_limited(key, base=5.0)
+        elif taken:
+            # A create found the name taken, or an update found the object replaced, since the decision:
+            # decide again (the next reconcile reads the object and reports a conflict if it is not the job's).
+            log.info(
+                "%s/%s: %s changed while this reconcile ran; reconciling again",
+                namespace,
+                name,
+                _names(taken),
+            )
+            self.queue.add_rate_limited(key)
+
+    async def _write_all(
+        self, manifests: list[Obj], failures: list[Refusal], taken: list[tuple[str, str]]
+    ) -> None:
+        await asyncio.gather(*(self._write(_apply_verb(m), m, failures, taken) for m in manifests))
+
+    async def _write_status(self, job: Obj, plan: Plan) -> None:
+        """The record annotation, then the status (conditional on the record's resourceVersion)."""
+        meta = job["metadata"]
+        namespace, name = meta["namespace"], meta["name"]
+        key = (namespace, name)
+        resource_version = meta.get("resourceVersion")
+        if plan.record is not None:
+            # The operator's record first, so an operator stopped between the two writes decides from it.
+            annotations = {ANNOTATION_RECORD: record_annotation(plan.record)}
+            body = {"metadata": {"resourceVersion": resource_version, "annotations": annotations}}
+            try:
+                written = await self._call_in(
+                    self._job_writes, self.kube.merge_patch, GRPOJOB, namespace, name, body
+                )
+            except ApiException as exc:
+                if exc.status == 409:
+                    raise StatusConflict from exc
+                self._api_error("patch", KIND, exc)
+                raise
+            resource_version = (written.get("metadata") or {}).get("resourceVersion")
+            if not plan.status:
+                self._written_rv[key] = str(resource_version)
+                if self.cache is not None:
+                    self.cache.put_job(written)
+        if plan.status:
+            body = {"metadata": {"resourceVersion": resource_version}, "status": plan.status}
+            try:
+                updated = await self._call_in(
+                    self._job_writes, self.kube.merge_patch, GRPOJOB, namespace, name, body, "status"
+                )
+            except ApiException as exc:
+                if exc.status == 409:
+                    raise StatusConflict from exc
+                self._api_error("patch", "GRPOJob/status", exc)
+                raise
+            self._written_rv[key] = str((updated.get("metadata") or {}).get("resourceVersion"))
+            if self.cache is not None:
+                # Decide the next reconcile from at least what we just wrote, never from an older copy.
+                self.cache.put_job(updated)
+            if plan.status.get("phase"):
+                log.info(
+                    "%s/%s: phase %s (%s) %s",
+                    namespace,
+                    name,
+                    plan.status["phase"],
+                    plan.status.get("reason") or "",
+                    plan.status.get("message") or "",
+                )
+
+    async def _write(
+        self, verb: str, manifest: Obj, failures: list[Refusal], taken: list[tuple[str, str]]
+    ) -> None:
+        """Create one child (POST: never touches an existing object) or update one the job owns (server-side
+        apply naming its uid). 409 means the name is taken or the object was replaced since the decision.
+        Other 4xx (quota, admission policies) are collected for a ChildRejected event."""
+        meta = manifest["metadata"]
+        fn = {
+            "apply": self.kube.apply,
+            "create": self.kube.create,
+            "create-for-apply": self.kube.create_for_apply,
+        }[verb]
+        try:
+            written = await self._call(fn, manifest)
+        except ApiException as exc:
+            if exc.status == 409:
+                taken.append((manifest["kind"], meta["name"]))
+                return
+            self._api_error("apply" if verb == "apply" else "create", manifest["kind"], exc)
+            if exc.status is None or exc.status >= 500 or exc.status == 429:
+                raise
+            failures.append(Refusal(manifest["kind"], meta["name"], exc.status, _api_message(exc)))
+            return
+        if self.cache is not None:
+            # The next reconcile must see what this one wrote, not decide from a cache the watch has not
+            # caught up with yet (it would create the child again, get 409 and back off).
+            written.setdefault("kind", manifest["kind"])
+            written.setdefault("apiVersion", manifest["apiVersion"])
+            if manifest["kind"] in READ_ON_CHANGE_KINDS:
+                # What the operator just wrote is what it builds: no need to read it back.
+                job_key = (str(meta["namespace"]), str((meta.get("labels") or {}).get(LABEL_JOB)))
+                rv = str((written.get("metadata") or {}).get("resourceVersion"))
+                self._verified.setdefault(job_key, {})[(manifest["kind"], meta["name"])] = rv
+            self.cache.put_child(written)
+        if verb != "apply":
+            job = (meta.get("labels") or {}).get(LABEL_JOB, "?")
+            log.info("%s/%s: created %s %s", meta["namespace"], job, manifest["kind"], meta["name"])
+
+
+def _names(refs: list[tuple[str, str]]) -> str:
+    return ", ".join(f"{kind} {name}" for kind, name in refs)
+
+
+def _apply_verb(manifest: Obj) -> str:
+    """Update (server-side apply) a child the job owns, whose observed uid the manifest carries; create the rest."""
+    return "apply" if (manifest.get("metadata") or {}).get("uid") else "create-for-apply"
+
+
+def _api_message(exc: ApiException) -> str:
+    try:
+        body = json.loads(exc.body or "{}")
+        return str(body.get("message") or exc.reason)
+    except ValueError:
+        return str(exc.reason)
