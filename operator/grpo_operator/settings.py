@@ -18,6 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from grpo_operator.api.exit_codes import PERMANENT_EXIT_CODES
 from grpo_operator.api.trainer_config import TRAINER_METRICS_PORT, VLLM_SERVER_PORT, WEIGHT_SYNC_PORT
 
 ENV_PREFIX = "GRPO_OPERATOR_"
@@ -151,7 +152,7 @@ class OperatorSettings:
     # fails at once instead of spending its backoffLimit. The default is the restart policy's
     # (reconcile/restart_policy.py, DEFAULT_PERMANENT_EXIT_CODES; tests/unit/test_restart_policy.py keeps
     # the two equal).
-    permanent_exit_codes: tuple[int, ...] = (2, 4, 6, 7)
+    permanent_exit_codes: tuple[int, ...] = PERMANENT_EXIT_CODES
 
     # --- platform limits (Helm: platformPolicy.*; the chart's admission policy enforces the same) ---------
     # Every limit is off while empty (or 0). The operator checks a job against them before creating its
@@ -169,8 +170,13 @@ class OperatorSettings:
     # (empty: any claim of its namespace).
     allow_existing_claims: bool = True
     allowed_existing_claims: tuple[str, ...] = ()
-    # GPUs one job may request in all: generation.gpus + trainer.nodes * trainer.gpusPerNode (0: no limit).
+    # GPUs one job may request in all (0: no limit): generation.gpus + trainer.nodes * trainer.gpusPerNode,
+    # plus every GPU-class resource any of its pods requests in spec.*.resources, times that role's pods.
     max_gpus_per_job: int = 0
+    # Resource names that are GPUs for max_gpus_per_job: exact names, or prefixes written with a
+    # trailing "*" (a MIG slice is a GPU too, under one name per profile). gpu_resource always counts.
+    # Helm: platformPolicy.gpuResourceNames, rendered into the admission policy as well.
+    gpu_resource_names: tuple[str, ...] = ("nvidia.com/gpu", "nvidia.com/mig-*")
     # Kueue LocalQueue of jobs that name none; the LocalQueues a job may name; whether every job must
     # end up in a queue (without a default: must name one).
     default_queue_name: str = ""
@@ -255,6 +261,14 @@ class OperatorSettings:
                 f"max_gpus_per_job must be >= 0 (0: no limit), got {self.max_gpus_per_job} "
                 f"({ENV_PREFIX}MAX_GPUS_PER_JOB, Helm: platformPolicy.maxGpusPerJob)"
             )
+        for entry in self.gpu_resource_names:
+            if not entry or "*" in entry[:-1] or entry == "*":
+                # A "*" inside a name would silently match nothing; a lone "*" would count CPU and memory.
+                raise SettingsError(
+                    f"gpu_resource_names ({ENV_PREFIX}GPU_RESOURCE_NAMES, Helm: platformPolicy.gpuResourceNames) "
+                    f"has {entry!r}: give resource names (nvidia.com/gpu) or prefixes ending in '*' "
+                    "(nvidia.com/mig-*), with '*' only at the end"
+                )
         default_queue, allowed_queues = self.default_queue_name, self.allowed_queue_names
         if default_queue and allowed_queues and default_queue not in allowed_queues:
             raise SettingsError(
@@ -277,6 +291,15 @@ class OperatorSettings:
     @property
     def clusterwide(self) -> bool:
         return self.all_namespaces or not self.namespaces
+
+    def is_gpu_resource(self, name: str) -> bool:
+        """Whether a container resource named ``name`` is a GPU for max_gpus_per_job."""
+        if name == self.gpu_resource:
+            return True
+        return any(
+            name.startswith(entry[:-1]) if entry.endswith("*") else name == entry
+            for entry in self.gpu_resource_names
+        )
 
 
 def _parse(name: str, type_name: Any, raw: str) -> Any:

@@ -37,7 +37,8 @@ pytestmark = pytest.mark.slow
 
 TENANT = ["--as=dana", "--as-group=tenant-devs"]
 LIMITS = {
-    "platformPolicy.allowedImagePrefixes": "{registry.example.com/}",
+    # Without a trailing "/": matched on path boundaries, so lookalike registries stay out.
+    "platformPolicy.allowedImagePrefixes": "{registry.example.com}",
     "platformPolicy.allowedPriorityClasses": "{grpo-batch}",
     "platformPolicy.allowedTolerationKeys": "{team}",
     "platformPolicy.allowedNodeSelectors": "{pool}",
@@ -138,6 +139,30 @@ def apply_job(
     ("spec", "shown"),
     [
         ({"metric": {"image": "docker.io/evil/metric:1"}}, None),
+        ({"metric": {"image": "registry.example.com.evil.io/metric:1"}}, None),
+        ({"trainer": {"image": "registry.example.com-evil/trainer:1"}}, None),
+        (
+            # GPUs in the metric pods' resources, times their replicas: 1 + 1 x 1 + 4 x 2 = 10 > 8.
+            {
+                "metric": {
+                    "image": "registry.example.com/team/metric:1.0",
+                    "replicas": 4,
+                    "resources": {"limits": {"nvidia.com/gpu": 2}},
+                }
+            },
+            None,
+        ),
+        (
+            {
+                "metric": {
+                    "image": "registry.example.com/team/metric:1.0",
+                    "replicas": 7,
+                    "resources": {"requests": {"nvidia.com/mig-1g.10gb": "1"}},
+                }
+            },
+            None,
+        ),
+        ({"inputs": [{"name": "data", "claim": "someone-elses-data"}]}, None),
         ({"trainer": {"nodes": 1, "gpusPerNode": 8, "image": "registry.example.com/grpo/trainer:0.1"}}, None),
         ({"scheduling": {"queueName": "team-a", "priorityClassName": "system-cluster-critical"}}, None),
         ({"checkpoints": {"volume": {"existingClaim": "someone-elses-data"}}}, None),
@@ -156,6 +181,11 @@ def apply_job(
     ],
     ids=[
         "image",
+        "registry-lookalike",
+        "repository-lookalike",
+        "metric-gpus",
+        "metric-mig",
+        "input-claim",
         "gpus",
         "priority-class",
         "claim",
@@ -425,3 +455,104 @@ def test_only_the_operator_and_its_metric_deployment_put_job_labels_on_pods(
     wait_for("the second metric pod", lambda: len(metric_pods()) >= 2 or None, timeout=60)
     labels = (kube.get("pod", name, ns) or {})["metadata"]["labels"]
     assert labels["grpo.dev/role"] == "generation"
+
+
+def test_status_writers_of_other_namespaces_and_plain_users_are_judged_too(
+    kube: Cluster, installed: Installed, tmp_path: Path
+) -> None:
+    """RBAC may grant a job's status to anyone; the policy lets only that job's trainer write it."""
+    ns = installed.namespace
+    assert apply_job(kube, grpojob("reported"), ns).returncode == 0
+    job = job_from_object(kube.get("grpojob", "reported", ns) or {})
+    kube.apply([trainer_service_account(job), trainer_role(job), trainer_role_binding(job)], namespace=ns)
+    elsewhere = kube.new_namespace("adm-other")
+    kube.kubectl("create", "serviceaccount", "reported-trainer", "-n", elsewhere)
+    # The same Role, granted too widely: a look-alike ServiceAccount of another namespace, and a user.
+    kube.kubectl(
+        "create", "rolebinding", "granted-elsewhere", "-n", ns, "--role=reported-trainer",
+        "--serviceaccount", f"{elsewhere}:reported-trainer", "--user=mallory",
+    )  # fmt: skip
+    outsider = service_account_kubeconfig(
+        kube, "reported-trainer", elsewhere, tmp_path / "outsider.kubeconfig"
+    )
+    proc = status_patch(outsider, "reported", ns, {"progress": {"step": 9}})
+    assert proc.returncode != 0, "a ServiceAccount of another namespace wrote the job's progress"
+    assert "only that job's trainer (ServiceAccount reported-trainer)" in proc.stderr, proc.stderr
+    proc = kube.kubectl(
+        "patch", "grpojob", "reported", "-n", ns, "--subresource=status", "--type=merge",
+        "-p", json.dumps({"status": {"progress": {"step": 9}}}), "--as=mallory", check=False,
+    )  # fmt: skip
+    assert proc.returncode != 0 and "mallory may not change the status of GRPOJob reported" in proc.stderr, (
+        proc.stderr
+    )
+    assert "progress" not in ((kube.get("grpojob", "reported", ns) or {}).get("status") or {})
+    # The job's own trainer still reports.
+    trainer = service_account_kubeconfig(kube, "reported-trainer", ns, tmp_path / "trainer.kubeconfig")
+    proc = status_patch(trainer, "reported", ns, {"progress": {"step": 1}})
+    assert proc.returncode == 0, proc.stderr
+
+
+# --- what carries a job's labels is the operator's ---------------------------------------------------------
+
+
+def test_only_the_operator_changes_pods_and_workloads_that_carry_a_jobs_labels(
+    kube: Cluster, installed: Installed
+) -> None:
+    ns = installed.namespace
+    operator = [f"--as={installed.operator_user}", "--as-group=system:masters"]
+    assert apply_job(kube, grpojob("guarded"), ns).returncode == 0
+    job = job_from_object(kube.get("grpojob", "guarded", ns) or {})
+    settings = OperatorSettings()
+    vllm = generation_pod(job, settings, 1)
+    assert create(kube, vllm, ns, operator).returncode == 0
+    deployment = metric_deployment(job, settings)
+    assert create(kube, deployment, ns, operator).returncode == 0
+    pod, name = vllm["metadata"]["name"], deployment["metadata"]["name"]
+    vllm_container = vllm["spec"]["containers"][0]["name"]
+    metric_container = deployment["spec"]["template"]["spec"]["containers"][0]["name"]
+
+    def refused(*args: str, says: str) -> None:
+        proc = kube.kubectl(*args, "-n", ns, *TENANT, check=False)
+        assert proc.returncode != 0, f"a tenant could {args}"
+        assert says in proc.stderr and "dana" in proc.stderr, proc.stderr
+
+    # The attack: the metric Deployment's image swapped, its labels kept.
+    refused("set", "image", f"deployment/{name}", f"{metric_container}=docker.io/evil/metric:1",
+            says="only the grpo-operator may change its pod template")  # fmt: skip
+    # The Deployment's template labels are its selector's (immutable), but the rest of the template is not.
+    refused("patch", "deployment", name, "--type=json", "-p",
+            json.dumps([{"op": "remove", "path": "/spec/template/metadata/labels/app.kubernetes.io~1name"}]),
+            says="only the grpo-operator may change its pod template")  # fmt: skip
+    refused("label", "deployment", name, "grpo.dev/job-", says="may not remove or change them")
+    # The operator's pods: labels stripped, image swapped, placement or queue changed.
+    refused("label", "pod", pod, "grpo.dev/job-", "grpo.dev/role-", says="may not remove or change them")
+    refused("set", "image", f"pod/{pod}", f"{vllm_container}=docker.io/evil/vllm:1",
+            says="only the grpo-operator may change its containers")  # fmt: skip
+    refused("patch", "pod", pod, "--type=json", "-p",
+            json.dumps([{"op": "add", "path": "/spec/tolerations/-", "value": {"key": "reserved", "operator": "Exists"}}]),
+            says="may change its scheduling gates, nodeSelector, tolerations or affinity")  # fmt: skip
+    template = (kube.get("deployment", name, ns) or {})["spec"]["template"]
+    assert (
+        template["spec"]["containers"][0]["image"]
+        == deployment["spec"]["template"]["spec"]["containers"][0]["image"]
+    )
+    assert (kube.get("pod", pod, ns) or {})["metadata"]["labels"]["grpo.dev/job"] == "guarded"
+
+    # What keeps them as they are passes for anyone; the operator changes what it likes, and the
+    # Deployment and ReplicaSet controllers roll its change out.
+    proc = kube.kubectl("annotate", "pod", pod, "-n", ns, "note=checked", *TENANT, check=False)
+    assert proc.returncode == 0, proc.stderr
+    proc = kube.kubectl("scale", f"deployment/{name}", "-n", ns, "--replicas=2", *operator, check=False)
+    assert proc.returncode == 0, proc.stderr
+    image = "registry.example.com/team/metric:2.0"
+    proc = kube.kubectl("set", "image", f"deployment/{name}", f"{metric_container}={image}", "-n", ns, *operator,
+                        check=False)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    selector = ",".join(f"{k}={v}" for k, v in deployment["spec"]["selector"]["matchLabels"].items())
+
+    def rolled_out() -> bool:
+        pods = kube.kubectl("get", "pods", "-n", ns, "-l", selector, "-o", "json").stdout
+        images = {p["spec"]["containers"][0]["image"] for p in json.loads(pods)["items"]}
+        return image in images
+
+    wait_for("the controllers to roll the operator's image change out", rolled_out, timeout=90)

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 import yaml
 from grpo_operator.builders import job_from_object
+from grpo_operator.builders.child_kinds import CHILD_KINDS
 from grpo_operator.builders.gang import generation_pod, trainer_pod
 from grpo_operator.builders.network import generation_network_policy
 from grpo_operator.cli import _parser
@@ -344,6 +345,7 @@ def test_operator_settings_and_flags_parse_as_the_operator_parses_them(values: P
     assert settings.allow_existing_claims == limits["existingClaims"]["allowed"]
     assert list(settings.allowed_existing_claims) == limits["existingClaims"]["names"]
     assert settings.max_gpus_per_job == limits["maxGpusPerJob"]
+    assert list(settings.gpu_resource_names) == limits["gpuResourceNames"]
     assert settings.default_queue_name == limits["queue"]["default"]
     assert list(settings.allowed_queue_names) == limits["queue"]["allowed"]
     assert settings.require_queue_name == limits["queue"]["required"]
@@ -379,20 +381,13 @@ def test_custom_values_reach_the_pod() -> None:
 # --- RBAC -----------------------------------------------------------------------------------------------
 
 # The operator's rules, spelled out: a change to the chart's RBAC must change this table too, on purpose.
-# Why each verb is needed: templates/operator-rbac.yaml and docs/platform.md.
+# Why each verb is needed: templates/operator-rbac.yaml and docs/platform.md. The children's rows are
+# exactly the verbs each child kind's record names (builders/child_kinds.py), which the runtime uses.
 NAMESPACED_RULES = {
     ("grpo.dev", "grpojobs"): {"get", "list", "watch", "patch", "delete"},
     ("grpo.dev", "grpojobs/status"): {"get", "patch"},
     ("grpo.dev", "grpojobs/finalizers"): {"update"},
-    ("", "pods"): {"list", "watch", "create", "patch", "delete"},
-    ("", "configmaps"): {"list", "watch", "create", "patch", "delete"},
-    ("", "services"): {"list", "watch", "create", "patch", "delete"},
-    ("", "persistentvolumeclaims"): {"list", "watch", "create", "patch", "delete"},
-    ("", "serviceaccounts"): {"list", "watch", "create", "patch", "delete"},
-    ("apps", "deployments"): {"list", "watch", "create", "patch", "delete"},
-    ("rbac.authorization.k8s.io", "roles"): {"list", "watch", "create", "patch", "delete"},
-    ("rbac.authorization.k8s.io", "rolebindings"): {"list", "watch", "create", "patch", "delete"},
-    ("networking.k8s.io", "networkpolicies"): {"list", "watch", "create", "patch", "delete"},
+    **{(k.group, k.plural): set(k.verbs) for k in CHILD_KINDS if k.namespaced},
     ("", "events"): {"create"},
 }
 CLUSTER_RULES = {
@@ -742,6 +737,25 @@ def test_platform_limits_in_the_policy_are_the_values_the_operator_gets() -> Non
     }
     assert settings.max_gpus_per_job == 16 and settings.default_queue_name == "team-default"
     assert literals["prefixes"] == ["registry.example.com/", "ghcr.io/grpo-operator/", "vllm/vllm-openai:"]
+    # What counts as a GPU: the operator's names, split into exact names and "*" prefixes for CEL.
+    variables = {v["name"]: v["expression"] for v in policy["spec"]["variables"]}
+    names = json.loads(variables["gpuNames"])
+    prefixes = json.loads(variables["gpuPrefixes"])
+    assert set(names) == {
+        settings.gpu_resource,
+        *(n for n in settings.gpu_resource_names if not n.endswith("*")),
+    }
+    assert prefixes == [n[:-1] for n in settings.gpu_resource_names if n.endswith("*")] == ["nvidia.com/mig-"]
+
+
+def test_the_policy_judges_exactly_the_claims_the_operator_judges(defaults: list[Doc]) -> None:
+    """The policy's list of mounted claims is the operator's CLAIM_FIELDS in CEL: a claim field added to
+    the operator's list without the policy (or the other way round) fails here."""
+    from grpo_operator.reconcile.policy import claims_cel
+
+    policy = one(defaults, "ValidatingAdmissionPolicy", f"{FULLNAME}-platform-limits")
+    claims = next(v for v in policy["spec"]["variables"] if v["name"] == "claims")
+    assert claims["expression"] == claims_cel()
 
 
 def test_a_default_queue_outside_the_allowed_queues_fails_the_install() -> None:

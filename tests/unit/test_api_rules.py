@@ -25,6 +25,7 @@ from grpo_operator.api.spec import (
     InputSpec,
     ModelSpec,
     Toleration,
+    TrainerSpec,
 )
 
 from tests.unit.test_api_manifests import _DELETE, CLIENT, with_changes
@@ -45,6 +46,10 @@ RULE_BREAKERS: dict[CelRule, dict[str, Any]] = {
         "spec.metric.env": [{"name": "T", "value": "x", "valueFrom": _SECRET}]
     },
     GenerationSpec.Rules.tp_equals_gpus: {"spec.generation.gpus": 2},
+    GenerationSpec.Rules.no_gpus_in_resources: {
+        "spec.generation.resources": {"limits": {"nvidia.com/mig-1g.10gb": 1}}
+    },
+    TrainerSpec.Rules.no_gpus_in_resources: {"spec.trainer.resources": {"requests": {"nvidia.com/gpu": 8}}},
     Toleration.Rules.exists_without_value: {
         "spec.scheduling.tolerations": [{"key": "k", "operator": "Exists", "value": "v"}]
     },

@@ -6,15 +6,26 @@ chart writes."""
 from __future__ import annotations
 
 import copy
+import dataclasses
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, get_args
 
+import pydantic
 import pytest
+from grpo_operator.api.base import ApiModel
+from grpo_operator.api.spec import GRPOJobSpec
 from grpo_operator.builders import job_from_object
 from grpo_operator.builders.common import KUEUE_QUEUE_LABEL
 from grpo_operator.builders.gang import gang_pods
 from grpo_operator.reconcile import Observed, reconcile
-from grpo_operator.reconcile.policy import PLATFORM_POLICY, platform_violations, total_gpus
+from grpo_operator.reconcile.policy import (
+    CLAIM_FIELDS,
+    PLATFORM_POLICY,
+    image_allowed,
+    job_claims,
+    platform_violations,
+    total_gpus,
+)
 from grpo_operator.reconcile.record import ANNOTATION_RECORD, record_annotation
 from grpo_operator.settings import OperatorSettings, SettingsError
 
@@ -132,6 +143,12 @@ def test_no_limits_set_allows_anything() -> None:
             "platformPolicy.existingClaims.names: shared-models)",
         ),
         (
+            # An input claim is a claim the job mounts like any other.
+            {"inputs": [{"name": "data", "claim": "someone-elses-data"}]},
+            "spec.inputs[].claim 'someone-elses-data' is not allowed (platform limit "
+            "platformPolicy.existingClaims.names: shared-models)",
+        ),
+        (
             {"trainer": {"nodes": 4, "gpusPerNode": 2, "image": "registry.example.com/grpo/trainer:0.1.0"}},
             "the job requests 10 GPUs (spec.generation.gpus 2 + spec.trainer.nodes 4 x spec.trainer.gpusPerNode "
             "2), more than the platform limit platformPolicy.maxGpusPerJob: 8",
@@ -148,7 +165,8 @@ def test_no_limits_set_allows_anything() -> None:
     ],
     ids=[
         "image", "registry-lookalike", "default-vllm-image", "priority", "tolerate-all", "toleration-key",
-        "node-selector", "gpu-node-selector", "node-affinity", "claim-name", "gpus", "queue", "queue-required",
+        "node-selector", "gpu-node-selector", "node-affinity", "claim-name", "input-claim-name", "gpus", "queue",
+        "queue-required",
     ],
 )  # fmt: skip
 def test_each_broken_limit_is_named_with_the_value_and_the_setting(
@@ -167,9 +185,152 @@ def test_allowed_node_selector_by_key_or_by_exact_value() -> None:
 
 def test_existing_claims_can_be_forbidden_outright() -> None:
     settings = OperatorSettings(allow_existing_claims=False)
-    spec = job_from_object(job_object(checkpoints={"volume": {"existingClaim": "shared-models"}})).spec
-    (message,) = platform_violations(spec, settings)
-    assert "platformPolicy.existingClaims.allowed: false" in message
+    spec = job_from_object(
+        job_object(
+            checkpoints={"volume": {"existingClaim": "shared-models"}},
+            inputs=[{"name": "data", "claim": "datasets"}, {"name": "prompts", "configMap": "prompts"}],
+        )
+    ).spec
+    assert platform_violations(spec, settings) == [
+        "spec.checkpoints.volume.existingClaim 'shared-models': mounting an existing claim is not allowed "
+        "(platform limit platformPolicy.existingClaims.allowed: false): leave existingClaim out and the "
+        "operator creates the job's own volume",
+        "spec.inputs[].claim 'datasets': mounting an existing claim is not allowed (platform limit "
+        "platformPolicy.existingClaims.allowed: false): give the input as a ConfigMap "
+        "(spec.inputs[].configMap) instead",
+    ]
+
+
+def _claim_fields(annotation: Any, found: set[tuple[type[ApiModel], str]], seen: set[type]) -> None:
+    """Every (model, field) of the API whose name says it names a PersistentVolumeClaim."""
+    if isinstance(annotation, type) and issubclass(annotation, ApiModel) and annotation not in seen:
+        seen.add(annotation)
+        for name, field in annotation.model_fields.items():
+            if "claim" in (field.alias or name).lower():
+                found.add((annotation, name))
+            _claim_fields(field.annotation, found, seen)
+    for arg in get_args(annotation):
+        _claim_fields(arg, found, seen)
+
+
+def test_every_claim_field_of_the_api_is_judged_by_the_claim_limits() -> None:
+    found: set[tuple[type[ApiModel], str]] = set()
+    _claim_fields(GRPOJobSpec, found, set())
+    covered = {(f.model, f.field) for f in CLAIM_FIELDS}
+    missing = sorted(f"{model.__name__}.{name}" for model, name in found - covered)
+    assert missing == [], f"add these claim fields to reconcile/policy.py CLAIM_FIELDS: {missing}"
+    assert covered <= found, "CLAIM_FIELDS names a field the API does not have"
+    # And each entry really lists what the field names.
+    spec = job_from_object(
+        job_object(
+            checkpoints={"volume": {"existingClaim": "ckpt"}},
+            inputs=[
+                {"name": "a", "claim": "in-a"},
+                {"name": "b", "configMap": "cm"},
+                {"name": "c", "claim": "in-c"},
+            ],
+        )
+    ).spec
+    assert [(f.path, claim) for f, claim in job_claims(spec)] == [
+        ("spec.checkpoints.volume.existingClaim", "ckpt"),
+        ("spec.inputs[].claim", "in-a"),
+        ("spec.inputs[].claim", "in-c"),
+    ]
+
+
+# --- images: prefixes match on path boundaries ----------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("image", "allowed"),
+    [
+        ("registry.example.com/team/metric:1", True),
+        ("registry.example.com:5000/team/metric:1", True),
+        ("registry.example.com@sha256:" + "a" * 64, True),
+        ("registry.example.com", True),
+        ("registry.example.com.evil.io/x:1", False),
+        ("registry.example.com-evil/x:1", False),
+        ("registry.example.comx/x:1", False),
+    ],
+)
+def test_a_prefix_without_a_slash_matches_only_on_a_path_boundary(image: str, allowed: bool) -> None:
+    settings = dataclasses.replace(LIMITS, allowed_image_prefixes=("registry.example.com",))
+    spec = job_from_object(job_object(metric={"image": image})).spec
+    found = platform_violations(spec, settings)
+    assert (found == []) is allowed, found
+    assert image_allowed(image, "registry.example.com") is allowed
+
+
+def test_prefixes_ending_on_a_boundary_match_as_written() -> None:
+    assert image_allowed("vllm/vllm-openai:v0.31.0", "vllm/vllm-openai:")
+    assert not image_allowed("vllm/vllm-openai-evil:v1", "vllm/vllm-openai:")
+    assert not image_allowed("vllm/vllm-openai-evil:v1", "vllm/vllm-openai")
+    assert image_allowed("ghcr.io/team/trainer:1", "ghcr.io/team/")
+    assert not image_allowed("ghcr.io/team-evil/trainer:1", "ghcr.io/team")
+
+
+# --- GPUs: every GPU request of every pod --------------------------------------------------------------
+
+
+def test_gpus_requested_in_metric_resources_count_times_replicas() -> None:
+    metric = {
+        "image": "registry.example.com/team/metric:1.0",
+        "replicas": 4,
+        "resources": {"requests": {"nvidia.com/gpu": 2, "cpu": "8"}, "limits": {"nvidia.com/gpu": "2"}},
+    }
+    spec = job_from_object(job_object(metric=metric)).spec
+    assert total_gpus(spec) == 2 + 2 * 2 + 4 * 2
+    (message,) = platform_violations(spec, LIMITS)
+    assert message == (
+        "the job requests 14 GPUs (spec.generation.gpus 2 + spec.trainer.nodes 2 x spec.trainer.gpusPerNode 2 "
+        "+ spec.metric.replicas 4 x 2 in spec.metric.resources), more than the platform limit "
+        "platformPolicy.maxGpusPerJob: 8: request at most 8"
+    )
+
+
+def test_mig_slices_and_platform_named_gpus_count_too() -> None:
+    # A MIG slice (limits only: an extended resource's request defaults to its limit), rounded up.
+    metric = {
+        "image": "registry.example.com/team/metric:1.0",
+        "replicas": 3,
+        "resources": {"limits": {"nvidia.com/mig-1g.10gb": "1", "nvidia.com/mig-2g.20gb": "500m"}},
+    }
+    spec = job_from_object(job_object(metric=metric)).spec
+    assert total_gpus(spec, LIMITS) == 6 + 3 * 2
+    assert "+ spec.metric.replicas 3 x 2 in spec.metric.resources" in platform_violations(spec, LIMITS)[0]
+    # A name the platform adds is counted wherever it appears, trainer pods included (times nodes).
+    trainer = {
+        "nodes": 2,
+        "gpusPerNode": 1,
+        "image": "registry.example.com/grpo/trainer:0.1.0",
+        "resources": {"limits": {"gpu.intel.com/i915": 2}},
+    }
+    spec = job_from_object(job_object(trainer=trainer)).spec
+    intel = dataclasses.replace(
+        LIMITS, gpu_resource_names=("nvidia.com/gpu", "gpu.intel.com/*"), max_gpus_per_job=7
+    )
+    assert total_gpus(spec, intel) == 2 + 2 * (1 + 2)
+    assert total_gpus(spec, LIMITS) == 2 + 2 * 1, "not a GPU under the default names"
+    (message,) = platform_violations(spec, dataclasses.replace(intel, max_gpus_per_job=5))
+    assert "+ spec.trainer.nodes 2 x 2 in spec.trainer.resources), more than" in message
+
+
+@pytest.mark.parametrize(
+    ("role", "section", "field"),
+    [
+        ("generation", {"gpus": 2, "tensorParallelSize": 2, "resources": {"limits": {"nvidia.com/gpu": 8}}}, "gpus"),
+        ("trainer", {"nodes": 2, "gpusPerNode": 2, "resources": {"requests": {"nvidia.com/mig-7g.80gb": 1}}}, "gpusPerNode"),
+        ("trainer", {"nodes": 2, "gpusPerNode": 2, "resources": {"limits": {"amd.com/gpu": 4}}}, "gpusPerNode"),
+    ],
+)  # fmt: skip
+def test_roles_with_a_gpu_field_take_no_gpus_from_resources(
+    role: str, section: dict[str, Any], field: str
+) -> None:
+    with pytest.raises(pydantic.ValidationError) as info:
+        job_from_object(job_object(**{role: section}))
+    message = str(info.value)
+    assert f"spec.{role}.resources must not request GPUs" in message, message
+    assert f"set spec.{role}.{field} instead" in message, message
 
 
 def test_a_default_queue_satisfies_a_required_queue() -> None:
@@ -267,3 +428,15 @@ def test_a_default_queue_outside_the_allowed_queues_is_refused_at_start() -> Non
         OperatorSettings(default_queue_name="q", allowed_queue_names=("r",))
     with pytest.raises(SettingsError, match="max_gpus_per_job must be >= 0"):
         OperatorSettings(max_gpus_per_job=-1)
+
+
+def test_gpu_resource_names_parse_from_the_environment_and_bad_ones_are_refused() -> None:
+    settings = OperatorSettings.from_env(
+        {"GRPO_OPERATOR_GPU_RESOURCE_NAMES": "nvidia.com/gpu,amd.com/gpu,nvidia.com/mig-*"}
+    )
+    assert settings.gpu_resource_names == ("nvidia.com/gpu", "amd.com/gpu", "nvidia.com/mig-*")
+    assert settings.is_gpu_resource("amd.com/gpu") and settings.is_gpu_resource("nvidia.com/mig-3g.40gb")
+    assert not settings.is_gpu_resource("cpu") and not settings.is_gpu_resource("nvidia.com/gpux")
+    for bad in ("*", "nvidia.com/*/x", ""):
+        with pytest.raises(SettingsError, match="gpu_resource_names"):
+            OperatorSettings(gpu_resource_names=(bad,))

@@ -15,6 +15,38 @@ from grpo_operator.api.pod_fields import ENV_LIST_SCHEMA, EnvList, ResourceRequi
 # never be scheduled.
 MAX_GPUS_PER_NODE = 8
 
+# Resource names the API treats as GPUs wherever it sees them: the NVIDIA device plugin's (whole GPUs,
+# renamed shared ones such as nvidia.com/gpu.shared, and MIG slices) and any vendor's "<vendor>/gpu".
+# The platform's own list (OperatorSettings.gpu_resource_names) decides what counts toward
+# maxGpusPerJob; this one keeps GPUs out of resources where a role has a GPU field.
+GPU_NAME_PREFIXES = ("nvidia.com/gpu", "nvidia.com/mig-")
+GPU_NAME_SUFFIX = "/gpu"
+_GPU_NAME_CEL = " || ".join(
+    [*(f"k.startsWith('{p}')" for p in GPU_NAME_PREFIXES), f"k.endsWith('{GPU_NAME_SUFFIX}')"]
+)
+
+
+def is_gpu_resource_name(name: str) -> bool:
+    """Whether the API refuses ``name`` in the resources of a role that has a GPU field."""
+    return name.startswith(GPU_NAME_PREFIXES) or name.endswith(GPU_NAME_SUFFIX)
+
+
+def _no_gpus_in_resources(role: str, gpu_field: str, pods: str) -> CelRule:
+    return CelRule(
+        "!has(self.resources) || ("
+        f"(!has(self.resources.requests) || !self.resources.requests.exists(k, {_GPU_NAME_CEL})) && "
+        f"(!has(self.resources.limits) || !self.resources.limits.exists(k, {_GPU_NAME_CEL})))",
+        f"spec.{role}.resources must not request GPUs (nvidia.com/gpu*, nvidia.com/mig-*, */gpu): the GPUs "
+        f"of {pods} come from spec.{role}.{gpu_field} alone. Remove them from resources and set "
+        f"spec.{role}.{gpu_field} instead",
+        ".resources",
+    )
+
+
+def _gpus_in(resources: ResourceRequirements) -> bool:
+    return any(is_gpu_resource_name(name) for name in (*resources.requests, *resources.limits))
+
+
 DEFAULT_VLLM_IMAGE = "vllm/vllm-openai:v0.31.0"
 DEFAULT_TRAINER_IMAGE = "ghcr.io/grpo-operator/trainer:0.1.0"
 
@@ -60,7 +92,9 @@ class MetricSpec(ApiModel):
         default_factory=list, json_schema_extra=ENV_LIST_SCHEMA, description="Extra environment variables."
     )
     resources: ResourceRequirements = Field(
-        default_factory=ResourceRequirements, description="CPU/memory for each metric server pod."
+        default_factory=ResourceRequirements,
+        description="Resources of each metric server pod. GPUs requested here count toward the platform's "
+        "maxGpusPerJob, times replicas.",
     )
 
 
@@ -75,6 +109,8 @@ class GenerationSpec(ApiModel):
             "with TRL's server mode, so it is not supported yet. Set tensorParallelSize to gpus",
             ".tensorParallelSize",
         )
+
+        no_gpus_in_resources = _no_gpus_in_resources("generation", "gpus", "the vLLM pod")
 
     gpus: K8sInt = Field(
         default=1, ge=1, le=MAX_GPUS_PER_NODE, description="GPUs for vLLM (one pod, one node)."
@@ -109,7 +145,7 @@ class GenerationSpec(ApiModel):
     )
     resources: ResourceRequirements = Field(
         default_factory=ResourceRequirements,
-        description="CPU/memory for the vLLM pod (GPUs come from gpus).",
+        description="CPU/memory for the vLLM pod; GPUs come from gpus and are refused here.",
     )
     env: EnvList = Field(
         default_factory=list,
@@ -121,11 +157,16 @@ class GenerationSpec(ApiModel):
     def _tp_is_all_gpus(self) -> GenerationSpec:
         if self.tensor_parallel_size != self.gpus:
             raise self.Rules.tp_equals_gpus.violation()
+        if _gpus_in(self.resources):
+            raise self.Rules.no_gpus_in_resources.violation()
         return self
 
 
 class TrainerSpec(ApiModel):
     """The trainer gang: nodes x gpusPerNode processes, data parallel."""
+
+    class Rules(CelRules):
+        no_gpus_in_resources = _no_gpus_in_resources("trainer", "gpusPerNode", "each trainer pod")
 
     nodes: K8sInt = Field(default=1, ge=1, le=64, description="Trainer pods (one per node).")
     gpus_per_node: K8sInt = Field(
@@ -146,8 +187,14 @@ class TrainerSpec(ApiModel):
     )
     resources: ResourceRequirements = Field(
         default_factory=ResourceRequirements,
-        description="CPU/memory for each trainer pod (GPUs come from gpusPerNode).",
+        description="CPU/memory for each trainer pod; GPUs come from gpusPerNode and are refused here.",
     )
     env: EnvList = Field(
         default_factory=list, json_schema_extra=ENV_LIST_SCHEMA, description="Extra environment variables."
     )
+
+    @model_validator(mode="after")
+    def _gpus_from_gpus_per_node(self) -> TrainerSpec:
+        if _gpus_in(self.resources):
+            raise self.Rules.no_gpus_in_resources.violation()
+        return self

@@ -9,7 +9,13 @@ so the tenant knows what to change and the platform team which setting said no.
 
 from __future__ import annotations
 
-from grpo_operator.api.spec import GRPOJobSpec
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from decimal import ROUND_CEILING, Decimal, InvalidOperation, localcontext
+
+from grpo_operator.api.base import ApiModel
+from grpo_operator.api.spec import GRPOJobSpec, InputSpec, ResourceRequirements, VolumeSpec
 
 # Condition type: False (reason PolicyViolation) while the job breaks a limit, True once it no longer does.
 from grpo_operator.reconcile.conditions import PLATFORM_POLICY as PLATFORM_POLICY
@@ -18,6 +24,19 @@ from grpo_operator.settings import OperatorSettings
 
 def _listed(values: tuple[str, ...]) -> str:
     return ", ".join(values)
+
+
+# Where one part of an image reference ends: a path segment ("/"), the tag (":") or the digest ("@").
+IMAGE_BOUNDARIES = ("/", ":", "@")
+
+
+def image_allowed(image: str, prefix: str) -> bool:
+    """Whether ``image`` is under ``prefix``, matched on path boundaries: a prefix that ends in "/", ":" or
+    "@" is matched as written; any other must be the whole image or be followed by one of them, so
+    "registry.example.com" admits neither "registry.example.com.evil.io/x" nor "registry.example.com-evil/x"."""
+    if prefix.endswith(IMAGE_BOUNDARIES):
+        return image.startswith(prefix)
+    return image == prefix or image.startswith(tuple(prefix + b for b in IMAGE_BOUNDARIES))
 
 
 def _image_violations(spec: GRPOJobSpec, prefixes: tuple[str, ...]) -> list[str]:
@@ -32,7 +51,7 @@ def _image_violations(spec: GRPOJobSpec, prefixes: tuple[str, ...]) -> list[str]
         f"{field} {image!r} is not from an allowed registry (platform limit "
         f"platformPolicy.allowedImagePrefixes: {_listed(prefixes)}): use an image that starts with one of them"
         for field, image in images
-        if not image.startswith(prefixes)
+        if not any(image_allowed(image, prefix) for prefix in prefixes)
     ]
 
 
@@ -80,37 +99,172 @@ def _placement_violations(spec: GRPOJobSpec, settings: OperatorSettings) -> list
     return out
 
 
+@dataclass(frozen=True)
+class ClaimField:
+    """A spec field that makes the job's pods mount a PersistentVolumeClaim of the namespace.
+
+    Every such field is listed in CLAIM_FIELDS, which both the operator's check and the chart's
+    platform-limits policy read (its ``claims`` variable is ``claims_cel()``; tests/helm/test_chart.py
+    keeps them equal), and tests/unit/test_platform_policy.py fails for a claim field of the API that is
+    not listed: a new way to mount a claim cannot slip past platformPolicy.existingClaims.
+    """
+
+    model: type[ApiModel]  # the API model that declares the field
+    field: str  # its Python name there
+    path: str  # how the user writes it
+    hint: str  # what to do instead, when existing claims are not allowed at all
+    names: Callable[[GRPOJobSpec], list[str]]  # the claims this job mounts through it
+    cel: str  # the same list in CEL, on the admission request's ``object``
+
+
+CLAIM_FIELDS: tuple[ClaimField, ...] = (
+    ClaimField(
+        VolumeSpec,
+        "existing_claim",
+        "spec.checkpoints.volume.existingClaim",
+        "leave existingClaim out and the operator creates the job's own volume",
+        lambda spec: [c] if (c := spec.checkpoints.volume.existing_claim) else [],
+        "(object.spec.?checkpoints.?volume.?existingClaim.orValue('') == '' ? []"
+        " : [object.spec.checkpoints.volume.existingClaim])",
+    ),
+    ClaimField(
+        InputSpec,
+        "claim",
+        "spec.inputs[].claim",
+        "give the input as a ConfigMap (spec.inputs[].configMap) instead",
+        lambda spec: [i.claim for i in spec.inputs if i.claim],
+        "object.spec.?inputs.orValue([]).filter(i, has(i.claim)).map(i, i.claim)",
+    ),
+)
+
+
+def job_claims(spec: GRPOJobSpec) -> list[tuple[ClaimField, str]]:
+    """Every existing claim the job's pods mount, with the field that names it."""
+    return [(field, name) for field in CLAIM_FIELDS for name in field.names(spec)]
+
+
+def claims_cel() -> str:
+    """CEL for job_claims: a list of [path, claim, hint] (the chart's ``claims`` variable)."""
+    # string(c): a list literal must hold one type, and the claim names are dyn to the type checker.
+    return " + ".join(f'{f.cel}.map(c, ["{f.path}", string(c), "{f.hint}"])' for f in CLAIM_FIELDS)
+
+
 def _claim_violations(spec: GRPOJobSpec, settings: OperatorSettings) -> list[str]:
-    claim = spec.checkpoints.volume.existing_claim
-    if not claim:
-        return []
+    claims = job_claims(spec)
     if not settings.allow_existing_claims:
         return [
-            f"spec.checkpoints.volume.existingClaim {claim!r}: mounting an existing claim is not allowed "
-            "(platform limit platformPolicy.existingClaims.allowed: false): leave existingClaim out and "
-            "the operator creates the job's own volume"
+            f"{field.path} {claim!r}: mounting an existing claim is not allowed "
+            f"(platform limit platformPolicy.existingClaims.allowed: false): {field.hint}"
+            for field, claim in claims
         ]
     names = settings.allowed_existing_claims
-    if names and claim not in names:
-        return [
-            f"spec.checkpoints.volume.existingClaim {claim!r} is not allowed (platform limit "
-            f"platformPolicy.existingClaims.names: {_listed(names)}): name one of them or leave it out"
-        ]
-    return []
+    return [
+        f"{field.path} {claim!r} is not allowed (platform limit "
+        f"platformPolicy.existingClaims.names: {_listed(names)}): name one of them or leave it out"
+        for field, claim in claims
+        if names and claim not in names
+    ]
 
 
-def total_gpus(spec: GRPOJobSpec) -> int:
-    """GPUs one job holds while it runs: the vLLM pod's plus every trainer pod's."""
-    return spec.generation.gpus + spec.trainer.nodes * spec.trainer.gpus_per_node
+_QUANTITY = re.compile(r"^([0-9]*\.?[0-9]*)(Ki|Mi|Gi|Ti|Pi|Ei|[numkMGTPE]|[eE][+-]?[0-9.]+)?$")
+_SUFFIXES = {
+    **{s: Decimal(1024) ** (i + 1) for i, s in enumerate(("Ki", "Mi", "Gi", "Ti", "Pi", "Ei"))},
+    **{s: Decimal(10) ** e for s, e in (("n", -9), ("u", -6), ("m", -3), ("k", 3), ("M", 6), ("G", 9))},
+    **{s: Decimal(10) ** e for s, e in (("T", 12), ("P", 15), ("E", 18))},
+}
 
 
-def _gpu_violations(spec: GRPOJobSpec, limit: int) -> list[str]:
-    gpus = total_gpus(spec)
-    if not limit or gpus <= limit:
+def _whole_units(value: int | str) -> int:
+    """A quantity rounded up to whole units: half a GPU still takes a GPU (CEL: isInteger, else + 1)."""
+    text = str(value)
+    match = _QUANTITY.fullmatch(text)
+    with localcontext() as ctx:
+        ctx.prec = 60
+        try:
+            number = Decimal(match.group(1)) if match else Decimal(text)
+            suffix = (match.group(2) or "") if match else ""
+            if suffix in _SUFFIXES:
+                number *= _SUFFIXES[suffix]
+            elif suffix:
+                number *= Decimal(10) ** Decimal(suffix[1:])
+        except InvalidOperation:
+            # The API schema admits only quantities; anything else is as much as one could ask for.
+            return 2**63
+        return int(number.to_integral_value(rounding=ROUND_CEILING))
+
+
+def resource_gpus(resources: ResourceRequirements, settings: OperatorSettings, skip: str = "") -> int:
+    """GPUs one container asks for in ``resources``: for each GPU resource name (settings.is_gpu_resource)
+    the larger of its request and limit (an extended resource's request defaults to its limit). ``skip``:
+    a name the builders overwrite with the role's GPU field."""
+    requests: Mapping[str, int | str] = resources.requests
+    limits: Mapping[str, int | str] = resources.limits
+    names = {n for n in (*requests, *limits) if n != skip and settings.is_gpu_resource(n)}
+    return sum(max(_whole_units(requests.get(n, 0)), _whole_units(limits.get(n, 0))) for n in names)
+
+
+@dataclass(frozen=True)
+class GpuCount:
+    """The GPUs one job holds while it runs, by where they come from."""
+
+    generation: int  # spec.generation.gpus
+    nodes: int  # spec.trainer.nodes
+    per_node: int  # spec.trainer.gpusPerNode
+    generation_resources: int  # GPU resources in spec.generation.resources
+    trainer_resources: int  # GPU resources in spec.trainer.resources, per trainer pod
+    metric_replicas: int
+    metric_resources: int  # GPU resources in spec.metric.resources, per metric pod
+
+    @property
+    def total(self) -> int:
+        return (
+            self.generation
+            + self.generation_resources
+            + self.nodes * (self.per_node + self.trainer_resources)
+            + self.metric_replicas * self.metric_resources
+        )
+
+    def breakdown(self) -> str:
+        """Where the total comes from, in the words the chart's admission policy uses too."""
+        out = (
+            f"spec.generation.gpus {self.generation} + spec.trainer.nodes {self.nodes} x "
+            f"spec.trainer.gpusPerNode {self.per_node}"
+        )
+        if self.generation_resources:
+            out += f" + {self.generation_resources} in spec.generation.resources"
+        if self.trainer_resources:
+            out += f" + spec.trainer.nodes {self.nodes} x {self.trainer_resources} in spec.trainer.resources"
+        if self.metric_resources:
+            out += f" + spec.metric.replicas {self.metric_replicas} x {self.metric_resources} in spec.metric.resources"
+        return out
+
+
+def gpu_count(spec: GRPOJobSpec, settings: OperatorSettings) -> GpuCount:
+    """Every GPU request of every pod the job creates, by role (see GpuCount)."""
+    metric = spec.metric
+    return GpuCount(
+        generation=spec.generation.gpus,
+        nodes=spec.trainer.nodes,
+        per_node=spec.trainer.gpus_per_node,
+        generation_resources=resource_gpus(spec.generation.resources, settings, skip=settings.gpu_resource),
+        trainer_resources=resource_gpus(spec.trainer.resources, settings, skip=settings.gpu_resource),
+        metric_replicas=metric.replicas if metric else 0,
+        metric_resources=resource_gpus(metric.resources, settings) if metric else 0,
+    )
+
+
+def total_gpus(spec: GRPOJobSpec, settings: OperatorSettings | None = None) -> int:
+    """GPUs one job holds while it runs: the vLLM pod's, every trainer pod's and every metric pod's."""
+    return gpu_count(spec, settings or OperatorSettings()).total
+
+
+def _gpu_violations(spec: GRPOJobSpec, settings: OperatorSettings) -> list[str]:
+    limit = settings.max_gpus_per_job
+    count = gpu_count(spec, settings)
+    if not limit or count.total <= limit:
         return []
     return [
-        f"the job requests {gpus} GPUs (spec.generation.gpus {spec.generation.gpus} + spec.trainer.nodes "
-        f"{spec.trainer.nodes} x spec.trainer.gpusPerNode {spec.trainer.gpus_per_node}), more than the "
+        f"the job requests {count.total} GPUs ({count.breakdown()}), more than the "
         f"platform limit platformPolicy.maxGpusPerJob: {limit}: request at most {limit}"
     ]
 
@@ -137,6 +291,6 @@ def platform_violations(spec: GRPOJobSpec, settings: OperatorSettings) -> list[s
         *_image_violations(spec, settings.allowed_image_prefixes),
         *_placement_violations(spec, settings),
         *_claim_violations(spec, settings),
-        *_gpu_violations(spec, settings.max_gpus_per_job),
+        *_gpu_violations(spec, settings),
         *_queue_violations(spec, settings),
     ]
