@@ -86,7 +86,9 @@ test: check testbins prometheus
 test-unit: venv
 	$(BIN)/pytest -ra -m "$(TIER_UNIT)" $(PYTEST_ARGS)
 
-demo: venv testbins
+# Only what the demo starts: etcd, kwok and Kubernetes (not helm, kubeconform or Kueue, ~10 min of cold build).
+demo: venv
+	bash hack/testbins.sh etcd kwok k8s
 	PATH=$(CURDIR)/$(BIN):$$PATH bash hack/demo.sh
 
 # The trainer for real on a CUDA machine: learning, SIGKILL + resume, bf16/fp16/fp32, LoRA, overhead against
