@@ -105,8 +105,11 @@ class PolicyServer:
 class RunningGateway:
     """The gateway serving ``config`` on 127.0.0.1 from a thread of its own."""
 
-    def __init__(self, config: GatewayConfig) -> None:
+    def __init__(self, config: GatewayConfig, internal_token: str | None = None) -> None:
         self.config = config
+        # The job's internal secret, sent by the trainer-side calls below (the gateway needs
+        # config.internal_token_env set to that value in its environment to require it).
+        self.internal_token = internal_token
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, name="gateway", daemon=True)
         self.gateway: Gateway | None = None
@@ -147,6 +150,10 @@ class RunningGateway:
 
     # --- the trainer's side -------------------------------------------------------------------------------
 
+    @property
+    def internal_headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.internal_token}"} if self.internal_token else {}
+
     def start_policy(self, answer: Answer) -> PolicyServer:
         port = int(self.config.trainer_url.rsplit(":", 1)[1])
         self.policy = PolicyServer(port, answer)
@@ -165,7 +172,10 @@ class RunningGateway:
             "wait_seconds": wait_seconds,
         }
         response = requests.post(
-            f"{self.internal_url}/internal/v1/groups", json=body, timeout=wait_seconds + 30
+            f"{self.internal_url}/internal/v1/groups",
+            json=body,
+            headers=self.internal_headers,
+            timeout=wait_seconds + 30,
         )
         response.raise_for_status()
         answer: dict[str, Any] = response.json()
@@ -187,12 +197,20 @@ class RunningGateway:
                 "step": checkpoint,
                 "time": "2026-12-01T03:00:00Z",
             }
-        response = requests.post(f"{self.internal_url}/internal/v1/progress", json=body, timeout=30)
+        response = requests.post(
+            f"{self.internal_url}/internal/v1/progress", json=body, headers=self.internal_headers, timeout=30
+        )
         response.raise_for_status()
         answer: dict[str, Any] = response.json()
         return answer
 
     # --- the client's side (raw protocol) ----------------------------------------------------------------
 
-    def arbor(self, route: str, body: dict[str, Any], prefix: str = "/v1") -> requests.Response:
-        return requests.post(f"{self.client_url}{prefix}/fine_tuning/grpo/{route}", json=body, timeout=60)
+    def arbor(
+        self, route: str, body: dict[str, Any], prefix: str = "/v1", token: str | None = None
+    ) -> requests.Response:
+        """One fine-tuning route; ``token`` is sent the way Arbor's provider can: basic auth from api_base."""
+        auth = ("dspy", token) if token is not None else None
+        return requests.post(
+            f"{self.client_url}{prefix}/fine_tuning/grpo/{route}", json=body, auth=auth, timeout=60
+        )

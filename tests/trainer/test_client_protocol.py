@@ -88,3 +88,22 @@ def test_completion_requests_are_capped_at_max_completion_length() -> None:
         sampling_of({"n": 0}, 8, 1.0, 1.0)
     assert cut_at_stop("abc\ndef", ["\n"]) == ("abc", True)
     assert cut_at_stop("abc", ["x"]) == ("abc", False)
+
+
+def test_the_trainer_sends_the_internal_secret_the_real_gateway_requires(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from tests.harness.gateway import RunningGateway, gateway_config
+
+    monkeypatch.setenv("GRPO_GATEWAY_INTERNAL_TOKEN", "inner")
+    config = gateway_config(prompts_per_step=1, internal_token_env="GRPO_GATEWAY_INTERNAL_TOKEN")
+    with RunningGateway(config) as gw:
+        url = gw.internal_url
+        client = GatewayClient(url, attempt=1, group_size=4, prompts_per_step=1, wait_seconds=0.1)
+        client.progress(1, {"name": "step-1", "step": 1, "dir": "/c"}, "training")
+        status = gw.arbor("status", {}).json()
+        assert status["last_checkpoint"] == "step-1"
+        monkeypatch.delenv("GRPO_GATEWAY_INTERNAL_TOKEN")
+        stranger = GatewayClient(url, attempt=1, group_size=4, prompts_per_step=1, wait_seconds=0.1)
+        with pytest.raises(GatewayProtocolError, match="refused /internal/v1/groups with 403"):
+            stranger.groups(1)

@@ -347,6 +347,11 @@ INVALID_CASES: list[Case] = [
         },
     ),
     _case(
+        "rollouts-peer-every-namespace",
+        "spec.rollouts.client.allowFrom[0].namespaceLabels",
+        {**CLIENT, "spec.rollouts.client": {"allowFrom": [{"podLabels": {"a": "b"}, "namespaceLabels": {}}]}},
+    ),
+    _case(
         "rollouts-token-bad-secret-name",
         "spec.rollouts.client.tokenSecretRef.name",
         {**CLIENT, "spec.rollouts.client": {"tokenSecretRef": {"name": "Not_A_Name", "key": "token"}}},

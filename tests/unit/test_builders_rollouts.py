@@ -81,6 +81,8 @@ def test_gateway_deployment_is_one_small_secure_pod_that_never_overlaps() -> Non
     assert container["command"] == ["python", "-m", "grpo_gateway"]
     assert container["readinessProbe"]["httpGet"] == {"path": "/healthz", "port": "client"}
     assert container["resources"]["requests"] == {"cpu": "100m", "memory": "256Mi"}
+    # A hostile client cannot grow the gateway into the node's memory.
+    assert container["resources"]["limits"] == {"memory": "1Gi"}
     assert pod["automountServiceAccountToken"] is False and pod["securityContext"]["runAsNonRoot"] is True
     assert container["securityContext"]["capabilities"] == {"drop": ["ALL"]}
     assert "nvidia.com/gpu" not in json.dumps(container["resources"])
@@ -146,3 +148,12 @@ def test_changing_who_may_reach_the_gateway_does_not_restart_the_gang() -> None:
     gateway = by_name(before)[("Deployment", "math-rollouts")]
     changed = by_name(after)[("Deployment", "math-rollouts")]
     assert gateway["metadata"]["annotations"] != changed["metadata"]["annotations"]  # the gateway rolls
+
+
+def test_gateway_json_carries_the_reward_bound_and_body_limits_from_the_spec() -> None:
+    children = by_name(client_job(grpo={"maxPromptLength": 1000, "maxCompletionLength": 500}))
+    raw = json.loads(children[("ConfigMap", "math-config")]["data"]["gateway.json"])
+    assert raw["maxAbsReward"] == 1e6
+    # 64 KiB + 64 bytes per token of prompt and completion; a step carries G = 8 of them.
+    assert raw["maxTranscriptBytes"] == 65536 + 64 * 1500
+    assert GatewayConfig.model_validate(raw).max_step_body_bytes == 8 * (65536 + 64 * 1500) + 65536

@@ -218,3 +218,41 @@ def test_dspy_survives_a_trainer_killed_mid_step(gw: RunningGateway) -> None:
     assert trainer.replayed == [2] and sorted(trainer.steps) == [1, 2, 3]
     final = gw.arbor("status", {"job_id": "team-a/dspy"}).json()
     assert final["status"] == "succeeded"
+
+
+def test_dspy_trains_through_a_gateway_that_requires_the_token(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With tokenSecretRef set every route needs the token; DSPy sends it on all of them when api_base
+    carries it in its path (Arbor's provider sends no headers of its own)."""
+    monkeypatch.setenv("GRPO_ROLLOUTS_TOKEN", "s3cret")
+    config = gateway_config(group_size=G, prompts_per_step=B, steps=S, token_env="GRPO_ROLLOUTS_TOKEN")
+    with RunningGateway(config) as gw:
+        gw.start_policy(policy_answer)
+        base = f"{gw.client_url}/t/s3cret/v1/"
+        lm = dspy.LM(
+            f"openai/arbor:{MODEL}", provider=arbor_provider()(), api_base=base, api_key="s3cret", cache=False
+        )
+        adapter = dspy.ChatAdapter()
+        dspy.configure(adapter=adapter)
+        program = dspy.Predict(AddTwo)
+        program.set_lm(lm)
+        from dspy.teleprompt.grpo import GRPO
+
+        optimizer = GRPO(
+            metric=metric,
+            num_train_steps=S,
+            num_dspy_examples_per_grpo_step=B,
+            num_rollouts_per_grpo_step=G,
+            exclude_demos=True,
+            adapter=adapter,
+            num_threads=2,
+        )
+        trainer = Trainer(gw)
+        trainer.thread.start()
+        optimizer.compile(program, trainset=[dspy.Example(number=n).with_inputs("number") for n in range(10)])
+        trainer.thread.join(30)
+        assert trainer.error is None, trainer.error
+        assert sorted(trainer.steps) == [1, 2, 3]
+        assert gw.arbor("status", {"job_id": "team-a/dspy"}, token="s3cret").json()["status"] == "succeeded"
+        # Without the token in api_base, the provider's first call is refused.
+        anonymous = gw.arbor("initialize", {"model": MODEL})
+        assert anonymous.status_code == 401

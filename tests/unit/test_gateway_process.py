@@ -34,20 +34,22 @@ def launch(tmp_path: Path, text: str | None, **env: str) -> subprocess.Popen[str
     )
 
 
+def wait_for_health(proc: subprocess.Popen[str], url: str) -> requests.Response:
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            return requests.get(f"{url}/healthz", timeout=1)
+        except requests.ConnectionError:
+            assert proc.poll() is None, proc.communicate()[0]
+            assert time.monotonic() < deadline, "the gateway did not answer /healthz within 30s"
+            time.sleep(0.2)
+
+
 def test_the_gateway_serves_both_ports_and_stops_on_sigterm(tmp_path: Path) -> None:
     config = gateway_config()
     proc = launch(tmp_path, config.dump_json())
     try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                health = requests.get(f"http://127.0.0.1:{config.client_port}/healthz", timeout=1)
-                break
-            except requests.ConnectionError:
-                assert proc.poll() is None, proc.communicate()[0]
-                assert time.monotonic() < deadline, "the gateway did not answer /healthz within 30s"
-                time.sleep(0.2)
-        assert health.status_code == 200
+        assert wait_for_health(proc, f"http://127.0.0.1:{config.client_port}").status_code == 200
         answer = requests.post(
             f"http://127.0.0.1:{config.client_port}/v1/fine_tuning/grpo/status",
             json={"job_id": None},

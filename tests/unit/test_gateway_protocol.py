@@ -337,7 +337,7 @@ def test_a_completion_the_trainer_never_takes_is_503_with_arbors_body() -> None:
         assert_arbor_error(response, 503, "did not answer within 2s")
 
 
-def test_the_openai_routes_require_the_jobs_bearer_token(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_every_client_route_requires_the_jobs_token(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("GRPO_ROLLOUTS_TOKEN", "s3cret")
     with RunningGateway(gateway_config(token_env="GRPO_ROLLOUTS_TOKEN")) as gw:
         gw.start_policy(lambda body: "ok")
@@ -349,5 +349,25 @@ def test_the_openai_routes_require_the_jobs_bearer_token(monkeypatch: pytest.Mon
         )
         assert models.json()["data"][0]["id"] == MODEL
         assert requests.get(f"{gw.client_url}/v1/models", timeout=10).status_code == 401
-        # The provider sends no credentials on the fine-tuning routes: they cannot require the token.
-        assert gw.arbor("status", {"job_id": JOB_ID}).status_code == 200
+        # Arbor's provider sends no headers of its own: the token travels in api_base's path (or basic auth).
+        for route in ("initialize", "status", "step", "checkpoint", "cancel", "terminate"):
+            for prefix in ("/v1", ""):
+                refused = gw.arbor(route, {"job_id": JOB_ID}, prefix=prefix)
+                assert_arbor_error(refused, 401, "tokenSecretRef", "/t/<token>/v1/")
+                assert_arbor_error(gw.arbor(route, {"job_id": JOB_ID}, token="wrong"), 401)
+        assert gw.arbor("status", {"job_id": JOB_ID}, token="s3cret").status_code == 200
+        assert gw.arbor("status", {"job_id": JOB_ID}, prefix="/t/s3cret/v1").status_code == 200
+        assert_arbor_error(gw.arbor("status", {"job_id": JOB_ID}, prefix="/t/wrong/v1"), 401)
+        bearer = requests.post(
+            f"{gw.client_url}/v1/fine_tuning/grpo/status",
+            json={"job_id": JOB_ID},
+            headers={"Authorization": "Bearer s3cret"},
+            timeout=10,
+        )
+        assert bearer.status_code == 200
+        for path in ("/v1/chat/completions", "/completions"):
+            refused = requests.post(f"{gw.client_url}{path}", data=b"x" * 10_000, timeout=10)
+            assert_arbor_error(refused, 401, "tokenSecretRef")
+        # The probes need no token, and the refusals above changed nothing.
+        assert requests.get(f"{gw.client_url}/healthz", timeout=10).status_code == 200
+        assert gw.arbor("status", {"job_id": JOB_ID}, token="s3cret").json()["status"] == "running"

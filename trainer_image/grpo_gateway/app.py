@@ -4,25 +4,34 @@
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import hmac
 import json
 import logging
+import math
 import os
+import sys
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from aiohttp import ClientSession, ClientTimeout, web
-from grpo_operator.api.gateway_config import GatewayConfig
+from grpo_operator.api.gateway_config import GATEWAY_INTERNAL_TOKEN_ENV, GatewayConfig
 
 from grpo_gateway.forward import Forwarder
-from grpo_gateway.state import GatewayState, ProtocolError, iso_now, strip_model_prefix
+from grpo_gateway.state import GatewayState, ProtocolError, iso_now, short, strip_model_prefix
 
 log = logging.getLogger("grpo_gateway")
 
-# The longest request body read: a group of G <= 256 chat transcripts fits comfortably.
-MAX_BODY_BYTES = 64 * 1024 * 1024
+# JSON bodies up to this size are parsed on the event loop; larger ones on a worker thread, so /healthz
+# (probe timeout 1 s) and the long polls stay answered while a group is parsed.
+PARSE_INLINE_BYTES = 64 * 1024
+# Large bodies parsed at once: parsing turns JSON into Python objects several times its size, so this bounds
+# the gateway's peak memory (with the per-route body limits) whatever many clients send together.
+LARGE_PARSES_AT_ONCE = 2
+# Deeper nesting is refused: no message, transcript or metadata needs it, and json's recursion fails at ~1000.
+MAX_JSON_DEPTH = 32
 # The longest a trainer's groups request is held open, whatever it asks for.
 MAX_WAIT_SECONDS = 120.0
 ARBOR_ROUTES = ("initialize", "step", "status", "checkpoint", "cancel", "terminate")
@@ -41,8 +50,10 @@ class Gateway:
     config: GatewayConfig
     state: GatewayState
     token: str | None = None
+    internal_token: str | None = None
     changed: asyncio.Condition = field(default_factory=asyncio.Condition)
     forwarder: Forwarder | None = None
+    large_parses: asyncio.Semaphore = field(default_factory=lambda: asyncio.Semaphore(LARGE_PARSES_AT_ONCE))
 
     async def notify(self) -> None:
         async with self.changed:
@@ -66,18 +77,88 @@ async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
         return arbor_error(exc, 500)
 
 
-async def _json(request: web.Request) -> dict[str, Any]:
+def _too_large(request: web.Request, limit: int, what: str) -> ProtocolError:
+    return ProtocolError(
+        f"the body of {request.method} {request.path} is larger than this route's limit of {limit} bytes "
+        f"({what}); send a smaller body",
+        status=413,
+    )
+
+
+async def read_body(request: web.Request, limit: int, what: str) -> bytes:
+    """The body, refused with 413 before it is read when Content-Length exceeds ``limit``, and as soon as a
+    chunked body passes it: at most ``limit`` bytes are ever held."""
+    if request.content_length is not None and request.content_length > limit:
+        raise _too_large(request, limit, what)
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.content.iter_any():
+        size += len(chunk)
+        if size > limit:
+            raise _too_large(request, limit, what)
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _depth(body: object) -> int:
+    """Nesting depth of parsed JSON, without recursion."""
+    deepest = 0
+    stack: list[tuple[object, int]] = [(body, 1)]
+    while stack:
+        value, depth = stack.pop()
+        deepest = max(deepest, depth)
+        if depth > MAX_JSON_DEPTH:
+            return depth
+        if isinstance(value, dict):
+            stack.extend((v, depth + 1) for v in value.values())
+        elif isinstance(value, list):
+            stack.extend((v, depth + 1) for v in value)
+    return deepest
+
+
+def _object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    # Python code per JSON object: json's C parser never releases the GIL by itself, and a worker thread
+    # parsing a large body would hold it (and stall the event loop) until done. Running bytecode lets the
+    # interpreter hand the GIL back to the loop every few milliseconds.
+    return dict(pairs)
+
+
+def parse_object(raw: bytes, yielding: bool = False) -> dict[str, Any]:
+    """A JSON object, or ProtocolError (400) saying what is wrong with the body. ``yielding``: parsed off
+    the event loop, letting it run meanwhile."""
     try:
-        body = await request.json()
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ProtocolError(f"the request body is not JSON: {exc}") from None
+        body = json.loads(raw, object_pairs_hook=_object) if yielding else json.loads(raw)
+    except RecursionError:
+        raise ProtocolError(f"the request body is nested deeper than {MAX_JSON_DEPTH} levels") from None
+    except ValueError as exc:  # also JSONDecodeError, UnicodeDecodeError and Python's int-digits limit
+        if "integer string conversion" in str(exc):
+            raise ProtocolError(
+                f"the request body holds a number of more than {sys.get_int_max_str_digits()} digits"
+            ) from None
+        raise ProtocolError(f"the request body is not JSON: {str(exc)[:200]}") from None
     if not isinstance(body, dict):
-        raise ProtocolError("the request body must be a JSON object")
+        raise ProtocolError(f"the request body must be a JSON object, got {type(body).__name__}")
+    if _depth(body) > MAX_JSON_DEPTH:
+        raise ProtocolError(f"the request body is nested deeper than {MAX_JSON_DEPTH} levels")
     return body
+
+
+async def _parse(gateway: Gateway, raw: bytes) -> dict[str, Any]:
+    if len(raw) <= PARSE_INLINE_BYTES:
+        return parse_object(raw)
+    async with gateway.large_parses:
+        return await asyncio.to_thread(parse_object, raw, True)
 
 
 def _gateway(request: web.Request) -> Gateway:
     return request.app[GATEWAY_KEY]
+
+
+async def _json(request: web.Request) -> dict[str, Any]:
+    """A control route's body: no group, no transcript, so the small limit."""
+    gateway = _gateway(request)
+    limit = gateway.config.max_control_body_bytes
+    return await _parse(gateway, await read_body(request, limit, "maxControlBodyBytes: a control body"))
 
 
 # --- client port ----------------------------------------------------------------------------------------------
@@ -87,7 +168,12 @@ async def _arbor(request: web.Request) -> web.Response:
     gateway = _gateway(request)
     state = gateway.state
     route = request.match_info["route"]
-    body = await _json(request)
+    if route == "step":
+        limit = gateway.config.max_step_body_bytes
+        raw = await read_body(request, limit, f"one group: G = {gateway.config.group_size} transcripts")
+        body = await _parse(gateway, raw)
+    else:
+        body = await _json(request)
     if route == "initialize":
         answer = state.initialize(body)
     elif route == "status":
@@ -106,32 +192,77 @@ async def _arbor(request: web.Request) -> web.Response:
     return web.json_response(answer)
 
 
-def _authorized(request: web.Request) -> None:
+def presented_token(request: web.Request) -> str | None:
+    """The token a request carries: in its path (``/t/<token>/v1/...``: Arbor's provider sends no headers of
+    its own, so an api_base of http://host:7453/t/<token>/v1/ is how DSPy carries it on every route),
+    ``Authorization: Bearer <token>`` (the OpenAI client's api_key) or the password of HTTP basic auth."""
+    if "token" in request.match_info:
+        return request.match_info["token"]
+    scheme, _, value = request.headers.get("Authorization", "").partition(" ")
+    if scheme.lower() == "bearer":
+        return value.strip()
+    if scheme.lower() == "basic":
+        try:
+            decoded = base64.b64decode(value.strip(), validate=True).decode()
+        except (ValueError, UnicodeDecodeError):
+            return None
+        return decoded.partition(":")[2]
+    return None
+
+
+def _token_matches(request: web.Request, token: str) -> bool:
+    given = presented_token(request)
+    return given is not None and hmac.compare_digest(given.encode(), token.encode())
+
+
+_UNAUTHENTICATED = frozenset({"/healthz"})
+
+
+@web.middleware
+async def _client_auth(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Every client route needs the job's token when it has one; /healthz (the probes) does not. Checked
+    before any body is read."""
     token = _gateway(request).token
-    if token is None:
-        return
-    header = request.headers.get("Authorization", "")
-    scheme, _, given = header.partition(" ")
-    if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), token.encode()):
+    if token is not None and request.path not in _UNAUTHENTICATED and not _token_matches(request, token):
         raise ProtocolError(
-            "this job's completion routes require Authorization: Bearer <token> with the value of "
-            "spec.rollouts.client.tokenSecretRef (DSPy: dspy.LM(..., api_key=<token>))",
+            "this job's gateway requires the token of spec.rollouts.client.tokenSecretRef on every route: "
+            "in the path (DSPy: dspy.LM(..., api_base='http://<host>:7453/t/<token>/v1/'), which Arbor's "
+            "fine-tuning routes need), as Authorization: Bearer <token> or as basic auth",
             status=401,
         )
+    return await handler(request)
+
+
+@web.middleware
+async def _internal_auth(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """The internal port hands out the client's groups and takes the trainer's progress: only holders of
+    the job's internal secret (trainer rank 0) may call it."""
+    token = _gateway(request).internal_token
+    if token is not None and request.path not in _UNAUTHENTICATED and not _token_matches(request, token):
+        raise ProtocolError(
+            f"the internal port requires Authorization: Bearer <${GATEWAY_INTERNAL_TOKEN_ENV}>, the job's "
+            "internal secret that only trainer rank 0 and the gateway hold",
+            status=403,
+        )
+    return await handler(request)
 
 
 async def _completions(request: web.Request) -> web.StreamResponse:
-    _authorized(request)
     gateway = _gateway(request)
-    raw = await request.read()
-    try:
-        body = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ProtocolError(f"the request body is not JSON: {exc}") from None
-    model = body.get("model") if isinstance(body, dict) else None
+    assert gateway.forwarder is not None
+    limit = gateway.config.max_transcript_bytes
+    raw = await read_body(request, limit, "maxTranscriptBytes: one chat transcript")
+    # Counted before the body is parsed: a request over the cap costs no parsing.
+    with gateway.forwarder.holding(len(raw)):
+        return await _forward_completion(request, gateway, raw)
+
+
+async def _forward_completion(request: web.Request, gateway: Gateway, raw: bytes) -> web.StreamResponse:
+    body = await _parse(gateway, raw)
+    model = body.get("model")
     if not isinstance(model, str) or strip_model_prefix(model) != gateway.config.served_model:
         raise ProtocolError(
-            f"model {model!r} is not served here: this job serves {gateway.config.served_model!r} "
+            f"model {short(model)} is not served here: this job serves {gateway.config.served_model!r} "
             f"(as 'arbor:{gateway.config.served_model}' or the bare name)",
             status=404,
         )
@@ -146,7 +277,6 @@ async def _completions(request: web.Request) -> web.StreamResponse:
 
 
 async def _models(request: web.Request) -> web.Response:
-    _authorized(request)
     model = _gateway(request).config.served_model
     return web.json_response(
         {"object": "list", "data": [{"id": model, "object": "model", "owned_by": "grpo-operator"}]}
@@ -158,11 +288,14 @@ async def _healthz(_: web.Request) -> web.Response:
 
 
 def client_app(gateway: Gateway) -> web.Application:
-    app = web.Application(middlewares=[_errors], client_max_size=MAX_BODY_BYTES)
+    # The handlers read bodies themselves, each with its route's limit; this is only a backstop.
+    limit = gateway.config.max_step_body_bytes
+    app = web.Application(middlewares=[_errors, _client_auth], client_max_size=limit)
     app[GATEWAY_KEY] = gateway
     # Both /v1/<route> and /<route>: the provider joins routes to api_base with urljoin, and a base
     # without a trailing slash loses its /v1.
-    for prefix in ("/v1", ""):
+    # /t/<token>/...: the token in api_base, for clients that can send no header (see presented_token).
+    for prefix in ("/v1", "", "/t/{token}/v1", "/t/{token}"):
         app.router.add_post(prefix + "/fine_tuning/grpo/{route}", _arbor)
         app.router.add_post(prefix + "/chat/completions", _completions)
         app.router.add_post(prefix + "/completions", _completions)
@@ -179,18 +312,22 @@ async def _groups(request: web.Request) -> web.Response:
     body = await _json(request)
     step, attempt = body.get("step"), body.get("attempt", 0)
     if isinstance(step, bool) or not isinstance(step, int) or step < 1:
-        raise ProtocolError(f"step must be a positive integer (the optimizer step to train), got {step!r}")
+        raise ProtocolError(
+            f"step must be a positive integer (the optimizer step to train), got {short(step)}"
+        )
     if isinstance(attempt, bool) or not isinstance(attempt, int) or attempt < 0:
-        raise ProtocolError(f"attempt must be a non-negative integer, got {attempt!r}")
+        raise ProtocolError(f"attempt must be a non-negative integer, got {short(attempt)}")
     count = body.get("count", gateway.config.prompts_per_step)
     if count != gateway.config.prompts_per_step:
         raise ProtocolError(
-            f"count is {count!r} but this gateway hands out spec.grpo.promptsPerStep = "
+            f"count is {short(count)} but this gateway hands out spec.grpo.promptsPerStep = "
             f"{gateway.config.prompts_per_step} groups per step: the trainer and the gateway were rendered "
             "from different specs"
         )
     wait = body.get("wait_seconds", 30)
-    wait = min(float(wait), MAX_WAIT_SECONDS) if isinstance(wait, int | float) else 30.0
+    if isinstance(wait, bool) or not isinstance(wait, int | float) or not 0 <= wait < math.inf:
+        raise ProtocolError(f"wait_seconds must be a non-negative number of seconds, got {short(wait)}")
+    wait = float(min(wait, MAX_WAIT_SECONDS))
     loop = asyncio.get_running_loop()
     deadline = loop.time() + max(0.0, wait)
     while True:
@@ -224,7 +361,8 @@ async def _progress(request: web.Request) -> web.Response:
 
 
 def internal_app(gateway: Gateway) -> web.Application:
-    app = web.Application(middlewares=[_errors], client_max_size=MAX_BODY_BYTES)
+    limit = gateway.config.max_control_body_bytes
+    app = web.Application(middlewares=[_errors, _internal_auth], client_max_size=limit)
     app[GATEWAY_KEY] = gateway
     app.router.add_post("/internal/v1/groups", _groups)
     app.router.add_post("/internal/v1/progress", _progress)
@@ -244,13 +382,28 @@ def make_gateway(config: GatewayConfig) -> Gateway:
                 f"{config.token_env} is empty: the Secret key named by spec.rollouts.client.tokenSecretRef "
                 "must hold the bearer token"
             )
-    return Gateway(config=config, state=GatewayState(config), token=token)
+    internal_token = None
+    if config.internal_token_env:
+        internal_token = os.environ.get(config.internal_token_env) or None
+        if internal_token is None:
+            raise SystemExit(
+                f"{config.internal_token_env} is empty: it must hold the job's internal secret, which trainer "
+                f"rank 0 sends as ${GATEWAY_INTERNAL_TOKEN_ENV}"
+            )
+    return Gateway(config=config, state=GatewayState(config), token=token, internal_token=internal_token)
 
 
 async def start(gateway: Gateway, host: str = "0.0.0.0") -> list[web.AppRunner]:
     """Serve both ports; returns the runners (``cleanup()`` each to stop)."""
     session = ClientSession(timeout=ClientTimeout(total=None, sock_connect=5))
-    gateway.forwarder = Forwarder(session, gateway.config.trainer_url, gateway.config.completion_wait_seconds)
+    gateway.forwarder = Forwarder(
+        session,
+        gateway.config.trainer_url,
+        gateway.config.completion_wait_seconds,
+        max_held=gateway.config.max_held_completions,
+        max_held_bytes=gateway.config.max_held_completion_bytes,
+        max_answer_bytes=gateway.config.max_step_body_bytes,
+    )
     client, internal = client_app(gateway), internal_app(gateway)
 
     async def close_session(_: web.Application) -> None:

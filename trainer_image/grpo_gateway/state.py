@@ -18,6 +18,7 @@ Pure and synchronous (the aiohttp layer adds waiting). The rules, and why:
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import time
@@ -35,6 +36,11 @@ Group = list[dict[str, Any]]
 StopKind = Literal["terminate", "cancel"]
 # How many filled ids are remembered, to tell "already filled" from "never announced" in an error.
 _FILLED_MEMORY = 65536
+# Checkpoints listed in status (the newest): each answered request adds one, so a long run would grow both
+# the gateway's memory and every status answer without bound.
+_CHECKPOINTS_LISTED = 1024
+# Bytes of checkpoint-request metadata held at once, over all requests not yet answered.
+MAX_CHECKPOINT_METADATA_BYTES = 1024 * 1024
 
 
 class ProtocolError(ValueError):
@@ -60,6 +66,7 @@ class CheckpointRequest:
     name: str
     metadata: dict[str, Any] | None
     handed_at_step: int | None = None
+    size: int = 0
 
 
 @dataclass
@@ -103,7 +110,7 @@ class GatewayState:
         if job_id is None or job_id == self.job_id:
             return
         raise ProtocolError(
-            f"job {job_id!r} is not known here: this gateway serves job {self.job_id!r} "
+            f"job {short(job_id)} is not known here: this gateway serves job {self.job_id!r} "
             "(the GRPOJob's namespace/name, as initialize answers)",
             status=404,
         )
@@ -159,7 +166,7 @@ class GatewayState:
         model = body.get("model")
         if not isinstance(model, str) or strip_model_prefix(model) != self.config.served_model:
             raise ProtocolError(
-                f"model {model!r} is not this job's model: the GRPOJob trains {self.config.served_model!r} "
+                f"model {short(model)} is not this job's model: the GRPOJob trains {self.config.served_model!r} "
                 "(spec.model.name); use dspy.LM('openai/arbor:" + self.config.served_model + "', ...)"
             )
         config = body.get("trainer_config")
@@ -167,7 +174,7 @@ class GatewayState:
             generations = config.get("num_generations")
             if generations is not None and generations != self.g:
                 raise ProtocolError(
-                    f"trainer_config.num_generations is {generations!r} but the job's spec.grpo.groupSize is "
+                    f"trainer_config.num_generations is {short(generations)} but the job's spec.grpo.groupSize is "
                     f"{self.g}: set GRPO(num_rollouts_per_grpo_step={self.g}) or change the GRPOJob"
                 )
             ignored = sorted(k for k, v in config.items() if k != "num_generations" and v is not None)
@@ -192,10 +199,10 @@ class GatewayState:
         if isinstance(batch_id, bool) or not isinstance(batch_id, int) or batch_id not in self.pending:
             seen = "was filled already" if batch_id in self._filled else "was never announced"
             raise ProtocolError(
-                f"batch_id {batch_id!r} {seen}: send one group for each id in status.pending_batch_ids "
+                f"batch_id {short(batch_id)} {seen}: send one group for each id in status.pending_batch_ids "
                 f"(now {self.pending})"
             )
-        group = validate_group(body.get("batch"), self.g)
+        group = validate_group(body.get("batch"), self.g, self.config.max_abs_reward)
         self.pending.remove(batch_id)
         self._filled.append(batch_id)
         self.unassigned.append([{**item, "batch_id": batch_id} for item in group])
@@ -210,9 +217,24 @@ class GatewayState:
         if not isinstance(name, str) or not name:
             raise ProtocolError("checkpoint_name must be a non-empty string")
         metadata = body.get("metadata")
-        self.checkpoint_requests.append(
-            CheckpointRequest(name, metadata if isinstance(metadata, dict) else None)
-        )
+        metadata = metadata if isinstance(metadata, dict) else None
+        limit = self.config.max_checkpoint_requests
+        if len(self.checkpoint_requests) >= limit:
+            raise ProtocolError(
+                f"{limit} checkpoint requests are waiting for a checkpoint already (the gateway holds at "
+                "most that many): wait until status lists them, then ask again",
+                status=429,
+            )
+        size = len(name) + len(json.dumps(metadata))
+        held = sum(r.size for r in self.checkpoint_requests)
+        if held + size > MAX_CHECKPOINT_METADATA_BYTES:
+            raise ProtocolError(
+                f"this checkpoint request's name and metadata ({size} bytes of JSON) would exceed the "
+                f"{MAX_CHECKPOINT_METADATA_BYTES} bytes the gateway holds for waiting requests ({held} held): "
+                "send smaller metadata or wait until status lists the earlier checkpoints",
+                status=429,
+            )
+        self.checkpoint_requests.append(CheckpointRequest(name, metadata, size=size))
         return self.status()
 
     def request_stop(self, kind: StopKind, body: dict[str, Any]) -> dict[str, Any]:
@@ -288,6 +310,8 @@ class GatewayState:
                 }
                 self.last_checkpoint = request.name
                 self.checkpoint_requests.remove(request)
+        for name in list(self.checkpoints)[: max(0, len(self.checkpoints) - _CHECKPOINTS_LISTED)]:
+            del self.checkpoints[name]
         # A resume never goes back past a published checkpoint: its steps can never be asked for again.
         for old in [s for s in self.assigned if s <= step]:
             del self.assigned[old]
@@ -305,12 +329,14 @@ def _item(item: dict[str, Any]) -> dict[str, Any]:
 
 def _int(value: object, name: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ProtocolError(f"{name} must be a non-negative integer, got {value!r}")
+        raise ProtocolError(f"{name} must be a non-negative integer, got {short(value)}")
     return value
 
 
-def validate_group(batch: object, group_size: int) -> Group:
-    """A group as the client sends it: exactly G items of {messages, completion, reward}, rewards finite."""
+def validate_group(batch: object, group_size: int, max_abs_reward: float) -> Group:
+    """A group as the client sends it: exactly G items of {messages, completion, reward}, every reward finite
+    and within ``max_abs_reward`` (beyond it the trainer's advantages are not trustworthy: the metric path
+    refuses such rewards too)."""
     if not isinstance(batch, list):
         raise ProtocolError(
             f"batch must be a list of {group_size} scored completions, got {type(batch).__name__}"
@@ -335,9 +361,24 @@ def validate_group(batch: object, group_size: int) -> Group:
                 f"{where}.completion must be a {{role, content}} message (the model's answer)"
             )
         reward = item.get("reward")
-        if isinstance(reward, bool) or not isinstance(reward, int | float) or not math.isfinite(reward):
-            raise ProtocolError(f"{where}.reward must be a finite number, got {reward!r}")
+        # No math.isfinite on an int: one of 400 digits overflows float conversion.
+        if isinstance(reward, bool) or not isinstance(reward, int | float):
+            raise ProtocolError(f"{where}.reward must be a finite number, got {short(reward)}")
+        if isinstance(reward, float) and not math.isfinite(reward):
+            raise ProtocolError(f"{where}.reward must be a finite number, got {short(reward)}")
+        if abs(reward) > max_abs_reward:
+            raise ProtocolError(
+                f"{where}.reward is {short(reward)}, beyond the job's bound |reward| <= {max_abs_reward:g} (the "
+                "metric path's maxAbsReward): scale your metric's scores into that range; the group was "
+                "not taken, send it again with bounded rewards"
+            )
     return [dict(item) for item in batch]
+
+
+def short(value: object, limit: int = 40) -> str:
+    """A value for an error message: long numbers and strings cut, so the message stays readable."""
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[: limit // 2]}...{text[-8:]} ({len(text)} characters)"
 
 
 def _is_message(value: object) -> bool:

@@ -16,12 +16,15 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
 import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
+
+from grpo_operator.api.gateway_config import GATEWAY_INTERNAL_TOKEN_ENV
 
 log = logging.getLogger("grpo_trainer.gateway")
 
@@ -168,13 +171,15 @@ class GatewayClient:
     # Called with "client" / "gateway" when the trainer starts waiting for it, and None when it stops.
     on_wait: Callable[[str | None], None] | None = None
     sleep: Callable[[float], None] = time.sleep
+    # The job's internal secret, which the gateway requires on its internal port when it has one.
+    token: str | None = field(default_factory=lambda: os.environ.get(GATEWAY_INTERNAL_TOKEN_ENV) or None)
 
     def _post(self, path: str, body: dict[str, Any], timeout: float) -> Any:
+        headers = {"Content-Type": "application/json"}
+        if self.token is not None:
+            headers["Authorization"] = f"Bearer {self.token}"
         request = urllib.request.Request(
-            self.url.rstrip("/") + path,
-            data=json.dumps(body).encode(),
-            headers={"Content-Type": "application/json"},
-            method="POST",
+            self.url.rstrip("/") + path, data=json.dumps(body).encode(), headers=headers, method="POST"
         )
         with urllib.request.urlopen(request, timeout=timeout) as response:
             data = response.read(MAX_ANSWER_BYTES + 1)

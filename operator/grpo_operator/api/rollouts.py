@@ -59,6 +59,14 @@ _POD_LABELS_NOT_EMPTY = CelRule(
     "(e.g. {app: dspy-notebook})",
 )
 
+# An empty namespaceSelector selects every namespace: any pod of the cluster with the pod labels would reach
+# the gateway. Unset already means the job's own namespace.
+_NAMESPACE_LABELS_NOT_EMPTY = CelRule(
+    "self.size() > 0",
+    "spec.rollouts.client.allowFrom[].namespaceLabels: {} would admit pods of every namespace: name the "
+    "client's namespace (e.g. {kubernetes.io/metadata.name: notebooks}) or leave it unset for the job's own",
+)
+
 
 class ClientPeer(ApiModel):
     """Pods that may call the job's rollout gateway (a NetworkPolicy peer)."""
@@ -76,7 +84,12 @@ class ClientPeer(ApiModel):
     namespace_labels: dict[str, LabelValue] | None = Field(
         default=None,
         max_length=32,
-        json_schema_extra={"x-kubernetes-validations": [_label_map_rule("namespaceLabels").to_schema()]},
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                _NAMESPACE_LABELS_NOT_EMPTY.to_schema(),
+                _label_map_rule("namespaceLabels").to_schema(),
+            ]
+        },
         description="Labels of the namespaces the client pods run in (e.g. "
         "{kubernetes.io/metadata.name: notebooks}); unset: the job's own namespace.",
     )
@@ -92,6 +105,8 @@ class ClientPeer(ApiModel):
     @field_validator("namespace_labels")
     @classmethod
     def _namespace_keys(cls, value: dict[str, str] | None) -> dict[str, str] | None:
+        if value is not None and not value:
+            raise ValueError(_NAMESPACE_LABELS_NOT_EMPTY.message)
         return _check_label_keys(value, "namespaceLabels")
 
 
@@ -121,10 +136,10 @@ class ClientRolloutsSpec(ApiModel):
     )
     token_secret_ref: RolloutsTokenRef | None = Field(
         default=None,
-        description="Secret key whose value the gateway requires as `Authorization: Bearer <token>` on "
-        "chat/completions, completions and models (DSPy's LM sends its api_key there). The fine-tuning "
-        "routes cannot require it: Arbor's provider sends no credentials. Passed to the gateway by "
-        "reference only.",
+        description="Secret key whose value the gateway requires on every client route (all but /healthz): "
+        "as `Authorization: Bearer <token>` (DSPy's api_key) or as the password of HTTP basic auth, which "
+        "Arbor's provider and the OpenAI client send for an api_base of http://dspy:<token>@host:7453/v1/. "
+        "Passed to the gateway by reference only.",
     )
 
 

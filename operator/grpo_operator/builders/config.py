@@ -48,6 +48,19 @@ def config_hash(job: Job, settings: OperatorSettings) -> str:
     return content_hash(trainer_config_text(job, settings))
 
 
+# JSON bytes per token of a transcript: a token is about 4 characters, 6 bytes each when JSON escapes them,
+# and twice over because the trainer truncates prompts (maxPromptLength) that the client may send longer.
+_TRANSCRIPT_BYTES_PER_TOKEN = 64
+_TRANSCRIPT_OVERHEAD_BYTES = 64 * 1024
+
+
+def max_transcript_bytes(job: Job) -> int:
+    """Body limit of one chat transcript at the gateway, from the lengths the spec trains on."""
+    grpo = job.spec.grpo
+    tokens = grpo.max_prompt_length + grpo.max_completion_length
+    return _TRANSCRIPT_OVERHEAD_BYTES + _TRANSCRIPT_BYTES_PER_TOKEN * tokens
+
+
 def gateway_config(job: Job) -> GatewayConfig:
     """The rollout gateway's config (client-rollout jobs)."""
     spec = job.spec
@@ -62,6 +75,7 @@ def gateway_config(job: Job) -> GatewayConfig:
         token_env=ROLLOUTS_TOKEN_ENV if client is not None and client.token_secret_ref is not None else None,
         # A completion waits for the trainer as long as the trainers wait for vLLM: through a gang restart.
         completion_wait_seconds=float(spec.generation.startup_timeout_seconds),
+        max_transcript_bytes=max_transcript_bytes(job),
     )
 
 

@@ -45,11 +45,16 @@ CLIENT_PORT_NAME = "client"
 INTERNAL_PORT_NAME = "internal"
 # Pod template annotation: a changed gateway.json rolls the gateway (it reads its config at start).
 ANNOTATION_GATEWAY_CONFIG_HASH = "grpo.dev/gateway-config-hash"
-# The gateway relays JSON (about 50 MiB idle) and keeps each step's groups until a checkpoint covers it
-# (for replay): about 2x their JSON size, so checkpoints.everySteps x B x G transcripts. Requests only, like
-# the metric pod's defaults: a fixed limit would count against a namespace's limits.memory quota whatever
-# the job needs, and an OOM kill would lose the groups (the namespace's LimitRange may still set one).
-GATEWAY_RESOURCES: dict[str, Any] = {"requests": {"cpu": "100m", "memory": "256Mi"}}
+# Measured with bench/gateway_load.py (G=8, default lengths): 51 MiB idle, 52 MiB after 64 MiB bodies to a
+# control route (refused unread), peak 132 MiB while 8 step bodies at the step limit arrive at once (before
+# the body limits one 64 MiB body took it past 2 GiB). Body limits and at most 2 large parses at once bound
+# what clients add; the groups kept for replay until a checkpoint covers them add about 2x their JSON size.
+# The limit leaves ~7x headroom over the measured peak, so a hostile client cannot grow the gateway into the
+# node's memory, while honest groups fit.
+GATEWAY_RESOURCES: dict[str, Any] = {
+    "requests": {"cpu": "100m", "memory": "256Mi"},
+    "limits": {"memory": "1Gi"},
+}
 
 
 def gateway_env(job: Job) -> list[dict[str, Any]]:
