@@ -50,9 +50,10 @@ class OperatorSettings:
     # from the watch caches and spends its time waiting for its writes, so workers are cheap; with 4,
     # 300 jobs applied at once queued behind them (bench/scale.py, docs/scaling.md).
     workers: int = 16
-    # A change to a job's children (a pod scheduled, started, ready; a claim bound; the metric Deployment's
-    # availability) reconciles the job this many seconds after the first such change, with every change
-    # that arrived meanwhile. A pod goes from scheduled to Running in well under a second on a quick
+    # A change to a job's deployments and pods reconciles the job this many seconds after the first such
+    # change (a pod scheduled, started, ready; the metric Deployment's availability), with every change
+    # that arrived meanwhile; the other children (a claim bound, a Service changed) wake it at once
+    # (builders/child_kinds.py, each kind's `wake`). A pod goes from scheduled to Running in well under a second on a quick
     # cluster, and without batching each step was its own reconcile and often its own status write. A
     # change to the GRPOJob itself is reconciled at once. 0 reconciles on every change.
     child_event_batch_seconds: float = 0.5
