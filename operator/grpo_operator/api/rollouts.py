@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Annotated, Literal
 from pydantic import Field, field_validator, model_validator
 
 from grpo_operator.api.base import ApiModel, CelRule, CelRules
+from grpo_operator.api.model_spec import SecretKeySelector
 
 if TYPE_CHECKING:
     from grpo_operator.api.spec import GRPOJobSpec
@@ -31,8 +32,6 @@ LABEL_KEY_PATTERN = (
 )
 LABEL_VALUE_PATTERN = r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$"
 _LABEL_KEY_RE = re.compile(LABEL_KEY_PATTERN)
-# DNS-1123 subdomain (Secret names); spelled out here because spec.py imports this module.
-_SECRET_NAME_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
 
 LabelValue = Annotated[str, Field(max_length=63, pattern=LABEL_VALUE_PATTERN)]
 
@@ -110,20 +109,6 @@ class ClientPeer(ApiModel):
         return _check_label_keys(value, "namespaceLabels")
 
 
-class RolloutsTokenRef(ApiModel):
-    """The Secret key holding the bearer token of the gateway's OpenAI-compatible routes."""
-
-    name: str = Field(
-        min_length=1,
-        max_length=253,
-        pattern=_SECRET_NAME_PATTERN,
-        description="Name of the Secret (in the job's namespace).",
-    )
-    key: str = Field(
-        min_length=1, max_length=253, pattern=r"^[-._a-zA-Z0-9]+$", description="The key whose value is used."
-    )
-
-
 class ClientRolloutsSpec(ApiModel):
     """Who may talk to the rollout gateway, and with which token."""
 
@@ -134,7 +119,7 @@ class ClientRolloutsSpec(ApiModel):
         "only `kubectl port-forward svc/<job>-rollouts 7453`, which goes through Kubernetes "
         "authentication.",
     )
-    token_secret_ref: RolloutsTokenRef | None = Field(
+    token_secret_ref: SecretKeySelector | None = Field(
         default=None,
         description="Secret key whose value the gateway requires on every client route (all but /healthz): "
         "as `Authorization: Bearer <token>` (DSPy's api_key) or as the password of HTTP basic auth, which "
