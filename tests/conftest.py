@@ -57,7 +57,11 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.cluster)
         # The first feedback tier (`make check`): pure tests that need neither a cluster nor torch.
         in_unit_dir = str(item.path).startswith(UNIT_DIR + os.sep)
-        if in_unit_dir and item.get_closest_marker("cluster") is None and item.get_closest_marker("trainer") is None:
+        if (
+            in_unit_dir
+            and item.get_closest_marker("cluster") is None
+            and item.get_closest_marker("trainer") is None
+        ):
             item.add_marker(pytest.mark.unit)
 
 

@@ -26,9 +26,15 @@ def _tree(tmp_path: Path, files: dict[str, str]) -> Path:
 @pytest.mark.parametrize(
     ("files", "expected"),
     [
-        ({"api/x.py": "from grpo_operator.builders import y\n"}, "layer 'api' imports 'grpo_operator.builders'"),
+        (
+            {"api/x.py": "from grpo_operator.builders import y\n"},
+            "layer 'api' imports 'grpo_operator.builders'",
+        ),
         ({"settings.py": "import grpo_operator.reconcile.z\n"}, "layer 'settings' imports"),
-        ({"kubectl_plugin/c.py": "from grpo_operator.runtime import kube\n"}, "layer 'kubectl_plugin' imports"),
+        (
+            {"kubectl_plugin/c.py": "from grpo_operator.runtime import kube\n"},
+            "layer 'kubectl_plugin' imports",
+        ),
         ({"observability.py": "from grpo_operator.runtime.controller import C\n"}, "layer 'observability'"),
         ({"newthing/m.py": "import json\n"}, "belongs to no layer: add 'newthing'"),
         ({"api/k.py": "import kubernetes\n"}, "api must not import 'kubernetes'"),
@@ -46,7 +52,9 @@ def test_a_wrong_import_or_an_unplaced_package_is_named(
 
 def test_runtime_may_use_everything_below_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     text = "".join(f"import grpo_operator.{m}\n" for m in ("api", "settings", "builders", "reconcile"))
-    pkg = _tree(tmp_path, {"runtime/r.py": text + "import grpo_operator.observability\nimport grpo_operator\n"})
+    pkg = _tree(
+        tmp_path, {"runtime/r.py": text + "import grpo_operator.observability\nimport grpo_operator\n"}
+    )
     monkeypatch.setattr(check_layers, "REPO", tmp_path)
     monkeypatch.setattr(check_layers, "PACKAGE", pkg)
     assert check_layers.violations() == []
