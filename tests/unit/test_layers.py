@@ -30,7 +30,7 @@ def _tree(tmp_path: Path, files: dict[str, str]) -> Path:
             {"api/x.py": "from grpo_operator.builders import y\n"},
             "layer 'api' imports 'grpo_operator.builders'",
         ),
-        ({"settings.py": "import grpo_operator.reconcile.z\n"}, "layer 'settings' imports"),
+        ({"settings.py": "import grpo_operator.reconcile.gang\n"}, "layer 'settings' imports"),
         (
             {"kubectl_plugin/c.py": "from grpo_operator.runtime import kube\n"},
             "layer 'kubectl_plugin' imports",

