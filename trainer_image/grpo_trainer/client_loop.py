@@ -1,5 +1,5 @@
-"""The client-driven loop (trainer.json ``rollouts`` set; no metric service, no dataset): the steps of
-main.run with the client's groups as the rollout source.
+"""The client-driven loop (trainer.json ``rollouts`` set; no metric service, no dataset): the shared steps
+of steps.py with the client's groups as the rollout source.
 
 Per optimizer step k: rank 0 asks the rollout gateway for step k's B groups (waiting, with
 ``status.progress.waitingForClientSince`` set, until the client has sent them), every rank trains on its slice
@@ -32,19 +32,19 @@ from grpo_trainer.client_rollouts import ClientReward, ClientStop, GroupFeed, Po
 from grpo_trainer.config import BatchPlan, RuntimeEnv
 from grpo_trainer.errors import ExitCode, fail
 from grpo_trainer.gateway_client import GatewayClient
-from grpo_trainer.main import (
-    Reporting,
+from grpo_trainer.progress import ProgressCallback, iso_now
+from grpo_trainer.signals import StopFlag
+from grpo_trainer.steps import (
     Workspace,
     build_trainer,
+    close_status,
+    finish,
     grpo_args,
     load_tokenizer,
     restore,
-    save_final_model,
     start_reporting,
     train,
 )
-from grpo_trainer.progress import ProgressCallback, iso_now
-from grpo_trainer.signals import StopFlag
 from grpo_trainer.trl_adapter import load_checkpoint_weights, save_checkpoint_now
 
 if TYPE_CHECKING:
@@ -120,6 +120,10 @@ class ClientProgressCallback(ProgressCallback):
     def report(self, step: int, state: str) -> None:
         if self.gateway is not None:
             self.gateway.progress(step, self.newest_checkpoint, state)  # type: ignore[arg-type]
+
+    def finished(self, step: int) -> None:
+        """The final model is saved: the gateway tells the client the run is over."""
+        self.report(step, "finished")
 
     def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         super().on_step_begin(args, state, control, **kwargs)
@@ -223,21 +227,21 @@ def run_client_loop(
         try:
             train(trainer, config, workspace, resumed_step)
         except ClientStop as ended:
-            return stopped(trainer, callback, env, workspace, reporting, ended)
-        if callback.stopped_by_signal:
-            log.info("stopped by SIGTERM after checkpointing step %d", trainer.state.global_step)
-        elif env.is_main:
-            save_final_model(trainer, workspace)
-            callback.report(trainer.state.global_step, "finished")
-        return int(ExitCode.OK)
+            return stopped(trainer, callback, env, workspace, ended)
+        return finish(
+            trainer,
+            env,
+            workspace,
+            stopped_by_signal=callback.stopped_by_signal,
+            on_finished=callback.finished,
+        )
     finally:
         if lock is not None:
             lock.give()
         if server is not None:
             server.close()
         callback.set_waiting(None)
-        if reporting.status is not None:
-            reporting.status.close()
+        close_status(reporting)
 
 
 def resumed_checkpoint(workspace: Workspace, step: int) -> dict[str, Any] | None:
@@ -277,7 +281,6 @@ def stopped(
     callback: ClientProgressCallback,
     env: RuntimeEnv,
     workspace: Workspace,
-    reporting: Reporting,
     ended: ClientStop,
 ) -> int:
     """The run ended between two steps (every rank raised the same ClientStop)."""
@@ -291,11 +294,13 @@ def stopped(
     if step > 0 and callback.saved_step != step:
         save_checkpoint_now(trainer)
         callback.on_save(trainer.args, trainer.state, trainer.control)
-    if ended.kind == "signal":
-        log.info("stopped by SIGTERM while waiting for the client, after checkpointing step %d", step)
-        return int(ExitCode.OK)
-    log.info("the client terminated the run after step %d", step)
-    if env.is_main:
-        save_final_model(trainer, workspace)
-        callback.report(step, "finished")
-    return int(ExitCode.OK)
+    if ended.kind != "signal":
+        log.info("the client terminated the run after step %d", step)
+    return finish(
+        trainer,
+        env,
+        workspace,
+        stopped_by_signal=ended.kind == "signal",
+        waiting=" while waiting for the client,",
+        on_finished=callback.finished,
+    )

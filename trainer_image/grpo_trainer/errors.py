@@ -1,37 +1,17 @@
-"""Exit codes and the one-line failure reason the operator reads (docs/trainer.md, "Exit codes")."""
+"""The errors the trainer exits on and the one-line failure reason the operator reads.
+
+The exit codes themselves are the operator's catalog (grpo_operator.api.exit_codes, rendered into
+docs/trainer.md "Exit codes"): re-exported here so the trainer's modules name one ExitCode.
+"""
 
 from __future__ import annotations
 
 import sys
-from enum import IntEnum
 from pathlib import Path
 
+from grpo_operator.api.exit_codes import ExitCode as ExitCode
+
 TERMINATION_LOG = Path("/dev/termination-log")
-
-
-class ExitCode(IntEnum):
-    # All S steps done, or SIGTERM received and a checkpoint written: nothing to retry.
-    OK = 0
-    # Anything unexpected (a crash, NCCL, I/O): transient, restart from the last checkpoint.
-    TRANSIENT = 1
-    # trainer.json invalid, B/G/S not mappable onto the world size, dataset/model/RESUME_FROM unusable:
-    # a restart fails the same way, so the operator must not retry.
-    CONFIG_INVALID = 2
-    # The metric service stayed unavailable past metric.errorBudget (or never became ready): transient on
-    # the trainer's side, worth a restart once the metric Deployment is healthy.
-    METRIC_UNAVAILABLE = 3
-    # The checkpoint to resume from belongs to another job, or was written for a different model or LoRA
-    # setting: resuming would load the wrong weights (or none), and a restart finds the same checkpoint.
-    CHECKPOINT_MISMATCH = 4
-    # A step produced a non-finite loss or gradient norm (or non-finite weights): nothing from it is
-    # published; a restart resumes from the last good checkpoint and counts against backoffLimit.
-    NON_FINITE = 5
-    # CUDA ran out of GPU memory: the same model, batch and sequence lengths need the same memory after a
-    # restart, so the operator fails the job at once; the message says which knobs lower the need.
-    OUT_OF_MEMORY = 6
-    # Client rollouts: the client asked to cancel the run (Arbor's cancel route). Training stopped without
-    # another step or checkpoint; the operator ends the job with reason CancelledByClient and does not retry.
-    CANCELLED = 7
 
 
 class ConfigError(ValueError):

@@ -17,6 +17,7 @@ from typing import Any
 import urllib3
 import yaml
 
+from grpo_operator.api.event_reasons import RESTART_OR_FAILURE_REASONS
 from grpo_operator.api.status import TERMINAL_PHASES
 from grpo_operator.builders.common import LABEL_ATTEMPT, LABEL_JOB, LABEL_NODE_RANK, LABEL_ROLE
 from grpo_operator.kubectl_plugin import data, render
@@ -34,7 +35,8 @@ from grpo_operator.kubectl_plugin.kube import LOGS, PATCH_JOB, READER, Kube
 from grpo_operator.kubectl_plugin.volume import DEFAULT_READER_IMAGE, VolumeTransport, reader
 
 PROG = "kubectl grpo"
-RESTART_REASONS = ("Restarting", "BackoffLimitExceeded", "Failed", "Preempted", "NodeLost")
+# The events `status` lists as restarts: those the operator posts when a gang restarts or the job fails.
+RESTART_REASONS = RESTART_OR_FAILURE_REASONS
 
 MAIN_HELP = f"""\
 See what a GRPOJob's model writes: status with reward trends, sample completions and their rewards,

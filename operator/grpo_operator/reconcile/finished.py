@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from datetime import timedelta
 
+from grpo_operator.api import event_reasons
 from grpo_operator.builders import Job
 from grpo_operator.reconcile.children import delete_gateway, delete_metric_workload, delete_pods
 from grpo_operator.reconcile.conditions import (
@@ -23,7 +24,7 @@ def fail(step: Step, job: Job, observed: Observed, reason: str, message: str) ->
     step.new["completionTime"] = format_time(step.now)
     step.condition(FAILED, "True", reason, message)
     step.condition(RUNNING, "False", "Failed", message)
-    step.event("Warning", "Failed", message)
+    step.event(event_reasons.FAILED, message)
     clean_up_finished(step, job, observed)
     ttl(step, job)
 
@@ -37,7 +38,7 @@ def succeed(step: Step, job: Job, observed: Observed) -> None:
     step.new["completionTime"] = format_time(step.now)
     step.condition(SUCCEEDED, "True", "Completed", message)
     step.condition(RUNNING, "False", "Succeeded", message)
-    step.event("Normal", "Succeeded", message)
+    step.event(event_reasons.SUCCEEDED, message)
     clean_up_finished(step, job, observed)
     ttl(step, job)
 

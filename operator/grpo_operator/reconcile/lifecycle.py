@@ -17,9 +17,10 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from grpo_operator.api import event_reasons
 from grpo_operator.api.resource import compute_rollouts
 from grpo_operator.api.status import TERMINAL_PHASES
-from grpo_operator.builders import Job, infrastructure, job_from_object
+from grpo_operator.builders import Job, generated_secrets, infrastructure, job_from_object
 from grpo_operator.builders.children import metric_workload
 from grpo_operator.builders.common import client_rollouts
 from grpo_operator.reconcile import ownership
@@ -29,7 +30,9 @@ from grpo_operator.reconcile.children import (
     delete_pods,
     delete_strays,
     ensure,
+    ensure_secrets,
     split_strays,
+    without_foreign_secrets,
 )
 from grpo_operator.reconcile.conditions import (
     FAILED,
@@ -103,11 +106,13 @@ def reconcile(job_obj: dict[str, Any], observed: Observed, now: datetime, settin
     if get_condition(list(step.old.get("conditions") or []), PLATFORM_POLICY) is not None:
         step.condition(PLATFORM_POLICY, "True", "Allowed", "the job meets the platform's limits")
 
-    desired = infrastructure(job, settings)
+    secrets = generated_secrets(job)
+    desired = [manifest for manifest, _ in secrets] + infrastructure(job, settings)
     if not job.spec.suspend:
         desired += metric_workload(job, settings)
     check_conflicts(step, job, desired)
-    ensure(step, observed, infrastructure(job, settings))
+    ensure_secrets(step, observed, secrets)
+    ensure(step, observed, without_foreign_secrets(step, infrastructure(job, settings)))
 
     if job.spec.suspend:
         suspend(step, job, observed)
@@ -148,7 +153,7 @@ def invalid_spec(step: Step, exc: ValidationError) -> Plan:
         step.set_phase("Failed", "InvalidSpec", message)
         step.new["completionTime"] = format_time(step.now)
         step.condition(FAILED, "True", "InvalidSpec", message)
-        step.event("Warning", "InvalidSpec", message)
+        step.event(event_reasons.INVALID_SPEC, message)
     return step.finish()
 
 
@@ -162,7 +167,7 @@ def policy_violation(step: Step, violations: list[str]) -> Plan:
     previous = get_condition(list(step.old.get("conditions") or []), PLATFORM_POLICY)
     step.condition(PLATFORM_POLICY, "False", "PolicyViolation", message)
     if previous is None or previous.get("status") != "False" or previous.get("message") != truncate(message):
-        step.event("Warning", "PolicyViolation", message)
+        step.event(event_reasons.POLICY_VIOLATION, message)
     if step.attempt == 0:
         step.set_phase("Pending", "PolicyViolation", message)
     return step.finish()
@@ -175,8 +180,7 @@ def start(step: Step, job: Job) -> None:
     trainers = job.spec.trainer.nodes
     step.set_phase("Pending", "Creating", "creating the job's children and its first gang of pods")
     step.event(
-        "Normal",
-        "Created",
+        event_reasons.CREATED,
         f"created the job's children and gang attempt 1: 1 vLLM pod ({job.spec.generation.gpus} GPU) and "
         f"{trainers} trainer pod{'s' if trainers > 1 else ''} ({job.spec.trainer.gpus_per_node} GPU each)",
     )
@@ -195,7 +199,7 @@ def suspend(step: Step, job: Job, observed: Observed) -> None:
         step.condition(RUNNING, "False", "Suspended", "the job is suspended")
         step.drop_condition(SCHEDULED)
         step.drop_condition(METRIC_READY)
-        step.event("Normal", "Suspended", message)
+        step.event(event_reasons.SUSPENDED, message)
 
 
 def resume(step: Step, job: Job) -> None:
@@ -207,9 +211,9 @@ def resume(step: Step, job: Job) -> None:
     where = resume_point(step)
     step.set_phase("Pending", "Resumed", f"resumed with gang attempt {attempt}, {where}")
     step.condition(SUSPENDED, "False", "Resumed", f"resumed, {where}")
-    step.event("Normal", "Resumed", f"spec.suspend is false: starting gang attempt {attempt}, {where}")
+    step.event(event_reasons.RESUMED, f"spec.suspend is false: starting gang attempt {attempt}, {where}")
     if step.checkpoint_path:
-        step.event("Normal", "ResumedFromCheckpoint", f"gang attempt {attempt} {where}")
+        step.event(event_reasons.RESUMED_FROM_CHECKPOINT, f"gang attempt {attempt} {where}")
 
 
 def active_deadline(step: Step, job: Job, observed: Observed) -> bool:

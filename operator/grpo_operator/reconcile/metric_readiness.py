@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from datetime import timedelta
 
+from grpo_operator.api import event_reasons
 from grpo_operator.api.trainer_config import ROLLOUTS_PORT
 from grpo_operator.builders import Job
 from grpo_operator.builders.common import metric_name, rollouts_name
@@ -66,7 +67,7 @@ def metric_readiness(step: Step, job: Job, observed: Observed) -> None:
     step.condition(METRIC_READY, status, reason, message)
     stuck = status == "False" and reason in _METRIC_STUCK_REASONS
     if stuck and (previous is None or previous.get("reason") != reason):
-        step.event("Warning", "MetricNotReady", message)
+        step.event(event_reasons.METRIC_NOT_READY, message)
 
 
 def withhold_first_metric_report(step: Step, job: Job, observed: Observed) -> None:
@@ -150,4 +151,4 @@ def gateway_readiness(step: Step, job: Job, observed: Observed) -> None:
     step.condition(GATEWAY_READY, "True" if ready else "False", reason, message)
     stuck = not ready and reason in _METRIC_STUCK_REASONS
     if stuck and (previous is None or previous.get("reason") != reason):
-        step.event("Warning", "GatewayNotReady", message)
+        step.event(event_reasons.GATEWAY_NOT_READY, message)

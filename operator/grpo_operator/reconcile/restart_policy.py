@@ -7,8 +7,11 @@ the table (gang.py's failure, disruption and deadline handling, lifecycle.py's a
 `make generate` renders it into docs/operations.md ("Failures and restarts"), and
 tests/unit/test_restart_policy.py drives reconcile through every row.
 
-The operator setting ``permanent_exit_codes`` (GRPO_OPERATOR_PERMANENT_EXIT_CODES) decides which trainer
-exit codes are permanent; its default is ``DEFAULT_PERMANENT_EXIT_CODES``, the exit-code rows marked
+Exit codes and event reasons come from their catalogs in ``api`` (api/exit_codes.py,
+api/event_reasons.py): a row that posts an event names the catalog's reason, and an exit-code row is
+permanent when the catalog says so. The operator setting ``permanent_exit_codes``
+(GRPO_OPERATOR_PERMANENT_EXIT_CODES) decides which trainer exit codes are permanent; its default is
+``DEFAULT_PERMANENT_EXIT_CODES``, the catalog's permanent codes, which are the exit-code rows marked
 permanent here. A code taken out of it becomes a counted restart under its row's reason; a code added
 to it that has no row fails the job with the reason "PermanentFailure".
 """
@@ -18,6 +21,10 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 from enum import StrEnum
+
+from grpo_operator.api import event_reasons
+from grpo_operator.api.event_reasons import EventReason
+from grpo_operator.api.exit_codes import BY_CODE, PERMANENT_EXIT_CODES, ExitCode
 
 
 class Trigger(StrEnum):
@@ -44,65 +51,74 @@ class RestartRule:
     permanent: bool
     # What the reason means for the user; for a permanent exit code it completes "exit code N means ...".
     meaning: str
+    # A trainer exit code (api/exit_codes.py); the operator setting may make any code permanent.
     exit_code: int | None = None
     # For disruptions: the reasons of a pod's DisruptionTarget condition, and the pod status reasons,
     # that the operator reports as this reason.
     condition_reasons: tuple[str, ...] = ()
     status_reasons: tuple[str, ...] = ()
-    # A Warning event of this reason is posted when the failure is seen, besides Restarting or Failed.
-    event: bool = False
+    # The Warning event posted when the failure is seen, besides Restarting or Failed; its reason is
+    # the row's.
+    event: EventReason | None = None
+
+    def __post_init__(self) -> None:
+        if self.event is not None and self.event.reason != self.reason:
+            raise ValueError(
+                f"restart rule {self.reason!r} posts event {self.event.reason!r}: a row's event must carry "
+                "the row's reason; name the event_reasons constant of the same reason"
+            )
 
 
 PERMANENT_FAILURE = RestartRule(
     "PermanentFailure",
     Trigger.EXIT_CODE,
-    "A trainer exits 2 (configuration invalid, e.g. a dataset column that does not exist), or with any "
+    f"A trainer exits {ExitCode.CONFIG_INVALID:d} (configuration invalid, e.g. a dataset column that does not exist), or with any "
     "other code added to the permanent exit codes",
     counted=True,
-    permanent=True,
+    permanent=BY_CODE[ExitCode.CONFIG_INVALID].permanent,
     meaning="the configuration is invalid",
-    exit_code=2,
+    exit_code=ExitCode.CONFIG_INVALID,
 )
 CHECKPOINT_MISMATCH = RestartRule(
-    "CheckpointMismatch",
+    event_reasons.CHECKPOINT_MISMATCH.reason,
     Trigger.EXIT_CODE,
-    "A trainer exits 4: the checkpoint on the volume belongs to another GRPOJob, or holds another model "
+    f"A trainer exits {ExitCode.CHECKPOINT_MISMATCH:d}: the checkpoint on the volume belongs to another GRPOJob, or holds another model "
     "or LoRA setting",
     counted=True,
-    permanent=True,
+    permanent=BY_CODE[ExitCode.CHECKPOINT_MISMATCH].permanent,
     meaning="the checkpoint on the volume cannot be resumed by this job",
-    exit_code=4,
-    event=True,
+    exit_code=ExitCode.CHECKPOINT_MISMATCH,
+    event=event_reasons.CHECKPOINT_MISMATCH,
 )
 NON_FINITE_TRAINING = RestartRule(
-    "NonFiniteTraining",
+    event_reasons.NON_FINITE_TRAINING.reason,
     Trigger.EXIT_CODE,
-    "A trainer exits 5: non-finite loss, gradient norm or weights; nothing of that step was published",
+    f"A trainer exits {ExitCode.NON_FINITE:d}: non-finite loss, gradient norm or weights; nothing of that step was published",
     counted=True,
-    permanent=False,
+    permanent=BY_CODE[ExitCode.NON_FINITE].permanent,
     meaning="a training step was not finite; the restart resumes from the last good checkpoint",
-    exit_code=5,
-    event=True,
+    exit_code=ExitCode.NON_FINITE,
+    event=event_reasons.NON_FINITE_TRAINING,
 )
 OUT_OF_MEMORY = RestartRule(
-    "OutOfMemory",
+    event_reasons.OUT_OF_MEMORY.reason,
     Trigger.EXIT_CODE,
-    "A trainer exits 6: CUDA out of memory",
+    f"A trainer exits {ExitCode.OUT_OF_MEMORY:d}: CUDA out of memory",
     counted=True,
-    permanent=True,
+    permanent=BY_CODE[ExitCode.OUT_OF_MEMORY].permanent,
     meaning="the training does not fit in GPU memory",
-    exit_code=6,
-    event=True,
+    exit_code=ExitCode.OUT_OF_MEMORY,
+    event=event_reasons.OUT_OF_MEMORY,
 )
 CANCELLED_BY_CLIENT = RestartRule(
-    "CancelledByClient",
+    event_reasons.CANCELLED_BY_CLIENT.reason,
     Trigger.EXIT_CODE,
-    "Trainer rank 0 exits 7: the client of a client-rollout job cancelled the run (Arbor's cancel route)",
+    f"Trainer rank 0 exits {ExitCode.CANCELLED:d}: the client of a client-rollout job cancelled the run (Arbor's cancel route)",
     counted=False,
-    permanent=True,
+    permanent=BY_CODE[ExitCode.CANCELLED].permanent,
     meaning="the client cancelled the run",
-    exit_code=7,
-    event=True,
+    exit_code=ExitCode.CANCELLED,
+    event=event_reasons.CANCELLED_BY_CLIENT,
 )
 TRAINER_FAILED = RestartRule(
     "TrainerFailed",
@@ -113,13 +129,13 @@ TRAINER_FAILED = RestartRule(
     meaning="a crash, an NCCL or I/O error: transient; the restart resumes from the last checkpoint",
 )
 OOM_KILLED = RestartRule(
-    "OOMKilled",
+    event_reasons.OOM_KILLED.reason,
     Trigger.POD_FAILURE,
     "A trainer or vLLM container is killed for exceeding its memory limit (container reason `OOMKilled`)",
     counted=True,
     permanent=False,
     meaning="host memory, not GPU memory: raise the pod's memory request and limit",
-    event=True,
+    event=event_reasons.OOM_KILLED,
 )
 GENERATION_FAILED = RestartRule(
     "GenerationFailed",
@@ -140,7 +156,7 @@ EVICTED = RestartRule(
     status_reasons=("Evicted",),
 )
 PREEMPTED = RestartRule(
-    "Preempted",
+    event_reasons.PREEMPTED.reason,
     Trigger.DISRUPTION,
     "Preemption by the scheduler, or by Kueue (its `TerminationTarget` condition names a preemption)",
     counted=False,
@@ -202,7 +218,7 @@ SPEC_CHANGED = RestartRule(
     meaning="the new gang runs the new spec, from the last checkpoint",
 )
 CHILD_DRIFTED = RestartRule(
-    "ChildDrifted",
+    event_reasons.CHILD_DRIFTED.reason,
     Trigger.OPERATOR,
     "A gang pod changed outside the operator: a container's image or resources, or its deadline, differ "
     "from the pod the operator built (`kubectl set image`), or it lost the job's labels",
@@ -210,7 +226,7 @@ CHILD_DRIFTED = RestartRule(
     permanent=False,
     meaning="not the job's failure; the new gang runs the pods as built. If the new gang's pods drift "
     "too before it runs, the job fails: something in the cluster changes pods as they are created",
-    event=True,
+    event=event_reasons.CHILD_DRIFTED,
 )
 GENERATION_STARTUP_TIMEOUT = RestartRule(
     "GenerationStartupTimeout",
@@ -279,9 +295,7 @@ RULES: tuple[RestartRule, ...] = (
 )
 
 _BY_EXIT_CODE = {rule.exit_code: rule for rule in RULES if rule.exit_code is not None}
-DEFAULT_PERMANENT_EXIT_CODES: tuple[int, ...] = tuple(
-    sorted(code for code, rule in _BY_EXIT_CODE.items() if rule.permanent)
-)
+DEFAULT_PERMANENT_EXIT_CODES: tuple[int, ...] = PERMANENT_EXIT_CODES
 # Trainer exit codes with a reason of their own (the trainer's ExitCode).
 TRAINER_EXIT_REASONS = {
     code: rule.reason for code, rule in _BY_EXIT_CODE.items() if rule is not PERMANENT_FAILURE

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from grpo_operator.api.event_reasons import EventReason
 from grpo_operator.reconcile.conditions import set_condition, truncate
 from grpo_operator.reconcile.plan import Event, Plan
 from grpo_operator.reconcile.record import trusted_fields
@@ -96,9 +97,8 @@ class Step:
         self.new["reason"] = reason
         self.new["message"] = truncate(message)
 
-    def event(self, type_: str, reason: str, message: str) -> None:
-        assert type_ in ("Normal", "Warning")
-        self.plan.events.append(Event(type_, reason, truncate(message, 1024)))  # type: ignore[arg-type]
+    def event(self, reason: EventReason, message: str) -> None:
+        self.plan.events.append(Event(reason.type, reason.reason, truncate(message, 1024)))
 
     def requeue_at(self, moment: datetime) -> None:
         self.requeue.append(max(_MIN_REQUEUE, (moment - self.now).total_seconds()))

@@ -1,0 +1,162 @@
+"""Every reason of the Kubernetes Events the operator posts on a GRPOJob, with its type and meaning.
+
+Reconcile posts only these constants (``Step.event`` takes an ``EventReason``, and
+tests/unit/test_event_reasons.py fails on a reason written as a literal); ``kubectl grpo status`` lists
+the ones marked ``restart_or_failure`` as the job's restarts; ``make generate`` renders the catalog into
+docs/operations.md ("Events"). Reasons are part of the interface: alerts and scripts select events by
+them, so a reason is renamed only with a note in the changelog.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+EventType = Literal["Normal", "Warning"]
+
+
+@dataclass(frozen=True)
+class EventReason:
+    reason: str
+    type: EventType
+    # When the event is posted and what its message says, in the words of the docs' table.
+    when: str
+    # The event tells of a gang restart or of the job failing (`kubectl grpo status` lists these).
+    restart_or_failure: bool = False
+
+
+CREATED = EventReason("Created", "Normal", "The job's children and its first gang were created.")
+UNSCHEDULABLE = EventReason(
+    "Unschedulable",
+    "Warning",
+    "A pod cannot be scheduled; the message is the scheduler's. Posted when the job enters this state, not "
+    "on every retry.",
+)
+WAITING_FOR_ADMISSION = EventReason("WaitingForAdmission", "Warning", "Pods wait for Kueue to admit them.")
+PREEMPTED = EventReason(
+    "Preempted",
+    "Warning",
+    "The gang that replaced a gang Kueue preempted waits to be admitted again; the message is Kueue's.",
+    restart_or_failure=True,
+)
+RUNNING = EventReason("Running", "Normal", "Every pod of a gang attempt runs.")
+METRIC_NOT_READY = EventReason(
+    "MetricNotReady",
+    "Warning",
+    "The metric service has no ready pod for a reason that waiting will not fix (pods refused by the API "
+    "server, unschedulable, image cannot be pulled, crash loop); posted once per cause.",
+)
+GATEWAY_NOT_READY = EventReason(
+    "GatewayNotReady", "Warning", "The same for a client-rollout job's rollout gateway."
+)
+RESTARTING = EventReason(
+    "Restarting",
+    "Warning",
+    "The gang is restarted; the message has the cause (failed pod and its exit code and message, "
+    "disruption, stall, spec change), whether it counts (`restart 1/3`) or not, and the resume point.",
+    restart_or_failure=True,
+)
+RESUMED_FROM_CHECKPOINT = EventReason(
+    "ResumedFromCheckpoint", "Normal", "A new gang resumes from `status.checkpoint.path`."
+)
+NON_FINITE_TRAINING = EventReason(
+    "NonFiniteTraining",
+    "Warning",
+    "A trainer exited 5: a step's loss, gradient norm or weights were NaN or infinite; the message names "
+    "the step. Followed by `Restarting` (counted) or `Failed`.",
+    restart_or_failure=True,
+)
+OUT_OF_MEMORY = EventReason(
+    "OutOfMemory",
+    "Warning",
+    "A trainer exited 6: CUDA ran out of GPU memory; the message quotes the failed allocation and what to "
+    "change. Followed by `Failed`.",
+    restart_or_failure=True,
+)
+OOM_KILLED = EventReason(
+    "OOMKilled",
+    "Warning",
+    "The kernel killed a trainer or vLLM container for exceeding its memory limit (host memory). Followed "
+    "by `Restarting` (counted) or `Failed`.",
+    restart_or_failure=True,
+)
+CHECKPOINT_MISMATCH = EventReason(
+    "CheckpointMismatch",
+    "Warning",
+    "A trainer exited 4: the checkpoint on the volume belongs to another job or holds another model/LoRA "
+    "setting; the message names both. Followed by `Failed`.",
+    restart_or_failure=True,
+)
+CANCELLED_BY_CLIENT = EventReason(
+    "CancelledByClient",
+    "Warning",
+    "Trainer rank 0 of a client-rollout job exited 7: its client cancelled the run. Followed by `Failed`.",
+    restart_or_failure=True,
+)
+CHILD_DRIFTED = EventReason(
+    "ChildDrifted",
+    "Warning",
+    "A child was changed outside the operator (`kubectl edit`, `kubectl set image`, a relabelled pod); "
+    "the message names the fields. A child is restored or recreated as built; a changed gang pod "
+    "replaces the gang (not counted).",
+)
+SUSPENDED = EventReason("Suspended", "Normal", "`spec.suspend` was set to true.")
+RESUMED = EventReason("Resumed", "Normal", "`spec.suspend` was set back to false.")
+SUCCEEDED = EventReason("Succeeded", "Normal", "Training finished.")
+FAILED = EventReason(
+    "Failed", "Warning", "The job failed; the message is the reason.", restart_or_failure=True
+)
+INVALID_SPEC = EventReason(
+    "InvalidSpec",
+    "Warning",
+    "The stored spec does not validate (only possible with a CRD older than the operator); the job fails.",
+    restart_or_failure=True,
+)
+POLICY_VIOLATION = EventReason(
+    "PolicyViolation",
+    "Warning",
+    "The spec breaks a platform limit; posted when the violation first appears or changes.",
+)
+CHILD_REJECTED = EventReason(
+    "ChildRejected",
+    "Warning",
+    "The API server refused to create or update a child (quota, Pod Security, admission policy): the "
+    "message is the server's. The job's status says the same (`Pending`/`ChildRejected`) from the next "
+    "reconcile on.",
+)
+CHILD_CONFLICT = EventReason(
+    "ChildConflict",
+    "Warning",
+    "An object with a child's name is not this job's (see [Same-name objects](#same-name-objects-conflicts)); "
+    "posted once per conflict.",
+)
+
+EVENT_REASONS: tuple[EventReason, ...] = (
+    CREATED,
+    UNSCHEDULABLE,
+    WAITING_FOR_ADMISSION,
+    PREEMPTED,
+    RUNNING,
+    METRIC_NOT_READY,
+    GATEWAY_NOT_READY,
+    RESTARTING,
+    RESUMED_FROM_CHECKPOINT,
+    NON_FINITE_TRAINING,
+    OUT_OF_MEMORY,
+    OOM_KILLED,
+    CHECKPOINT_MISMATCH,
+    CANCELLED_BY_CLIENT,
+    CHILD_DRIFTED,
+    SUSPENDED,
+    RESUMED,
+    SUCCEEDED,
+    FAILED,
+    INVALID_SPEC,
+    POLICY_VIOLATION,
+    CHILD_REJECTED,
+    CHILD_CONFLICT,
+)
+
+BY_REASON: dict[str, EventReason] = {r.reason: r for r in EVENT_REASONS}
+# What `kubectl grpo status` lists as the job's restarts and failure.
+RESTART_OR_FAILURE_REASONS: tuple[str, ...] = tuple(r.reason for r in EVENT_REASONS if r.restart_or_failure)
