@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 PACKAGE = Path(__file__).resolve().parents[2] / "trainer_image" / "grpo_trainer"
 
 
@@ -87,6 +89,8 @@ def test_both_loops_end_through_the_one_ending() -> None:
     assert savers == ["steps"], f"the final model is saved outside the shared ending: {savers}"
 
 
+# Imports torch in a fresh interpreter per module (20 s): the trainer tier, not `make check`.
+@pytest.mark.trainer
 def test_each_trainer_module_imports_alone_in_a_fresh_interpreter() -> None:
     """Without a circle every module imports first; the entry point also imports without torch."""
     code = (
