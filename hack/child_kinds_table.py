@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from grpo_operator.builders.child_kinds import CHILD_KINDS, Cache, ChildKind, Wake
+from grpo_operator.builders.child_kinds import CHILD_KINDS, Cache, ChildKind, Wake, watched
 from grpo_operator.runtime.wakeups import CHILD_SELECTOR
 
 REPO = Path(__file__).resolve().parents[1]
@@ -32,7 +32,7 @@ def _builders(record: ChildKind) -> str:
 def _wake(record: ChildKind) -> str:
     if record.wake is Wake.BATCHED:
         return "batched (`childEventBatchSeconds`)"
-    return "at once"
+    return str(record.wake.value)
 
 
 def _row(record: ChildKind) -> str:
@@ -44,7 +44,8 @@ def _row(record: ChildKind) -> str:
 
 def render_section() -> str:
     """The table and its note, markers included."""
-    partial = ", ".join(r.kind for r in CHILD_KINDS if r.cache is not Cache.WHOLE)
+    partial = ", ".join(r.kind for r in CHILD_KINDS if watched(r) and r.cache is not Cache.WHOLE)
+    unwatched = ", ".join(r.kind for r in CHILD_KINDS if not watched(r))
     lines = [
         BEGIN,
         "",
@@ -52,9 +53,11 @@ def render_section() -> str:
         "|---|---|---|---|---|---|---|",
         *(_row(record) for record in CHILD_KINDS),
         "",
-        f"{len(CHILD_KINDS)} kinds, each watched once per namespace (or once cluster-wide) with the label "
-        f"selector `{CHILD_SELECTOR}`; {partial} as metadata only "
-        "(`PartialObjectMetadata`). A change anywhere else in an object updates the cache and wakes nobody.",
+        f"{sum(watched(r) for r in CHILD_KINDS)} kinds, each watched once per namespace (or once cluster-wide) "
+        f"with the label selector `{CHILD_SELECTOR}`; {partial} as metadata only "
+        "(`PartialObjectMetadata`). A change anywhere else in an object updates the cache and wakes nobody. "
+        f"Not watched: {unwatched} (created once; its metadata read by name only when its create finds the "
+        "name taken).",
         "",
         END,
     ]

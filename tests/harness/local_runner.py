@@ -338,19 +338,27 @@ class LocalJobRunner:
         path.write_text(json.dumps(config, indent=2))
         return path
 
-    def start_trainer(self, pod: dict[str, Any]) -> None:
+    def trainer_env(self, pod: dict[str, Any]) -> dict[str, str]:
+        """The trainer process's environment as the kubelet would give the pod's container: its plain and
+        fieldRef variables with local paths, and its secretKeyRef ones (HF_TOKEN, rank 0's gateway token)
+        resolved from their Secrets."""
         env = container_env(pod)
         if int(env.get("WORLD_SIZE", "1")) != 1:
             raise RuntimeError("the local runner runs single-process trainer gangs only (1 node x 1 GPU)")
         workspace = self.workspace()
         mounts = self.input_mounts(pod)
         env = {k: str(rewrite_paths(v, workspace, mounts)) for k, v in self.local_home(env).items()}
+        env.update(self.secret_env(pod))
         env.update(
             GRPO_CONFIG=str(self.trainer_config(workspace, mounts)),
             KUBECONFIG=str(self.service_account_kubeconfig()),
             PYTHONUNBUFFERED="1",
         )
         env.pop("KUBERNETES_SERVICE_HOST", None)
+        return env
+
+    def start_trainer(self, pod: dict[str, Any]) -> None:
+        env = self.trainer_env(pod)
         name = pod["metadata"]["name"]
         log = self.workdir / f"{name}.log"
         handle = log.open("ab")

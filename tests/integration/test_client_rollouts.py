@@ -5,7 +5,9 @@ waiting-for-client report survives the status schema, and a client's cancel (exi
 
 from __future__ import annotations
 
+import base64
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +18,9 @@ from tests.harness.kube import Cluster, wait_for
 from tests.harness.local_runner import LocalJobRunner
 from tests.integration.test_operator import (
     _condition,
+    get_job,
     job_manifest,
+    pods,
     running_operator,
     status,
     terminate_pod,
@@ -110,8 +114,12 @@ def test_the_local_runner_runs_the_gateway_and_points_the_trainer_at_it(
             assert runner.client_rollouts()
             runner.ensure_gateway()
             base = f"http://127.0.0.1:{runner.gateway_port}"
+            # Every client route needs the client's token (spec.rollouts.client.tokenSecretRef).
             answer = requests.post(
-                f"{base}/v1/fine_tuning/grpo/status", json={"job_id": None}, timeout=10
+                f"{base}/v1/fine_tuning/grpo/status",
+                json={"job_id": None},
+                headers={"Authorization": "Bearer s3cret"},
+                timeout=10,
             ).json()
             assert answer["job_id"] == f"{namespace}/dspy" and len(answer["pending_batch_ids"]) == 2
             models = f"{base}/v1/models"
@@ -123,5 +131,105 @@ def test_the_local_runner_runs_the_gateway_and_points_the_trainer_at_it(
             config = json.loads(runner.trainer_config(tmp_path / "workspace").read_text())
             assert config["rollouts"]["gatewayUrl"] == f"http://127.0.0.1:{runner.gateway_internal_port}"
             assert config["rollouts"]["policyPort"] == runner.policy_port and "metric" not in config
+        finally:
+            runner.close()
+
+
+def _env_names(pod_spec: dict[str, Any]) -> set[str]:
+    return {e["name"] for c in pod_spec["containers"] for e in c.get("env", [])}
+
+
+def test_the_gateway_token_is_the_jobs_own_kept_across_operator_restarts_and_guards_the_internal_port(
+    kube: Cluster, namespace: str, tmp_path: Path
+) -> None:
+    """Secret <job>-gateway-token: created once by the operator, owned by the job, its value unchanged by an
+    operator restart; only the gateway and trainer rank 0 get it, and the gateway started from the
+    operator's rendering refuses the internal port without it. A same-name Secret that is not the job's is
+    neither used nor changed: the job reports the conflict and starts nothing that would read it."""
+    kube.kubectl("create", "secret", "generic", "dspy-token", "-n", namespace, "--from-literal=token=s3cret")
+    kube.kubectl(
+        "create", "secret", "generic", "rival-gateway-token", "-n", namespace, "--from-literal=token=theirs"
+    )
+    theirs = kube.get("secret", "rival-gateway-token", namespace)
+    assert theirs is not None
+    with running_operator(kube, namespace, tmp_path) as operator:
+        kube.apply(client_manifest("dspy"), namespace)
+        kube.apply(client_manifest("rival"), namespace)
+        wait_phase(kube, namespace, "dspy", "Running")
+        secret = kube.get("secret", "dspy-gateway-token", namespace)
+        assert secret is not None
+        owner = secret["metadata"]["ownerReferences"]
+        assert owner == [
+            {
+                "apiVersion": "grpo.dev/v1alpha1",
+                "kind": "GRPOJob",
+                "name": "dspy",
+                "uid": get_job(kube, namespace, "dspy")["metadata"]["uid"],
+                "controller": True,
+                "blockOwnerDeletion": True,
+            }
+        ]
+        assert secret["metadata"]["labels"]["grpo.dev/job"] == "dspy" and secret["immutable"] is True
+        token = base64.b64decode(secret["data"]["token"]).decode()
+        assert len(token) >= 43, "secrets.token_urlsafe(32): 256 random bits"
+        assert token not in operator.log_tail()
+
+        # Only the gateway and trainer rank 0 hold it.
+        gateway = kube.get("deployment", "dspy-rollouts", namespace)
+        assert gateway is not None
+        assert "GRPO_GATEWAY_INTERNAL_TOKEN" in _env_names(gateway["spec"]["template"]["spec"])
+        holders = {
+            p["metadata"]["name"]
+            for p in pods(kube, namespace, "dspy", roles=("trainer", "generation"))
+            if "GRPO_GATEWAY_INTERNAL_TOKEN" in _env_names(p["spec"])
+        }
+        assert holders == {"dspy-trainer-1-0"}, "not the vLLM pod"
+
+        # The rival job: their Secret is reported, untouched, and nothing that would read it exists.
+        conflict = wait_condition(kube, namespace, "rival", "Conflict", status="True")
+        assert "Secret rival-gateway-token" in _condition(conflict, "Conflict")["message"]
+        assert status(kube, namespace, "rival")["phase"] == "Pending"
+        assert kube.get("deployment", "rival-rollouts", namespace) is None
+        assert not pods(kube, namespace, "rival")
+
+        # A restarted operator finds the job's Secret (its create answers 409, its metadata is read) and keeps it.
+        operator.stop()
+        operator.start()
+        wait_for(
+            "the restarted operator to find the job's gateway token",
+            lambda: "Secret dspy-gateway-token" in operator.log_tail(),
+            timeout=60,
+        )
+        time.sleep(6)  # three resyncs: every job reconciled again
+        again = kube.get("secret", "dspy-gateway-token", namespace)
+        assert again is not None
+        assert again["metadata"]["uid"] == secret["metadata"]["uid"]
+        assert again["metadata"]["resourceVersion"] == secret["metadata"]["resourceVersion"]
+        assert again["data"] == secret["data"]
+        assert status(kube, namespace, "dspy")["phase"] == "Running"
+        still = kube.get("secret", "rival-gateway-token", namespace)
+        assert still is not None and still["data"] == theirs["data"]
+        assert still["metadata"]["resourceVersion"] == theirs["metadata"]["resourceVersion"]
+        assert not still["metadata"].get("ownerReferences")
+
+        # The gateway started from the operator's rendering (the local runner resolves secretKeyRef env as a
+        # kubelet would) refuses the internal port without the token, and the trainer's env carries it.
+        runner = LocalJobRunner(kube, namespace, "dspy", {}, tmp_path / "run")
+        runner.workdir.mkdir(parents=True)
+        try:
+            runner.ensure_gateway()
+            groups = f"http://127.0.0.1:{runner.gateway_internal_port}/internal/v1/groups"
+            body = {"step": 1, "attempt": 1, "count": 2, "wait_seconds": 0}
+            refused = requests.post(groups, json=body, timeout=10)
+            assert refused.status_code == 403 and "GRPO_GATEWAY_INTERNAL_TOKEN" in refused.text
+            wrong = requests.post(groups, json=body, headers={"Authorization": "Bearer guess"}, timeout=10)
+            assert wrong.status_code == 403
+            answered = requests.post(
+                groups, json=body, headers={"Authorization": f"Bearer {token}"}, timeout=10
+            )
+            assert answered.status_code != 403, answered.text
+            rank0 = kube.get("pod", "dspy-trainer-1-0", namespace)
+            assert rank0 is not None
+            assert runner.trainer_env(rank0)["GRPO_GATEWAY_INTERNAL_TOKEN"] == token
         finally:
             runner.close()

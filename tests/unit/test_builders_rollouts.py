@@ -8,7 +8,15 @@ from typing import Any
 
 from grpo_operator.api.gateway_config import GatewayConfig
 from grpo_operator.api.trainer_config import TrainerConfig
-from grpo_operator.builders import Job, gang_hash, gang_pods, infrastructure, job_from_object, metric_workload
+from grpo_operator.builders import (
+    Job,
+    gang_hash,
+    gang_pods,
+    generated_secrets,
+    infrastructure,
+    job_from_object,
+    metric_workload,
+)
 from grpo_operator.settings import OperatorSettings
 
 from tests.unit.test_builders import job_object
@@ -157,3 +165,56 @@ def test_gateway_json_carries_the_reward_bound_and_body_limits_from_the_spec() -
     # 64 KiB + 64 bytes per token of prompt and completion; a step carries G = 8 of them.
     assert raw["maxTranscriptBytes"] == 65536 + 64 * 1500
     assert GatewayConfig.model_validate(raw).max_step_body_bytes == 8 * (65536 + 64 * 1500) + 65536
+
+
+def _env_holding(manifest: dict[str, Any], name: str) -> list[dict[str, Any]]:
+    spec = manifest["spec"].get("template", {}).get("spec") or manifest["spec"]
+    containers = [*spec.get("initContainers", []), *spec["containers"]]
+    return [e for c in containers for e in c.get("env", []) if e["name"] == name]
+
+
+def test_only_the_gateway_and_trainer_rank_0_hold_the_internal_token() -> None:
+    job = client_job(
+        {"tokenSecretRef": {"name": "dspy-token", "key": "token"}},
+        trainer={
+            "nodes": 2,
+            "gpusPerNode": 1,
+            "env": [{"name": "GRPO_GATEWAY_INTERNAL_TOKEN", "value": "mine"}],
+        },
+        checkpoints={"volume": {"accessMode": "ReadWriteMany"}},
+    )
+    children = by_name(job)
+    reference = {
+        "name": "GRPO_GATEWAY_INTERNAL_TOKEN",
+        "valueFrom": {"secretKeyRef": {"name": "math-gateway-token", "key": "token"}},
+    }
+    holders = {
+        key: entries
+        for key, manifest in children.items()
+        if manifest["kind"] in ("Pod", "Deployment")
+        and (entries := _env_holding(manifest, "GRPO_GATEWAY_INTERNAL_TOKEN"))
+    }
+    # Not the vLLM pod, not rank 1; and the tenant's own trainer.env entry is dropped, not appended.
+    assert holders == {
+        ("Deployment", "math-rollouts"): [reference],
+        ("Pod", "math-trainer-3-0"): [reference],
+    }
+    config = GatewayConfig.model_validate_json(children[("ConfigMap", "math-config")]["data"]["gateway.json"])
+    assert config.internal_token_env == "GRPO_GATEWAY_INTERNAL_TOKEN"
+
+    [(secret, key)] = generated_secrets(job)
+    assert (
+        key == "token" and secret["kind"] == "Secret" and secret["metadata"]["name"] == "math-gateway-token"
+    )
+    assert secret["metadata"]["ownerReferences"][0]["controller"] is True
+    assert secret["metadata"]["labels"]["grpo.dev/job"] == "math"
+    # No value in the build: the runtime generates it when it creates the Secret.
+    assert "data" not in secret and "stringData" not in secret and secret["immutable"] is True
+    assert generated_secrets(job) == generated_secrets(job), "pure: the same build every time"
+
+
+def test_a_metric_job_has_no_gateway_token() -> None:
+    job = job_from_object(job_object())
+    assert generated_secrets(job) == []
+    pods = gang_pods(job, SETTINGS, 1, "")
+    assert not any(_env_holding(p, "GRPO_GATEWAY_INTERNAL_TOKEN") for p in pods)

@@ -13,11 +13,19 @@ from typing import Any
 
 import pytest
 import yaml
-from grpo_operator.builders import gang_pods, infrastructure, metric_workload
-from grpo_operator.builders.child_kinds import BY_KIND, CHILD_KINDS, ChildKind, Wake
+from grpo_operator.builders import gang_pods, generated_secrets, infrastructure, metric_workload
+from grpo_operator.builders.child_kinds import BY_KIND, CHILD_KINDS, Cache, ChildKind, Wake, watched
 from grpo_operator.builders.common import Job
 from grpo_operator.runtime.controller import Controller
-from grpo_operator.runtime.kube import CHILD_RESOURCES, EVENT, GRPOJOB, KUEUE_WORKLOAD, NODE, resource_for
+from grpo_operator.runtime.kube import (
+    CHILD_RESOURCES,
+    EVENT,
+    GRPOJOB,
+    KUEUE_WORKLOAD,
+    NODE,
+    UNWATCHED_RESOURCES,
+    resource_for,
+)
 from grpo_operator.runtime.wakeups import BATCHED_KINDS, METADATA_ONLY_KINDS, READ_ON_CHANGE_KINDS
 from grpo_operator.settings import OperatorSettings
 
@@ -39,8 +47,10 @@ def jobs() -> list[Job]:
 
 
 def built_children(job: Job) -> list[dict[str, Any]]:
-    """Everything the operator creates for ``job``: its infrastructure, metric workload and gang pods."""
+    """Everything the operator creates for ``job``: its generated Secrets, infrastructure, metric workload
+    and gang pods."""
     return [
+        *(manifest for manifest, _ in generated_secrets(job)),
         *infrastructure(job, SETTINGS),
         *metric_workload(job, SETTINGS),
         *gang_pods(job, SETTINGS, 1, ""),
@@ -145,9 +155,14 @@ def test_each_records_builders_make_exactly_the_children_of_its_kind() -> None:
 
 def test_the_runtime_watches_and_wakes_by_the_records() -> None:
     assert [(r.group, r.version, r.plural, r.kind) for r in CHILD_RESOURCES] == [
-        (k.group, k.version, k.plural, k.kind) for k in CHILD_KINDS
+        (k.group, k.version, k.plural, k.kind) for k in CHILD_KINDS if watched(k)
     ]
     assert all(resource_for(k.kind).plural == k.plural for k in CHILD_KINDS)
+    # Secrets are never listed or watched: that would take RBAC to read every Secret of the namespace.
+    assert [r.kind for r in UNWATCHED_RESOURCES] == ["Secret"]
+    unwatched = [k for k in CHILD_KINDS if not watched(k)]
+    assert all(k.wake is Wake.NEVER and k.cache is Cache.NONE for k in unwatched)
+    assert all("list" not in k.verbs and "watch" not in k.verbs for k in unwatched)
     # What the drift restore relies on: Service, NetworkPolicy, Role, RoleBinding and ServiceAccount cached
     # whole (compared with their build), ConfigMaps by resourceVersion (read whole when changed).
     assert {"Pod", "Deployment"} == BATCHED_KINDS
@@ -155,7 +170,7 @@ def test_the_runtime_watches_and_wakes_by_the_records() -> None:
     assert {"ConfigMap"} == READ_ON_CHANGE_KINDS
 
 
-@pytest.mark.parametrize("record", CHILD_KINDS, ids=lambda k: k.kind)
+@pytest.mark.parametrize("record", [k for k in CHILD_KINDS if watched(k)], ids=lambda k: k.kind)
 def test_a_childs_change_wakes_its_job_as_its_record_says(record: ChildKind) -> None:
     """A pod's or Deployment's change waits for the batch (the rest of a burst joins it); any other child's
     change queues the job at once."""

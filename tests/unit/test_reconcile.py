@@ -97,6 +97,16 @@ class World:
                         target["metadata"]["deletionTimestamp"] = format_time(self.now)
                     else:
                         del self.objects[(ref.kind, ref.name)]
+        held = False
+        for secret in plan.secrets:
+            # A create that never replaces an existing object; nothing that reads it is written until it is.
+            secret_name = (secret.manifest["kind"], secret.manifest["metadata"]["name"])
+            held = held or secret_name in self.objects
+            created = self._created(secret.manifest)
+            created["stringData"] = {secret.key: f"generated-{self.serial}"}
+            self.objects.setdefault(secret_name, created)
+        if held:
+            return
         for manifest in plan.applies:
             name = (manifest["kind"], manifest["metadata"]["name"])
             uid = manifest["metadata"].get("uid")

@@ -3,18 +3,25 @@ metric service, a trainer waiting for its client is not a stall, and a client's 
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 from grpo_operator.reconcile.conditions import format_time
 
-from tests.unit.test_reconcile import World, events, job_object
+from tests.unit.test_reconcile import World, applied_names, events, foreign, job_object
+
+TOKEN = ("Secret", "math-gateway-token")
 
 
-def client_world(**spec: Any) -> World:
+def client_job(**spec: Any) -> dict[str, Any]:
     job = job_object(**spec)
     del job["spec"]["metric"], job["spec"]["dataset"]
     job["spec"]["rollouts"] = {"source": "Client"}
-    world = World(job)
+    return job
+
+
+def client_world(**spec: Any) -> World:
+    world = World(client_job(**spec))
     world.settle()
     world.run_all()
     world.settle()
@@ -122,3 +129,49 @@ def test_a_failed_client_job_stops_its_gateway() -> None:
     world.settle()
     assert world.status()["phase"] == "Failed"
     assert ("Deployment", "math-rollouts") not in world.objects
+
+
+def test_the_gateway_token_is_created_once_for_the_job_and_never_updated() -> None:
+    world = World(client_job())
+    first = world.reconcile()
+    assert [(s.manifest["metadata"]["name"], s.key) for s in first.secrets] == [
+        ("math-gateway-token", "token")
+    ]
+    assert TOKEN not in applied_names(first), "never applied: an apply would replace the value"
+    world.apply(first)
+    world.settle()
+    world.run_all()
+    world.settle()
+    token = world.objects[TOKEN]
+    owner = token["metadata"]["ownerReferences"]
+    assert owner[0]["uid"] == "uid-1" and owner[0]["controller"] is True
+    assert token["metadata"]["labels"]["grpo.dev/job"] == "math" and token["immutable"] is True
+    value = copy.deepcopy(token["stringData"])
+    # Changed by hand, or by a later operator's build: still never written again.
+    token["metadata"]["labels"]["grpo.dev/job"] = "other"
+    world.terminate("math-trainer-1-0", 1, "boom")
+    world.settle()
+    world.run_all()
+    world.settle()
+    assert world.status()["trainerAttempt"] == 2
+    assert not any(plan.secrets for plan in world.plans[1:])
+    assert world.objects[TOKEN]["stringData"] == value
+
+
+def test_a_same_name_secret_is_neither_used_nor_changed() -> None:
+    world = World(client_job())
+    theirs = foreign("Secret", "math-gateway-token", labels={"grpo.dev/job": "math"})
+    world.objects[TOKEN] = copy.deepcopy(theirs)
+    plan = world.step()
+    assert not plan.secrets and not plan.creates
+    assert ("Deployment", "math-rollouts") not in applied_names(plan), "the gateway would read their token"
+    assert world.objects[TOKEN] == theirs
+    assert world.status()["phase"] == "Pending" and world.status()["reason"] == "ChildConflict"
+    message = world.condition("Conflict")["message"]
+    assert "Secret math-gateway-token" in message and "Delete or rename the Secret" in message
+    assert ("Warning", "ChildConflict") in events(plan)
+    # Once its owner deletes it, the job's own is created and the job starts.
+    del world.objects[TOKEN]
+    world.settle()
+    assert world.objects[TOKEN]["metadata"]["ownerReferences"][0]["uid"] == "uid-1"
+    assert ("Deployment", "math-rollouts") in world.objects and world.pods()

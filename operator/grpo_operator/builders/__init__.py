@@ -5,7 +5,12 @@ app.kubernetes.io/name, app.kubernetes.io/part-of=grpo-operator, grpo.dev/job an
 has a name derived from the job name alone, so re-running a build gives the same objects.
 """
 
-from grpo_operator.builders.children import infrastructure, job_from_object, metric_workload
+from grpo_operator.builders.children import (
+    generated_secrets,
+    infrastructure,
+    job_from_object,
+    metric_workload,
+)
 from grpo_operator.builders.common import Job, Manifest
 from grpo_operator.builders.gang import gang_hash, gang_pods, generation_pod, trainer_pod
 
@@ -14,6 +19,7 @@ __all__ = [
     "Manifest",
     "gang_hash",
     "gang_pods",
+    "generated_secrets",
     "generation_pod",
     "infrastructure",
     "job_from_object",

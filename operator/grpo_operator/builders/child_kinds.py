@@ -32,6 +32,7 @@ from grpo_operator.builders.rollouts import (
     gateway_deployment,
     gateway_network_policy,
     gateway_service,
+    gateway_token_secret,
     policy_service,
 )
 from grpo_operator.builders.storage import ANNOTATION_BIND_COMPLETED, checkpoint_pvc
@@ -48,6 +49,10 @@ class Cache(Enum):
     # Metadata only, and the body read (one GET) when the cached resourceVersion is not the one the
     # operator last wrote or read: a ConfigMap's data is large and changes only by someone else's hand.
     METADATA_READ_ON_CHANGE = "metadata only; read whole once per change"
+    # Not listed or watched at all: listing or watching Secrets would need RBAC to read every Secret of the
+    # namespace. The runtime remembers the ones it created; after a restart its create answers 409 and it
+    # reads that one name, metadata only (runtime/apply_plan.py).
+    NONE = "not cached"
 
 
 class Wake(Enum):
@@ -58,12 +63,18 @@ class Wake(Enum):
     BATCHED = "batched"
     # Rare and each worth acting on at once: a claim bound, a child deleted or changed by someone else.
     IMMEDIATE = "at once"
+    # Not watched (Cache.NONE): nothing but the operator's own create changes what it knows.
+    NEVER = "never (not watched)"
 
 
 # Every verb the operator's runtime uses on a child it applies: list+watch (its caches), create (the
 # first apply is a POST), patch (server-side apply), get (an update first reads the object to move the
 # create's fields into its Apply entry; a changed ConfigMap is read whole), delete (no longer wanted).
 APPLIED_VERBS = frozenset({"get", "list", "watch", "create", "patch", "delete"})
+# A Secret whose value the runtime generates: created (POST) once, never updated (an update would leave
+# the pods that read the old value behind) and never deleted by the operator (the garbage collector does,
+# through its owner reference); get: metadata only, when its create finds the name taken.
+CREATED_ONCE_VERBS = frozenset({"create", "get"})
 # Pods are created and deleted, patched only for Kueue's retriable mark, and never read one by one
 # (a pod gone from the watch is looked up with a list by name).
 POD_VERBS = frozenset({"list", "watch", "create", "patch", "delete"})
@@ -158,8 +169,22 @@ class ChildKind:
 _METADATA = "labels, owner references, uid, deletion, the operator's annotations"
 _BODY = f"{_METADATA}, and the body it compares with its build"
 
-# In the order reconcile observes them; pods last, since they are created after everything they mount.
+# In the order reconcile observes them; the Secret first and pods last, since each is created after
+# everything it mounts.
 CHILD_KINDS: tuple[ChildKind, ...] = (
+    ChildKind(
+        kind="Secret",
+        group="",
+        version="v1",
+        plural="secrets",
+        namespaced=True,
+        builders=(gateway_token_secret,),
+        verbs=CREATED_ONCE_VERBS,
+        cache=Cache.NONE,
+        wake=Wake.NEVER,
+        view=metadata_and_body,
+        reads="nothing: created once, its metadata read by name only when its create finds the name taken",
+    ),
     ChildKind(
         kind="ConfigMap",
         group="",
@@ -304,3 +329,7 @@ def child_view(obj: Manifest) -> object:
 
 def kinds_where(predicate: Callable[[ChildKind], bool]) -> frozenset[str]:
     return frozenset(k.kind for k in CHILD_KINDS if predicate(k))
+
+
+def watched(kind: ChildKind) -> bool:
+    return kind.cache is not Cache.NONE

@@ -16,9 +16,11 @@ from grpo_operator.builders.network import (
 )
 from grpo_operator.builders.rbac import trainer_role, trainer_role_binding, trainer_service_account
 from grpo_operator.builders.rollouts import (
+    GATEWAY_TOKEN_KEY,
     gateway_deployment,
     gateway_network_policy,
     gateway_service,
+    gateway_token_secret,
     policy_service,
 )
 from grpo_operator.builders.storage import checkpoint_pvc
@@ -69,3 +71,9 @@ def metric_workload(job: Job, settings: OperatorSettings) -> list[Manifest]:
     """The metric Deployment: runs while the gang runs, stopped when suspended or finished. None in a
     client-rollout job."""
     return [] if client_rollouts(job) else [metric_deployment(job, settings)]
+
+
+def generated_secrets(job: Job) -> list[tuple[Manifest, str]]:
+    """Secrets created once and never updated, each with the key of the value the runtime generates when
+    it creates it (no randomness in the builders): a client-rollout job's gateway token."""
+    return [(gateway_token_secret(job), GATEWAY_TOKEN_KEY)] if client_rollouts(job) else []

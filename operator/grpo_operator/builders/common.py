@@ -136,6 +136,11 @@ def rollouts_name(job: Job) -> str:
     return f"{job.name}-rollouts"
 
 
+def gateway_token_name(job: Job) -> str:
+    """The Secret holding the rollout gateway's internal-port token (client-rollout jobs)."""
+    return f"{job.name}-gateway-token"
+
+
 def policy_service_name(job: Job) -> str:
     """The Service that names trainer rank 0 of whichever attempt runs (client-rollout jobs)."""
     return f"{job.name}-policy"

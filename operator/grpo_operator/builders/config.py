@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from grpo_operator.api.gateway_config import GATEWAY_CONFIG_KEY, GatewayConfig
+from grpo_operator.api.gateway_config import GATEWAY_CONFIG_KEY, GATEWAY_INTERNAL_TOKEN_ENV, GatewayConfig
 from grpo_operator.api.trainer_config import ROLLOUTS_TOKEN_ENV, JobRef, TrainerConfig
 from grpo_operator.builders.common import (
     CONFIG_KEY,
@@ -76,6 +76,8 @@ def gateway_config(job: Job) -> GatewayConfig:
         # A completion waits for the trainer as long as the trainers wait for vLLM: through a gang restart.
         completion_wait_seconds=float(spec.generation.startup_timeout_seconds),
         max_transcript_bytes=max_transcript_bytes(job),
+        # The gateway answers the internal port only to the holder of Secret <job>-gateway-token.
+        internal_token_env=GATEWAY_INTERNAL_TOKEN_ENV,
     )
 
 

@@ -12,6 +12,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from grpo_operator.api.compat import drop_later_defaults
+from grpo_operator.api.gateway_config import GATEWAY_INTERNAL_TOKEN_ENV
 from grpo_operator.api.spec import EnvVar
 from grpo_operator.api.trainer_config import CONFIG_ENV, POLICY_PORT
 from grpo_operator.builders.common import (
@@ -47,6 +48,7 @@ from grpo_operator.builders.common import (
 )
 from grpo_operator.builders.config import config_hash
 from grpo_operator.builders.inputs import input_volumes
+from grpo_operator.builders.rollouts import gateway_token_env
 from grpo_operator.builders.scheduling import image_pull_secrets, kueue_labels, pod_placement
 from grpo_operator.builders.security import secure_pod_spec
 from grpo_operator.settings import OperatorSettings
@@ -71,6 +73,8 @@ RESERVED_TRAINER_ENV = frozenset(
         "GRPO_METRIC_URL",
         "VLLM_HOST_IP",
         "POD_NAME",
+        # The rollout gateway's internal token: rank 0's from the job's Secret, no one else's.
+        GATEWAY_INTERNAL_TOKEN_ENV,
     }
 )
 
@@ -370,6 +374,9 @@ def trainer_env(
         {"name": "VLLM_HOST_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
         {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
     ]
+    if rank == 0 and client_rollouts(job):
+        # Only rank 0 talks to the gateway's internal port (grpo_trainer.client_loop: env.is_main).
+        env.append(gateway_token_env(job))
     return env
 
 

@@ -1,5 +1,6 @@
 """The rollout gateway of a client-rollout job (spec.rollouts.source: Client): Deployment + Service
-`<job>-rollouts`, its NetworkPolicy, and Service `<job>-policy` that names trainer rank 0.
+`<job>-rollouts`, its NetworkPolicy, Service `<job>-policy` that names trainer rank 0, and Secret
+`<job>-gateway-token`, the internal port's token that only the gateway and trainer rank 0 hold.
 
 The gateway speaks Arbor's protocol to the client (DSPy) on the client port and holds the job's protocol
 state, so it must outlive gang restarts: a CPU-only Deployment beside the gang, like the metric service
@@ -12,7 +13,11 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from grpo_operator.api.gateway_config import GATEWAY_CONFIG_ENV, GATEWAY_CONFIG_KEY
+from grpo_operator.api.gateway_config import (
+    GATEWAY_CONFIG_ENV,
+    GATEWAY_CONFIG_KEY,
+    GATEWAY_INTERNAL_TOKEN_ENV,
+)
 from grpo_operator.api.trainer_config import (
     CONFIG_MOUNT_DIR,
     GATEWAY_INTERNAL_PORT,
@@ -28,6 +33,7 @@ from grpo_operator.builders.common import (
     cluster_ip_service,
     config_map_name,
     content_hash,
+    gateway_token_name,
     labels,
     metadata,
     policy_service_name,
@@ -57,10 +63,35 @@ GATEWAY_RESOURCES: dict[str, Any] = {
 }
 
 
+# The key of Secret <job>-gateway-token that holds the internal port's token.
+GATEWAY_TOKEN_KEY = "token"
+
+
+def gateway_token_secret(job: Job) -> Manifest:
+    """The internal port's token, without its value: the runtime generates the value when it creates the
+    Secret (builders hold no randomness) and never updates it, since the gateway and trainer rank 0 read
+    it once, at start. Immutable, so no one can change it under running pods either."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": metadata(job, gateway_token_name(job), "rollouts"),
+        "type": "Opaque",
+        "immutable": True,
+    }
+
+
+def gateway_token_env(job: Job) -> dict[str, Any]:
+    """The internal port's token by reference: the kubelet resolves it, so the value is never in a pod
+    spec, and only the pods given this entry (the gateway and trainer rank 0) hold it."""
+    ref = {"name": gateway_token_name(job), "key": GATEWAY_TOKEN_KEY}
+    return {"name": GATEWAY_INTERNAL_TOKEN_ENV, "valueFrom": {"secretKeyRef": ref}}
+
+
 def gateway_env(job: Job) -> list[dict[str, Any]]:
     env: list[dict[str, Any]] = [
         {"name": GATEWAY_CONFIG_ENV, "value": f"{CONFIG_MOUNT_DIR}/{GATEWAY_CONFIG_KEY}"},
         {"name": "PYTHONUNBUFFERED", "value": "1"},
+        gateway_token_env(job),
     ]
     client = job.spec.rollouts.client if job.spec.rollouts is not None else None
     if client is not None and client.token_secret_ref is not None:

@@ -8,6 +8,7 @@ import dataclasses
 import re
 from typing import Any
 
+from grpo_operator.api import event_reasons
 from grpo_operator.builders import Job, Manifest
 from grpo_operator.builders.common import (
     ANNOTATION_HASH,
@@ -28,11 +29,10 @@ from grpo_operator.reconcile import ownership
 from grpo_operator.reconcile.conditions import CONFLICT, get_condition, truncate
 from grpo_operator.reconcile.drift import Drift, describe, drifted_fields
 from grpo_operator.reconcile.observed import Observed, PodView
-from grpo_operator.reconcile.plan import ChildPatch, ChildRef
+from grpo_operator.reconcile.plan import ChildPatch, ChildRef, SecretCreate
 from grpo_operator.reconcile.step import Step
 
 # The Warning event of a child someone else changed (the operator puts it back).
-CHILD_DRIFTED = "ChildDrifted"
 
 
 def ensure(step: Step, observed: Observed, desired: list[Manifest]) -> None:
@@ -64,11 +64,40 @@ def ensure(step: Step, observed: Observed, desired: list[Manifest]) -> None:
             step.plan.applies.append(_update(manifest, current))
             done = "restoring it"
         step.event(
-            "Warning",
-            CHILD_DRIFTED,
+            event_reasons.CHILD_DRIFTED,
             f"{kind} {name} was changed outside the operator ({fields}); {done}. Change the GRPOJob's spec "
             "instead: the operator keeps its children as the spec builds them",
         )
+
+
+def ensure_secrets(step: Step, observed: Observed, secrets: list[tuple[Manifest, str]]) -> None:
+    """Create each generated Secret the job lacks (the runtime generates its value). One the job has is
+    never updated, even if it differs from its build: the gateway and trainer rank 0 read the value at
+    start, and a new one would lock rank 0 out of the running gateway. A same-name Secret that is not the
+    job's is left alone (check_conflicts reports it)."""
+    for manifest, key in secrets:
+        kind, name = manifest["kind"], manifest["metadata"]["name"]
+        if (kind, name) not in step.foreign and observed.get(kind, name) is None:
+            step.plan.secrets.append(SecretCreate(manifest, key))
+
+
+def without_foreign_secrets(step: Step, manifests: list[Manifest]) -> list[Manifest]:
+    """``manifests`` less the Deployments whose pods would read a Secret under a child's name that is not
+    the job's: the rollout gateway must never start with a token someone else chose."""
+    foreign = {name for kind, name in step.foreign if kind == "Secret"}
+    if not foreign:
+        return manifests
+    return [m for m in manifests if not (_secret_refs(m) & foreign)]
+
+
+def _secret_refs(manifest: Manifest) -> set[str]:
+    template = ((manifest.get("spec") or {}).get("template") or {}).get("spec") or {}
+    return {
+        str(ref.get("name"))
+        for container in template.get("containers") or []
+        for var in container.get("env") or []
+        if isinstance(ref := (var.get("valueFrom") or {}).get("secretKeyRef"), dict)
+    }
 
 
 def _update(manifest: Manifest, current: Manifest) -> Manifest:
@@ -106,7 +135,7 @@ def check_conflicts(step: Step, job: Job, desired: list[Manifest]) -> None:
     step.conflict = truncate(message)
     step.condition(CONFLICT, "True", "ChildConflict", message)
     if previous is None or previous.get("message") != step.conflict:
-        step.event("Warning", "ChildConflict", message)
+        step.event(event_reasons.CHILD_CONFLICT, message)
 
 
 def _scaled_by_hand(manifest: Manifest, current: Manifest) -> bool:
@@ -202,8 +231,7 @@ def delete_strays(step: Step, strays: list[tuple[PodView, str]]) -> None:
             continue
         step.plan.deletes.append(ChildRef("v1", "Pod", pod.name, _uid(pod.obj)))
         step.event(
-            "Warning",
-            CHILD_DRIFTED,
+            event_reasons.CHILD_DRIFTED,
             f"Pod {pod.name} was changed outside the operator ({why}); it is no longer counted as the job's "
             "and is deleted. Do not relabel the job's pods",
         )

@@ -31,6 +31,15 @@ class ChildPatch:
 
 
 @dataclass(frozen=True)
+class SecretCreate:
+    """A Secret to create once: the runtime puts a random value under ``key`` when it creates it (reconcile
+    and the builders hold no randomness). Never updated: the pods that read it keep the value they read."""
+
+    manifest: Manifest
+    key: str
+
+
+@dataclass(frozen=True)
 class Event:
     """A Kubernetes Event on the GRPOJob."""
 
@@ -59,9 +68,11 @@ class Plan:
        decision (a restart bumps trainerAttempt before any pod of the new attempt exists, so the old
        pods become stale and the new ones missing — never a second restart).
     2. ``patches`` (metadata of pods about to be deleted), ``deletes`` (with a uid precondition), then
-       ``applies`` then ``creates`` (pods). An apply whose manifest has ``metadata.uid`` updates that object
-       (server-side apply; the uid makes it fail rather than reach a same-name newer object); without it,
-       it creates the object (POST: fails with 409 rather than take over an object someone else made).
+       ``secrets`` (POST: never touch an existing object; while one is not created, no apply or pod create
+       is sent, since the gateway and trainer rank 0 read it), ``applies`` then ``creates`` (pods). An
+       apply whose manifest has ``metadata.uid`` updates that object (server-side apply; the uid makes it
+       fail rather than reach a same-name newer object); without it, it creates the object (POST: fails
+       with 409 rather than take over an object someone else made).
     3. ``events``, ``delete_job`` (TTL after finishing).
     """
 
@@ -69,6 +80,7 @@ class Plan:
     status: dict[str, Any] | None = None
     patches: list[ChildPatch] = field(default_factory=list)
     deletes: list[ChildRef] = field(default_factory=list)
+    secrets: list[SecretCreate] = field(default_factory=list)
     applies: list[Manifest] = field(default_factory=list)
     creates: list[Manifest] = field(default_factory=list)
     events: list[Event] = field(default_factory=list)
@@ -88,6 +100,7 @@ class Plan:
         return not (
             self.record
             or self.status
+            or self.secrets
             or self.patches
             or self.deletes
             or self.applies

@@ -4,13 +4,16 @@ the order a job's pods need, and what the API server refused (for the next recon
 from __future__ import annotations
 
 import asyncio
+import copy
 import json
+from secrets import token_urlsafe
 
 from kubernetes.client.exceptions import ApiException
 
 from grpo_operator.api.resource import KIND
 from grpo_operator.builders.common import LABEL_JOB
 from grpo_operator.reconcile import Plan, Refusal
+from grpo_operator.reconcile.plan import SecretCreate
 from grpo_operator.reconcile.record import ANNOTATION_RECORD, record_annotation
 from grpo_operator.runtime.controller_state import log
 from grpo_operator.runtime.events import EventRecorder
@@ -34,7 +37,10 @@ class PlanExecution(EventRecorder):
         # The job's infrastructure (ConfigMap, volume, RBAC, Services, metric Deployment) does not depend on
         # the status: with nothing to patch or delete first, it is written while the record and status are,
         # which saves a new job two round trips before its first child. Pods always wait for the status.
-        early = bool(plan.applies) and not plan.patches and not plan.deletes
+        # The job's generated Secrets exist before anything that reads them is written: while one is not
+        # created (its name taken, or refused), no apply or pod create is sent this pass.
+        held = not await self._create_secrets(key, plan.secrets, failures, taken)
+        early = not held and bool(plan.applies) and not plan.patches and not plan.deletes
         if early:
             outcomes = await asyncio.gather(
                 self._write_status(job, plan),
@@ -77,9 +83,9 @@ class PlanExecution(EventRecorder):
                     raise
         # Children within one group do not depend on each other: send them concurrently. The groups
         # stay in order, so pods are created only after their ConfigMap, PVC and ServiceAccount exist.
-        if not early:
+        if not early and not held:
             await self._write_all(plan.applies, failures, taken)
-        if taken:
+        if taken or held:
             # A name the job's children need belongs to an object the operator did not create (or its own
             # object changed since the decision): no pod may start next to it, and the plan's events would
             # describe children that do not exist. The next reconcile reads the names and decides again.
@@ -131,6 +137,43 @@ class PlanExecution(EventRecorder):
                 _names(taken),
             )
             self.queue.add_rate_limited(key)
+
+    async def _create_secrets(
+        self,
+        key: tuple[str, str],
+        wanted: list[SecretCreate],
+        failures: list[Refusal],
+        taken: list[tuple[str, str]],
+    ) -> bool:
+        """Creates each Secret with a value generated here and now; True when all were created. The value
+        is never logged, kept or sent again: only the metadata is remembered. A name found taken (409) is
+        read, metadata only, and remembered, so the next reconcile tells the job's own Secret (created
+        before an operator restart: kept with its value) from someone else's (a conflict)."""
+        created = True
+        for item in wanted:
+            manifest = copy.deepcopy(item.manifest)
+            manifest["stringData"] = {item.key: token_urlsafe(32)}
+            kind, name = str(manifest["kind"]), str(manifest["metadata"]["name"])
+            try:
+                written = await self._call(self.kube.create, manifest)
+            except ApiException as exc:
+                created = False
+                if exc.status == 409:
+                    taken.append((kind, name))
+                    await self.read_secret(key, resource_for(kind), name)
+                    continue
+                self._api_error("create", kind, exc)
+                if exc.status is None or exc.status >= 500 or exc.status == 429:
+                    raise
+                failures.append(Refusal(kind, name, exc.status, _api_message(exc)))
+                continue
+            self._secrets.setdefault(key, {})[name] = {
+                "apiVersion": manifest["apiVersion"],
+                "kind": kind,
+                "metadata": written.get("metadata") or {},
+            }
+            log.info("%s/%s: created %s %s", key[0], key[1], kind, name)
+        return created
 
     async def _write_all(
         self, manifests: list[Obj], failures: list[Refusal], taken: list[tuple[str, str]]

@@ -28,7 +28,7 @@ CHILD_SELECTOR = f"{LABEL_MANAGED_BY}={PART_OF},{LABEL_JOB}"
 # Kinds reconcile reads only the metadata of: watched metadata-only, so no ConfigMap data or claim body is
 # ever sent or kept. The other kinds are small and watched whole, so reconcile can compare them with what
 # it builds.
-METADATA_ONLY_KINDS = kinds_where(lambda k: k.cache is not Cache.WHOLE)
+METADATA_ONLY_KINDS = kinds_where(lambda k: k.cache in (Cache.METADATA, Cache.METADATA_READ_ON_CHANGE))
 # Metadata-only kinds whose body reconcile compares: read once per change (runtime/observe.py).
 READ_ON_CHANGE_KINDS = kinds_where(lambda k: k.cache is Cache.METADATA_READ_ON_CHANGE)
 
