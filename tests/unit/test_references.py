@@ -182,3 +182,19 @@ def test_every_class_named_in_a_docstring_exists() -> None:
         if any(c.islower() for c in name) and name not in _defined_names()
     ]
     assert not wrong, "these name classes that do not exist (renamed?):\n" + "\n".join(wrong)
+
+
+TEST_ID = re.compile(r"(tests/[\w/]+\.py)::(\w+)")
+
+
+def test_every_test_named_in_the_docs_is_defined() -> None:
+    # The threat table of docs/platform.md, the restart table and others cite tests as `file::name`: a
+    # renamed or removed test must not leave a claim behind that nothing checks any more.
+    wrong = [
+        f"{where(path, number)}: {file}::{name}"
+        for path, number, line in lines()
+        if path.suffix == ".md"
+        for file, name in TEST_ID.findall(line)
+        if not (REPO / file).is_file() or f"def {name}(" not in (REPO / file).read_text(encoding="utf-8")
+    ]
+    assert not wrong, "these cite tests that are not defined (renamed or removed?):\n" + "\n".join(wrong)
