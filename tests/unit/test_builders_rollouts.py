@@ -88,6 +88,8 @@ def test_gateway_deployment_is_one_small_secure_pod_that_never_overlaps() -> Non
     assert container["image"] == "registry.example.com/trainer:1"
     assert container["command"] == ["python", "-m", "grpo_gateway"]
     assert container["readinessProbe"]["httpGet"] == {"path": "/healthz", "port": "client"}
+    # Not the kubelet's 1 s default: a gateway busy parsing large bodies is slow to answer, not dead.
+    assert container["readinessProbe"]["timeoutSeconds"] == container["livenessProbe"]["timeoutSeconds"] == 5
     assert container["resources"]["requests"] == {"cpu": "100m", "memory": "256Mi"}
     # A hostile client cannot grow the gateway into the node's memory.
     assert container["resources"]["limits"] == {"memory": "1Gi"}

@@ -16,6 +16,7 @@ import requests
 from grpo_operator.api.gateway_config import DEFAULT_MAX_ABS_REWARD
 from grpo_operator.api.spec import MetricSpec
 from grpo_operator.api.trainer_config import MetricClientConfig
+from grpo_operator.builders.rollouts import GATEWAY_PROBE_TIMEOUT_SECONDS
 
 from tests.harness.gateway import MODEL, RunningGateway, gateway_config
 from tests.unit.test_gateway_process import launch, wait_for_health
@@ -167,8 +168,8 @@ def test_healthz_answers_while_large_bodies_arrive(tmp_path: Path) -> None:
         proc.terminate()
         proc.communicate(timeout=30)
     assert sorted(codes) == [400] * 4 + [413] * 8
-    # The kubelet's probe gives up after 1 s.
-    assert worst < 1.0, f"/healthz took {worst:.2f} s while large bodies arrived"
+    # Within the timeout of the probes the operator gives the gateway's pod, or the kubelet restarts it.
+    assert worst < GATEWAY_PROBE_TIMEOUT_SECONDS, f"/healthz took {worst:.2f} s while large bodies arrived"
 
 
 # --- C. the internal port's secret ----------------------------------------------------------------------------

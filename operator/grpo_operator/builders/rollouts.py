@@ -63,6 +63,12 @@ GATEWAY_RESOURCES: dict[str, Any] = {
 }
 
 
+# The kubelet's default probe timeout is 1 s. While the gateway parses the largest bodies its limits let in
+# (8 step-sized bodies at once, bench/gateway_load.py), /healthz answered in 33-44 ms (median) but up to
+# 1.2 s at worst on a 2-core machine at load 8: a 1 s timeout would restart a healthy, busy gateway and lose
+# the groups it holds.
+GATEWAY_PROBE_TIMEOUT_SECONDS = 5
+
 # The key of Secret <job>-gateway-token that holds the internal port's token.
 GATEWAY_TOKEN_KEY = "token"
 
@@ -108,7 +114,10 @@ def gateway_env(job: Job) -> list[dict[str, Any]]:
 
 
 def gateway_deployment(job: Job, settings: OperatorSettings) -> Manifest:
-    probe = {"httpGet": {"path": "/healthz", "port": CLIENT_PORT_NAME}}
+    probe = {
+        "httpGet": {"path": "/healthz", "port": CLIENT_PORT_NAME},
+        "timeoutSeconds": GATEWAY_PROBE_TIMEOUT_SECONDS,
+    }
     container: dict[str, Any] = {
         "name": "gateway",
         "image": job.spec.trainer.image,
