@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import time
+from typing import Any
 
 import pytest
 from grpo_operator.builders import infrastructure, job_from_object
@@ -24,9 +25,21 @@ from tests.integration.test_operator import (  # noqa: F401 (the operator fixtur
     operator,
     status,
     wait_phase,
+    wait_status,
 )
 
 pytestmark = pytest.mark.slow
+
+
+def running_attempt(kube: Cluster, namespace: str, name: str, attempt: int) -> dict[str, Any]:
+    return wait_status(
+        kube,
+        namespace,
+        name,
+        f"attempt {attempt} Running",
+        lambda s: s.get("trainerAttempt") == attempt and s.get("phase") == "Running",
+        timeout=120,
+    )
 
 
 def drifted_events(kube: Cluster, namespace: str, name: str) -> list[str]:
@@ -106,8 +119,9 @@ def test_children_changed_by_a_tenant_are_put_back(
     kube.kubectl(
         "set", "image", "pod/drift-trainer-1-0", "trainer=registry.example/theirs:1", "-n", namespace
     )
-    s = wait_phase(kube, namespace, "drift", "Running", timeout=120)
-    assert s["trainerAttempt"] == 2 and s.get("restarts", 0) == 0, s
+    # The job is still Running attempt 1 when kubectl returns: wait for the attempt, not for the phase.
+    s = running_attempt(kube, namespace, "drift", 2)
+    assert s.get("restarts", 0) == 0, s
     assert any("Pod drift-trainer-1-0" in m for m in drifted_events(kube, namespace, "drift"))
 
     # A trainer pod relabelled out of the job leaves the operator's watch but is found, deleted, and the next
@@ -118,8 +132,8 @@ def test_children_changed_by_a_tenant_are_put_back(
         lambda: kube.get("pod", "drift-trainer-2-0", namespace) is None,
         timeout=60,
     )
-    s = wait_phase(kube, namespace, "drift", "Running", timeout=120)
-    assert s["trainerAttempt"] == 3 and s.get("restarts", 0) == 0, s
+    s = running_attempt(kube, namespace, "drift", 3)
+    assert s.get("restarts", 0) == 0, s
     assert sorted(gang(kube, namespace, "drift")) == [
         "drift-gen-3-0",
         "drift-trainer-3-0",

@@ -7,6 +7,7 @@ from datetime import datetime, timedelta
 from pathlib import PurePosixPath
 from typing import Any
 
+from grpo_operator.api import event_reasons
 from grpo_operator.builders import Job, gang_hash, gang_pods
 from grpo_operator.builders.common import (
     KUEUE_GROUP_LABEL,
@@ -29,6 +30,7 @@ from grpo_operator.reconcile.restart_policy import (
     GENERATION_STARTUP_TIMEOUT,
     OOM_KILLED,
     POD_DELETED,
+    PREEMPTED,
     PROGRESS_DEADLINE_EXCEEDED,
     SPEC_CHANGED,
     STARTUP_DEADLINE_EXCEEDED,
@@ -118,13 +120,13 @@ def run_gang(step: Step, job: Job, observed: Observed) -> None:
                 f"spec.{'trainer' if first.role == 'trainer' else 'generation'}.resources memory requests "
                 "and limits, or lower the batch size)"
             )
-            if rule.event:
-                step.event("Warning", rule.reason, summary)
+            if rule.event is not None:
+                step.event(rule.event, summary)
         exit_rule = _exit_rule(first, step.settings)
         if exit_rule is not None:
             rule = exit_rule
-            if rule.event:
-                step.event("Warning", rule.reason, summary)
+            if rule.event is not None:
+                step.event(rule.event, summary)
         if rule.reason == CANCELLED_BY_CLIENT.reason and rule.permanent:
             fail(step, job, observed, rule.reason, _cancelled_message(step, rule))
             return
@@ -211,7 +213,7 @@ def run_gang(step: Step, job: Job, observed: Observed) -> None:
                 f"gang attempt {attempt} is running: 1 vLLM pod and {job.spec.trainer.nodes} trainer pod(s)"
             )
             step.set_phase("Running", "AllPodsRunning", message)
-            step.event("Normal", "Running", message)
+            step.event(event_reasons.RUNNING, message)
         return
 
     _waiting(step, job, observed, expected, present)
@@ -236,8 +238,7 @@ def _pods_drifted(
             continue
         fields = describe(drifts)
         step.event(
-            "Warning",
-            CHILD_DRIFTED.reason,
+            event_reasons.CHILD_DRIFTED,
             f"Pod {pod.name} was changed outside the operator ({fields}); the gang is replaced by pods as built",
         )
         message = f"pod {pod.name} differs from what the operator built ({fields})"
@@ -351,24 +352,24 @@ def _waiting(step: Step, job: Job, observed: Observed, expected: list[str], pres
     elif blocked is not None:
         pod, (why, detail) = blocked[0], blocked[1]  # type: ignore[misc]
         if why == "SchedulingGated":
-            reason = "WaitingForAdmission"
+            wait = event_reasons.WAITING_FOR_ADMISSION
             message = f"pod {pod.name} is not yet admitted by its queue: {detail}"
             group = pod.labels.get(KUEUE_GROUP_LABEL)
             kueue_says = observed.kueue_wait(group) if group else None
             if kueue_says:
                 message = f"Kueue has not admitted workload {group}: {kueue_says}"
-            if step.new.get("reason") == "Preempted" and step.old_phase in ("Restarting", "Pending"):
+            if step.new.get("reason") == PREEMPTED.reason and step.old_phase in ("Restarting", "Pending"):
                 # Keep saying why the job left Running until Kueue admits it again.
-                reason = "Preempted"
+                wait = event_reasons.PREEMPTED
                 message = f"preempted by Kueue; waiting to be admitted again. {message}"
         else:
-            reason = "Unschedulable"
+            wait = event_reasons.UNSCHEDULABLE
             message = f"pod {pod.name} cannot be scheduled: {detail}"
-        step.condition(SCHEDULED, "False", reason, message)
+        step.condition(SCHEDULED, "False", wait.reason, message)
         step.condition(RUNNING, "False", "Pending", message)
-        if step.new.get("reason") != reason or step.old_phase != "Pending":
-            step.event("Warning", reason, message)
-        step.set_phase("Pending", reason, message)
+        if step.new.get("reason") != wait.reason or step.old_phase != "Pending":
+            step.event(wait, message)
+        step.set_phase("Pending", wait.reason, message)
     else:
         all_scheduled = len(present) == len(expected) and all(p.scheduled for p in present)
         if all_scheduled:
@@ -591,9 +592,9 @@ def _restart(step: Step, job: Job, observed: Observed, rule: RestartRule, messag
     step.condition(RUNNING, "False", "Restarting", full)
     # The new gang's pods exist once this plan is carried out, but nothing has placed them yet.
     step.condition(SCHEDULED, "False", "Scheduling", _SCHEDULING)
-    step.event("Warning", "Restarting", full)
+    step.event(event_reasons.RESTARTING, full)
     if step.checkpoint_path:
-        step.event("Normal", "ResumedFromCheckpoint", f"gang attempt {attempt} {where}")
+        step.event(event_reasons.RESUMED_FROM_CHECKPOINT, f"gang attempt {attempt} {where}")
     step.plan.restart = Restart(reason=rule.reason, counted=rule.counted, message=message)
     # The new gang is created by a later reconcile, once every pod of this one is gone (see run_gang).
     delete_pods(step, observed, lambda pod: pod.role in GANG_ROLES)
