@@ -25,7 +25,7 @@ from grpo_operator.builders import job_from_object
 from grpo_operator.builders.gang import generation_pod
 from grpo_operator.builders.metric import metric_deployment
 from grpo_operator.builders.rbac import trainer_role, trainer_role_binding, trainer_service_account
-from grpo_operator.reconcile.policy import platform_violations
+from grpo_operator.reconcile.platform_policy import platform_violations
 from grpo_operator.settings import OperatorSettings
 from grpo_trainer.status import StatusReporter
 

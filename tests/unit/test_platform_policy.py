@@ -18,7 +18,7 @@ from grpo_operator.builders import job_from_object
 from grpo_operator.builders.common import KUEUE_QUEUE_LABEL
 from grpo_operator.builders.gang import gang_pods
 from grpo_operator.reconcile import Observed, reconcile
-from grpo_operator.reconcile.policy import (
+from grpo_operator.reconcile.platform_policy import (
     CLAIM_FIELDS,
     PLATFORM_POLICY,
     image_allowed,
@@ -218,7 +218,7 @@ def test_every_claim_field_of_the_api_is_judged_by_the_claim_limits() -> None:
     _claim_fields(GRPOJobSpec, found, set())
     covered = {(f.model, f.field) for f in CLAIM_FIELDS}
     missing = sorted(f"{model.__name__}.{name}" for model, name in found - covered)
-    assert missing == [], f"add these claim fields to reconcile/policy.py CLAIM_FIELDS: {missing}"
+    assert missing == [], f"add these claim fields to reconcile/platform_policy.py CLAIM_FIELDS: {missing}"
     assert covered <= found, "CLAIM_FIELDS names a field the API does not have"
     # And each entry really lists what the field names.
     spec = job_from_object(

@@ -30,27 +30,27 @@ from grpo_operator.reconcile.conditions import CONFLICT, get_condition, truncate
 from grpo_operator.reconcile.drift import Drift, describe, drifted_fields
 from grpo_operator.reconcile.observed import Observed, PodView
 from grpo_operator.reconcile.plan import ChildPatch, ChildRef, SecretCreate
-from grpo_operator.reconcile.step import Step
+from grpo_operator.reconcile.reconcile_pass import ReconcilePass
 
 # The Warning event of a child someone else changed (the operator puts it back).
 
 
-def ensure(step: Step, observed: Observed, desired: list[Manifest]) -> None:
+def ensure(rp: ReconcilePass, observed: Observed, desired: list[Manifest]) -> None:
     """Create every desired child that is missing; update the job's own children that differ from the spec
     (by their spec-hash) or from what the operator builds (drift, see drift.py), naming the uid they were
     observed with. A same-name object that is not the job's is left alone (check_conflicts reports it)."""
     for manifest in desired:
         kind, name = manifest["kind"], manifest["metadata"]["name"]
-        if (kind, name) in step.foreign:
+        if (kind, name) in rp.foreign:
             continue
         current = observed.get(kind, name)
         if current is None:
-            step.plan.applies.append(manifest)
+            rp.plan.applies.append(manifest)
             continue
         want = manifest["metadata"].get("annotations", {}).get(ANNOTATION_HASH)
         have = ((current.get("metadata") or {}).get("annotations") or {}).get(ANNOTATION_HASH)
         if have != want or _scaled_by_hand(manifest, current):
-            step.plan.applies.append(_update(manifest, current))
+            rp.plan.applies.append(_update(manifest, current))
             continue
         drifts = _drift(manifest, current, observed)
         if not drifts:
@@ -58,33 +58,33 @@ def ensure(step: Step, observed: Observed, desired: list[Manifest]) -> None:
         fields = describe(drifts)
         if any(d.extra for d in drifts):
             # What another field manager added stays through a forced apply: recreate the child instead.
-            step.plan.deletes.append(ChildRef(manifest["apiVersion"], kind, name, _uid(current)))
+            rp.plan.deletes.append(ChildRef(manifest["apiVersion"], kind, name, _uid(current)))
             done = "deleting it to create it again as built"
         else:
-            step.plan.applies.append(_update(manifest, current))
+            rp.plan.applies.append(_update(manifest, current))
             done = "restoring it"
-        step.event(
+        rp.event(
             event_reasons.CHILD_DRIFTED,
             f"{kind} {name} was changed outside the operator ({fields}); {done}. Change the GRPOJob's spec "
             "instead: the operator keeps its children as the spec builds them",
         )
 
 
-def ensure_secrets(step: Step, observed: Observed, secrets: list[tuple[Manifest, str]]) -> None:
+def ensure_secrets(rp: ReconcilePass, observed: Observed, secrets: list[tuple[Manifest, str]]) -> None:
     """Create each generated Secret the job lacks (the runtime generates its value). One the job has is
     never updated, even if it differs from its build: the gateway and trainer rank 0 read the value at
     start, and a new one would lock rank 0 out of the running gateway. A same-name Secret that is not the
     job's is left alone (check_conflicts reports it)."""
     for manifest, key in secrets:
         kind, name = manifest["kind"], manifest["metadata"]["name"]
-        if (kind, name) not in step.foreign and observed.get(kind, name) is None:
-            step.plan.secrets.append(SecretCreate(manifest, key))
+        if (kind, name) not in rp.foreign and observed.get(kind, name) is None:
+            rp.plan.secrets.append(SecretCreate(manifest, key))
 
 
-def without_foreign_secrets(step: Step, manifests: list[Manifest]) -> list[Manifest]:
+def without_foreign_secrets(rp: ReconcilePass, manifests: list[Manifest]) -> list[Manifest]:
     """``manifests`` less the Deployments whose pods would read a Secret under a child's name that is not
     the job's: the rollout gateway must never start with a token someone else chose."""
-    foreign = {name for kind, name in step.foreign if kind == "Secret"}
+    foreign = {name for kind, name in rp.foreign if kind == "Secret"}
     if not foreign:
         return manifests
     return [m for m in manifests if not (_secret_refs(m) & foreign)]
@@ -113,29 +113,29 @@ def _drift(manifest: Manifest, current: Manifest, observed: Observed) -> list[Dr
     return drifted_fields(manifest, current)
 
 
-def check_conflicts(step: Step, job: Job, desired: list[Manifest]) -> None:
+def check_conflicts(rp: ReconcilePass, job: Job, desired: list[Manifest]) -> None:
     """Objects under a child's name that the operator did not create for this job: reported on the job
     (condition Conflict and an event) and never touched; while any exists, no pod is created."""
     wanted = [(m["kind"], m["metadata"]["name"]) for m in desired]
     if not job.spec.suspend:
-        attempt = max(step.attempt, 1)
+        attempt = max(rp.attempt, 1)
         wanted.append(("Pod", generation_pod_name(job, attempt, 0)))
         wanted += [("Pod", trainer_pod_name(job, attempt, rank)) for rank in range(job.spec.trainer.nodes)]
-    found = [step.foreign[key] for key in wanted if key in step.foreign]
-    previous = get_condition(list(step.old.get("conditions") or []), CONFLICT)
+    found = [rp.foreign[key] for key in wanted if key in rp.foreign]
+    previous = get_condition(list(rp.old.get("conditions") or []), CONFLICT)
     if not found:
         if previous is not None:
-            step.drop_condition(CONFLICT)
+            rp.drop_condition(CONFLICT)
         return
-    meta = step.obj.get("metadata") or {}
+    meta = rp.obj.get("metadata") or {}
     message = ownership.conflict_message(found[0], meta)
     if len(found) > 1:
         others = ", ".join(f"{o.get('kind')} {(o.get('metadata') or {}).get('name')}" for o in found[1:])
         message += f". The same holds for {others}"
-    step.conflict = truncate(message)
-    step.condition(CONFLICT, "True", "ChildConflict", message)
-    if previous is None or previous.get("message") != step.conflict:
-        step.event(event_reasons.CHILD_CONFLICT, message)
+    rp.conflict = truncate(message)
+    rp.condition(CONFLICT, "True", "ChildConflict", message)
+    if previous is None or previous.get("message") != rp.conflict:
+        rp.event(event_reasons.CHILD_CONFLICT, message)
 
 
 def _scaled_by_hand(manifest: Manifest, current: Manifest) -> bool:
@@ -146,35 +146,35 @@ def _scaled_by_hand(manifest: Manifest, current: Manifest) -> bool:
     return bool((current.get("spec") or {}).get("replicas") != manifest["spec"].get("replicas"))
 
 
-def delete_pods(step: Step, observed: Observed, which: Any) -> None:
+def delete_pods(rp: ReconcilePass, observed: Observed, which: Any) -> None:
     for pod in observed.pods():
         if which(pod) and not pod.terminating:
             ref = ChildRef("v1", "Pod", pod.name, _uid(pod.obj))
-            if ref in step.plan.deletes:
+            if ref in rp.plan.deletes:
                 continue
             if KUEUE_GROUP_LABEL in pod.labels and pod.annotations.get(KUEUE_RETRIABLE_ANNOTATION) != "false":
                 # Kueue keeps a pod group's quota reserved, waiting for replacement pods, until a member says
                 # the group is not retriable. A restart is a new group (new attempt), so release the old one.
                 patch = {"metadata": {"annotations": {KUEUE_RETRIABLE_ANNOTATION: "false"}}}
-                step.plan.patches.append(ChildPatch(ref, patch))
-            step.plan.deletes.append(ref)
+                rp.plan.patches.append(ChildPatch(ref, patch))
+            rp.plan.deletes.append(ref)
 
 
-def delete_metric_workload(step: Step, job: Job, observed: Observed) -> None:
-    _delete_deployment(step, observed, metric_name(job))
+def delete_metric_workload(rp: ReconcilePass, job: Job, observed: Observed) -> None:
+    _delete_deployment(rp, observed, metric_name(job))
 
 
-def delete_gateway(step: Step, job: Job, observed: Observed) -> None:
+def delete_gateway(rp: ReconcilePass, job: Job, observed: Observed) -> None:
     """Stop a client-rollout job's rollout gateway."""
-    _delete_deployment(step, observed, rollouts_name(job))
+    _delete_deployment(rp, observed, rollouts_name(job))
 
 
-def _delete_deployment(step: Step, observed: Observed, name: str) -> None:
+def _delete_deployment(rp: ReconcilePass, observed: Observed, name: str) -> None:
     deployment = observed.get("Deployment", name)
     if deployment is not None:
         ref = ChildRef("apps/v1", "Deployment", name, _uid(deployment))
-        if ref not in step.plan.deletes:
-            step.plan.deletes.append(ref)
+        if ref not in rp.plan.deletes:
+            rp.plan.deletes.append(ref)
 
 
 def _uid(obj: dict[str, Any]) -> str | None:
@@ -224,13 +224,13 @@ def split_strays(observed: Observed, job_meta: dict[str, Any]) -> tuple[Observed
     return dataclasses.replace(observed, objects=tuple(kept)), strays
 
 
-def delete_strays(step: Step, strays: list[tuple[PodView, str]]) -> None:
+def delete_strays(rp: ReconcilePass, strays: list[tuple[PodView, str]]) -> None:
     """Delete the job's pods whose labels were changed (see split_strays), with a ChildDrifted event."""
     for pod, why in strays:
         if pod.terminating:
             continue
-        step.plan.deletes.append(ChildRef("v1", "Pod", pod.name, _uid(pod.obj)))
-        step.event(
+        rp.plan.deletes.append(ChildRef("v1", "Pod", pod.name, _uid(pod.obj)))
+        rp.event(
             event_reasons.CHILD_DRIFTED,
             f"Pod {pod.name} was changed outside the operator ({why}); it is no longer counted as the job's "
             "and is deleted. Do not relabel the job's pods",

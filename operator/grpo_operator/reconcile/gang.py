@@ -22,6 +22,7 @@ from grpo_operator.reconcile.drift import describe, pod_drift
 from grpo_operator.reconcile.finished import fail, succeed
 from grpo_operator.reconcile.observed import Observed, PodView, parse_time
 from grpo_operator.reconcile.plan import Restart
+from grpo_operator.reconcile.reconcile_pass import GANG_ROLES, ReconcilePass, resume_point
 from grpo_operator.reconcile.restart_policy import (
     BACKOFF_LIMIT_EXCEEDED,
     CANCELLED_BY_CLIENT,
@@ -39,7 +40,6 @@ from grpo_operator.reconcile.restart_policy import (
     disruption,
     trainer_exit,
 )
-from grpo_operator.reconcile.step import GANG_ROLES, Step, resume_point
 from grpo_operator.settings import OperatorSettings
 
 _SCHEDULING = "waiting for the scheduler to place the pods"
@@ -63,28 +63,28 @@ def _telling_failure(pod: PodView, settings: OperatorSettings) -> bool:
     return _exit_rule(pod, settings) is not None
 
 
-def run_gang(step: Step, job: Job, observed: Observed) -> None:
+def run_gang(rp: ReconcilePass, job: Job, observed: Observed) -> None:
     """The gang of the current attempt: detect success, failures, disruptions, stalls and drift;
     otherwise create what is missing and report how far the pods got."""
-    attempt = step.attempt
+    attempt = rp.attempt
     nodes = observed.nodes
     gang = [p for p in observed.pods() if p.role in GANG_ROLES]
     current = {p.name: p for p in gang if p.attempt == attempt}
     expected = [generation_pod_name(job, attempt, 0)] + [
         trainer_pod_name(job, attempt, rank) for rank in range(job.spec.trainer.nodes)
     ]
-    was_running = step.old_phase == "Running"
+    was_running = rp.old_phase == "Running"
 
     rank0 = current.get(trainer_pod_name(job, attempt, 0))
     if rank0 is not None and rank0.phase == "Succeeded" and rank0.disruption(nodes) is None:
-        succeed(step, job, observed)
+        succeed(rp, job, observed)
         return
 
-    altered = [(pod, why) for pod, why in step.strays if _attempt_of(job, pod.name) == attempt]
+    altered = [(pod, why) for pod, why in rp.strays if _attempt_of(job, pod.name) == attempt]
     if altered and not any(pod.terminating for pod, _ in altered):
         pod, why = altered[0]
         restart_or_fail(
-            step, job, observed, CHILD_DRIFTED, f"pod {pod.name} was changed outside the operator ({why})"
+            rp, job, observed, CHILD_DRIFTED, f"pod {pod.name} was changed outside the operator ({why})"
         )
         return
 
@@ -95,7 +95,7 @@ def run_gang(step: Step, job: Job, observed: Observed) -> None:
         if pod is None:
             if was_running or current:
                 # Gone from the watch is not gone: a pod whose labels were removed still runs. Look it up.
-                step.plan.verify.append(("Pod", name))
+                rp.plan.verify.append(("Pod", name))
             if was_running:
                 disruptions.append((POD_DELETED, f"pod {name} disappeared while the gang was running"))
             continue
@@ -109,7 +109,7 @@ def run_gang(step: Step, job: Job, observed: Observed) -> None:
     if failures:
         # One rank running out of memory makes the others fail too (NCCL timeouts, exit 1): report the
         # failure that says what went wrong, not whichever pod comes first.
-        first = next((p for p in failures if _telling_failure(p, step.settings)), failures[0])
+        first = next((p for p in failures if _telling_failure(p, rp.settings)), failures[0])
         summary = first.failure_summary()
         rule = TRAINER_FAILED if first.role == "trainer" else GENERATION_FAILED
         term = first.termination()
@@ -121,32 +121,32 @@ def run_gang(step: Step, job: Job, observed: Observed) -> None:
                 "and limits, or lower the batch size)"
             )
             if rule.event is not None:
-                step.event(rule.event, summary)
-        exit_rule = _exit_rule(first, step.settings)
+                rp.event(rule.event, summary)
+        exit_rule = _exit_rule(first, rp.settings)
         if exit_rule is not None:
             rule = exit_rule
             if rule.event is not None:
-                step.event(rule.event, summary)
+                rp.event(rule.event, summary)
         if rule.reason == CANCELLED_BY_CLIENT.reason and rule.permanent:
-            fail(step, job, observed, rule.reason, _cancelled_message(step, rule))
+            fail(rp, job, observed, rule.reason, _cancelled_message(rp, rule))
             return
         if rule.permanent:
             summary = (
                 f"{summary} (exit code {rule.exit_code} means {rule.meaning}; retrying cannot "
                 "help: fix the spec and recreate the job)"
             )
-        restart_or_fail(step, job, observed, rule, summary)
+        restart_or_fail(rp, job, observed, rule, summary)
         return
     if disruptions:
         rule, message = disruptions[0]
-        restart_or_fail(step, job, observed, rule, message)
+        restart_or_fail(rp, job, observed, rule, message)
         return
 
     desired_hash = gang_hash(job)
     drifted = [p.name for p in current.values() if p.spec_hash != desired_hash]
     if drifted:
         restart_or_fail(
-            step,
+            rp,
             job,
             observed,
             SPEC_CHANGED,
@@ -156,41 +156,39 @@ def run_gang(step: Step, job: Job, observed: Observed) -> None:
 
     resume_from = next(
         (p.resume_from for p in current.values() if p.role == "trainer" and p.resume_from is not None),
-        _resume_from(job, step),
+        _resume_from(job, rp),
     )
-    built = gang_pods(job, step.settings, attempt, resume_from)
-    if _pods_drifted(step, job, observed, built, current):
+    built = gang_pods(job, rp.settings, attempt, resume_from)
+    if _pods_drifted(rp, job, observed, built, current):
         return
 
     # Steady state: remove pods of earlier attempts, create missing pods, report progress.
-    delete_pods(step, observed, lambda pod: pod.role in GANG_ROLES and pod.attempt != attempt)
+    delete_pods(rp, observed, lambda pod: pod.role in GANG_ROLES and pod.attempt != attempt)
     missing = [m for m in built if m["metadata"]["name"] not in current]
     if missing:
-        earlier = sorted(
-            {p.name for p in gang if p.attempt != attempt} | {pod.name for pod, _ in step.strays}
-        )
+        earlier = sorted({p.name for p in gang if p.attempt != attempt} | {pod.name for pod, _ in rp.strays})
         if not current and attempt > 1:
             # Before a new gang starts, the previous one must be gone, and a pod of it that lost its labels
             # is not in the watch: look its names up (fencing, see _wait_for_earlier_pods).
-            seen = {p.name for p in gang} | {pod.name for pod, _ in step.strays}
+            seen = {p.name for p in gang} | {pod.name for pod, _ in rp.strays}
             previous = [generation_pod_name(job, attempt - 1, 0)] + [
                 trainer_pod_name(job, attempt - 1, rank) for rank in range(job.spec.trainer.nodes)
             ]
-            step.plan.verify += [("Pod", name) for name in previous if name not in seen]
+            rp.plan.verify += [("Pod", name) for name in previous if name not in seen]
         if earlier:
-            _wait_for_earlier_pods(step, earlier)
-            if step.strays:
+            _wait_for_earlier_pods(rp, earlier)
+            if rp.strays:
                 # A pod that lost its labels is not watched: no event says when it is gone.
-                step.requeue_at(step.now + timedelta(seconds=5))
+                rp.requeue_at(rp.now + timedelta(seconds=5))
             return
-        if step.conflict is not None:
-            step.set_phase("Pending", "ChildConflict", step.conflict)
-            step.condition(RUNNING, "False", "Pending", step.conflict)
+        if rp.conflict is not None:
+            rp.set_phase("Pending", "ChildConflict", rp.conflict)
+            rp.condition(RUNNING, "False", "Pending", rp.conflict)
             return
         claim = None if current else _unbound_claim(job, observed)
         if claim is None:
-            step.plan.creates.extend(missing)
-        elif _wait_for_volume(step, job, observed, claim):
+            rp.plan.creates.extend(missing)
+        elif _wait_for_volume(rp, job, observed, claim):
             return
         # else the claim is new: reported as pods still to be created (which they are) for a few seconds
 
@@ -201,22 +199,20 @@ def run_gang(step: Step, job: Job, observed: Observed) -> None:
         # neither the Running phase nor the progress clock may start.
         all_running = all_running and all(p.ready for p in present if p.role == "generation")
     if all_running:
-        if _stalled(step, job, observed):
+        if _stalled(rp, job, observed):
             return
-        step.condition(SCHEDULED, "True", "AllPodsScheduled", f"all {len(expected)} pods are scheduled")
-        step.condition(
-            RUNNING, "True", "AllPodsRunning", f"all {len(expected)} pods of attempt {attempt} run"
-        )
-        _not_suspended(step)
-        if step.old_phase != "Running":
+        rp.condition(SCHEDULED, "True", "AllPodsScheduled", f"all {len(expected)} pods are scheduled")
+        rp.condition(RUNNING, "True", "AllPodsRunning", f"all {len(expected)} pods of attempt {attempt} run")
+        _not_suspended(rp)
+        if rp.old_phase != "Running":
             message = (
                 f"gang attempt {attempt} is running: 1 vLLM pod and {job.spec.trainer.nodes} trainer pod(s)"
             )
-            step.set_phase("Running", "AllPodsRunning", message)
-            step.event(event_reasons.RUNNING, message)
+            rp.set_phase("Running", "AllPodsRunning", message)
+            rp.event(event_reasons.RUNNING, message)
         return
 
-    _waiting(step, job, observed, expected, present)
+    _waiting(rp, job, observed, expected, present)
 
 
 def _attempt_of(job: Job, pod_name: str) -> int | None:
@@ -225,7 +221,7 @@ def _attempt_of(job: Job, pod_name: str) -> int | None:
 
 
 def _pods_drifted(
-    step: Step, job: Job, observed: Observed, built: list[dict[str, Any]], current: dict[str, PodView]
+    rp: ReconcilePass, job: Job, observed: Observed, built: list[dict[str, Any]], current: dict[str, PodView]
 ) -> bool:
     """A pod of the gang whose image, resources or deadline is no longer what the operator built (see
     drift.pod_drift) is replaced with the whole gang, not counted against backoffLimit. When the pods of a
@@ -237,14 +233,14 @@ def _pods_drifted(
         if pod is None or not drifts:
             continue
         fields = describe(drifts)
-        step.event(
+        rp.event(
             event_reasons.CHILD_DRIFTED,
             f"Pod {pod.name} was changed outside the operator ({fields}); the gang is replaced by pods as built",
         )
         message = f"pod {pod.name} differs from what the operator built ({fields})"
-        if step.old_phase == "Restarting" and step.new.get("reason") == CHILD_DRIFTED.reason:
+        if rp.old_phase == "Restarting" and rp.new.get("reason") == CHILD_DRIFTED.reason:
             fail(
-                step,
+                rp,
                 job,
                 observed,
                 CHILD_DRIFTED.reason,
@@ -253,20 +249,20 @@ def _pods_drifted(
                 "images or resources?). Exempt the job's namespace from it, or ask the platform team",
             )
         else:
-            restart_or_fail(step, job, observed, CHILD_DRIFTED, message)
+            restart_or_fail(rp, job, observed, CHILD_DRIFTED, message)
         return True
     return False
 
 
-def _resume_from(job: Job, step: Step) -> str:
+def _resume_from(job: Job, rp: ReconcilePass) -> str:
     """RESUME_FROM of a new gang. Under Kueue the new attempt's pods wait at the gate until the queue
     admits them again, which can be after the old attempt wrote its SIGTERM checkpoint (a preemption's
     grace period) and before the status shows it: name the checkpoint root, whose latest.json points at
     the newest checkpoint this job published, instead of the one known now."""
-    queued = job.spec.scheduling.queue_name or step.settings.default_queue_name
-    if queued and step.checkpoint_path:
-        return str(PurePosixPath(step.checkpoint_path).parent)
-    return step.checkpoint_path
+    queued = job.spec.scheduling.queue_name or rp.settings.default_queue_name
+    if queued and rp.checkpoint_path:
+        return str(PurePosixPath(rp.checkpoint_path).parent)
+    return rp.checkpoint_path
 
 
 def _unbound_claim(job: Job, observed: Observed) -> dict[str, Any] | None:
@@ -286,7 +282,7 @@ def _unbound_claim(job: Job, observed: Observed) -> dict[str, Any] | None:
     return observed.get("PersistentVolumeClaim", name) or {}
 
 
-def _wait_for_volume(step: Step, job: Job, observed: Observed, claim: dict[str, Any]) -> bool:
+def _wait_for_volume(rp: ReconcilePass, job: Job, observed: Observed, claim: dict[str, Any]) -> bool:
     """Says that the gang waits for its volume, once the claim is settings.volume_wait_reported_seconds
     old: most claims are bound within seconds, and two status writes for each such wait (to say it, and to
     say it is over) would be writes for nothing (until then the job reads "waiting for the pods to be
@@ -297,58 +293,60 @@ def _wait_for_volume(step: Step, job: Job, observed: Observed, claim: dict[str, 
         return False  # created by this reconcile
     limit = job.spec.run_policy.startup_deadline_seconds
     # Both moments are scheduled: a startup deadline shorter than the report delay still fails the job on time.
-    expired = step.due(created + timedelta(seconds=limit))
-    if not step.due(created + timedelta(seconds=step.settings.volume_wait_reported_seconds)) and not expired:
+    expired = rp.due(created + timedelta(seconds=limit))
+    if not rp.due(created + timedelta(seconds=rp.settings.volume_wait_reported_seconds)) and not expired:
         return False
     message = (
-        f"gang attempt {step.attempt}: its pods are created once PersistentVolumeClaim {name} is bound (its "
+        f"gang attempt {rp.attempt}: its pods are created once PersistentVolumeClaim {name} is bound (its "
         "StorageClass binds volumes immediately, and the scheduler turns away pods whose claim is not bound)"
     )
-    step.condition(SCHEDULED, "False", "WaitingForVolume", message)
-    step.condition(RUNNING, "False", "Pending", message)
-    step.set_phase("Pending", "WaitingForVolume", message)
-    _not_suspended(step)
+    rp.condition(SCHEDULED, "False", "WaitingForVolume", message)
+    rp.condition(RUNNING, "False", "Pending", message)
+    rp.set_phase("Pending", "WaitingForVolume", message)
+    _not_suspended(rp)
     if not expired:
         return True
     restart_or_fail(
-        step,
+        rp,
         job,
         observed,
         STARTUP_DEADLINE_EXCEEDED,
         f"PersistentVolumeClaim {name} was not bound within spec.runPolicy.startupDeadlineSeconds ({limit}s) "
-        f"of its creation, so gang attempt {step.attempt} never started: kubectl describe pvc {name} says "
+        f"of its creation, so gang attempt {rp.attempt} never started: kubectl describe pvc {name} says "
         "why (no provisioner for its StorageClass, a failing one, a storage quota)",
     )
     return True
 
 
-def _wait_for_earlier_pods(step: Step, names: list[str]) -> None:
+def _wait_for_earlier_pods(rp: ReconcilePass, names: list[str]) -> None:
     """Fencing, as a JobSet does: attempt n+1 starts only once attempt n's pods are gone from the API, not
     merely terminating, because an old trainer rank 0 may still be writing its SIGTERM checkpoint (it has
     terminationGracePeriodSeconds for that) to the volume the new gang resumes from."""
     reason = (
-        str(step.new.get("reason") or "Restarting")
-        if step.new.get("phase") == "Restarting"
+        str(rp.new.get("reason") or "Restarting")
+        if rp.new.get("phase") == "Restarting"
         else "PodsTerminating"
     )
     message = (
-        f"gang attempt {step.attempt} starts once the pods of the previous attempt are gone (a trainer may "
+        f"gang attempt {rp.attempt} starts once the pods of the previous attempt are gone (a trainer may "
         f"still be writing its checkpoint); still terminating: {', '.join(names)}"
     )
-    step.set_phase("Restarting", reason, message)
-    step.condition(RUNNING, "False", "Restarting", message)
+    rp.set_phase("Restarting", reason, message)
+    rp.condition(RUNNING, "False", "Restarting", message)
 
 
-def _waiting(step: Step, job: Job, observed: Observed, expected: list[str], present: list[PodView]) -> None:
+def _waiting(
+    rp: ReconcilePass, job: Job, observed: Observed, expected: list[str], present: list[PodView]
+) -> None:
     """Pods exist (or are being created) but not all run: Pending, Initializing or Restarting."""
-    attempt = step.attempt
+    attempt = rp.attempt
     blocked = next(((p, p.unschedulable()) for p in present if p.unschedulable() is not None), None)
     refused = _refusal(observed, expected, present)
     if refused is not None:
         # The ChildRejected event with the same words comes from the write that was refused.
-        step.condition(SCHEDULED, "False", "ChildRejected", refused)
-        step.condition(RUNNING, "False", "Pending", refused)
-        step.set_phase("Pending", "ChildRejected", refused)
+        rp.condition(SCHEDULED, "False", "ChildRejected", refused)
+        rp.condition(RUNNING, "False", "Pending", refused)
+        rp.set_phase("Pending", "ChildRejected", refused)
     elif blocked is not None:
         pod, (why, detail) = blocked[0], blocked[1]  # type: ignore[misc]
         if why == "SchedulingGated":
@@ -358,27 +356,27 @@ def _waiting(step: Step, job: Job, observed: Observed, expected: list[str], pres
             kueue_says = observed.kueue_wait(group) if group else None
             if kueue_says:
                 message = f"Kueue has not admitted workload {group}: {kueue_says}"
-            if step.new.get("reason") == PREEMPTED.reason and step.old_phase in ("Restarting", "Pending"):
+            if rp.new.get("reason") == PREEMPTED.reason and rp.old_phase in ("Restarting", "Pending"):
                 # Keep saying why the job left Running until Kueue admits it again.
                 wait = event_reasons.PREEMPTED
                 message = f"preempted by Kueue; waiting to be admitted again. {message}"
         else:
             wait = event_reasons.UNSCHEDULABLE
             message = f"pod {pod.name} cannot be scheduled: {detail}"
-        step.condition(SCHEDULED, "False", wait.reason, message)
-        step.condition(RUNNING, "False", "Pending", message)
-        if step.new.get("reason") != wait.reason or step.old_phase != "Pending":
-            step.event(wait, message)
-        step.set_phase("Pending", wait.reason, message)
+        rp.condition(SCHEDULED, "False", wait.reason, message)
+        rp.condition(RUNNING, "False", "Pending", message)
+        if rp.new.get("reason") != wait.reason or rp.old_phase != "Pending":
+            rp.event(wait, message)
+        rp.set_phase("Pending", wait.reason, message)
     else:
         all_scheduled = len(present) == len(expected) and all(p.scheduled for p in present)
         if all_scheduled:
-            step.condition(SCHEDULED, "True", "AllPodsScheduled", f"all {len(expected)} pods are scheduled")
+            rp.condition(SCHEDULED, "True", "AllPodsScheduled", f"all {len(expected)} pods are scheduled")
         else:
-            step.condition(SCHEDULED, "False", "Scheduling", _SCHEDULING)
+            rp.condition(SCHEDULED, "False", "Scheduling", _SCHEDULING)
         waiting = next(((p, p.waiting()) for p in present if p.waiting() is not None), None)
-        if step.old_phase == "Restarting":
-            phase, reason = "Restarting", str(step.new.get("reason") or "Restarting")
+        if rp.old_phase == "Restarting":
+            phase, reason = "Restarting", str(rp.new.get("reason") or "Restarting")
             message = f"gang attempt {attempt} replaces the previous one ({reason}); its pods are starting"
         elif all_scheduled:
             phase, reason = "Initializing", "ContainersStarting"
@@ -386,7 +384,7 @@ def _waiting(step: Step, job: Job, observed: Observed, expected: list[str], pres
             generation = _starting_generation(present)
             if generation is not None:
                 reason = "WaitingForGeneration"
-                message = _generation_wait(step, job, generation)
+                message = _generation_wait(rp, job, generation)
             if waiting is not None:
                 pod, (why, detail) = waiting[0], waiting[1]  # type: ignore[misc]
                 reason = why
@@ -395,10 +393,10 @@ def _waiting(step: Step, job: Job, observed: Observed, expected: list[str], pres
         else:
             phase, reason = "Pending", "Scheduling"
             message = f"gang attempt {attempt}: waiting for {len(expected)} pods to be created and scheduled"
-        step.condition(RUNNING, "False", phase, message)
-        step.set_phase(phase, reason, message)
-    _not_suspended(step)
-    _startup_deadline(step, job, observed, present)
+        rp.condition(RUNNING, "False", phase, message)
+        rp.set_phase(phase, reason, message)
+    _not_suspended(rp)
+    _startup_deadline(rp, job, observed, present)
 
 
 def _refusal(observed: Observed, expected: list[str], present: list[PodView]) -> str | None:
@@ -421,10 +419,10 @@ def _refusal(observed: Observed, expected: list[str], present: list[PodView]) ->
     )
 
 
-def _not_suspended(step: Step) -> None:
-    suspended = get_condition(list(step.new.get("conditions") or []), SUSPENDED)
+def _not_suspended(rp: ReconcilePass) -> None:
+    suspended = get_condition(list(rp.new.get("conditions") or []), SUSPENDED)
     if suspended is not None and suspended.get("status") == "True":
-        step.condition(SUSPENDED, "False", "Resumed", "the job was resumed")
+        rp.condition(SUSPENDED, "False", "Resumed", "the job was resumed")
 
 
 def _starting_generation(present: list[PodView]) -> PodView | None:
@@ -434,9 +432,9 @@ def _starting_generation(present: list[PodView]) -> PodView | None:
     )
 
 
-def _generation_wait(step: Step, job: Job, pod: PodView) -> str:
+def _generation_wait(rp: ReconcilePass, job: Job, pod: PodView) -> str:
     budget = job.spec.generation.startup_timeout_seconds
-    elapsed = (step.now - pod.started).total_seconds() if pod.started is not None else 0.0
+    elapsed = (rp.now - pod.started).total_seconds() if pod.started is not None else 0.0
     return (
         f"waiting for vLLM pod {pod.name} to become Ready ({_duration(elapsed)} of {_duration(budget)}: "
         "image pull, model download, CUDA graph capture)"
@@ -452,7 +450,7 @@ def _duration(seconds: float) -> str:
     return f"{hours}h{minutes}m" if hours and minutes else f"{hours}h" if hours else f"{minutes}m"
 
 
-def _startup_deadline(step: Step, job: Job, observed: Observed, present: list[PodView]) -> None:
+def _startup_deadline(rp: ReconcilePass, job: Job, observed: Observed, present: list[PodView]) -> None:
     """Three clocks, so that a slow vLLM start-up never spends the startup deadline:
 
     * while pods wait for the scheduler (or Kueue) and vLLM has not started: runPolicy.startupDeadlineSeconds
@@ -474,14 +472,14 @@ def _startup_deadline(step: Step, job: Job, observed: Observed, present: list[Po
     elif generation is not None and generation.started is not None and all_scheduled:
         budget = job.spec.generation.startup_timeout_seconds
         deadline = generation.started + timedelta(seconds=budget)
-        if step.now < deadline:
-            step.requeue_at(deadline)
+        if rp.now < deadline:
+            rp.requeue_at(deadline)
             # The status shows the elapsed time in minutes: come back to update it.
-            step.requeue_at(step.now + timedelta(seconds=60))
+            rp.requeue_at(rp.now + timedelta(seconds=60))
             return
-        step.plan.events = [e for e in step.plan.events if e.type == "Normal"]
+        rp.plan.events = [e for e in rp.plan.events if e.type == "Normal"]
         restart_or_fail(
-            step,
+            rp,
             job,
             observed,
             GENERATION_STARTUP_TIMEOUT,
@@ -492,48 +490,48 @@ def _startup_deadline(step: Step, job: Job, observed: Observed, present: list[Po
         return
     else:
         deadline = min(created) + timedelta(seconds=limit)
-    if step.now < deadline:
-        step.requeue_at(deadline)
+    if rp.now < deadline:
+        rp.requeue_at(deadline)
         return
-    why = str(step.new.get("message") or "")
+    why = str(rp.new.get("message") or "")
     # The Failed event says it all; a Pending/Unschedulable event from this same reconcile would repeat it.
-    step.plan.events = [e for e in step.plan.events if e.type == "Normal"]
+    rp.plan.events = [e for e in rp.plan.events if e.type == "Normal"]
     restart_or_fail(
-        step,
+        rp,
         job,
         observed,
         STARTUP_DEADLINE_EXCEEDED,
-        f"gang attempt {step.attempt} was not running within spec.runPolicy.startupDeadlineSeconds "
+        f"gang attempt {rp.attempt} was not running within spec.runPolicy.startupDeadlineSeconds "
         f"({limit}s): {why}",
     )
 
 
-def _stalled(step: Step, job: Job, observed: Observed) -> bool:
+def _stalled(rp: ReconcilePass, job: Job, observed: Observed) -> bool:
     """Running, but no step advance for runPolicy.progressDeadlineSeconds: a stall (counted restart)."""
     limit = job.spec.run_policy.progress_deadline_seconds
-    running = get_condition(list(step.old.get("conditions") or []), RUNNING)
+    running = get_condition(list(rp.old.get("conditions") or []), RUNNING)
     since = (
         parse_time(running.get("lastTransitionTime"))
-        if running is not None and running.get("status") == "True" and step.old_phase == "Running"
+        if running is not None and running.get("status") == "True" and rp.old_phase == "Running"
         else None
     )
     if since is None:
-        since = step.now  # the gang becomes Running with this reconcile: the clock starts now
-    last_step = parse_time((step.old.get("progress") or {}).get("lastStepTime"))
+        since = rp.now  # the gang becomes Running with this reconcile: the clock starts now
+    last_step = parse_time((rp.old.get("progress") or {}).get("lastStepTime"))
     base = max(since, last_step) if last_step is not None else since
-    if _waiting_for_client(step, base):
+    if _waiting_for_client(rp, base):
         # A client-rollout trainer waiting for the client's next groups is not stalled: the client decides
         # when its rollouts are done (DSPy may be validating). Look again within the deadline.
-        step.requeue_at(step.now + timedelta(seconds=limit))
+        rp.requeue_at(rp.now + timedelta(seconds=limit))
         return False
     deadline = base + timedelta(seconds=limit)
-    if step.now < deadline:
-        step.requeue_at(deadline)
+    if rp.now < deadline:
+        rp.requeue_at(deadline)
         return False
-    step_no = (step.old.get("progress") or {}).get("step")
+    step_no = (rp.old.get("progress") or {}).get("step")
     at = f" (last step {step_no})" if step_no is not None else " (no step completed yet)"
     restart_or_fail(
-        step,
+        rp,
         job,
         observed,
         PROGRESS_DEADLINE_EXCEEDED,
@@ -542,16 +540,16 @@ def _stalled(step: Step, job: Job, observed: Observed) -> bool:
     return True
 
 
-def _waiting_for_client(step: Step, base: datetime) -> bool:
+def _waiting_for_client(rp: ReconcilePass, base: datetime) -> bool:
     """Trainer rank 0 of the running gang reports (status.progress.waitingForClientSince) that it waits for
     the client's groups: set since the gang runs and since its last step (an older value is stale: a
     trainer that died waiting, or one that got its groups and did not clear it)."""
-    waiting = parse_time((step.old.get("progress") or {}).get("waitingForClientSince"))
+    waiting = parse_time((rp.old.get("progress") or {}).get("waitingForClientSince"))
     return waiting is not None and waiting >= base
 
 
-def _cancelled_message(step: Step, rule: RestartRule) -> str:
-    steps = (step.old.get("progress") or {}).get("step")
+def _cancelled_message(rp: ReconcilePass, rule: RestartRule) -> str:
+    steps = (rp.old.get("progress") or {}).get("step")
     at = f" after step {steps}" if steps is not None else ""
     return (
         f"exit code {rule.exit_code} means {rule.meaning} (Arbor's cancel route): trainer rank 0 stopped{at} "
@@ -559,42 +557,42 @@ def _cancelled_message(step: Step, rule: RestartRule) -> str:
     )
 
 
-def restart_or_fail(step: Step, job: Job, observed: Observed, rule: RestartRule, message: str) -> None:
+def restart_or_fail(rp: ReconcilePass, job: Job, observed: Observed, rule: RestartRule, message: str) -> None:
     """What the restart policy says for ``rule``: fail the job at once, fail it because the counted
     restarts are spent, or restart the gang."""
     if rule.permanent:
-        fail(step, job, observed, rule.reason, message)
+        fail(rp, job, observed, rule.reason, message)
         return
     limit = job.spec.run_policy.backoff_limit
-    if rule.counted and step.restarts >= limit:
+    if rule.counted and rp.restarts >= limit:
         fail(
-            step,
+            rp,
             job,
             observed,
             BACKOFF_LIMIT_EXCEEDED.reason,
-            f"{message}; spec.runPolicy.backoffLimit ({limit}) is exhausted after {step.restarts} restart(s)",
+            f"{message}; spec.runPolicy.backoffLimit ({limit}) is exhausted after {rp.restarts} restart(s)",
         )
         return
-    _restart(step, job, observed, rule, message)
+    _restart(rp, job, observed, rule, message)
 
 
-def _restart(step: Step, job: Job, observed: Observed, rule: RestartRule, message: str) -> None:
+def _restart(rp: ReconcilePass, job: Job, observed: Observed, rule: RestartRule, message: str) -> None:
     """Replace the whole gang by a new attempt that resumes from the last verified checkpoint."""
-    attempt = step.attempt + 1
-    restarts = step.restarts + (1 if rule.counted else 0)
+    attempt = rp.attempt + 1
+    restarts = rp.restarts + (1 if rule.counted else 0)
     limit = job.spec.run_policy.backoff_limit
     budget = f"restart {restarts}/{limit}" if rule.counted else "not counted against backoffLimit"
-    where = resume_point(step)
-    step.new["trainerAttempt"] = attempt
-    step.new["restarts"] = restarts
+    where = resume_point(rp)
+    rp.new["trainerAttempt"] = attempt
+    rp.new["restarts"] = restarts
     full = f"{message}; restarting the gang as attempt {attempt} ({budget}), {where}"
-    step.set_phase("Restarting", rule.reason, full)
-    step.condition(RUNNING, "False", "Restarting", full)
+    rp.set_phase("Restarting", rule.reason, full)
+    rp.condition(RUNNING, "False", "Restarting", full)
     # The new gang's pods exist once this plan is carried out, but nothing has placed them yet.
-    step.condition(SCHEDULED, "False", "Scheduling", _SCHEDULING)
-    step.event(event_reasons.RESTARTING, full)
-    if step.checkpoint_path:
-        step.event(event_reasons.RESUMED_FROM_CHECKPOINT, f"gang attempt {attempt} {where}")
-    step.plan.restart = Restart(reason=rule.reason, counted=rule.counted, message=message)
+    rp.condition(SCHEDULED, "False", "Scheduling", _SCHEDULING)
+    rp.event(event_reasons.RESTARTING, full)
+    if rp.checkpoint_path:
+        rp.event(event_reasons.RESUMED_FROM_CHECKPOINT, f"gang attempt {attempt} {where}")
+    rp.plan.restart = Restart(reason=rule.reason, counted=rule.counted, message=message)
     # The new gang is created by a later reconcile, once every pod of this one is gone (see run_gang).
-    delete_pods(step, observed, lambda pod: pod.role in GANG_ROLES)
+    delete_pods(rp, observed, lambda pod: pod.role in GANG_ROLES)

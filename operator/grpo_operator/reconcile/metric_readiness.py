@@ -11,7 +11,7 @@ from grpo_operator.builders import Job
 from grpo_operator.builders.common import metric_name, rollouts_name
 from grpo_operator.reconcile.conditions import GATEWAY_READY, METRIC_READY, get_condition
 from grpo_operator.reconcile.observed import Observed, parse_time
-from grpo_operator.reconcile.step import Step
+from grpo_operator.reconcile.reconcile_pass import ReconcilePass
 
 # Metric pod states that do not go away by waiting: worth a Warning event, not just a condition.
 _METRIC_STUCK_REASONS = frozenset(
@@ -43,7 +43,7 @@ _BRINGING_UP = frozenset(
 )
 
 
-def metric_readiness(step: Step, job: Job, observed: Observed) -> None:
+def metric_readiness(rp: ReconcilePass, job: Job, observed: Observed) -> None:
     """Condition MetricReady: whether the metric service has a ready pod, and if not, why.
 
     Trainers wait for the metric service before their first step and give up after a while, which
@@ -63,14 +63,14 @@ def metric_readiness(step: Step, job: Job, observed: Observed) -> None:
     else:
         status = "False"
         reason, message = _metric_not_ready(job, observed)
-    previous = get_condition(list(step.old.get("conditions") or []), METRIC_READY)
-    step.condition(METRIC_READY, status, reason, message)
+    previous = get_condition(list(rp.old.get("conditions") or []), METRIC_READY)
+    rp.condition(METRIC_READY, status, reason, message)
     stuck = status == "False" and reason in _METRIC_STUCK_REASONS
     if stuck and (previous is None or previous.get("reason") != reason):
-        step.event(event_reasons.METRIC_NOT_READY, message)
+        rp.event(event_reasons.METRIC_NOT_READY, message)
 
 
-def withhold_first_metric_report(step: Step, job: Job, observed: Observed) -> None:
+def withhold_first_metric_report(rp: ReconcilePass, job: Job, observed: Observed) -> None:
     """Leaves MetricReady out of a new job's status while its first gang is being brought up, until the job
     is Running or the metric Deployment is FIRST_METRIC_REPORT_AFTER_SECONDS old.
 
@@ -80,18 +80,18 @@ def withhold_first_metric_report(step: Step, job: Job, observed: Observed) -> No
     yet rather than a state about to change). A job that waits for anything else (unschedulable, a queue, a
     volume, a refusal, a stuck pod) and metric pods that are stuck are reported at once: that is when a
     user reads the conditions to find out why. Once reported, every change is written as it happens."""
-    if get_condition(list(step.old.get("conditions") or []), METRIC_READY) is not None:
+    if get_condition(list(rp.old.get("conditions") or []), METRIC_READY) is not None:
         return
-    condition = get_condition(list(step.new.get("conditions") or []), METRIC_READY)
-    if condition is None or (step.new.get("phase"), step.new.get("reason")) not in _BRINGING_UP:
+    condition = get_condition(list(rp.new.get("conditions") or []), METRIC_READY)
+    if condition is None or (rp.new.get("phase"), rp.new.get("reason")) not in _BRINGING_UP:
         return
     if condition.get("status") == "False" and condition.get("reason") in _METRIC_STUCK_REASONS:
         return
     deployment = observed.get("Deployment", metric_name(job)) or {}
     created = parse_time((deployment.get("metadata") or {}).get("creationTimestamp"))
-    if created is not None and step.due(created + timedelta(seconds=FIRST_METRIC_REPORT_AFTER_SECONDS)):
+    if created is not None and rp.due(created + timedelta(seconds=FIRST_METRIC_REPORT_AFTER_SECONDS)):
         return
-    step.drop_condition(METRIC_READY)
+    rp.drop_condition(METRIC_READY)
 
 
 def _metric_not_ready(job: Job, observed: Observed) -> tuple[str, str]:
@@ -128,7 +128,7 @@ def _metric_not_ready(job: Job, observed: Observed) -> tuple[str, str]:
     return "Starting", "no metric pod is ready yet; the service answers once a pod's /healthz returns 200"
 
 
-def gateway_readiness(step: Step, job: Job, observed: Observed) -> None:
+def gateway_readiness(rp: ReconcilePass, job: Job, observed: Observed) -> None:
     """Condition GatewayReady: whether the rollout gateway of a client-rollout job has a ready pod, and if
     not, why. Like MetricReady it never changes the phase: the client sees the gateway's absence itself."""
     name = rollouts_name(job)
@@ -147,8 +147,8 @@ def gateway_readiness(step: Step, job: Job, observed: Observed) -> None:
                 reason, detail = blocked
                 message = f"rollout gateway pod {pod.name}: {reason}{': ' + detail if detail else ''}"
                 break
-    previous = get_condition(list(step.old.get("conditions") or []), GATEWAY_READY)
-    step.condition(GATEWAY_READY, "True" if ready else "False", reason, message)
+    previous = get_condition(list(rp.old.get("conditions") or []), GATEWAY_READY)
+    rp.condition(GATEWAY_READY, "True" if ready else "False", reason, message)
     stuck = not ready and reason in _METRIC_STUCK_REASONS
     if stuck and (previous is None or previous.get("reason") != reason):
-        step.event(event_reasons.GATEWAY_NOT_READY, message)
+        rp.event(event_reasons.GATEWAY_NOT_READY, message)

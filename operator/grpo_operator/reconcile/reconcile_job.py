@@ -53,10 +53,15 @@ from grpo_operator.reconcile.metric_readiness import (
 )
 from grpo_operator.reconcile.observed import Observed, parse_time
 from grpo_operator.reconcile.plan import Plan
-from grpo_operator.reconcile.policy import PLATFORM_POLICY, platform_violations
+from grpo_operator.reconcile.platform_policy import PLATFORM_POLICY, platform_violations
+from grpo_operator.reconcile.reconcile_pass import (
+    GANG_ROLES,
+    OWNED_STATUS_FIELDS,
+    ReconcilePass,
+    resume_point,
+)
 from grpo_operator.reconcile.record import read_record, sanitize_status
 from grpo_operator.reconcile.restart_policy import DEADLINE_EXCEEDED
-from grpo_operator.reconcile.step import GANG_ROLES, OWNED_STATUS_FIELDS, Step, resume_point
 from grpo_operator.settings import OperatorSettings
 
 
@@ -70,7 +75,7 @@ def reconcile(job_obj: dict[str, Any], observed: Observed, now: datetime, settin
     meta = job_obj.get("metadata") or {}
     parts = ownership.split(observed, meta)
     observed, strays = split_strays(parts.mine, meta)
-    step = Step(
+    rp = ReconcilePass(
         obj=job_obj,
         now=now,
         settings=settings,
@@ -83,65 +88,65 @@ def reconcile(job_obj: dict[str, Any], observed: Observed, now: datetime, settin
     )
     if meta.get("deletionTimestamp"):
         # No finalizer: the garbage collector removes the children through their owner references.
-        step.plan.phase = step.old_phase
-        return step.plan
+        rp.plan.phase = rp.old_phase
+        return rp.plan
 
-    delete_strays(step, strays)
+    delete_strays(rp, strays)
     try:
         job = job_from_object(job_obj)
     except ValidationError as exc:
-        return invalid_spec(step, exc)
+        return invalid_spec(rp, exc)
 
-    step.new["observedGeneration"] = step.generation
-    step.new["rollouts"] = compute_rollouts(job.spec)
+    rp.new["observedGeneration"] = rp.generation
+    rp.new["rollouts"] = compute_rollouts(job.spec)
 
-    if step.old_phase in TERMINAL_PHASES:
-        clean_up_finished(step, job, observed)
-        ttl(step, job)
-        return step.finish()
+    if rp.old_phase in TERMINAL_PHASES:
+        clean_up_finished(rp, job, observed)
+        ttl(rp, job)
+        return rp.finish()
 
     violations = platform_violations(job.spec, settings)
     if violations:
-        return policy_violation(step, violations)
-    if get_condition(list(step.old.get("conditions") or []), PLATFORM_POLICY) is not None:
-        step.condition(PLATFORM_POLICY, "True", "Allowed", "the job meets the platform's limits")
+        return policy_violation(rp, violations)
+    if get_condition(list(rp.old.get("conditions") or []), PLATFORM_POLICY) is not None:
+        rp.condition(PLATFORM_POLICY, "True", "Allowed", "the job meets the platform's limits")
 
     secrets = generated_secrets(job)
     desired = [manifest for manifest, _ in secrets] + infrastructure(job, settings)
     if not job.spec.suspend:
         desired += metric_workload(job, settings)
-    check_conflicts(step, job, desired)
-    ensure_secrets(step, observed, secrets)
-    ensure(step, observed, without_foreign_secrets(step, infrastructure(job, settings)))
+    check_conflicts(rp, job, desired)
+    ensure_secrets(rp, observed, secrets)
+    ensure(rp, observed, without_foreign_secrets(rp, infrastructure(job, settings)))
 
     if job.spec.suspend:
-        suspend(step, job, observed)
-        return step.finish()
+        suspend(rp, job, observed)
+        return rp.finish()
 
-    ensure(step, observed, metric_workload(job, settings))
+    ensure(rp, observed, metric_workload(job, settings))
     if client_rollouts(job):
-        gateway_readiness(step, job, observed)
+        gateway_readiness(rp, job, observed)
     else:
-        metric_readiness(step, job, observed)
+        metric_readiness(rp, job, observed)
 
-    if step.conflict is not None and step.attempt == 0:
+    if rp.conflict is not None and rp.attempt == 0:
         # Nothing has started: no gang, no Created event, until the name is free.
-        step.set_phase("Pending", "ChildConflict", step.conflict)
-        return step.finish()
-    if step.old_phase == "Suspended":
-        resume(step, job)
-    elif step.attempt == 0:
-        start(step, job)
+        rp.set_phase("Pending", "ChildConflict", rp.conflict)
+        return rp.finish()
+    if rp.old_phase == "Suspended":
+        resume(rp, job)
+    elif rp.attempt == 0:
+        start(rp, job)
 
-    if active_deadline(step, job, observed):
-        return step.finish()
-    run_gang(step, job, observed)
+    if active_deadline(rp, job, observed):
+        return rp.finish()
+    run_gang(rp, job, observed)
     if not client_rollouts(job):
-        withhold_first_metric_report(step, job, observed)
-    return step.finish()
+        withhold_first_metric_report(rp, job, observed)
+    return rp.finish()
 
 
-def invalid_spec(step: Step, exc: ValidationError) -> Plan:
+def invalid_spec(rp: ReconcilePass, exc: ValidationError) -> Plan:
     errors = "; ".join(
         f"spec.{'.'.join(str(p) for p in err['loc'])}: {err['msg']}" if err["loc"] else err["msg"]
         for err in exc.errors()
@@ -149,82 +154,82 @@ def invalid_spec(step: Step, exc: ValidationError) -> Plan:
     message = (
         f"the spec is invalid and cannot be run: {errors}. Fix the spec (kubectl edit) or recreate the job."
     )
-    if step.old_phase != "Failed":
-        step.set_phase("Failed", "InvalidSpec", message)
-        step.new["completionTime"] = format_time(step.now)
-        step.condition(FAILED, "True", "InvalidSpec", message)
-        step.event(event_reasons.INVALID_SPEC, message)
-    return step.finish()
+    if rp.old_phase != "Failed":
+        rp.set_phase("Failed", "InvalidSpec", message)
+        rp.new["completionTime"] = format_time(rp.now)
+        rp.condition(FAILED, "True", "InvalidSpec", message)
+        rp.event(event_reasons.INVALID_SPEC, message)
+    return rp.finish()
 
 
-def policy_violation(step: Step, violations: list[str]) -> Plan:
+def policy_violation(rp: ReconcilePass, violations: list[str]) -> Plan:
     """Nothing is created or replaced for a job that breaks a platform limit; pods already running
     (a limit tightened after the job started) are left alone. Fixing the spec lets it carry on."""
     message = (
         "the job breaks the platform's limits, so the operator creates no pods for it until the spec "
         "is changed to fit: " + "; ".join(violations)
     )
-    previous = get_condition(list(step.old.get("conditions") or []), PLATFORM_POLICY)
-    step.condition(PLATFORM_POLICY, "False", "PolicyViolation", message)
+    previous = get_condition(list(rp.old.get("conditions") or []), PLATFORM_POLICY)
+    rp.condition(PLATFORM_POLICY, "False", "PolicyViolation", message)
     if previous is None or previous.get("status") != "False" or previous.get("message") != truncate(message):
-        step.event(event_reasons.POLICY_VIOLATION, message)
-    if step.attempt == 0:
-        step.set_phase("Pending", "PolicyViolation", message)
-    return step.finish()
+        rp.event(event_reasons.POLICY_VIOLATION, message)
+    if rp.attempt == 0:
+        rp.set_phase("Pending", "PolicyViolation", message)
+    return rp.finish()
 
 
-def start(step: Step, job: Job) -> None:
-    step.new["trainerAttempt"] = 1
-    step.new.setdefault("restarts", 0)
-    step.new["startTime"] = format_time(step.now)
+def start(rp: ReconcilePass, job: Job) -> None:
+    rp.new["trainerAttempt"] = 1
+    rp.new.setdefault("restarts", 0)
+    rp.new["startTime"] = format_time(rp.now)
     trainers = job.spec.trainer.nodes
-    step.set_phase("Pending", "Creating", "creating the job's children and its first gang of pods")
-    step.event(
+    rp.set_phase("Pending", "Creating", "creating the job's children and its first gang of pods")
+    rp.event(
         event_reasons.CREATED,
         f"created the job's children and gang attempt 1: 1 vLLM pod ({job.spec.generation.gpus} GPU) and "
         f"{trainers} trainer pod{'s' if trainers > 1 else ''} ({job.spec.trainer.gpus_per_node} GPU each)",
     )
 
 
-def suspend(step: Step, job: Job, observed: Observed) -> None:
-    delete_pods(step, observed, lambda pod: pod.role in GANG_ROLES)
-    delete_metric_workload(step, job, observed)
-    if step.old_phase != "Suspended":
+def suspend(rp: ReconcilePass, job: Job, observed: Observed) -> None:
+    delete_pods(rp, observed, lambda pod: pod.role in GANG_ROLES)
+    delete_metric_workload(rp, job, observed)
+    if rp.old_phase != "Suspended":
         message = (
             "spec.suspend is true: all pods are stopped; the volume and status are kept. "
             "Set spec.suspend to false to resume from the last checkpoint."
         )
-        step.set_phase("Suspended", "Suspended", message)
-        step.condition(SUSPENDED, "True", "Suspended", message)
-        step.condition(RUNNING, "False", "Suspended", "the job is suspended")
-        step.drop_condition(SCHEDULED)
-        step.drop_condition(METRIC_READY)
-        step.event(event_reasons.SUSPENDED, message)
+        rp.set_phase("Suspended", "Suspended", message)
+        rp.condition(SUSPENDED, "True", "Suspended", message)
+        rp.condition(RUNNING, "False", "Suspended", "the job is suspended")
+        rp.drop_condition(SCHEDULED)
+        rp.drop_condition(METRIC_READY)
+        rp.event(event_reasons.SUSPENDED, message)
 
 
-def resume(step: Step, job: Job) -> None:
-    attempt = step.attempt + 1
-    step.new["trainerAttempt"] = attempt
-    step.new.setdefault("restarts", 0)
+def resume(rp: ReconcilePass, job: Job) -> None:
+    attempt = rp.attempt + 1
+    rp.new["trainerAttempt"] = attempt
+    rp.new.setdefault("restarts", 0)
     # Like a Kubernetes Job: the active deadline counts from the last resume.
-    step.new["startTime"] = format_time(step.now)
-    where = resume_point(step)
-    step.set_phase("Pending", "Resumed", f"resumed with gang attempt {attempt}, {where}")
-    step.condition(SUSPENDED, "False", "Resumed", f"resumed, {where}")
-    step.event(event_reasons.RESUMED, f"spec.suspend is false: starting gang attempt {attempt}, {where}")
-    if step.checkpoint_path:
-        step.event(event_reasons.RESUMED_FROM_CHECKPOINT, f"gang attempt {attempt} {where}")
+    rp.new["startTime"] = format_time(rp.now)
+    where = resume_point(rp)
+    rp.set_phase("Pending", "Resumed", f"resumed with gang attempt {attempt}, {where}")
+    rp.condition(SUSPENDED, "False", "Resumed", f"resumed, {where}")
+    rp.event(event_reasons.RESUMED, f"spec.suspend is false: starting gang attempt {attempt}, {where}")
+    if rp.checkpoint_path:
+        rp.event(event_reasons.RESUMED_FROM_CHECKPOINT, f"gang attempt {attempt} {where}")
 
 
-def active_deadline(step: Step, job: Job, observed: Observed) -> bool:
+def active_deadline(rp: ReconcilePass, job: Job, observed: Observed) -> bool:
     limit = job.spec.run_policy.active_deadline_seconds
-    started = parse_time(step.new.get("startTime"))
+    started = parse_time(rp.new.get("startTime"))
     if limit is None or started is None:
         return False
-    if not step.due(started + timedelta(seconds=limit)):
+    if not rp.due(started + timedelta(seconds=limit)):
         return False
     restart_or_fail(
-        step,
+        rp,
         job,
         observed,
         DEADLINE_EXCEEDED,

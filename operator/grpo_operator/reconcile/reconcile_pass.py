@@ -1,4 +1,5 @@
-"""The working state of one reconcile (``Step``) and the status fields the operator owns."""
+"""The working state of one reconcile pass (``ReconcilePass``, named ``rp`` where it is passed around; a
+"step" in this code base is always a training step) and the status fields the operator owns."""
 
 from __future__ import annotations
 
@@ -33,7 +34,7 @@ _MIN_REQUEUE = 1.0
 
 
 @dataclass
-class Step:
+class ReconcilePass:
     """Mutable working state of one reconcile: the job's status as it was and as it will be."""
 
     obj: dict[str, Any]
@@ -79,8 +80,8 @@ class Step:
 
     @property
     def checkpoint_step(self) -> int | None:
-        step = (self.old.get("checkpoint") or {}).get("lastStep")
-        return step if isinstance(step, int) and not isinstance(step, bool) else None
+        rp = (self.old.get("checkpoint") or {}).get("lastStep")
+        return rp if isinstance(rp, int) and not isinstance(rp, bool) else None
 
     def condition(self, type_: str, status: str, reason: str, message: str) -> None:
         conditions = list(self.new.get("conditions") or [])
@@ -123,8 +124,8 @@ class Step:
         return self.plan
 
 
-def resume_point(step: Step) -> str:
-    if step.checkpoint_path:
-        at = f" (step {step.checkpoint_step})" if step.checkpoint_step is not None else ""
-        return f"resuming from checkpoint {step.checkpoint_path}{at}"
+def resume_point(rp: ReconcilePass) -> str:
+    if rp.checkpoint_path:
+        at = f" (step {rp.checkpoint_step})" if rp.checkpoint_step is not None else ""
+        return f"resuming from checkpoint {rp.checkpoint_path}{at}"
     return "starting from scratch (no checkpoint yet)"
