@@ -1,15 +1,16 @@
-"""Shared machinery of the scale and chaos benchmarks (bench/scale.py, bench/chaos.py).
+"""Shared machinery of the benchmarks (bench/scale.py, bench/chaos.py, bench/tenant_memory.py).
 
-* ``BenchCluster``: the local control plane (hack/cluster.sh) under its own name, kubectl, the API
-  server's /metrics, and its component processes (for the chaos scripts).
-* The operator's identity: it runs as its own ServiceAccount, and a FlowSchema of its own puts every
-  request it makes into one API Priority and Fairness flow. The API server then counts them itself
-  (``apiserver_flowcontrol_dispatched_requests_total{flow_schema=...}``): ``apiserver_request_total``
-  has no user or user-agent label, so this is the server-side count of one client's requests.
-* ``OperatorProcess``: ``grpo-operator run`` as a subprocess, with its CPU seconds and peak RSS.
-* ``Informer``: list+watch of one resource in a thread, keeping the latest objects and the time each
-  was first seen and first seen in a given state.
-* The job mix: sizes that fit, and sizes and placements that can never fit the simulated nodes.
+Here: logging, waiting and percentiles; ``BenchCluster``, the local control plane (hack/cluster.sh) under
+its own name, kubectl, the API server's /metrics and its component processes (for the chaos scripts);
+creating and clearing the namespaces of a phase. Beside it:
+
+* bench/_operator_under_test.py: the operator's identity (its own ServiceAccount and API Priority and
+  Fairness flow, which the API server counts), ``grpo-operator run`` as a subprocess with its CPU seconds
+  and peak RSS, and the operator's own /metrics.
+* bench/_informers.py: list+watch of one resource in a thread, keeping the latest objects and the time
+  each was first seen.
+* bench/_job_mix.py: the job mix: sizes that fit, and sizes and placements that can never fit the
+  simulated nodes.
 """
 
 from __future__ import annotations
@@ -17,12 +18,10 @@ from __future__ import annotations
 import json
 import os
 import re
-import signal
 import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
@@ -30,16 +29,12 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from kubernetes import client, config, watch
-from kubernetes.client.exceptions import ApiException
+from kubernetes import client, config
 
 REPO = Path(__file__).resolve().parents[1]
 HACK = REPO / "hack"
 Obj = dict[str, Any]
 
-OPERATOR_NAMESPACE = "grpo-bench-system"
-OPERATOR_SA = "grpo-operator"
-FLOW_SCHEMA = "grpo-bench-operator"
 LABEL_JOB = "grpo.dev/job"
 LABEL_ROLE = "grpo.dev/role"
 LABEL_ATTEMPT = "grpo.dev/attempt"
@@ -253,211 +248,6 @@ def metric_by(
     return out
 
 
-@dataclass
-class RequestCounts:
-    """The API server's own request counters at one moment."""
-
-    operator: float  # requests of the operator's flow (APF dispatched)
-    everyone: float  # apiserver_request_total, all clients
-    everyone_by_verb: dict[str, float]
-
-    @classmethod
-    def read(cls, cluster: BenchCluster) -> RequestCounts:
-        samples = cluster.metrics()
-        return cls(
-            operator=metric_sum(
-                samples, "apiserver_flowcontrol_dispatched_requests_total", flow_schema=FLOW_SCHEMA
-            ),
-            everyone=metric_sum(samples, "apiserver_request_total"),
-            everyone_by_verb=metric_by(samples, "apiserver_request_total", "verb"),
-        )
-
-    def __sub__(self, other: RequestCounts) -> RequestCounts:
-        verbs = set(self.everyone_by_verb) | set(other.everyone_by_verb)
-        return RequestCounts(
-            self.operator - other.operator,
-            self.everyone - other.everyone,
-            {v: self.everyone_by_verb.get(v, 0) - other.everyone_by_verb.get(v, 0) for v in verbs},
-        )
-
-
-# --- the operator's identity ----------------------------------------------------------------------------------
-
-
-def operator_identity(cluster: BenchCluster) -> Path:
-    """ServiceAccount + FlowSchema for the operator; returns a kubeconfig that uses the SA's token.
-
-    The ServiceAccount is bound to cluster-admin: these benchmarks measure load, not RBAC (the Helm
-    chart's least-privilege role is tested in tests/helm). The FlowSchema sends the operator's requests
-    to the same priority level as any other ServiceAccount (workload-low), so APF treats it as it would
-    in a cluster, and the flow's dispatched-requests counter is exactly the operator's requests.
-    """
-    manifests: list[Obj] = [
-        {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": OPERATOR_NAMESPACE}},
-        {
-            "apiVersion": "v1",
-            "kind": "ServiceAccount",
-            "metadata": {"name": OPERATOR_SA, "namespace": OPERATOR_NAMESPACE},
-        },
-        {
-            "apiVersion": "rbac.authorization.k8s.io/v1",
-            "kind": "ClusterRoleBinding",
-            "metadata": {"name": "grpo-bench-operator"},
-            "roleRef": {
-                "apiGroup": "rbac.authorization.k8s.io",
-                "kind": "ClusterRole",
-                "name": "cluster-admin",
-            },
-            "subjects": [{"kind": "ServiceAccount", "name": OPERATOR_SA, "namespace": OPERATOR_NAMESPACE}],
-        },
-        {
-            "apiVersion": "flowcontrol.apiserver.k8s.io/v1",
-            "kind": "FlowSchema",
-            "metadata": {"name": FLOW_SCHEMA},
-            "spec": {
-                "matchingPrecedence": 1000,
-                "priorityLevelConfiguration": {"name": "workload-low"},
-                "distinguisherMethod": {"type": "ByUser"},
-                "rules": [
-                    {
-                        "subjects": [
-                            {
-                                "kind": "ServiceAccount",
-                                "serviceAccount": {"name": OPERATOR_SA, "namespace": OPERATOR_NAMESPACE},
-                            }
-                        ],
-                        "resourceRules": [
-                            {
-                                "verbs": ["*"],
-                                "apiGroups": ["*"],
-                                "resources": ["*"],
-                                "namespaces": ["*"],
-                                "clusterScope": True,
-                            }
-                        ],
-                        "nonResourceRules": [{"verbs": ["*"], "nonResourceURLs": ["*"]}],
-                    }
-                ],
-            },
-        },
-    ]
-    cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(manifests))
-    token = cluster.kubectl(
-        "create", "token", OPERATOR_SA, "-n", OPERATOR_NAMESPACE, "--duration=48h"
-    ).stdout.strip()
-    admin = yaml.safe_load(cluster.kubeconfig.read_text())
-    context = next(c for c in admin["contexts"] if c["name"] == admin["current-context"])["context"]
-    cluster_entry = next(c for c in admin["clusters"] if c["name"] == context["cluster"])
-    kubeconfig = {
-        "apiVersion": "v1",
-        "kind": "Config",
-        "clusters": [cluster_entry],
-        "users": [{"name": "grpo-operator", "user": {"token": token}}],
-        "contexts": [
-            {"name": "operator", "context": {"cluster": cluster_entry["name"], "user": "grpo-operator"}}
-        ],
-        "current-context": "operator",
-    }
-    path = cluster.home / f"{cluster.name}.operator.kubeconfig"
-    path.write_text(yaml.safe_dump(kubeconfig))
-    path.chmod(0o600)
-    return path
-
-
-# --- the operator process -------------------------------------------------------------------------------------
-
-
-@dataclass
-class OperatorProcess:
-    kubeconfig: Path
-    log_path: Path
-    extra_args: list[str] = field(default_factory=list)
-    # Run the operator from this source tree (its `operator/` folder) instead of the installed one:
-    # how the before/after figures of an operator change are taken on one machine.
-    source: Path | None = None
-    # The command that takes `grpo-operator run`'s arguments (default: the installed `grpo-operator`); e.g.
-    # bench/kopf_watching.py, the variant whose watches are kopf's own.
-    program: list[str] | None = None
-    proc: subprocess.Popen[bytes] | None = None
-    starts: int = 0
-    # CPU seconds of earlier (killed or stopped) processes of this operator, so totals span restarts.
-    cpu_before: float = 0.0
-    peak_rss: int = 0
-
-    def start(self) -> None:
-        self.starts += 1
-        binary = Path(sys.executable).with_name("grpo-operator")
-        if self.program is None and not binary.exists():
-            raise RuntimeError(f"{binary} is missing: run `.venv/bin/pip install -e .` first")
-        program = self.program or [str(binary)]
-        with self.log_path.open("ab") as out:
-            out.write(f"\n===== start {self.starts} =====\n".encode())
-            out.flush()
-            self.proc = subprocess.Popen(
-                [*program, "run", "--all-namespaces", "--http-port", "0", *self.extra_args],
-                env=self._env(),
-                stdout=out,
-                stderr=subprocess.STDOUT,
-            )
-        wait_for("the operator to start", lambda: "grpo-operator started" in self.log_tail(), timeout=120)
-
-    def _env(self) -> dict[str, str]:
-        env = {**os.environ, "KUBECONFIG": str(self.kubeconfig)}
-        if self.source is not None:
-            env["PYTHONPATH"] = os.pathsep.join(
-                filter(None, [str(self.source / "operator"), env.get("PYTHONPATH")])
-            )
-        return env
-
-    def log_tail(self) -> str:
-        text = self.log_path.read_text(errors="replace")
-        return text.split(f"===== start {self.starts} =====")[-1]
-
-    @property
-    def pid(self) -> int:
-        assert self.proc is not None
-        return self.proc.pid
-
-    def _proc_cpu(self) -> float:
-        fields = Path(f"/proc/{self.pid}/stat").read_text().rsplit(")", 1)[1].split()
-        ticks = os.sysconf("SC_CLK_TCK")
-        return (int(fields[11]) + int(fields[12])) / ticks
-
-    def _proc_hwm(self) -> int:
-        for line in Path(f"/proc/{self.pid}/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) * 1024
-        return 0
-
-    def sample(self) -> tuple[float, int]:
-        """(CPU seconds of every process of this operator so far, peak RSS in bytes of any of them)."""
-        if self.proc is not None and self.proc.poll() is None:
-            self.peak_rss = max(self.peak_rss, self._proc_hwm())
-            return self.cpu_before + self._proc_cpu(), self.peak_rss
-        return self.cpu_before, self.peak_rss
-
-    def _retire(self) -> None:
-        cpu, _ = self.sample()
-        self.cpu_before = cpu
-
-    def kill9(self) -> None:
-        assert self.proc is not None
-        self._retire()
-        self.proc.send_signal(signal.SIGKILL)
-        self.proc.wait(timeout=30)
-
-    def stop(self) -> None:
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        self._retire()
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            self.proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait(timeout=10)
-
-
 def machine_cpu() -> tuple[float, float]:
     """(busy, total) CPU seconds of the whole machine so far (/proc/stat)."""
     parts = [int(x) for x in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
@@ -465,182 +255,6 @@ def machine_cpu() -> tuple[float, float]:
     idle = parts[3] + parts[4]
     total = sum(parts[:8])
     return (total - idle) / ticks, total / ticks
-
-
-# --- watching ---------------------------------------------------------------------------------------------------
-
-
-class Informer(threading.Thread):
-    """List+watch of one resource across all namespaces; keeps the objects and when each was first seen.
-
-    ``on_event(type, obj, t)`` runs in this thread for every change, with the monotonic time the event
-    arrived."""
-
-    def __init__(
-        self,
-        api: client.ApiClient,
-        list_fn: Callable[..., Any],
-        on_event: Callable[[str, Obj, float], None] | None = None,
-        **list_kwargs: Any,
-    ) -> None:
-        super().__init__(daemon=True)
-        self.api = api
-        self.list_fn = list_fn
-        self.list_kwargs = list_kwargs
-        self.on_event = on_event
-        self.objects: dict[tuple[str, str], Obj] = {}
-        self.first_seen: dict[tuple[str, str], float] = {}
-        self.lock = threading.Lock()
-        self._stop = threading.Event()
-        self.synced = threading.Event()
-
-    def stop(self) -> None:
-        self._stop.set()
-
-    def _handle(self, type_: str, obj: Obj, t: float) -> None:
-        meta = obj.get("metadata") or {}
-        key = (str(meta.get("namespace") or ""), str(meta.get("name")))
-        with self.lock:
-            if type_ == "DELETED":
-                self.objects.pop(key, None)
-            else:
-                self.objects[key] = obj
-                self.first_seen.setdefault(key, t)
-        if self.on_event is not None:
-            self.on_event(type_, obj, t)
-
-    def run(self) -> None:
-        while not self._stop.is_set():
-            try:
-                listing = self.list_fn(_preload_content=False, **self.list_kwargs)
-                data = json.loads(listing.data)
-                now = time.monotonic()
-                seen = set()
-                for item in data.get("items") or []:
-                    self._handle("ADDED", item, now)
-                    meta = item["metadata"]
-                    seen.add((str(meta.get("namespace") or ""), str(meta["name"])))
-                with self.lock:
-                    gone = [k for k in self.objects if k not in seen]
-                for key in gone:
-                    self._handle("DELETED", {"metadata": {"namespace": key[0], "name": key[1]}}, now)
-                self.synced.set()
-                rv = data["metadata"]["resourceVersion"]
-                stream = watch.Watch().stream(
-                    self.list_fn,
-                    resource_version=rv,
-                    timeout_seconds=60,
-                    allow_watch_bookmarks=False,
-                    _request_timeout=90,
-                    **self.list_kwargs,
-                )
-                for event in stream:
-                    if self._stop.is_set():
-                        return
-                    raw = event.get("raw_object") or {}
-                    if event["type"] == "ERROR":
-                        break
-                    self._handle(event["type"], raw, time.monotonic())
-            except ApiException as exc:
-                if exc.status != 410:
-                    time.sleep(1)
-            except Exception:  # API server down (chaos) or a dropped stream: list again shortly
-                time.sleep(1)
-
-    def snapshot(self) -> list[Obj]:
-        with self.lock:
-            return list(self.objects.values())
-
-
-def job_informer(
-    api: client.ApiClient, on_event: Callable[[str, Obj, float], None] | None = None
-) -> Informer:
-    custom = client.CustomObjectsApi(api)
-
-    def list_jobs(**kwargs: Any) -> Any:
-        return custom.list_cluster_custom_object("grpo.dev", "v1alpha1", "grpojobs", **kwargs)
-
-    return Informer(api, list_jobs, on_event)
-
-
-def pod_informer(
-    api: client.ApiClient, on_event: Callable[[str, Obj, float], None] | None = None
-) -> Informer:
-    core = client.CoreV1Api(api)
-    return Informer(api, core.list_pod_for_all_namespaces, on_event, label_selector=LABEL_JOB)
-
-
-# --- the job mix ------------------------------------------------------------------------------------------------
-
-# Per 10 jobs: 6 small (1 vLLM GPU + 1 trainer GPU), 2 medium (1 + 1x2), 1 multi-node (1 + 2 pods x 1)
-# and 1 that can never run: alternately a trainer asking for more memory than any node has, and a
-# GPU model no node carries. The runnable ones need at most 22 GPUs per 10 jobs (660 of 800 at 300
-# jobs) and no pod needs more than 2 GPUs, so whatever the scheduler's spreading, every runnable pod
-# finds a node (a 2-GPU pod fails only if all 100 nodes have 7+ GPUs taken, i.e. 700+ in use).
-MIX = ("small", "small", "medium", "small", "multi", "small", "medium", "small", "unfit", "small")
-
-
-def job_kind(index: int) -> str:
-    kind = MIX[index % len(MIX)]
-    if kind == "unfit":
-        return "too-big" if (index // len(MIX)) % 2 == 0 else "no-such-gpu"
-    return kind
-
-
-def job_manifest(name: str, namespace: str, kind: str) -> Obj:
-    spec: Obj = {
-        "model": {"name": "Qwen/Qwen2.5-0.5B-Instruct"},
-        "dataset": {"train": "hf://openai/gsm8k:main#train"},
-        "grpo": {"groupSize": 4, "promptsPerStep": 2, "steps": 10},
-        "metric": {"image": "ghcr.io/grpo-operator/metric-math:0.1.0"},
-        "generation": {"gpus": 1},
-        "trainer": {"nodes": 1, "gpusPerNode": 1},
-        "checkpoints": {"volume": {"size": "1Gi"}},
-    }
-    if kind == "medium":
-        spec["trainer"] = {"nodes": 1, "gpusPerNode": 2}
-    elif kind == "multi":
-        spec["trainer"] = {"nodes": 2, "gpusPerNode": 1}
-        spec["checkpoints"] = {"volume": {"size": "1Gi", "accessMode": "ReadWriteMany"}}
-    elif kind == "too-big":
-        spec["trainer"] = {"nodes": 1, "gpusPerNode": 1, "resources": {"requests": {"memory": "4Ti"}}}
-    elif kind == "no-such-gpu":
-        spec["scheduling"] = {"gpuNodeSelector": {"nvidia.com/gpu.product": "NVIDIA-B300-SXM6-AC"}}
-    return {
-        "apiVersion": "grpo.dev/v1alpha1",
-        "kind": "GRPOJob",
-        "metadata": {"name": name, "namespace": namespace, "labels": {"grpo.dev/bench-kind": kind}},
-        "spec": spec,
-    }
-
-
-def schedulable(kind: str) -> bool:
-    return kind not in ("too-big", "no-such-gpu")
-
-
-def bench_jobs(count: int, namespaces: list[str], prefix: str = "j") -> list[Obj]:
-    return [
-        job_manifest(f"{prefix}{i:03d}", namespaces[i % len(namespaces)], job_kind(i)) for i in range(count)
-    ]
-
-
-def gang_size(manifest: Obj) -> int:
-    return 1 + int(manifest["spec"]["trainer"].get("nodes", 1))
-
-
-def children_of(manifest: Obj) -> list[Obj]:
-    """What the operator creates for this job at the first attempt, by the operator's own builders,
-    without owner references (the floor creates them with no GRPOJob behind them)."""
-    from grpo_operator.builders import gang_pods, infrastructure, job_from_object, metric_workload
-    from grpo_operator.settings import OperatorSettings
-
-    settings = OperatorSettings()
-    obj = {"metadata": {**manifest["metadata"], "uid": ""}, "spec": manifest["spec"]}
-    job = job_from_object(obj)
-    out = [*infrastructure(job, settings), *metric_workload(job, settings), *gang_pods(job, settings, 1, "")]
-    for child in out:
-        child["metadata"].pop("ownerReferences", None)
-    return out
 
 
 # --- cleaning up ------------------------------------------------------------------------------------------------

@@ -33,22 +33,18 @@ from _bench import (
     LABEL_JOB,
     LABEL_ROLE,
     BenchCluster,
-    Informer,
     Obj,
-    OperatorProcess,
-    bench_jobs,
     create_namespaces,
     delete_namespaces,
     gpu_pods,
-    job_informer,
     log,
-    operator_identity,
-    pod_informer,
-    schedulable,
     wait_for,
     write_list,
 )
+from _informers import Informer, job_informer, pod_informer
 from _invariants import Expect, check, metric_ready
+from _job_mix import bench_jobs, schedulable
+from _operator_under_test import OperatorProcess, operator_identity
 from kubernetes import client
 
 REPO = Path(__file__).resolve().parents[1]

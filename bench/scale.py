@@ -23,8 +23,8 @@ the benchmark, as the kubelet would: kwok leaves a pod that Kueue's finalizer ho
 
 Then, with nothing changing, the operator's requests over ``--idle`` seconds. Requests are counted by
 the API server: the operator runs as its own ServiceAccount whose requests form one API Priority and
-Fairness flow (bench/_bench.py explains why not apiserver_request_total, which is printed for all
-clients for context). CPU seconds and peak RSS are read from /proc for the operator process.
+Fairness flow (bench/_operator_under_test.py explains why not apiserver_request_total, which is printed
+for all clients for context). CPU seconds and peak RSS are read from /proc for the operator process.
 """
 
 from __future__ import annotations
@@ -32,13 +32,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import threading
 import time
-from dataclasses import asdict, dataclass, field
-from datetime import UTC, datetime
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -46,305 +44,34 @@ from _bench import (
     LABEL_JOB,
     BenchCluster,
     Obj,
-    OperatorProcess,
     Ramp,
-    RequestCounts,
-    bench_jobs,
-    children_of,
     create_namespaces,
     delete_namespaces,
-    gang_size,
     gpu_pods,
-    job_informer,
     log,
     machine_cpu,
     median,
-    operator_identity,
     percentile,
-    pod_informer,
-    schedulable,
     settle,
     wait_for,
     write_list,
 )
-from grpo_operator.builders.child_kinds import CHILD_KINDS as CHILD_KIND_RECORDS
-from grpo_operator.builders.common import LABEL_ROLE
+from _informers import job_informer, pod_informer
+from _job_mix import bench_jobs, children_of, gang_size, schedulable
+from _operator_under_test import (
+    OperatorProcess,
+    RequestCounts,
+    growth_by_labels,
+    operator_identity,
+    operator_metric,
+    operator_series,
+    wait_until_quiet,
+)
+from _scale_kueue import kueue_namespaces, kueue_setup, queued, stop_deleted_pods
+from _scale_report import SizeResult, report, requests_report, timeline_report
+from _scale_timelines import read_timelines, summarize_timelines
 
 NAMESPACES_PER_RUN = 5
-
-
-@dataclass
-class SizeResult:
-    jobs: int
-    schedulable_jobs: int
-    child_objects: int
-    floor_create_s: float
-    floor_running_s: float
-    operator_running_s: float
-    apply_s: float
-    ratio: float
-    ratio_to_create: float
-    p50_s: float
-    p95_s: float
-    max_s: float
-    operator_requests: float
-    operator_requests_per_job: float
-    all_requests_per_job: float
-    floor_requests_per_job: float
-    idle_seconds: float
-    idle_operator_requests_per_min: float
-    operator_cpu_s: float
-    operator_cpu_s_per_job: float
-    idle_operator_cpu_s_per_min: float
-    operator_peak_rss_mib: float
-    machine_busy_fraction: float
-    load_avg_start: float
-    load_avg_end: float
-    reconcile_total: float
-    # reconciles from the apply until every job settled (the operator's own counter), per job; without
-    # those of jobs already gone (the floor's children, deleted meanwhile, each wake their job's key)
-    ramp_reconciles_per_job: float
-    # stage -> (p50, p95) seconds since the job was applied, and (p50, p95) of the stage alone
-    timeline: dict[str, tuple[float, float, float, float]] = field(default_factory=dict)
-    # the operator's own request counter, "verb resource" -> requests per job (ramp) / in the idle window
-    ramp_requests_per_job_by_kind: dict[str, float] = field(default_factory=dict)
-    idle_requests_by_kind: dict[str, float] = field(default_factory=dict)
-    # after every job is Running: requests per job until the operator went quiet, and how long that took
-    settling_requests_per_job_by_kind: dict[str, float] = field(default_factory=dict)
-    quiet_after_s: float = float("nan")
-    # the operator's Events until every job settled, "type reason" -> events per job
-    events_per_job_by_reason: dict[str, float] = field(default_factory=dict)
-    kueue: bool = False
-    admitted_p50_s: float = float("nan")
-    admitted_p95_s: float = float("nan")
-
-
-KUEUE_QUEUE = "bench-queue"
-
-
-def kueue_setup(cluster: BenchCluster, gpus: int) -> None:
-    """Kueue's manager in the bench cluster, a ResourceFlavor and one ClusterQueue holding every GPU."""
-    env = {**os.environ, "GRPO_CLUSTER_NAME": cluster.name}
-    out = subprocess.run(
-        ["bash", str(Path(__file__).resolve().parents[1] / "hack" / "cluster.sh"), "kueue"],
-        env=env,
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    if out.returncode != 0:
-        raise RuntimeError(f"hack/cluster.sh kueue failed:\n{out.stderr[-4000:]}")
-    flavor = {"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "ResourceFlavor", "metadata": {"name": "bench"}}
-    quota = [
-        {"name": "cpu", "nominalQuota": 100000},
-        {"name": "memory", "nominalQuota": "1000Ti"},
-        {"name": "nvidia.com/gpu", "nominalQuota": gpus},
-    ]
-    queue = {
-        "apiVersion": "kueue.x-k8s.io/v1beta2",
-        "kind": "ClusterQueue",
-        "metadata": {"name": "bench"},
-        "spec": {
-            "namespaceSelector": {},
-            "resourceGroups": [
-                {
-                    "coveredResources": ["cpu", "memory", "nvidia.com/gpu"],
-                    "flavors": [{"name": "bench", "resources": quota}],
-                }
-            ],
-        },
-    }
-    cluster.kubectl(
-        "apply", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List", "items": [flavor, queue]})
-    )
-
-
-def kueue_namespaces(cluster: BenchCluster, namespaces: list[str]) -> None:
-    items: list[Obj] = []
-    for ns in namespaces:
-        items.append(
-            {
-                "apiVersion": "v1",
-                "kind": "Namespace",
-                "metadata": {"name": ns, "labels": {"kueue-managed": "true"}},
-            }
-        )
-        items.append(
-            {
-                "apiVersion": "kueue.x-k8s.io/v1beta2",
-                "kind": "LocalQueue",
-                "metadata": {"name": KUEUE_QUEUE, "namespace": ns},
-                "spec": {"clusterQueue": "bench"},
-            }
-        )
-    cluster.kubectl(
-        "apply", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List", "items": items})
-    )
-
-
-def queued(manifest: Obj) -> Obj:
-    spec = manifest["spec"]
-    spec["scheduling"] = {**spec.get("scheduling", {}), "queueName": KUEUE_QUEUE}
-    return manifest
-
-
-def stop_deleted_pods(cluster: BenchCluster) -> None:
-    """What the kubelet does and kwok does not when a finalizer other than kwok's holds a deleted pod."""
-    for pod in cluster.get_list("pods", selector=LABEL_JOB):
-        meta, phase = pod["metadata"], (pod.get("status") or {}).get("phase")
-        if meta.get("deletionTimestamp") and meta.get("finalizers") and phase not in ("Succeeded", "Failed"):
-            cluster.kubectl(
-                "patch", "pod", meta["name"], "-n", meta["namespace"], "--subresource=status", "--type=merge",
-                "-p", json.dumps({"status": {"phase": "Failed"}}), check=False,
-            )  # fmt: skip
-
-
-# The way of one schedulable job to Running, from the API server's own records (second resolution: every
-# timestamp below is a metav1.Time). Each stage is the moment the last object of that stage got there.
-STAGES: tuple[tuple[str, str], ...] = (
-    ("applied", "the GRPOJob's creationTimestamp"),
-    ("first reconcile", "status.startTime: when the first reconcile decided to start the job"),
-    ("first child created", "the earliest creationTimestamp of the job's children"),
-    ("infrastructure created", "the last non-pod child's creationTimestamp"),
-    ("gang pods created", "the last vLLM/trainer pod's creationTimestamp"),
-    ("volume provisioned", "the checkpoint claim's PersistentVolume's creationTimestamp (side stage)"),
-    ("claim bound", "the PV controller's last write of the claim, from its managedFields (side stage)"),
-    ("gang pods bound", "the last gang pod's PodScheduled condition"),
-    ("gang pods Running", "the last gang pod's Ready condition (vLLM must answer /health)"),
-    ("status Running", "the job's Running condition, written by the operator"),
-)
-# Not a step on the way but a precondition beside it: the stage alone is measured from the infrastructure.
-SIDE_STAGES = {"volume provisioned": "infrastructure created", "claim bound": "infrastructure created"}
-CHILD_KINDS = ",".join(k.kubectl_name for k in CHILD_KIND_RECORDS)
-
-
-def _ts(value: Any) -> float | None:
-    if not value:
-        return None
-    return datetime.strptime(str(value), "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC).timestamp()
-
-
-def _condition_time(obj: Obj, kind: str) -> float | None:
-    for cond in (obj.get("status") or {}).get("conditions") or []:
-        if cond.get("type") == kind and cond.get("status") == "True":
-            return _ts(cond.get("lastTransitionTime"))
-    return None
-
-
-def _bound_time(claim: Obj) -> float | None:
-    """When the PV controller (in kube-controller-manager) last wrote the claim: binding it to its volume."""
-    times = [
-        _ts(entry.get("time"))
-        for entry in (claim.get("metadata") or {}).get("managedFields") or []
-        if entry.get("manager") == "kube-controller-manager"
-    ]
-    return max((t for t in times if t is not None), default=None)
-
-
-def job_timelines(jobs: list[Obj], children: list[Obj], volumes: list[Obj]) -> list[dict[str, float]]:
-    """Per job that reached Running: each stage of STAGES as seconds since the job's creationTimestamp."""
-    by_job: dict[tuple[str, str], list[Obj]] = {}
-    for child in children:
-        meta = child["metadata"]
-        by_job.setdefault((meta["namespace"], meta["labels"]["grpo.dev/job"]), []).append(child)
-    pv_created = {v["metadata"]["name"]: _ts(v["metadata"].get("creationTimestamp")) for v in volumes}
-    out = []
-    for job in jobs:
-        meta = job["metadata"]
-        status = job.get("status") or {}
-        running = _condition_time(job, "Running")
-        applied = _ts(meta.get("creationTimestamp"))
-        kids = by_job.get((meta["namespace"], meta["name"]), [])
-        gang = [c for c in kids if c["kind"] == "Pod" and c["metadata"]["labels"].get(LABEL_ROLE) != "metric"]
-        infra = [c for c in kids if c["kind"] != "Pod"]
-        if status.get("phase") != "Running" or running is None or applied is None or not gang or not infra:
-            continue
-        created = [_ts(c["metadata"]["creationTimestamp"]) or 0.0 for c in kids if c in gang or c in infra]
-        bound = [_condition_time(p, "PodScheduled") for p in gang]
-        ready = [_condition_time(p, "Ready") for p in gang]
-        claims = [c for c in infra if c["kind"] == "PersistentVolumeClaim"]
-        provisioned = [pv_created.get(str((c.get("spec") or {}).get("volumeName"))) for c in claims]
-        claim_bound = [_bound_time(c) for c in claims]
-        if None in bound or None in ready or not claims or None in provisioned or None in claim_bound:
-            continue
-        moments = {
-            "applied": applied,
-            "first reconcile": _ts(status.get("startTime")) or applied,
-            "first child created": min(created),
-            "infrastructure created": max(_ts(c["metadata"]["creationTimestamp"]) or 0.0 for c in infra),
-            "gang pods created": max(_ts(c["metadata"]["creationTimestamp"]) or 0.0 for c in gang),
-            "volume provisioned": max(t for t in provisioned if t is not None),
-            "claim bound": max(t for t in claim_bound if t is not None),
-            "gang pods bound": max(t for t in bound if t is not None),
-            "gang pods Running": max(t for t in ready if t is not None),
-            "status Running": running,
-        }
-        out.append({stage: moments[stage] - applied for stage, _ in STAGES})
-    return out
-
-
-def summarize_timelines(timelines: list[dict[str, float]]) -> dict[str, tuple[float, float, float, float]]:
-    summary: dict[str, tuple[float, float, float, float]] = {}
-    previous: str | None = None
-    for stage, _ in STAGES:
-        since_apply = [t[stage] for t in timelines]
-        before = SIDE_STAGES.get(stage, previous)
-        alone = [t[stage] - t[before] for t in timelines] if before else since_apply
-        if since_apply:
-            summary[stage] = (
-                median(since_apply),
-                percentile(since_apply, 95),
-                median(alone),
-                percentile(alone, 95),
-            )
-        if stage not in SIDE_STAGES:
-            previous = stage
-    return summary
-
-
-def read_timelines(cluster: BenchCluster, namespaces: list[str]) -> list[dict[str, float]]:
-    jobs: list[Obj] = []
-    children: list[Obj] = []
-    for namespace in namespaces:
-        jobs += cluster.get_list("grpojobs", namespace)
-        children += cluster.get_list(CHILD_KINDS, namespace, selector="grpo.dev/job", managed_fields=True)
-    return job_timelines(jobs, children, cluster.get_list("persistentvolumes"))
-
-
-def timeline_report(results: list[SizeResult]) -> str:
-    width = max(len(stage) for stage, _ in STAGES) + 2
-    lines = [
-        "time since apply, p50 / p95, and the stage alone, p50 / p95 (seconds; API server timestamps, 1 s resolution)",
-        f"{'':{width}}" + "".join(f"{str(r.jobs) + ' jobs':>26}" for r in results),
-    ]
-    for stage, _ in STAGES:
-        cells = []
-        for r in results:
-            row = r.timeline.get(stage)
-            cells.append(f"{row[0]:5.1f}/{row[1]:5.1f} +{row[2]:4.1f}/{row[3]:4.1f}" if row else "n/a")
-        lines.append(f"{stage:{width}}" + "".join(f"{c:>26}" for c in cells))
-    return "\n".join(lines)
-
-
-def requests_report(results: list[SizeResult]) -> str:
-    """Where the operator's requests go, by its own counter: per job during the ramp, and in the idle window."""
-    lines = [
-        "operator requests by verb and resource (its own counter): per job until all Running (ramp) | per job "
-        "from then until quiet (settling) | in the idle window"
-    ]
-    for r in results:
-        ramp = ", ".join(f"{k} {v:.2f}" for k, v in r.ramp_requests_per_job_by_kind.items()) or "none"
-        settling = ", ".join(f"{k} {v:.2f}" for k, v in r.settling_requests_per_job_by_kind.items()) or "none"
-        idle = ", ".join(f"{k} {v:.0f}" for k, v in r.idle_requests_by_kind.items()) or "none"
-        lines.append(
-            f"{r.jobs:>5} jobs: {ramp} | settling ({r.quiet_after_s:.0f}s): {settling} | "
-            f"idle {r.idle_seconds:.0f}s: {idle}"
-        )
-    lines.append("of which Events, per job until quiet, by type and reason (grpo_operator_events_total)")
-    for r in results:
-        events = ", ".join(f"{k} {v:.2f}" for k, v in r.events_per_job_by_reason.items()) or "none"
-        lines.append(f"{r.jobs:>5} jobs: {events}")
-    return "\n".join(lines)
 
 
 def floor(
@@ -480,9 +207,9 @@ def operator_run(
     cpu0, _ = op.sample()
     busy0, total0 = machine_cpu()
     load0 = os.getloadavg()[0]
-    reconciles0 = _operator_metric(op, "grpo_operator_reconcile_total", without='result="gone"')
-    requests0 = _operator_series(op, "grpo_operator_api_requests_total")
-    events0 = _operator_series(op, "grpo_operator_events_total")
+    reconciles0 = operator_metric(op, "grpo_operator_reconcile_total", without='result="gone"')
+    requests0 = operator_series(op, "grpo_operator_api_requests_total")
+    events0 = operator_series(op, "grpo_operator_events_total")
     log(f"[{tag}] operator: applying {len(manifests)} GRPOJobs")
     t0 = time.monotonic()
     cluster.kubectl("apply", "--server-side", "-f", path, timeout=timeout)
@@ -501,25 +228,25 @@ def operator_run(
     busy1, total1 = machine_cpu()
     load1 = os.getloadavg()[0]
     ramp_reconciles = (
-        _operator_metric(op, "grpo_operator_reconcile_total", without='result="gone"') - reconciles0
+        operator_metric(op, "grpo_operator_reconcile_total", without='result="gone"') - reconciles0
     )
-    requests1 = _operator_series(op, "grpo_operator_api_requests_total")
+    requests1 = operator_series(op, "grpo_operator_api_requests_total")
     # Every job is Running, but the cluster is not yet still: metric pods (on the few CPU nodes) become
     # ready after the gangs, and each job's MetricReady condition follows them. The idle window starts
     # once the operator has sent nothing for QUIET_SECONDS, so it measures the operator at rest.
-    quiet_after = _wait_until_quiet(op, timeout=180.0)
+    quiet_after = wait_until_quiet(op, timeout=180.0)
     log(
         f"[{tag}] operator: all settled after {t_b:.1f}s, quiet {quiet_after:.1f}s later; idle for {idle:.0f}s"
     )
     idle0 = RequestCounts.read(cluster)
-    requests_idle0 = _operator_series(op, "grpo_operator_api_requests_total")
-    events1 = _operator_series(op, "grpo_operator_events_total")
+    requests_idle0 = operator_series(op, "grpo_operator_api_requests_total")
+    events1 = operator_series(op, "grpo_operator_events_total")
     cpu_idle0, _ = op.sample()
     time.sleep(idle)
     idle1 = RequestCounts.read(cluster)
-    requests_idle1 = _operator_series(op, "grpo_operator_api_requests_total")
+    requests_idle1 = operator_series(op, "grpo_operator_api_requests_total")
     cpu_idle1, rss = op.sample()
-    reconciles = _operator_metric(op, "grpo_operator_reconcile_total")
+    reconciles = operator_metric(op, "grpo_operator_reconcile_total")
     timelines = read_timelines(cluster, namespaces)
     informer.stop()
     if kueue:
@@ -563,72 +290,13 @@ def operator_run(
         "admission": admission,
         "ramp_reconciles": ramp_reconciles,
         # The operator's own count, by verb and resource: where its requests go.
-        "ramp_requests_by_kind": _growth_by_labels(requests0, requests1),
+        "ramp_requests_by_kind": growth_by_labels(requests0, requests1),
         "quiet_after_s": quiet_after,
-        "idle_requests_by_kind": _growth_by_labels(requests_idle0, requests_idle1),
-        "settling_requests_by_kind": _growth_by_labels(requests1, requests_idle0),
-        "events_by_reason": _growth_by_labels(events0, events1, ("type", "reason")),
+        "idle_requests_by_kind": growth_by_labels(requests_idle0, requests_idle1),
+        "settling_requests_by_kind": growth_by_labels(requests1, requests_idle0),
+        "events_by_reason": growth_by_labels(events0, events1, ("type", "reason")),
         "timeline": summarize_timelines(timelines),
     }
-
-
-def _operator_series(op: OperatorProcess, name: str) -> dict[str, float]:
-    """The operator's metric ``name``: value by label set (the text between the braces)."""
-    import re
-    import urllib.request
-
-    match = re.search(r"/readyz on http://[^:]+:(\d+)", op.log_tail())
-    if not match:
-        return {}
-    with urllib.request.urlopen(f"http://127.0.0.1:{match.group(1)}/metrics", timeout=10) as resp:
-        text = resp.read().decode()
-    series: dict[str, float] = {}
-    for line in text.splitlines():
-        if line.startswith(name + "{"):
-            labels, value = line[len(name) + 1 :].rsplit("} ", 1)
-            series[labels] = float(value)
-    return series
-
-
-def _operator_metric(op: OperatorProcess, name: str, without: str = "\0") -> float:
-    """Sum of the operator's metric ``name`` over its series, leaving out series whose labels contain
-    ``without`` (e.g. reconciles of jobs that were gone: the floor's children being deleted meanwhile)."""
-    series = _operator_series(op, name)
-    # No series yet is a count of 0 (a labelled counter has none until first counted).
-    return sum(value for labels, value in series.items() if without not in labels)
-
-
-QUIET_SECONDS = 10.0
-
-
-def _wait_until_quiet(op: OperatorProcess, timeout: float) -> float:
-    """Seconds until the operator's own request counter stayed unchanged for QUIET_SECONDS (or timeout)."""
-    start = time.monotonic()
-    last = _operator_series(op, "grpo_operator_api_requests_total")
-    still_since = start
-    while time.monotonic() - start < timeout:
-        time.sleep(1.0)
-        now = _operator_series(op, "grpo_operator_api_requests_total")
-        if now != last:
-            last, still_since = now, time.monotonic()
-        elif time.monotonic() - still_since >= QUIET_SECONDS:
-            return still_since - start
-    return time.monotonic() - start
-
-
-def _growth_by_labels(
-    before: dict[str, float], after: dict[str, float], labels_: tuple[str, str] = ("verb", "resource")
-) -> dict[str, float]:
-    """The growth of one of the operator's counters between two reads, by two of its labels (its API
-    requests by "verb resource", its Events by "type reason")."""
-    out: dict[str, float] = {}
-    for labels, value in after.items():
-        fields = {k: v.strip('"') for k, v in (part.split("=", 1) for part in labels.split(","))}
-        key = f"{fields[labels_[0]]} {fields[labels_[1]]}"
-        delta = value - before.get(labels, 0.0)
-        if delta:
-            out[key] = out.get(key, 0.0) + delta
-    return dict(sorted(out.items(), key=lambda kv: -kv[1]))
 
 
 def run_size(
@@ -698,58 +366,6 @@ def run_size(
         admitted_p50_s=median(res["admission"]) if res["admission"] else nan,
         admitted_p95_s=percentile(res["admission"], 95) if res["admission"] else nan,
     )
-
-
-ROWS: list[tuple[str, str, str]] = [
-    ("jobs (schedulable)", "jobs", "{r.jobs} ({r.schedulable_jobs})"),
-    ("child objects created", "child_objects", "{r.child_objects}"),
-    ("(a) floor: kubectl create", "floor_create_s", "{r.floor_create_s:.1f} s"),
-    ("(a) floor: create -> all Running", "floor_running_s", "{r.floor_running_s:.1f} s"),
-    ("(b) operator: apply -> all Running", "operator_running_s", "{r.operator_running_s:.1f} s"),
-    ("    of which kubectl apply", "apply_s", "{r.apply_s:.1f} s"),
-    ("b/a (a = create -> Running)", "ratio", "{r.ratio:.2f}"),
-    ("b/a (a = kubectl create only)", "ratio_to_create", "{r.ratio_to_create:.2f}"),
-    ("through Kueue", "kueue", "{r.kueue}"),
-    ("time to Kueue admission p50", "admitted_p50_s", "{r.admitted_p50_s:.1f} s"),
-    ("time to Kueue admission p95", "admitted_p95_s", "{r.admitted_p95_s:.1f} s"),
-    ("time to Running p50", "p50_s", "{r.p50_s:.1f} s"),
-    ("time to Running p95", "p95_s", "{r.p95_s:.1f} s"),
-    ("time to Running max", "max_s", "{r.max_s:.1f} s"),
-    ("operator API requests / job", "operator_requests_per_job", "{r.operator_requests_per_job:.1f}"),
-    ("all clients' requests / job", "all_requests_per_job", "{r.all_requests_per_job:.1f}"),
-    ("  (floor: all clients / job)", "floor_requests_per_job", "{r.floor_requests_per_job:.1f}"),
-    (
-        "operator idle requests / min",
-        "idle_operator_requests_per_min",
-        "{r.idle_operator_requests_per_min:.1f}",
-    ),
-    ("operator CPU s (ramp)", "operator_cpu_s", "{r.operator_cpu_s:.1f}"),
-    ("operator CPU s / job", "operator_cpu_s_per_job", "{r.operator_cpu_s_per_job:.3f}"),
-    ("operator idle CPU s / min", "idle_operator_cpu_s_per_min", "{r.idle_operator_cpu_s_per_min:.2f}"),
-    ("operator peak RSS", "operator_peak_rss_mib", "{r.operator_peak_rss_mib:.0f} MiB"),
-    ("reconciles (whole run)", "reconcile_total", "{r.reconcile_total:.0f}"),
-    ("reconciles / job (ramp)", "ramp_reconciles_per_job", "{r.ramp_reconciles_per_job:.1f}"),
-    ("machine CPU busy during (b)", "machine_busy_fraction", "{r.machine_busy_fraction:.0%}"),
-    ("load average start/end of (b)", "load_avg_start", "{r.load_avg_start:.1f}/{r.load_avg_end:.1f}"),
-]
-
-
-def report(results: list[SizeResult]) -> str:
-    lines = []
-    width = max(len(label) for label, _, _ in ROWS)
-    header = f"{'':{width}}  " + "  ".join(f"{r.jobs:>12} jobs" for r in results)
-    if len(results) > 1:
-        header += f"  {'growth ' + str(results[0].jobs) + '->' + str(results[-1].jobs):>18}"
-    lines.append(header)
-    for label, attr, fmt in ROWS:
-        cells = "  ".join(f"{fmt.format(r=r):>17}" for r in results)
-        line = f"{label:{width}}  {cells}"
-        if len(results) > 1 and attr not in ("jobs", "machine_busy_fraction", "load_avg_start"):
-            first, last = getattr(results[0], attr), getattr(results[-1], attr)
-            if first:
-                line += f"  {last / first:>17.2f}x"
-        lines.append(line)
-    return "\n".join(lines)
 
 
 def _cpu_model() -> str:

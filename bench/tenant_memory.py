@@ -25,7 +25,8 @@ import uuid
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from _bench import BenchCluster, OperatorProcess, log, operator_identity, wait_for
+from _bench import BenchCluster, log, wait_for
+from _operator_under_test import OperatorProcess, operator_identity
 from kubernetes import client
 
 MIB = 1024 * 1024

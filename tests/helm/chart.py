@@ -28,6 +28,8 @@ MONITORING_APIS = (
 )
 RELEASE = "grpo"
 NAMESPACE = "grpo-system"
+# The chart names the operator's objects (Deployment, ServiceAccount, roles) "<release>-grpo-operator".
+FULLNAME = f"{RELEASE}-grpo-operator"
 
 Doc = dict[str, Any]
 

@@ -18,7 +18,7 @@ from kubernetes.client import CustomObjectsApi
 from kubernetes.client.exceptions import ApiException
 
 from tests.harness.kube import Cluster
-from tests.unit.test_api_manifests import base_manifest
+from tests.unit.manifests import base_manifest
 
 _ABSENT = object()
 

@@ -1,7 +1,7 @@
 """The generated CRD on a real API server: what `kubectl apply` accepts, rejects, defaults and shows.
 
-The manifests are the ones tests/unit/test_api_manifests.py checks against the pydantic models, so
-a case passing both places means the models and the CRD agree on it.
+The manifests are the ones tests/unit/test_api_manifests.py and tests/unit/test_api_immutable_fields.py
+check against the pydantic models, so a case passing both places means the models and the CRD agree on it.
 """
 
 from __future__ import annotations
@@ -16,16 +16,11 @@ from grpo_operator.api import GRPOJobSpec
 from grpo_operator.api.base import CelRule
 
 from tests.harness.kube import Cluster
-from tests.unit.test_api_manifests import (
-    IMMUTABLE_UPDATES,
-    INVALID_CASES,
-    MUTABLE_UPDATES,
-    VALID_CASES,
-    Case,
-    base_manifest,
-    with_changes,
-)
+from tests.unit.invalid_manifests import INVALID_CASES
+from tests.unit.manifests import Case, base_manifest, with_changes
+from tests.unit.test_api_immutable_fields import IMMUTABLE_UPDATES, MUTABLE_UPDATES
 from tests.unit.test_api_rules import RULE_BREAKERS, rule_id
+from tests.unit.valid_manifests import VALID_CASES
 
 
 def _yaml(manifest: dict[str, Any]) -> str:

@@ -28,7 +28,7 @@ from grpo_operator.api.spec import (
     TrainerSpec,
 )
 
-from tests.unit.test_api_manifests import _DELETE, CLIENT, with_changes
+from tests.unit.manifests import CLIENT, DELETE, with_changes
 
 _SECRET = {"secretKeyRef": {"name": "s", "key": "k"}}
 
@@ -65,8 +65,8 @@ RULE_BREAKERS: dict[CelRule, dict[str, Any]] = {
     GRPOJobSpec.Rules.validation_needs_dataset: {"spec.grpo.validation": {"everySteps": 10}},
     GRPOJobSpec.Rules.model_on_volume_needs_rwx: {"spec.model.name": "/workspace/models/qwen"},
     GRPOJobSpec.Rules.multi_node_needs_rwx: {"spec.trainer.nodes": 2},
-    GRPOJobSpec.Rules.metric_required: {"spec.metric": _DELETE},
-    GRPOJobSpec.Rules.dataset_required: {"spec.dataset": _DELETE},
+    GRPOJobSpec.Rules.metric_required: {"spec.metric": DELETE},
+    GRPOJobSpec.Rules.dataset_required: {"spec.dataset": DELETE},
     GRPOJobSpec.Rules.no_metric_with_client: {**CLIENT, "spec.metric": {"image": "m:1"}},
     GRPOJobSpec.Rules.no_dataset_with_client: {**CLIENT, "spec.dataset": {"train": "hf://a/b"}},
     GRPOJobSpec.Rules.no_dynamic_sampling_with_client: {**CLIENT, "spec.grpo.dynamicSampling": True},

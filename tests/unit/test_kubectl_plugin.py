@@ -21,6 +21,7 @@ import yaml
 from grpo_operator.api.status import NO_CONTROL_PATTERN, ProgressStatus
 from grpo_operator.kubectl_plugin import cli, data, render
 from grpo_operator.kubectl_plugin.errors import BadData, PluginError
+from grpo_operator.kubectl_plugin.output import out, where
 from grpo_operator.kubectl_plugin.volume import HostPathTransport, extract_tar, reader_pod, running_trainer
 from pydantic import ValidationError
 
@@ -312,9 +313,9 @@ def test_follow_json_and_status_text_and_errors_escape_controls(capsys: pytest.C
     line = capsys.readouterr().out
     assert acted_on(line) == set() and json.loads(line)["completion"] == "\x9b2J\x1b[2J"
     report = {"name": "j", "namespace": "ns", "status": HOSTILE_JOB["status"], "trendUnavailable": "\x1b[2J"}
-    cli.out(render.status_text(report))
+    out(render.status_text(report))
     # status.progress.display reaches error messages too (where()).
-    cli.report(PluginError(cli.where(HOSTILE_JOB)))
+    cli.report(PluginError(where(HOSTILE_JOB)))
     seen = capsys.readouterr()
     assert acted_on(seen.out + seen.err) == set()
     assert "Step            \\u001b]0;title\\u0007" in seen.out and "\\u001b]0;title" in seen.err

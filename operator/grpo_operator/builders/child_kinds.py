@@ -3,7 +3,7 @@
 The runtime derives its watches, cache policy and wake-ups from these records (``CHILD_RESOURCES`` in
 runtime/kube.py, the informers in runtime/wakeups.py and runtime/observe.py), the benches list children
 with them, ``make generate`` renders the per-kind table of docs/scaling.md from them, and
-tests/unit/test_child_kinds.py and tests/helm/test_chart.py hold the builders, the chart's RBAC and the
+tests/unit/test_child_kinds.py and tests/helm/test_chart_rbac.py hold the builders, the chart's RBAC and the
 docs' tables to them. A new child kind is one more record here; the tests name whatever still disagrees.
 
 The records live with the builders because they name the builders; they hold plain data and pure

@@ -1,0 +1,166 @@
+"""``kubectl grpo``'s command line: the subcommands, their flags and the help text with its examples
+and exit codes."""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+from grpo_operator.kubectl_plugin.volume import DEFAULT_READER_IMAGE
+
+PROG = "kubectl grpo"
+
+MAIN_HELP = f"""\
+See what a GRPOJob's model writes: status with reward trends, sample completions and their rewards,
+per-step rewards (and a PNG), checkpoints, the trained model, logs; suspend and resume.
+
+The job's files are read through a short-lived reader pod that mounts the job's volume read-only
+(while the job runs and after it finished). That needs, in the job's namespace: create/get/delete pods
+and create pods/exec, which the edit role grants.
+
+Examples:
+  {PROG} status qwen-gsm8k -n team-math
+  {PROG} samples qwen-gsm8k --worst --limit 5
+  {PROG} samples qwen-gsm8k --follow
+  {PROG} rewards qwen-gsm8k --plot reward.png
+  {PROG} checkpoints qwen-gsm8k -o json
+  {PROG} export qwen-gsm8k --to ./qwen-gsm8k-final
+  {PROG} logs qwen-gsm8k --role trainer -f
+  {PROG} suspend qwen-gsm8k
+
+What the job's trainer wrote is shown with terminal control characters escaped (as \\u001b), and
+read in bounded amounts: a record over 1 MiB is skipped and a prompt or completion shown as text is
+cut at 64 Ki characters, each with a notice; of a file over 64 MiB only its newest 64 MiB are read.
+
+Exit codes: 0 ok; 1 the request failed (the message says why); 2 bad arguments;
+3 not found (job, pod, checkpoint or file); 4 permission missing (the message lists which);
+5 a file on the job's volume is malformed or unsafe (the message names it).
+"""
+
+
+def _connection(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("connection (as for kubectl)")
+    group.add_argument("-n", "--namespace", help="namespace of the job (default: the context's namespace)")
+    group.add_argument("--context", help="kubeconfig context to use")
+    group.add_argument(
+        "--kubeconfig", help="path to the kubeconfig file (default: $KUBECONFIG or ~/.kube/config)"
+    )
+
+
+def _output(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("-o", "--output", choices=("json", "yaml"), help="print data as JSON or YAML")
+
+
+def _reader_flags(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("reader pod (reads the job's volume)")
+    group.add_argument(
+        "--reader-image",
+        default=os.environ.get("KUBECTL_GRPO_READER_IMAGE", DEFAULT_READER_IMAGE),
+        help=f"image with sh, tail, ls and tar (default: $KUBECTL_GRPO_READER_IMAGE or {DEFAULT_READER_IMAGE})",
+    )
+    group.add_argument(
+        "--reader-timeout", type=float, default=120.0, help="seconds to wait for it to start (default 120)"
+    )
+
+
+def parser() -> argparse.ArgumentParser:
+    top = argparse.ArgumentParser(
+        prog=PROG, description=MAIN_HELP, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    subs = top.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def sub(name: str, help_: str, examples: str) -> argparse.ArgumentParser:
+        p = subs.add_parser(
+            name,
+            help=help_,
+            description=help_,
+            epilog=f"Examples:\n{examples}",
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
+        p.add_argument("job", metavar="JOB", help="name of the GRPOJob")
+        _connection(p)
+        return p
+
+    p = sub(
+        "status",
+        "Phase, step/S, reward and format-failure trends, last checkpoint, conditions, why pending, restarts.",
+        f"  {PROG} status qwen-gsm8k -n team-math\n  {PROG} status qwen-gsm8k -o yaml",
+    )
+    _output(p)
+    _reader_flags(p)
+    p.add_argument("--no-trend", action="store_true", help="skip the trend (no reader pod; status only)")
+
+    p = sub(
+        "samples",
+        "Prompts, completions and their rewards (default: every sample of the newest step).",
+        f"  {PROG} samples qwen-gsm8k\n  {PROG} samples qwen-gsm8k --step 120 --best --limit 3\n"
+        f"  {PROG} samples qwen-gsm8k --split validation\n  {PROG} samples qwen-gsm8k --follow",
+    )
+    _output(p)
+    _reader_flags(p)
+    p.add_argument("--step", type=int, help="only this step")
+    order = p.add_mutually_exclusive_group()
+    order.add_argument(
+        "--best", action="store_const", const="best", dest="order", help="highest rewards first"
+    )
+    order.add_argument(
+        "--worst", action="store_const", const="worst", dest="order", help="lowest rewards first"
+    )
+    p.add_argument("--limit", type=int, help="show at most this many (default: all; 10 with --best/--worst)")
+    p.add_argument("--split", choices=("train", "validation"), default="train", help="default train")
+    p.add_argument(
+        "-f", "--follow", action="store_true", help="keep printing new steps' samples as they come"
+    )
+    p.add_argument("--interval", type=float, default=5.0, help=argparse.SUPPRESS)
+
+    p = sub(
+        "rewards",
+        "Per-step train reward, std, format failures, no-signal groups and validation reward.",
+        f"  {PROG} rewards qwen-gsm8k\n  {PROG} rewards qwen-gsm8k --plot reward.png\n  {PROG} rewards qwen-gsm8k -o json",
+    )
+    _output(p)
+    _reader_flags(p)
+    p.add_argument(
+        "--plot", metavar="FILE.png", help="also draw the reward curve into this PNG (needs matplotlib)"
+    )
+
+    p = sub(
+        "checkpoints",
+        "Published checkpoints (the latest is what a restart resumes from) and the final model.",
+        f"  {PROG} checkpoints qwen-gsm8k\n  {PROG} checkpoints qwen-gsm8k -o json",
+    )
+    _output(p)
+    _reader_flags(p)
+
+    p = sub(
+        "export",
+        "Copy the final model (default) or a checkpoint out of the job's volume into a local directory.",
+        f"  {PROG} export qwen-gsm8k --to ./model\n  {PROG} export qwen-gsm8k --step 200 --to ./step-200",
+    )
+    _reader_flags(p)
+    p.add_argument("--step", type=int, help="export checkpoint step-N instead of the final model")
+    p.add_argument("--to", required=True, metavar="DIR", help="local directory; must not exist or be empty")
+
+    p = sub(
+        "logs",
+        "Logs of one of the job's pods (default: trainer rank 0 of the current attempt).",
+        f"  {PROG} logs qwen-gsm8k -f\n  {PROG} logs qwen-gsm8k --role generation\n  {PROG} logs qwen-gsm8k --rank 1 --tail 100",
+    )
+    p.add_argument("--role", choices=("trainer", "generation", "metric", "rollouts"), default="trainer")
+    p.add_argument(
+        "--rank", type=int, default=0, help="trainer node rank, or index of the generation/metric pod"
+    )
+    p.add_argument("-f", "--follow", action="store_true", help="stream new lines")
+    p.add_argument("--tail", type=int, help="only the last N lines")
+
+    sub(
+        "suspend",
+        "Set spec.suspend: the operator stops the job's pods after a checkpoint; nothing is lost.",
+        f"  {PROG} suspend qwen-gsm8k",
+    )
+    sub(
+        "resume",
+        "Clear spec.suspend: the job resumes from its last checkpoint.",
+        f"  {PROG} resume qwen-gsm8k",
+    )
+    return top

@@ -1,0 +1,191 @@
+"""Manifests the API must accept: the small job and every feature on top of it."""
+
+from __future__ import annotations
+
+from tests.unit.manifests import CLIENT, Case, case
+
+VALID_CASES: list[Case] = [
+    case("minimal", "", {}),
+    case("client-rollouts-minimal", "", CLIENT),
+    case("metric-rollouts-explicit", "", {"spec.rollouts": {"source": "Metric"}}),
+    case(
+        "client-rollouts-peers-and-token",
+        "",
+        {
+            **CLIENT,
+            "spec.rollouts.client": {
+                "allowFrom": [
+                    {"podLabels": {"app": "dspy-notebook"}},
+                    {
+                        "podLabels": {"app.kubernetes.io/name": "jupyter"},
+                        "namespaceLabels": {"kubernetes.io/metadata.name": "notebooks"},
+                    },
+                ],
+                "tokenSecretRef": {"name": "dspy-token", "key": "token"},
+            },
+        },
+    ),
+    case(
+        "inputs",
+        "",
+        {
+            "spec.inputs": [
+                {"name": "data", "configMap": "gsm8k-sample"},
+                {"name": "model", "claim": "team-models", "subPath": "qwen/0.5b"},
+            ],
+            "spec.dataset.train": "file:///inputs/data/train.jsonl",
+            "spec.model.name": "/inputs/model",
+        },
+    ),
+    case(
+        "prompt-format",
+        "",
+        {
+            "spec.dataset.systemPrompt": "End with a line '#### <number>'.",
+            "spec.dataset.promptTemplate": 'Q ({level}): {prompt} Reply as {{"answer": n}}',
+            "spec.dataset.applyChatTemplate": False,
+        },
+    ),
+    case("name-40-chars", "", {}, name="a" + "b" * 39),
+    case(
+        "realistic-math",
+        "",
+        {
+            "spec.grpo": {"groupSize": 8, "promptsPerStep": 4, "steps": 500, "epsilonHigh": 0.28},
+            "spec.trainer": {"gpusPerNode": 2, "perDeviceBatchSize": 4},
+            "spec.dataset.validation": "hf://openai/gsm8k:main#test",
+            "spec.grpo.validation": {"everySteps": 50},
+        },
+    ),
+    case(
+        "file-datasets",
+        "",
+        {
+            "spec.dataset": {
+                "train": "file:///workspace/data/train.jsonl",
+                "validation": "file:///workspace/data/val.parquet",
+                "promptField": "question",
+            }
+        },
+    ),
+    case(
+        "hf-with-revision-and-slice",
+        "",
+        {"spec.dataset.train": "hf://gsm8k@refs/convert/parquet#train[:90%]"},
+    ),
+    case(
+        "tensor-parallel-4-of-4",
+        "",
+        {"spec.generation": {"gpus": 4, "tensorParallelSize": 4, "maxModelLen": 4096}},
+    ),
+    case(
+        "multi-node-rwx",
+        "",
+        {
+            "spec.grpo": {"groupSize": 16, "promptsPerStep": 8, "steps": 100},
+            "spec.trainer": {"nodes": 4, "gpusPerNode": 8},
+            "spec.checkpoints": {"volume": {"accessMode": "ReadWriteMany", "size": "1Ti"}},
+        },
+    ),
+    case(
+        "multi-node-existing-claim",
+        "",
+        {"spec.trainer.nodes": 2, "spec.checkpoints.volume": {"existingClaim": "shared-ckpt"}},
+    ),
+    case(
+        "lora-and-dr-grpo",
+        "",
+        {
+            "spec.grpo.lora": {"enabled": True, "r": 8, "alpha": 16, "targetModules": ["q_proj", "v_proj"]},
+            "spec.grpo.lossType": "dr_grpo",
+            "spec.grpo.scaleRewards": "none",
+        },
+    ),
+    case(
+        "scheduling-passthrough",
+        "",
+        {
+            "spec.scheduling": {
+                "nodeSelector": {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"},
+                "tolerations": [
+                    {"key": "team", "operator": "Equal", "value": "ml", "effect": "NoSchedule"},
+                    {"key": "spot", "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 60},
+                ],
+                "affinity": {
+                    "nodeAffinity": {
+                        "requiredDuringSchedulingIgnoredDuringExecution": {
+                            "nodeSelectorTerms": [
+                                {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["a"]}]}
+                            ]
+                        }
+                    }
+                },
+                "priorityClassName": "high-priority",
+                "queueName": "team-a",
+            }
+        },
+    ),
+    case(
+        "metric-env-and-resources",
+        "",
+        {
+            "spec.metric": {
+                "image": "registry.example.com/team/metric@sha256:" + "a" * 64,
+                "env": [{"name": "MODE", "value": "strict"}, {"name": "LOG_LEVEL", "value": "debug"}],
+                "resources": {"requests": {"cpu": "500m", "memory": "1Gi"}, "limits": {"cpu": 2}},
+                "errorBudget": 0.0,
+            }
+        },
+    ),
+    case(
+        "scores-and-deadlines",
+        "",
+        {
+            "spec.grpo.formatFailureScore": -2,
+            "spec.grpo.failureScore": -1.5,
+            "spec.runPolicy": {
+                "backoffLimit": 0,
+                "activeDeadlineSeconds": 86400,
+                "ttlSecondsAfterFinished": 0,
+            },
+            "spec.suspend": True,
+        },
+    ),
+    case(
+        "secrets-and-private-model",
+        "",
+        {
+            "spec.model.tokenSecretRef": {"name": "hf-token", "key": "token"},
+            "spec.trainer.env": [
+                {"name": "WANDB_API_KEY", "valueFrom": {"secretKeyRef": {"name": "wandb", "key": "api-key"}}},
+                {
+                    "name": "MODE",
+                    "valueFrom": {"configMapKeyRef": {"name": "settings", "key": "mode", "optional": True}},
+                },
+                {"name": "EMPTY"},
+            ],
+            "spec.generation.env": [{"name": "VLLM_LOGGING_LEVEL", "value": "DEBUG"}],
+            "spec.metric.env": [
+                {"name": "JUDGE_KEY", "valueFrom": {"secretKeyRef": {"name": "judge", "key": "key"}}}
+            ],
+        },
+    ),
+    case(
+        "model-on-rwx-volume",
+        "",
+        {
+            "spec.model.name": "/workspace/models/qwen",
+            "spec.checkpoints.volume": {"accessMode": "ReadWriteMany"},
+        },
+    ),
+    case(
+        "model-on-rwx-existing-claim",
+        "",
+        {
+            "spec.model.name": "/workspace/models/qwen",
+            "spec.checkpoints.volume": {"existingClaim": "models", "accessMode": "ReadWriteMany"},
+        },
+    ),
+    case("model-in-the-image", "", {"spec.model.name": "/models/qwen"}),
+    case("explicit-null-optional", "", {"spec.grpo.epsilonHigh": None, "spec.dataset.validation": None}),
+]
