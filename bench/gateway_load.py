@@ -30,7 +30,7 @@ from pathlib import Path
 
 import requests
 from grpo_operator.builders import job_from_object
-from grpo_operator.builders.config import gateway_config
+from grpo_operator.builders.trainer_configmap import gateway_config
 
 REPO = Path(__file__).resolve().parents[1]
 MIB = 1024 * 1024

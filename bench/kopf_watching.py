@@ -34,8 +34,8 @@ from grpo_operator.observability import start_http_server
 from grpo_operator.runtime import kopf_settings
 from grpo_operator.runtime.controller import Controller
 from grpo_operator.runtime.informer import ClusterCache, slim
-from grpo_operator.runtime.kube import CHILD_RESOURCES, NODE, Obj, Resource
-from grpo_operator.runtime.lifecycle import make_controller
+from grpo_operator.runtime.kube_client import CHILD_RESOURCES, NODE, Obj, Resource
+from grpo_operator.runtime.process import make_controller
 from grpo_operator.runtime.wakeups import CHILD_SELECTOR, METADATA_ONLY_KINDS, managed_child
 from grpo_operator.settings import OperatorSettings, SettingsError
 

@@ -63,9 +63,9 @@ def bare_trl(
     completion_tokens: int = COMPLETION_TOKENS,
 ) -> list[float]:
     """Step times of bare TRL. On CUDA it uses the precision and gradient checkpointing this trainer
-    chooses for ``dtype`` (grpo_trainer.config.precision), so the comparison is like for like."""
+    chooses for ``dtype`` (grpo_trainer.grpo_config.precision), so the comparison is like for like."""
     from datasets import load_dataset
-    from grpo_trainer.config import precision
+    from grpo_trainer.grpo_config import precision
     from transformers import AutoTokenizer, TrainerCallback
     from trl.trainer.grpo_config import GRPOConfig
     from trl.trainer.grpo_trainer import GRPOTrainer

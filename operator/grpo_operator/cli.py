@@ -93,7 +93,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         os.environ["KUBECONFIG"] = args.kubeconfig
 
     # Imported here so `grpo-operator --help` works without a cluster and stays fast.
-    from grpo_operator.runtime.lifecycle import make_controller, run_operator
+    from grpo_operator.runtime.process import make_controller, run_operator
 
     try:
         controller = make_controller(settings, args.kubeconfig)

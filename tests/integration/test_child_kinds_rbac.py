@@ -12,7 +12,7 @@ from typing import Any
 from grpo_operator.api.resource import GROUP, PLURAL
 from grpo_operator.builders import infrastructure, metric_workload
 from grpo_operator.builders.child_kinds import CHILD_KINDS
-from grpo_operator.runtime.kube import Kube, resource_for
+from grpo_operator.runtime.kube_client import Kube, resource_for
 from grpo_operator.settings import OperatorSettings
 from kubernetes import config
 from kubernetes.client.exceptions import ApiException

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from grpo_operator.runtime.kube import Kube
+from grpo_operator.runtime.kube_client import Kube
 from kubernetes.client.exceptions import ApiException
 
 from tests.harness.kube import Cluster

@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 import yaml
-from grpo_operator.runtime.kube import Kube
+from grpo_operator.runtime.kube_client import Kube
 
 from tests.harness.kube import Cluster, wait_for
 from tests.harness.operator_process import Operator

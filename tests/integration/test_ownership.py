@@ -7,7 +7,7 @@ import json
 from typing import Any
 
 import pytest
-from grpo_operator.runtime.kube import Kube, Resource
+from grpo_operator.runtime.kube_client import Kube, Resource
 from kubernetes.client.exceptions import ApiException
 
 from tests.harness.kube import Cluster, wait_for

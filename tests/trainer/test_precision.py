@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 import torch
-from grpo_trainer.config import grpo_config_kwargs, load_config, plan_batches
+from grpo_trainer.grpo_config import grpo_config_kwargs, load_config, plan_batches
 
 from tests.trainer.toy import trainer_config
 

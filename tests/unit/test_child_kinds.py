@@ -17,7 +17,7 @@ from grpo_operator.builders import gang_pods, generated_secrets, infrastructure,
 from grpo_operator.builders.child_kinds import BY_KIND, CHILD_KINDS, Cache, ChildKind, Wake, watched
 from grpo_operator.builders.common import Job
 from grpo_operator.runtime.controller import Controller
-from grpo_operator.runtime.kube import (
+from grpo_operator.runtime.kube_client import (
     CHILD_RESOURCES,
     EVENT,
     GRPOJOB,

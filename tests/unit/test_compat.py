@@ -13,8 +13,8 @@ from grpo_operator.api import TrainerConfig
 from grpo_operator.api.compat import LATER_FIELDS, RELEASED_FIELDS_FILE, spec_fields, wire_name
 from grpo_operator.api.spec import GRPOJobSpec
 from grpo_operator.builders import gang_hash, job_from_object
-from grpo_operator.builders.config import trainer_config_text
 from grpo_operator.builders.gang import gang_hash_input
+from grpo_operator.builders.trainer_configmap import trainer_config_text
 from grpo_operator.settings import OperatorSettings
 from pydantic_core import to_jsonable_python
 

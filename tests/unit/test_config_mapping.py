@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 from grpo_operator.api.spec import GRPOJobSpec
 from grpo_operator.api.trainer_config import TrainerConfig
-from grpo_trainer.config import RuntimeEnv, grpo_config_kwargs, load_config, plan_batches
 from grpo_trainer.errors import ConfigError
+from grpo_trainer.grpo_config import RuntimeEnv, grpo_config_kwargs, load_config, plan_batches
 
 
 def spec(**grpo: Any) -> GRPOJobSpec:

@@ -88,7 +88,7 @@ def test_every_data_plane_setting_is_rendered_for_the_trainer(setting: dataclass
     seen = [*_leaves(raw), *env_of(rank0).values()]
     assert unusual in seen or str(unusual) in seen, (
         f"OperatorSettings.{setting.name} is a data-plane setting but neither trainer.json nor the trainer's "
-        "environment carries its value: render it in builders/config.py or builders/gang.py"
+        "environment carries its value: render it in builders/trainer_configmap.py or builders/gang.py"
     )
 
 

@@ -11,7 +11,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import pytest
-from grpo_operator.runtime.kube import GRPOJOB, POD, CountingApiClient, Kube, classify_request
+from grpo_operator.runtime.kube_client import GRPOJOB, POD, CountingApiClient, Kube, classify_request
 from kubernetes import client
 
 Request = tuple[str, str, dict[str, Any]]

@@ -6,7 +6,7 @@ import copy
 from typing import Any, cast
 
 from grpo_operator.runtime.informer import ClusterCache, Informer
-from grpo_operator.runtime.kube import CHILD_RESOURCES, GRPOJOB, NODE, POD
+from grpo_operator.runtime.kube_client import CHILD_RESOURCES, GRPOJOB, NODE, POD
 
 
 def obj(
@@ -257,7 +257,7 @@ def test_a_childs_change_wakes_its_job_only_where_reconcile_looks() -> None:
 
 
 def test_storage_classes_give_each_binding_mode_and_the_newest_default() -> None:
-    from grpo_operator.runtime.kube import STORAGE_CLASS
+    from grpo_operator.runtime.kube_client import STORAGE_CLASS
 
     c = cache([], [], storage_class_resource=STORAGE_CLASS)
     assert c.storage_class_modes() is None, "not known before the first list"

@@ -31,8 +31,8 @@ from typing import Any
 
 from grpo_operator.api.trainer_config import TrainerConfig
 
-from grpo_trainer.config import STAGING_DIRNAME
 from grpo_trainer.errors import CheckpointMismatch, ConfigError
+from grpo_trainer.grpo_config import STAGING_DIRNAME
 
 log = logging.getLogger("grpo_trainer.checkpoints")
 

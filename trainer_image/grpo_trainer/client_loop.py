@@ -29,9 +29,9 @@ from typing import TYPE_CHECKING, Any
 from grpo_operator.api.trainer_config import TrainerConfig
 
 from grpo_trainer.client_rollouts import ClientReward, ClientStop, GroupFeed, PolicyLock, make_rollout_func
-from grpo_trainer.config import BatchPlan, RuntimeEnv
 from grpo_trainer.errors import ExitCode, fail
 from grpo_trainer.gateway_client import GatewayClient
+from grpo_trainer.grpo_config import BatchPlan, RuntimeEnv
 from grpo_trainer.progress import ProgressCallback, iso_now
 from grpo_trainer.signals import StopFlag
 from grpo_trainer.steps import (

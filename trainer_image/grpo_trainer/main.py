@@ -17,7 +17,6 @@ import traceback
 
 from grpo_operator.api.trainer_config import TrainerConfig
 
-from grpo_trainer.config import RuntimeEnv, load_config
 from grpo_trainer.errors import (
     CheckpointMismatch,
     ConfigError,
@@ -28,6 +27,7 @@ from grpo_trainer.errors import (
     out_of_memory_reason,
 )
 from grpo_trainer.gateway_client import GatewayProtocolError, GatewayUnavailable
+from grpo_trainer.grpo_config import RuntimeEnv, load_config
 from grpo_trainer.metric_client import MetricServiceUnavailable
 from grpo_trainer.signals import StopFlag
 from grpo_trainer.steps import claim_workspace, plan_steps

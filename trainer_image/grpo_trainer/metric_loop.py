@@ -9,8 +9,8 @@ from typing import TYPE_CHECKING, Any
 
 from grpo_operator.api.trainer_config import TrainerConfig
 
-from grpo_trainer.config import BatchPlan, RuntimeEnv
 from grpo_trainer.errors import ConfigError
+from grpo_trainer.grpo_config import BatchPlan, RuntimeEnv
 from grpo_trainer.metric_client import ClientSettings, ErrorBudget, MetricClient
 from grpo_trainer.signals import StopFlag
 from grpo_trainer.steps import (

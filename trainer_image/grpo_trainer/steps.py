@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING, Any
 
 from grpo_operator.api.trainer_config import TrainerConfig
 
-from grpo_trainer.config import BatchPlan, RuntimeEnv, grpo_config_kwargs, plan_batches
 from grpo_trainer.errors import ConfigError, ExitCode
+from grpo_trainer.grpo_config import BatchPlan, RuntimeEnv, grpo_config_kwargs, plan_batches
 from grpo_trainer.trl_adapter import load_checkpoint_weights
 from grpo_trainer.vllm_wait import wait_for_vllm
 

@@ -1,7 +1,7 @@
 """One record per kind of object the operator creates for a job: everything the operator knows per kind.
 
 The runtime derives its watches, cache policy and wake-ups from these records (``CHILD_RESOURCES`` in
-runtime/kube.py, the informers in runtime/wakeups.py and runtime/observe.py), the benches list children
+runtime/kube_client.py, the informers in runtime/wakeups.py and runtime/observe.py), the benches list children
 with them, ``make generate`` renders the per-kind table of docs/scaling.md from them, and
 tests/unit/test_child_kinds.py and tests/helm/test_chart_rbac.py hold the builders, the chart's RBAC and the
 docs' tables to them. A new child kind is one more record here; the tests name whatever still disagrees.
@@ -19,7 +19,6 @@ from typing import Any
 
 from grpo_operator.api.resource import GROUP
 from grpo_operator.builders.common import Manifest
-from grpo_operator.builders.config import trainer_config_map
 from grpo_operator.builders.gang import generation_pod, generation_service, trainer_pod, trainer_service
 from grpo_operator.builders.metric import metric_deployment, metric_service
 from grpo_operator.builders.network import (
@@ -36,6 +35,7 @@ from grpo_operator.builders.rollouts import (
     policy_service,
 )
 from grpo_operator.builders.storage import ANNOTATION_BIND_COMPLETED, checkpoint_pvc
+from grpo_operator.builders.trainer_configmap import trainer_config_map
 
 
 class Cache(Enum):

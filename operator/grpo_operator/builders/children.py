@@ -6,7 +6,6 @@ from typing import Any
 
 from grpo_operator.api.spec import GRPOJobSpec
 from grpo_operator.builders.common import Job, Manifest, client_rollouts
-from grpo_operator.builders.config import trainer_config_map
 from grpo_operator.builders.gang import generation_service, trainer_service
 from grpo_operator.builders.metric import metric_deployment, metric_service
 from grpo_operator.builders.network import (
@@ -24,6 +23,7 @@ from grpo_operator.builders.rollouts import (
     policy_service,
 )
 from grpo_operator.builders.storage import checkpoint_pvc
+from grpo_operator.builders.trainer_configmap import trainer_config_map
 from grpo_operator.settings import OperatorSettings
 
 

@@ -46,11 +46,11 @@ from grpo_operator.builders.common import (
     trainer_service_name,
     with_hash,
 )
-from grpo_operator.builders.config import config_hash
 from grpo_operator.builders.inputs import input_volumes
 from grpo_operator.builders.rollouts import gateway_token_env
 from grpo_operator.builders.scheduling import image_pull_secrets, kueue_labels, pod_placement
 from grpo_operator.builders.security import secure_pod_spec
+from grpo_operator.builders.trainer_configmap import config_hash
 from grpo_operator.settings import OperatorSettings
 
 # Environment the trainer contract fixes (docs/operations.md); a spec.trainer.env entry with one of

@@ -41,10 +41,10 @@ from grpo_operator.builders.common import (
     selector_labels,
     with_hash,
 )
-from grpo_operator.builders.config import gateway_config_text
 from grpo_operator.builders.network import ingress_policy
 from grpo_operator.builders.scheduling import image_pull_secrets, pod_placement
 from grpo_operator.builders.security import secure_pod_spec
+from grpo_operator.builders.trainer_configmap import gateway_config_text
 from grpo_operator.settings import OperatorSettings
 
 CLIENT_PORT_NAME = "client"

@@ -22,6 +22,7 @@ from grpo_operator.api.status import TERMINAL_PHASES
 from grpo_operator.builders.common import LABEL_ATTEMPT, LABEL_JOB, LABEL_NODE_RANK, LABEL_ROLE
 from grpo_operator.kubectl_plugin import data, render
 from grpo_operator.kubectl_plugin.arguments import PROG, parser
+from grpo_operator.kubectl_plugin.cluster_access import LOGS, PATCH_JOB, READER, Kube
 from grpo_operator.kubectl_plugin.errors import (
     EXIT_BAD_DATA,
     EXIT_ERROR,
@@ -32,7 +33,6 @@ from grpo_operator.kubectl_plugin.errors import (
     NotFound,
     PluginError,
 )
-from grpo_operator.kubectl_plugin.kube import LOGS, PATCH_JOB, READER, Kube
 from grpo_operator.kubectl_plugin.output import emit, out, where
 from grpo_operator.kubectl_plugin.tail import Tail, read_jsonl
 from grpo_operator.kubectl_plugin.volume import VolumeTransport, reader

@@ -38,9 +38,9 @@ from typing import IO, Any, Protocol
 
 from grpo_operator.api.resource import API_VERSION, KIND
 from grpo_operator.builders.common import LABEL_JOB, LABEL_NODE_RANK, LABEL_PART_OF, LABEL_ROLE, PART_OF
+from grpo_operator.kubectl_plugin.cluster_access import Kube
 from grpo_operator.kubectl_plugin.data import MOUNT
 from grpo_operator.kubectl_plugin.errors import BadData, NotFound, PluginError
-from grpo_operator.kubectl_plugin.kube import Kube
 
 DEFAULT_READER_IMAGE = "busybox:1.37.0"
 READER_CONTAINER = "reader"

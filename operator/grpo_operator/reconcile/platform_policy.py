@@ -104,9 +104,10 @@ class ClaimField:
     """A spec field that makes the job's pods mount a PersistentVolumeClaim of the namespace.
 
     Every such field is listed in CLAIM_FIELDS, which both the operator's check and the chart's
-    platform-limits policy read (its ``claims`` variable is ``claims_cel()``; tests/helm/test_chart.py
-    keeps them equal), and tests/unit/test_platform_policy.py fails for a claim field of the API that is
-    not listed: a new way to mount a claim cannot slip past platformPolicy.existingClaims.
+    platform-limits policy read (its ``claims`` variable is ``claims_cel()``;
+    tests/helm/test_chart_admission_policies.py keeps them equal), and tests/unit/test_platform_policy.py
+    fails for a claim field of the API that is not listed: a new way to mount a claim cannot slip past
+    platformPolicy.existingClaims.
     """
 
     model: type[ApiModel]  # the API model that declares the field

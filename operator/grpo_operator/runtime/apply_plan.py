@@ -17,7 +17,7 @@ from grpo_operator.reconcile.plan import SecretCreate
 from grpo_operator.reconcile.record import ANNOTATION_RECORD, record_annotation
 from grpo_operator.runtime.controller_state import log
 from grpo_operator.runtime.events import EventRecorder
-from grpo_operator.runtime.kube import GRPOJOB, Obj, resource_for
+from grpo_operator.runtime.kube_client import GRPOJOB, Obj, resource_for
 from grpo_operator.runtime.wakeups import READ_ON_CHANGE_KINDS
 
 

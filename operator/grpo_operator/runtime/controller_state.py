@@ -22,7 +22,7 @@ from kubernetes.client.exceptions import ApiException
 from grpo_operator.observability import HealthState, OperatorMetrics
 from grpo_operator.reconcile import Refusal
 from grpo_operator.runtime.informer import ClusterCache
-from grpo_operator.runtime.kube import Kube, Resource
+from grpo_operator.runtime.kube_client import Kube, Resource
 from grpo_operator.runtime.workqueue import WorkQueue
 from grpo_operator.settings import OperatorSettings
 

@@ -10,7 +10,7 @@ from kubernetes.client.exceptions import ApiException
 from grpo_operator.api.resource import API_VERSION, KIND
 from grpo_operator.reconcile.conditions import format_time
 from grpo_operator.runtime.controller_state import ControllerState, log
-from grpo_operator.runtime.kube import Obj
+from grpo_operator.runtime.kube_client import Obj
 
 EVENT_DEDUPE_SECONDS = 600.0
 # Events are posted in the background, as client-go's event recorder does: the worker that decided them goes on

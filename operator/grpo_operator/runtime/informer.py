@@ -39,7 +39,7 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 from kubernetes.watch.watch import iter_resp_lines
 
-from grpo_operator.runtime.kube import Obj, Resource
+from grpo_operator.runtime.kube_client import Obj, Resource
 
 log = logging.getLogger("grpo_operator.informer")
 

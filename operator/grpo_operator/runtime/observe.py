@@ -16,7 +16,14 @@ from grpo_operator.reconcile import Observed, Plan
 from grpo_operator.reconcile.observed import StorageClasses
 from grpo_operator.reconcile.ownership import controlled_by
 from grpo_operator.runtime.controller_state import ControllerState, log
-from grpo_operator.runtime.kube import CHILD_RESOURCES, GRPOJOB, KUEUE_WORKLOAD, NODE, Obj, resource_for
+from grpo_operator.runtime.kube_client import (
+    CHILD_RESOURCES,
+    GRPOJOB,
+    KUEUE_WORKLOAD,
+    NODE,
+    Obj,
+    resource_for,
+)
 from grpo_operator.runtime.wakeups import METADATA_ONLY_KINDS, READ_ON_CHANGE_KINDS
 
 # How long a listed set of node names is used when nodes are not watched (no RBAC to watch them).

@@ -17,7 +17,7 @@ from grpo_operator.builders.common import DEPLOYMENT_ROLES, LABEL_JOB, LABEL_MAN
 from grpo_operator.builders.storage import ANNOTATION_JOB_UID
 from grpo_operator.runtime.controller_state import ControllerState, Key, log
 from grpo_operator.runtime.informer import ClusterCache
-from grpo_operator.runtime.kube import CHILD_RESOURCES, GRPOJOB, NODE, STORAGE_CLASS, Obj
+from grpo_operator.runtime.kube_client import CHILD_RESOURCES, GRPOJOB, NODE, STORAGE_CLASS, Obj
 
 # Children whose changes come in bursts wake the job batched (settings.child_event_batch_seconds).
 BATCHED_KINDS = kinds_where(lambda k: k.wake is Wake.BATCHED)

@@ -19,7 +19,7 @@ from aiohttp import web
 from grpo_operator.observability import start_http_server
 from grpo_operator.runtime import kopf_settings
 from grpo_operator.runtime.controller import Controller
-from grpo_operator.runtime.kube import Kube, load_api_client
+from grpo_operator.runtime.kube_client import Kube, load_api_client
 from grpo_operator.settings import OperatorSettings
 
 log = logging.getLogger("grpo_operator")
