@@ -21,6 +21,7 @@ from grpo_operator.reconcile.restart_policy import (
 )
 
 from hack import restart_table
+from hack.generated_section import replace_section
 
 REPO = Path(__file__).resolve().parents[1]
 TRAINER_DOC = REPO / "docs" / "trainer.md"
@@ -36,10 +37,6 @@ EVENTS_BEGIN = (
     "operator/grpo_operator/api/event_reasons.py; edit the catalog there -->"
 )
 EVENTS_END = "<!-- END generated event table -->"
-
-
-class MarkersMissing(ValueError):
-    """A document lacks a generated section's markers."""
 
 
 def _operator_does(entry: ExitCodeEntry) -> str:
@@ -67,23 +64,13 @@ def render_events() -> str:
     return "\n".join([EVENTS_BEGIN, "", "| Reason | Type | When |", "|---|---|---|", *rows, "", EVENTS_END])
 
 
-def _replace(text: str, begin: str, end: str, section: str, doc: Path, where: str) -> str:
-    start, stop = text.find(begin), text.find(end)
-    if start < 0 or stop < start:
-        raise MarkersMissing(
-            f"{doc.relative_to(REPO)} must hold the lines {begin!r} and {end!r}, in that order, where the "
-            f"generated table goes: put them back in its {where!r} section"
-        )
-    return text[:start] + section + text[stop + len(end) :]
-
-
 def render_trainer_text() -> str:
     """docs/trainer.md with its exit-code table as the catalog is now."""
     text = TRAINER_DOC.read_text(encoding="utf-8")
-    return _replace(text, EXIT_BEGIN, EXIT_END, render_exit_codes(), TRAINER_DOC, "Exit codes")
+    return replace_section(text, EXIT_BEGIN, EXIT_END, render_exit_codes(), TRAINER_DOC, "Exit codes")
 
 
 def render_operations_text() -> str:
     """docs/operations.md with both its generated tables (restart policy and events) as they are now."""
     text = restart_table.render_text()
-    return _replace(text, EVENTS_BEGIN, EVENTS_END, render_events(), OPERATIONS_DOC, "Events")
+    return replace_section(text, EVENTS_BEGIN, EVENTS_END, render_events(), OPERATIONS_DOC, "Events")

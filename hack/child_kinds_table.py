@@ -10,6 +10,8 @@ from pathlib import Path
 from grpo_operator.builders.child_kinds import CHILD_KINDS, Cache, ChildKind, Wake, watched
 from grpo_operator.runtime.wakeups import CHILD_SELECTOR
 
+from hack.generated_section import replace_section
+
 REPO = Path(__file__).resolve().parents[1]
 OUTPUT = REPO / "docs" / "scaling.md"
 BEGIN = (
@@ -19,10 +21,6 @@ BEGIN = (
 END = "<!-- END generated child-kinds table -->"
 # The verbs in the order the RBAC tables of docs/platform.md give them.
 VERB_ORDER = ("get", "list", "watch", "create", "patch", "delete")
-
-
-class MarkersMissing(ValueError):
-    """The document lacks the generated section's markers."""
 
 
 def _builders(record: ChildKind) -> str:
@@ -66,13 +64,7 @@ def render_section() -> str:
 
 def render(text: str) -> str:
     """``text`` with its generated section replaced by the table as it is now."""
-    start, end = text.find(BEGIN), text.find(END)
-    if start < 0 or end < start:
-        raise MarkersMissing(
-            f"{OUTPUT.relative_to(REPO)} must hold the lines {BEGIN!r} and {END!r}, in that order, where "
-            "the child-kinds table goes: put them back in its 'What the operator watches' section"
-        )
-    return text[:start] + render_section() + text[end + len(END) :]
+    return replace_section(text, BEGIN, END, render_section(), OUTPUT, "What the operator watches")
 
 
 def render_text() -> str:

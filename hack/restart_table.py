@@ -9,6 +9,8 @@ from pathlib import Path
 
 from grpo_operator.reconcile.restart_policy import DEFAULT_PERMANENT_EXIT_CODES, RULES, RestartRule, Trigger
 
+from hack.generated_section import replace_section
+
 REPO = Path(__file__).resolve().parents[1]
 OUTPUT = REPO / "docs" / "operations.md"
 BEGIN = (
@@ -16,10 +18,6 @@ BEGIN = (
     "operator/grpo_operator/reconcile/restart_policy.py; edit the table there -->"
 )
 END = "<!-- END generated restart-policy table -->"
-
-
-class MarkersMissing(ValueError):
-    """The document lacks the generated section's markers."""
 
 
 def _cause(rule: RestartRule) -> str:
@@ -61,13 +59,7 @@ def render_section() -> str:
 
 def render(text: str) -> str:
     """``text`` with its generated section replaced by the table as it is now."""
-    start, end = text.find(BEGIN), text.find(END)
-    if start < 0 or end < start:
-        raise MarkersMissing(
-            f"{OUTPUT.relative_to(REPO)} must hold the lines {BEGIN!r} and {END!r}, in that order, where "
-            "the restart-policy table goes: put them back in its 'Failures and restarts' section"
-        )
-    return text[:start] + render_section() + text[end + len(END) :]
+    return replace_section(text, BEGIN, END, render_section(), OUTPUT, "Failures and restarts")
 
 
 def render_text() -> str:

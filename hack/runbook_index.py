@@ -11,6 +11,8 @@ from typing import Any
 
 import yaml
 
+from hack.generated_section import replace_section
+
 REPO = Path(__file__).resolve().parents[1]
 OUTPUT = REPO / "docs" / "runbooks" / "README.md"
 VALUES = REPO / "helm" / "grpo-operator" / "values.yaml"
@@ -84,13 +86,7 @@ def render_section() -> str:
 
 
 def render(text: str) -> str:
-    start, end = text.find(BEGIN), text.find(END)
-    if start < 0 or end < start:
-        raise RunbookIndexError(
-            f"{OUTPUT.relative_to(REPO)} must hold the lines {BEGIN!r} and {END!r}, in that order, where the "
-            "alert table goes"
-        )
-    return text[:start] + render_section() + text[end + len(END) :]
+    return replace_section(text, BEGIN, END, render_section(), OUTPUT, "Runbooks")
 
 
 def render_text() -> str:

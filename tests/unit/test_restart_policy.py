@@ -45,6 +45,7 @@ from grpo_operator.reconcile.restart_policy import (
 from grpo_operator.settings import OperatorSettings
 
 from hack import restart_table
+from hack.generated_section import MarkersMissing
 from tests.unit.test_reconcile import SETTINGS, World, events, job_object, running_world
 
 TRAINER = "math-trainer-1-0"
@@ -313,5 +314,5 @@ def test_the_operations_doc_shows_the_table_as_it_is() -> None:
 
 
 def test_a_doc_without_the_markers_is_refused_with_what_to_do() -> None:
-    with pytest.raises(restart_table.MarkersMissing, match="put them back"):
+    with pytest.raises(MarkersMissing, match="put them back"):
         restart_table.render("# Operating GRPOJobs\n\nno table here\n")
