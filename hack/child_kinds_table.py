@@ -54,8 +54,8 @@ def render_section() -> str:
         f"{sum(watched(r) for r in CHILD_KINDS)} kinds, each watched once per namespace (or once cluster-wide) "
         f"with the label selector `{CHILD_SELECTOR}`; {partial} as metadata only "
         "(`PartialObjectMetadata`). A change anywhere else in an object updates the cache and wakes nobody. "
-        f"Not watched: {unwatched} (created once; its metadata read by name only when its create finds the "
-        "name taken).",
+        f"Not watched and never read: {unwatched} (created once under a name the API server picks, "
+        "recorded in the job's status).",
         "",
         END,
     ]

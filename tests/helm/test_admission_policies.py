@@ -315,6 +315,8 @@ def test_the_trainer_may_report_progress_but_not_touch_the_operators_status(
         {"trainerAttempt": 1},
         {"startTime": "2030-01-01T00:00:00Z"},
         {"completionTime": "2026-11-29T09:00:00Z"},
+        # Pointing the gateway and rank 0 at a Secret whose value the tenant's code knows.
+        {"gatewayTokenSecret": "trained-token"},
         {"conditions": [{"type": "Succeeded", "status": "True", "reason": "Completed"}]},
         {"progress": {"step": 4}, "phase": "Succeeded"},
     ]

@@ -113,6 +113,8 @@ def test_install_run_a_job_as_the_chart_serviceaccount_and_uninstall(
         # Least privilege, as the API server sees it.
         assert not can_i(kube, "get", "secrets", job_namespace, user=sa)
         assert not can_i(kube, "list", "secrets", None, user=sa)
+        # A client-rollout job's gateway token: created under a generateName, never read back.
+        assert can_i(kube, "create", "secrets", job_namespace, user=sa)
         assert not can_i(kube, "create", "pods", namespace, user=sa), "rights outside the watched namespaces"
         assert not can_i(kube, "update", "grpojobs.grpo.dev", job_namespace, user=sa)
         assert can_i(kube, "create", "pods", job_namespace, user=sa)

@@ -9,8 +9,9 @@ import copy
 import time
 from typing import Any
 
+import pytest
 from grpo_operator.api.resource import GROUP, PLURAL
-from grpo_operator.builders import infrastructure, metric_workload
+from grpo_operator.builders import generated_secrets, infrastructure, metric_workload
 from grpo_operator.builders.child_kinds import CHILD_KINDS
 from grpo_operator.runtime.kube_client import Kube, resource_for
 from grpo_operator.settings import OperatorSettings
@@ -19,6 +20,7 @@ from kubernetes.client.exceptions import ApiException
 
 from tests.harness.kube import Cluster
 from tests.unit.test_builders import make_job
+from tests.unit.test_builders_rollouts import client_job
 
 USER = "child-kinds-operator"
 
@@ -37,9 +39,7 @@ def records_role(namespace: str) -> dict[str, Any]:
     }
 
 
-def test_the_records_verbs_let_the_operator_create_update_and_delete_every_applied_child(
-    kube: Cluster, namespace: str
-) -> None:
+def operator_with_the_records_verbs(kube: Cluster, namespace: str) -> Kube:
     kube.apply(records_role(namespace))
     kube.apply(
         {
@@ -52,8 +52,13 @@ def test_the_records_verbs_let_the_operator_create_update_and_delete_every_appli
     )
     api = config.new_client_from_config(config_file=str(kube.kubeconfig))
     api.set_default_header("Impersonate-User", USER)
-    operator = Kube(api, field_manager="grpo-operator-test", timeout=30)
+    return Kube(api, field_manager="grpo-operator-test", timeout=30)
 
+
+def test_the_records_verbs_let_the_operator_create_update_and_delete_every_applied_child(
+    kube: Cluster, namespace: str
+) -> None:
+    operator = operator_with_the_records_verbs(kube, namespace)
     job = make_job()
     written: list[tuple[str, str, str]] = []
     settings = OperatorSettings()
@@ -87,3 +92,27 @@ def _updated(operator: Kube, manifest: dict[str, Any]) -> dict[str, Any]:
                 raise
             time.sleep(0.5)
     raise AssertionError(f"{manifest['kind']} {manifest['metadata']['name']} kept changing under the update")
+
+
+def test_the_records_verbs_let_the_operator_create_its_token_secret_and_read_no_secret(
+    kube: Cluster, namespace: str
+) -> None:
+    """The gateway token is created under a generateName and known by the name the create returns: create
+    is enough, and the operator cannot read it (or any other Secret) back."""
+    kube.kubectl("create", "secret", "generic", "theirs", "-n", namespace, "--from-literal=token=x")
+    operator = operator_with_the_records_verbs(kube, namespace)
+    [(secret, key)] = generated_secrets(client_job(token_secret=None))
+    manifest = copy.deepcopy(secret)
+    manifest["metadata"]["namespace"] = namespace
+    manifest["metadata"].pop("ownerReferences")
+    manifest["stringData"] = {key: "generated"}
+    created = operator.create(manifest)
+    name = created["metadata"]["name"]
+    assert name.startswith("math-gateway-token-") and len(name) == len("math-gateway-token-") + 5
+    for other in (name, "theirs"):
+        with pytest.raises(ApiException) as refused:
+            operator.get(resource_for("Secret"), namespace, other)
+        assert refused.value.status == 403, other
+    with pytest.raises(ApiException) as refused:
+        operator.list(resource_for("Secret"), namespace)
+    assert refused.value.status == 403

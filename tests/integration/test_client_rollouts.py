@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import base64
 import json
-import time
 from pathlib import Path
 from typing import Any
 
@@ -135,28 +134,40 @@ def test_the_local_runner_runs_the_gateway_and_points_the_trainer_at_it(
             runner.close()
 
 
-def _env_names(pod_spec: dict[str, Any]) -> set[str]:
-    return {e["name"] for c in pod_spec["containers"] for e in c.get("env", [])}
+def _secrets_of(kube: Cluster, namespace: str, job: str) -> list[str]:
+    listed = kube.kubectl("get", "secrets", "-n", namespace, "-l", f"grpo.dev/job={job}", "-o", "name")
+    return [line.removeprefix("secret/") for line in listed.stdout.split()]
+
+
+def _token_refs(pod_spec: dict[str, Any]) -> list[str]:
+    """The Secrets a pod spec reads the gateway's internal token from."""
+    return [
+        e["valueFrom"]["secretKeyRef"]["name"]
+        for c in pod_spec["containers"]
+        for e in c.get("env", [])
+        if e["name"] == "GRPO_GATEWAY_INTERNAL_TOKEN"
+    ]
 
 
 def test_the_gateway_token_is_the_jobs_own_kept_across_operator_restarts_and_guards_the_internal_port(
     kube: Cluster, namespace: str, tmp_path: Path
 ) -> None:
-    """Secret <job>-gateway-token: created once by the operator, owned by the job, its value unchanged by an
-    operator restart; only the gateway and trainer rank 0 get it, and the gateway started from the
-    operator's rendering refuses the internal port without it. A same-name Secret that is not the job's is
-    neither used nor changed: the job reports the conflict and starts nothing that would read it."""
+    """The gateway-token Secret: created once by the operator under a name the API server picks, recorded in
+    status.gatewayTokenSecret, owned by the job, its value unchanged by an operator restart; only the
+    gateway and trainer rank 0 get it, and the gateway started from the operator's rendering refuses the
+    internal port without it. A Secret the tenant made under a name like it is never used or changed."""
     kube.kubectl("create", "secret", "generic", "dspy-token", "-n", namespace, "--from-literal=token=s3cret")
     kube.kubectl(
-        "create", "secret", "generic", "rival-gateway-token", "-n", namespace, "--from-literal=token=theirs"
+        "create", "secret", "generic", "dspy-gateway-token", "-n", namespace, "--from-literal=token=theirs"
     )
-    theirs = kube.get("secret", "rival-gateway-token", namespace)
+    theirs = kube.get("secret", "dspy-gateway-token", namespace)
     assert theirs is not None
     with running_operator(kube, namespace, tmp_path) as operator:
         kube.apply(client_manifest("dspy"), namespace)
-        kube.apply(client_manifest("rival"), namespace)
         wait_phase(kube, namespace, "dspy", "Running")
-        secret = kube.get("secret", "dspy-gateway-token", namespace)
+        name = status(kube, namespace, "dspy")["gatewayTokenSecret"]
+        assert name.startswith("dspy-gateway-token-") and len(name) == len("dspy-gateway-token-") + 5
+        secret = kube.get("secret", name, namespace)
         assert secret is not None
         owner = secret["metadata"]["ownerReferences"]
         assert owner == [
@@ -173,44 +184,44 @@ def test_the_gateway_token_is_the_jobs_own_kept_across_operator_restarts_and_gua
         token = base64.b64decode(secret["data"]["token"]).decode()
         assert len(token) >= 43, "secrets.token_urlsafe(32): 256 random bits"
         assert token not in operator.log_tail()
+        assert _secrets_of(kube, namespace, "dspy") == [name], "created once"
 
-        # Only the gateway and trainer rank 0 hold it.
+        # Only the gateway and trainer rank 0 hold it, by the recorded name.
         gateway = kube.get("deployment", "dspy-rollouts", namespace)
         assert gateway is not None
-        assert "GRPO_GATEWAY_INTERNAL_TOKEN" in _env_names(gateway["spec"]["template"]["spec"])
+        assert _token_refs(gateway["spec"]["template"]["spec"]) == [name]
         holders = {
-            p["metadata"]["name"]
+            p["metadata"]["name"]: _token_refs(p["spec"])
             for p in pods(kube, namespace, "dspy", roles=("trainer", "generation"))
-            if "GRPO_GATEWAY_INTERNAL_TOKEN" in _env_names(p["spec"])
+            if _token_refs(p["spec"])
         }
-        assert holders == {"dspy-trainer-1-0"}, "not the vLLM pod"
+        assert holders == {"dspy-trainer-1-0": [name]}, "not the vLLM pod"
 
-        # The rival job: their Secret is reported, untouched, and nothing that would read it exists.
-        conflict = wait_condition(kube, namespace, "rival", "Conflict", status="True")
-        assert "Secret rival-gateway-token" in _condition(conflict, "Conflict")["message"]
-        assert status(kube, namespace, "rival")["phase"] == "Pending"
-        assert kube.get("deployment", "rival-rollouts", namespace) is None
-        assert not pods(kube, namespace, "rival")
-
-        # A restarted operator finds the job's Secret (its create answers 409, its metadata is read) and keeps it.
+        # A restarted operator knows the Secret by the job's status: it creates no other and reads none, and
+        # the next gang's rank 0 gets the same one.
         operator.stop()
         operator.start()
+        terminate_pod(kube, namespace, "dspy-trainer-1-0", 1, "boom")
         wait_for(
-            "the restarted operator to find the job's gateway token",
-            lambda: "Secret dspy-gateway-token" in operator.log_tail(),
-            timeout=60,
+            "the restarted operator to create the next gang",
+            lambda: kube.get("pod", "dspy-trainer-2-0", namespace) is not None,
+            timeout=90,
         )
-        time.sleep(6)  # three resyncs: every job reconciled again
-        again = kube.get("secret", "dspy-gateway-token", namespace)
+        rank0 = kube.get("pod", "dspy-trainer-2-0", namespace)
+        assert rank0 is not None and _token_refs(rank0["spec"]) == [name]
+        again = kube.get("secret", name, namespace)
         assert again is not None
         assert again["metadata"]["uid"] == secret["metadata"]["uid"]
         assert again["metadata"]["resourceVersion"] == secret["metadata"]["resourceVersion"]
         assert again["data"] == secret["data"]
-        assert status(kube, namespace, "dspy")["phase"] == "Running"
-        still = kube.get("secret", "rival-gateway-token", namespace)
+        assert status(kube, namespace, "dspy")["gatewayTokenSecret"] == name
+        assert _secrets_of(kube, namespace, "dspy") == [name]
+        # The tenant's Secret: neither used nor changed.
+        still = kube.get("secret", "dspy-gateway-token", namespace)
         assert still is not None and still["data"] == theirs["data"]
         assert still["metadata"]["resourceVersion"] == theirs["metadata"]["resourceVersion"]
         assert not still["metadata"].get("ownerReferences")
+        assert "Conflict" not in {c["type"] for c in status(kube, namespace, "dspy")["conditions"]}
 
         # The gateway started from the operator's rendering (the local runner resolves secretKeyRef env as a
         # kubelet would) refuses the internal port without the token, and the trainer's env carries it.
@@ -228,8 +239,6 @@ def test_the_gateway_token_is_the_jobs_own_kept_across_operator_restarts_and_gua
                 groups, json=body, headers={"Authorization": f"Bearer {token}"}, timeout=10
             )
             assert answered.status_code != 403, answered.text
-            rank0 = kube.get("pod", "dspy-trainer-1-0", namespace)
-            assert rank0 is not None
             assert runner.trainer_env(rank0)["GRPO_GATEWAY_INTERNAL_TOKEN"] == token
         finally:
             runner.close()

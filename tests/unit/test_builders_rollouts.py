@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import pytest
 from grpo_operator.api.gateway_config import GatewayConfig
 from grpo_operator.api.trainer_config import TrainerConfig
 from grpo_operator.builders import (
@@ -24,11 +25,17 @@ from tests.unit.test_builders import job_object
 SETTINGS = OperatorSettings()
 
 
-def client_job(client: dict[str, Any] | None = None, **spec: Any) -> Job:
+TOKEN_SECRET = "math-gateway-token-abcde"
+
+
+def client_job(
+    client: dict[str, Any] | None = None, *, token_secret: str | None = TOKEN_SECRET, **spec: Any
+) -> Job:
+    """A client-rollout job; by default one whose gateway-token Secret the operator has recorded."""
     obj = job_object(**spec)
     del obj["spec"]["metric"], obj["spec"]["dataset"]
     obj["spec"]["rollouts"] = {"source": "Client", **({"client": client} if client is not None else {})}
-    return job_from_object(obj)
+    return job_from_object(obj, gateway_token_secret=token_secret)
 
 
 def by_name(job: Job) -> dict[tuple[str, str], dict[str, Any]]:
@@ -188,7 +195,7 @@ def test_only_the_gateway_and_trainer_rank_0_hold_the_internal_token() -> None:
     children = by_name(job)
     reference = {
         "name": "GRPO_GATEWAY_INTERNAL_TOKEN",
-        "valueFrom": {"secretKeyRef": {"name": "math-gateway-token", "key": "token"}},
+        "valueFrom": {"secretKeyRef": {"name": TOKEN_SECRET, "key": "token"}},
     }
     holders = {
         key: entries
@@ -204,15 +211,24 @@ def test_only_the_gateway_and_trainer_rank_0_hold_the_internal_token() -> None:
     config = GatewayConfig.model_validate_json(children[("ConfigMap", "math-config")]["data"]["gateway.json"])
     assert config.internal_token_env == "GRPO_GATEWAY_INTERNAL_TOKEN"
 
+    assert generated_secrets(job) == [], "recorded: never created again"
+
+
+def test_until_its_token_secret_is_recorded_a_client_job_has_a_secret_to_create_and_no_gateway() -> None:
+    job = client_job(token_secret=None)
     [(secret, key)] = generated_secrets(job)
-    assert (
-        key == "token" and secret["kind"] == "Secret" and secret["metadata"]["name"] == "math-gateway-token"
-    )
+    assert key == "token" and secret["kind"] == "Secret"
+    # The API server picks the name: no Secret a tenant made can ever be the job's token.
+    assert secret["metadata"]["generateName"] == "math-gateway-token-" and "name" not in secret["metadata"]
     assert secret["metadata"]["ownerReferences"][0]["controller"] is True
     assert secret["metadata"]["labels"]["grpo.dev/job"] == "math"
     # No value in the build: the runtime generates it when it creates the Secret.
     assert "data" not in secret and "stringData" not in secret and secret["immutable"] is True
     assert generated_secrets(job) == generated_secrets(job), "pure: the same build every time"
+    built = {(c["kind"], c["metadata"]["name"]) for c in infrastructure(job, SETTINGS)}
+    assert ("Deployment", "math-rollouts") not in built and ("Service", "math-rollouts") in built
+    with pytest.raises(ValueError, match=r"status\.gatewayTokenSecret"):
+        gang_pods(job, SETTINGS, 1, "")
 
 
 def test_a_metric_job_has_no_gateway_token() -> None:

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from grpo_operator.reconcile import OWNED_STATUS_FIELDS, Observed, Plan, reconcile
 from grpo_operator.reconcile.conditions import format_time
-from grpo_operator.reconcile.record import ANNOTATION_RECORD, record_annotation
+from grpo_operator.reconcile.record import ANNOTATION_RECORD, read_record, record_annotation
 from grpo_operator.settings import OperatorSettings
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -55,6 +55,8 @@ class World:
     nodes: frozenset[str] | None = frozenset({"gpu-node-0", "gpu-node-1", "cpu-node-0"})
     plans: list[Plan] = field(default_factory=list)
     serial: int = 0
+    # Secrets the operator created, by name: never observed (the operator does not list, watch or read them).
+    secrets: dict[str, dict[str, Any]] = field(default_factory=dict)
     # Deleted pods stay, terminating, until gone() (a real kubelet's grace period); else they vanish at once.
     graceful: bool = False
     settings: OperatorSettings = SETTINGS
@@ -72,13 +74,27 @@ class World:
     ) -> None:
         """Carry out a plan like the runtime does (optionally only part of it, as a killed operator would),
         with the API server's preconditions: a write naming a uid reaches only the object with that uid,
-        and a create never replaces an existing object."""
-        if status and plan.record is not None:
+        and a create never replaces an existing object. Secrets first, under a generateName: the names the
+        API server picks join the record and the status, as the runtime writes them."""
+        recorded: dict[str, str] = {}
+        for secret in plan.secrets:
+            meta = secret.manifest["metadata"]
+            assert "name" not in meta, "a generated Secret is created under a generateName only"
+            generated = f"{meta['generateName']}x{self.serial + 1:04d}"
+            created = self._created({**secret.manifest, "metadata": {**meta, "name": generated}})
+            created["stringData"] = {secret.key: f"generated-{self.serial}"}
+            self.secrets[generated] = created
+            recorded[secret.status_field] = generated
+        record, new_status = plan.record, plan.status
+        if recorded:
+            record = {**(record if record is not None else read_record(self.job) or {}), **recorded}
+            new_status = {**(new_status or {}), **recorded}
+        if status and record is not None:
             annotations = self.job["metadata"].setdefault("annotations", {})
-            annotations[ANNOTATION_RECORD] = record_annotation(plan.record)
-        if status and plan.status:
+            annotations[ANNOTATION_RECORD] = record_annotation(record)
+        if status and new_status:
             current = self.job.setdefault("status", {})
-            for key, value in plan.status.items():
+            for key, value in new_status.items():
                 if value is None:
                     current.pop(key, None)
                 else:
@@ -97,16 +113,6 @@ class World:
                         target["metadata"]["deletionTimestamp"] = format_time(self.now)
                     else:
                         del self.objects[(ref.kind, ref.name)]
-        held = False
-        for secret in plan.secrets:
-            # A create that never replaces an existing object; nothing that reads it is written until it is.
-            secret_name = (secret.manifest["kind"], secret.manifest["metadata"]["name"])
-            held = held or secret_name in self.objects
-            created = self._created(secret.manifest)
-            created["stringData"] = {secret.key: f"generated-{self.serial}"}
-            self.objects.setdefault(secret_name, created)
-        if held:
-            return
         for manifest in plan.applies:
             name = (manifest["kind"], manifest["metadata"]["name"])
             uid = manifest["metadata"].get("uid")

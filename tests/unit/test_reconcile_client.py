@@ -10,7 +10,7 @@ from grpo_operator.reconcile.conditions import format_time
 
 from tests.unit.test_reconcile import World, applied_names, events, foreign, job_object
 
-TOKEN = ("Secret", "math-gateway-token")
+GATEWAY = ("Deployment", "math-rollouts")
 
 
 def client_job(**spec: Any) -> dict[str, Any]:
@@ -131,47 +131,97 @@ def test_a_failed_client_job_stops_its_gateway() -> None:
     assert ("Deployment", "math-rollouts") not in world.objects
 
 
-def test_the_gateway_token_is_created_once_for_the_job_and_never_updated() -> None:
+def _token_refs(manifest: dict[str, Any]) -> list[str]:
+    spec = manifest["spec"].get("template", {}).get("spec") or manifest["spec"]
+    return [
+        e["valueFrom"]["secretKeyRef"]["name"]
+        for c in spec["containers"]
+        for e in c.get("env", [])
+        if e["name"] == "GRPO_GATEWAY_INTERNAL_TOKEN"
+    ]
+
+
+def test_the_gateway_token_is_created_once_under_a_generated_name_the_status_records() -> None:
     world = World(client_job())
     first = world.reconcile()
-    assert [(s.manifest["metadata"]["name"], s.key) for s in first.secrets] == [
-        ("math-gateway-token", "token")
-    ]
-    assert TOKEN not in applied_names(first), "never applied: an apply would replace the value"
+    [secret] = first.secrets
+    assert secret.key == "token" and secret.status_field == "gatewayTokenSecret"
+    assert secret.manifest["metadata"]["generateName"] == "math-gateway-token-"
+    assert "name" not in secret.manifest["metadata"], "a fixed name could be a Secret the tenant made"
+    # Nothing that reads the token before its name is known: no gateway, no gang.
+    assert GATEWAY not in applied_names(first) and not first.creates
+    assert first.status is not None and first.status["phase"] == "Pending"
     world.apply(first)
-    world.settle()
-    world.run_all()
-    world.settle()
-    token = world.objects[TOKEN]
+    [(name, token)] = world.secrets.items()
+    assert name.startswith("math-gateway-token-") and world.status()["gatewayTokenSecret"] == name
     owner = token["metadata"]["ownerReferences"]
     assert owner[0]["uid"] == "uid-1" and owner[0]["controller"] is True
     assert token["metadata"]["labels"]["grpo.dev/job"] == "math" and token["immutable"] is True
+    assert not any(kind == "Secret" for kind, _ in world.objects), "never observed"
+
+    world.settle()
+    world.run_all()
+    world.settle()
+    assert world.status()["phase"] == "Running"
+    assert _token_refs(world.objects[GATEWAY]) == [name]
+    assert _token_refs(world.pod("math-trainer-1-0")) == [name]
+    assert _token_refs(world.pod("math-trainer-1-1")) == _token_refs(world.pod("math-gen-1-0")) == []
     value = copy.deepcopy(token["stringData"])
-    # Changed by hand, or by a later operator's build: still never written again.
-    token["metadata"]["labels"]["grpo.dev/job"] = "other"
     world.terminate("math-trainer-1-0", 1, "boom")
     world.settle()
     world.run_all()
     world.settle()
     assert world.status()["trainerAttempt"] == 2
-    assert not any(plan.secrets for plan in world.plans[1:])
-    assert world.objects[TOKEN]["stringData"] == value
+    assert not any(plan.secrets for plan in world.plans[1:]), "created once"
+    assert list(world.secrets) == [name] and world.secrets[name]["stringData"] == value
+    assert _token_refs(world.pod("math-trainer-2-0")) == [name]
 
 
-def test_a_same_name_secret_is_neither_used_nor_changed() -> None:
+def test_a_tenant_secret_named_like_the_token_is_never_used() -> None:
     world = World(client_job())
-    theirs = foreign("Secret", "math-gateway-token", labels={"grpo.dev/job": "math"})
-    world.objects[TOKEN] = copy.deepcopy(theirs)
-    plan = world.step()
-    assert not plan.secrets and not plan.creates
-    assert ("Deployment", "math-rollouts") not in applied_names(plan), "the gateway would read their token"
-    assert world.objects[TOKEN] == theirs
-    assert world.status()["phase"] == "Pending" and world.status()["reason"] == "ChildConflict"
-    message = world.condition("Conflict")["message"]
-    assert "Secret math-gateway-token" in message and "Delete or rename the Secret" in message
-    assert ("Warning", "ChildConflict") in events(plan)
-    # Once its owner deletes it, the job's own is created and the job starts.
-    del world.objects[TOKEN]
+    theirs = foreign("Secret", "math-gateway-token-abcde", labels={"grpo.dev/job": "math"})
+    world.objects[("Secret", "math-gateway-token-abcde")] = copy.deepcopy(theirs)
     world.settle()
-    assert world.objects[TOKEN]["metadata"]["ownerReferences"][0]["uid"] == "uid-1"
-    assert ("Deployment", "math-rollouts") in world.objects and world.pods()
+    world.run_all()
+    world.settle()
+    [name] = world.secrets
+    assert name != "math-gateway-token-abcde"
+    assert _token_refs(world.objects[GATEWAY]) == [name] == _token_refs(world.pod("math-trainer-1-0"))
+    assert world.status()["phase"] == "Running" and "Conflict" not in {
+        c["type"] for c in world.status()["conditions"]
+    }
+    assert world.objects[("Secret", "math-gateway-token-abcde")] == theirs
+
+
+def test_a_forged_token_name_in_the_status_is_not_used() -> None:
+    """The trainer can write the status: the name the gateway and the pods read comes from the operator's
+    record, and the status is put back."""
+    world = client_world()
+    [name] = world.secrets
+    world.job["status"]["gatewayTokenSecret"] = "dspy-token"
+    plan = world.step()
+    assert plan.status == {"gatewayTokenSecret": name} and not plan.secrets
+    assert GATEWAY not in applied_names(plan) and _token_refs(world.objects[GATEWAY]) == [name]
+
+
+def test_a_token_created_by_an_operator_stopped_before_its_status_write_is_left_to_the_job() -> None:
+    world = World(client_job())
+    world.apply(world.reconcile(), status=False)
+    [orphan] = world.secrets
+    assert "gatewayTokenSecret" not in world.status()
+    world.settle()
+    assert len(world.secrets) == 2 and world.status()["gatewayTokenSecret"] != orphan
+    # Owned by the job: the garbage collector removes it with the job.
+    assert world.secrets[orphan]["metadata"]["ownerReferences"][0]["uid"] == "uid-1"
+    assert _token_refs(world.objects[GATEWAY]) == [world.status()["gatewayTokenSecret"]]
+
+
+def test_a_deleted_token_is_not_recreated() -> None:
+    """A documented limit: the pods holding the value keep it, and a new value would lock them out."""
+    world = client_world()
+    [name] = world.secrets
+    del world.secrets[name]
+    world.terminate("math-trainer-1-0", 1, "boom")
+    world.settle()
+    assert not world.secrets and world.status()["gatewayTokenSecret"] == name
+    assert not any(plan.secrets for plan in world.plans[1:])

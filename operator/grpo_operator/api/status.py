@@ -32,6 +32,10 @@ CONDITION_REASON_PATTERN = r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$"
 # trainer image that writes it is the tenant's code, so it must not carry terminal escape sequences.
 # \xHH means the same code point to pydantic (Rust regex), Python and the API server (Go RE2).
 NO_CONTROL_PATTERN = r"^[^\x00-\x1f\x7f-\x9f]*$"
+# The status field naming a client-rollout job's gateway-token Secret (GRPOJobStatus.gateway_token_secret).
+GATEWAY_TOKEN_SECRET_FIELD = "gatewayTokenSecret"
+# A Secret's name (DNS-1123 subdomain), as the API server makes one from a generateName.
+SECRET_NAME_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
 
 
 class _StatusModel(ApiModel):
@@ -147,6 +151,14 @@ class GRPOJobStatus(_StatusModel):
     completion_time: datetime | None = Field(default=None, description="When the job succeeded or failed.")
     observed_generation: int | None = Field(
         default=None, ge=0, description="metadata.generation the operator last acted on."
+    )
+    gateway_token_secret: str | None = Field(
+        default=None,
+        max_length=253,
+        pattern=SECRET_NAME_PATTERN,
+        description="Client-rollout jobs: the Secret holding the rollout gateway's internal-port token, "
+        "created by the operator under a name the API server picked (<job>-gateway-token-xxxxx) and "
+        "referenced by the gateway and trainer rank 0. The operator never reads it.",
     )
     reason: str | None = Field(default=None, max_length=1024, description="Short reason for the phase.")
     message: str | None = Field(default=None, max_length=32768, description="Details for the phase.")

@@ -49,9 +49,9 @@ class Cache(Enum):
     # Metadata only, and the body read (one GET) when the cached resourceVersion is not the one the
     # operator last wrote or read: a ConfigMap's data is large and changes only by someone else's hand.
     METADATA_READ_ON_CHANGE = "metadata only; read whole once per change"
-    # Not listed or watched at all: listing or watching Secrets would need RBAC to read every Secret of the
-    # namespace. The runtime remembers the ones it created; after a restart its create answers 409 and it
-    # reads that one name, metadata only (runtime/apply_plan.py).
+    # Not listed, watched or read at all: that would need RBAC to read every Secret of the namespace. The
+    # runtime creates it under a name the API server picks (generateName) and records that name in the
+    # job's status (runtime/apply_plan.py): the status is all the operator knows of it.
     NONE = "not cached"
 
 
@@ -63,7 +63,7 @@ class Wake(Enum):
     BATCHED = "batched"
     # Rare and each worth acting on at once: a claim bound, a child deleted or changed by someone else.
     IMMEDIATE = "at once"
-    # Not watched (Cache.NONE): nothing but the operator's own create changes what it knows.
+    # Not watched (Cache.NONE): nothing but the operator's own create, recorded in the status, tells it.
     NEVER = "never (not watched)"
 
 
@@ -71,10 +71,10 @@ class Wake(Enum):
 # first apply is a POST), patch (server-side apply), get (an update first reads the object to move the
 # create's fields into its Apply entry; a changed ConfigMap is read whole), delete (no longer wanted).
 APPLIED_VERBS = frozenset({"get", "list", "watch", "create", "patch", "delete"})
-# A Secret whose value the runtime generates: created (POST) once, never updated (an update would leave
-# the pods that read the old value behind) and never deleted by the operator (the garbage collector does,
-# through its owner reference); get: metadata only, when its create finds the name taken.
-CREATED_ONCE_VERBS = frozenset({"create", "get"})
+# A Secret whose value the runtime generates: created (POST, generateName) once, never read (its name is
+# recorded in the job's status), never updated (an update would leave the pods that read the old value
+# behind) and never deleted by the operator (the garbage collector does, through its owner reference).
+CREATED_ONCE_VERBS = frozenset({"create"})
 # Pods are created and deleted, patched only for Kueue's retriable mark, and never read one by one
 # (a pod gone from the watch is looked up with a list by name).
 POD_VERBS = frozenset({"list", "watch", "create", "patch", "delete"})
@@ -183,7 +183,7 @@ CHILD_KINDS: tuple[ChildKind, ...] = (
         cache=Cache.NONE,
         wake=Wake.NEVER,
         view=metadata_and_body,
-        reads="nothing: created once, its metadata read by name only when its create finds the name taken",
+        reads="nothing: created once under a name the API server picks, recorded in status.gatewayTokenSecret",
     ),
     ChildKind(
         kind="ConfigMap",

@@ -27,21 +27,25 @@ from grpo_operator.builders.trainer_configmap import trainer_config_map
 from grpo_operator.settings import OperatorSettings
 
 
-def job_from_object(obj: dict[str, Any]) -> Job:
-    """A `Job` from a GRPOJob as read from the API server; raises pydantic.ValidationError on a bad spec."""
+def job_from_object(obj: dict[str, Any], *, gateway_token_secret: str | None = None) -> Job:
+    """A `Job` from a GRPOJob as read from the API server; raises pydantic.ValidationError on a bad spec.
+    ``gateway_token_secret``: the gateway-token Secret's name as the operator recorded it (reconcile passes
+    its own trusted copy, never the status as read: the trainer can write the status)."""
     meta = obj.get("metadata") or {}
     return Job(
         name=meta["name"],
         namespace=meta["namespace"],
         uid=meta.get("uid", ""),
         spec=GRPOJobSpec.model_validate(obj.get("spec") or {}),
+        gateway_token_secret=gateway_token_secret,
     )
 
 
 def infrastructure(job: Job, settings: OperatorSettings) -> list[Manifest]:
     """Children that live as long as the job runs or is suspended (everything except the gang pods and
     the metric Deployment): config, volume, identity, Services, NetworkPolicies, and in a client-rollout
-    job the rollout gateway, which keeps the client's session through suspends and restarts."""
+    job the rollout gateway, which keeps the client's session through suspends and restarts (once its
+    token Secret is recorded: generated_secrets)."""
     if client_rollouts(job):
         rollouts = [gateway_service(job), policy_service(job)]
         policies = [gateway_network_policy(job)]
@@ -59,7 +63,8 @@ def infrastructure(job: Job, settings: OperatorSettings) -> list[Manifest]:
         *policies,
         trainer_network_policy(job, settings),
     ]
-    if client_rollouts(job):
+    if client_rollouts(job) and job.gateway_token_secret is not None:
+        # The gateway reads its token Secret at start: its Deployment waits for the Secret's name.
         out.append(gateway_deployment(job, settings))
     pvc = checkpoint_pvc(job)
     if pvc is not None:
@@ -74,6 +79,9 @@ def metric_workload(job: Job, settings: OperatorSettings) -> list[Manifest]:
 
 
 def generated_secrets(job: Job) -> list[tuple[Manifest, str]]:
-    """Secrets created once and never updated, each with the key of the value the runtime generates when
-    it creates it (no randomness in the builders): a client-rollout job's gateway token."""
-    return [(gateway_token_secret(job), GATEWAY_TOKEN_KEY)] if client_rollouts(job) else []
+    """Secrets to create once and never update, each with the key of the value the runtime generates when
+    it creates it (no randomness in the builders): a client-rollout job's gateway token, until its name is
+    recorded (after that, a new one would lock the running gang out of its gateway)."""
+    if client_rollouts(job) and job.gateway_token_secret is None:
+        return [(gateway_token_secret(job), GATEWAY_TOKEN_KEY)]
+    return []

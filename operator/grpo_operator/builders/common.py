@@ -68,12 +68,15 @@ HF_CACHE = f"{WORKSPACE}/hf-cache"
 
 @dataclass(frozen=True)
 class Job:
-    """The parts of a GRPOJob the builders need: identity and the validated spec."""
+    """The parts of a GRPOJob the builders need: identity, the validated spec, and the name of the
+    gateway-token Secret the operator created for it (status.gatewayTokenSecret; client-rollout jobs, None
+    until it exists)."""
 
     name: str
     namespace: str
     uid: str
     spec: GRPOJobSpec
+    gateway_token_secret: str | None = None
 
 
 # --- names: fixed by the project's conventions (docs/operations.md lists them) -------------------------
@@ -136,9 +139,10 @@ def rollouts_name(job: Job) -> str:
     return f"{job.name}-rollouts"
 
 
-def gateway_token_name(job: Job) -> str:
-    """The Secret holding the rollout gateway's internal-port token (client-rollout jobs)."""
-    return f"{job.name}-gateway-token"
+def gateway_token_prefix(job: Job) -> str:
+    """The generateName of the Secret holding the rollout gateway's internal-port token (client-rollout
+    jobs): the API server appends 5 random characters, so no object the tenant made can have its name."""
+    return f"{job.name}-gateway-token-"
 
 
 def policy_service_name(job: Job) -> str:

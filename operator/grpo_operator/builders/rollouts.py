@@ -1,6 +1,7 @@
 """The rollout gateway of a client-rollout job (spec.rollouts.source: Client): Deployment + Service
 `<job>-rollouts`, its NetworkPolicy, Service `<job>-policy` that names trainer rank 0, and Secret
-`<job>-gateway-token`, the internal port's token that only the gateway and trainer rank 0 hold.
+`<job>-gateway-token-xxxxx` (a name the API server picks, recorded in status.gatewayTokenSecret), the
+internal port's token that only the gateway and trainer rank 0 hold.
 
 The gateway speaks Arbor's protocol to the client (DSPy) on the client port and holds the job's protocol
 state, so it must outlive gang restarts: a CPU-only Deployment beside the gang, like the metric service
@@ -33,9 +34,10 @@ from grpo_operator.builders.common import (
     cluster_ip_service,
     config_map_name,
     content_hash,
-    gateway_token_name,
+    gateway_token_prefix,
     labels,
     metadata,
+    owner_reference,
     policy_service_name,
     rollouts_name,
     selector_labels,
@@ -69,18 +71,25 @@ GATEWAY_RESOURCES: dict[str, Any] = {
 # the groups it holds.
 GATEWAY_PROBE_TIMEOUT_SECONDS = 5
 
-# The key of Secret <job>-gateway-token that holds the internal port's token.
+# The key of the gateway-token Secret that holds the internal port's token.
 GATEWAY_TOKEN_KEY = "token"
 
 
 def gateway_token_secret(job: Job) -> Manifest:
     """The internal port's token, without its value: the runtime generates the value when it creates the
     Secret (builders hold no randomness) and never updates it, since the gateway and trainer rank 0 read
-    it once, at start. Immutable, so no one can change it under running pods either."""
+    it once, at start. Immutable, so no one can change it under running pods either. A generateName, not a
+    name: the API server picks a name no other object has, so the operator never needs to read a Secret
+    to tell its own from one a tenant made, and the chart grants it only ``create`` on Secrets."""
     return {
         "apiVersion": "v1",
         "kind": "Secret",
-        "metadata": metadata(job, gateway_token_name(job), "rollouts"),
+        "metadata": {
+            "generateName": gateway_token_prefix(job),
+            "namespace": job.namespace,
+            "labels": labels(job, "rollouts"),
+            "ownerReferences": [owner_reference(job)],
+        },
         "type": "Opaque",
         "immutable": True,
     }
@@ -89,7 +98,13 @@ def gateway_token_secret(job: Job) -> Manifest:
 def gateway_token_env(job: Job) -> dict[str, Any]:
     """The internal port's token by reference: the kubelet resolves it, so the value is never in a pod
     spec, and only the pods given this entry (the gateway and trainer rank 0) hold it."""
-    ref = {"name": gateway_token_name(job), "key": GATEWAY_TOKEN_KEY}
+    if job.gateway_token_secret is None:
+        raise ValueError(
+            f"GRPOJob {job.namespace}/{job.name} has no gateway-token Secret recorded in "
+            "status.gatewayTokenSecret yet: its gateway and trainer pods are built only after the operator "
+            "has created that Secret (build the job from its status, or let reconcile create it first)"
+        )
+    ref = {"name": job.gateway_token_secret, "key": GATEWAY_TOKEN_KEY}
     return {"name": GATEWAY_INTERNAL_TOKEN_ENV, "valueFrom": {"secretKeyRef": ref}}
 
 

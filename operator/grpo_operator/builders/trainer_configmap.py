@@ -76,7 +76,7 @@ def gateway_config(job: Job) -> GatewayConfig:
         # A completion waits for the trainer as long as the trainers wait for vLLM: through a gang restart.
         completion_wait_seconds=float(spec.generation.startup_timeout_seconds),
         max_transcript_bytes=max_transcript_bytes(job),
-        # The gateway answers the internal port only to the holder of Secret <job>-gateway-token.
+        # The gateway answers the internal port only to the holder of the job's gateway-token Secret.
         internal_token_env=GATEWAY_INTERNAL_TOKEN_ENV,
     )
 

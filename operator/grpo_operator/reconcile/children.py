@@ -9,6 +9,7 @@ import re
 from typing import Any
 
 from grpo_operator.api import event_reasons
+from grpo_operator.api.status import GATEWAY_TOKEN_SECRET_FIELD
 from grpo_operator.builders import Job, Manifest
 from grpo_operator.builders.common import (
     ANNOTATION_HASH,
@@ -70,34 +71,12 @@ def ensure(rp: ReconcilePass, observed: Observed, desired: list[Manifest]) -> No
         )
 
 
-def ensure_secrets(rp: ReconcilePass, observed: Observed, secrets: list[tuple[Manifest, str]]) -> None:
-    """Create each generated Secret the job lacks (the runtime generates its value). One the job has is
-    never updated, even if it differs from its build: the gateway and trainer rank 0 read the value at
-    start, and a new one would lock rank 0 out of the running gateway. A same-name Secret that is not the
-    job's is left alone (check_conflicts reports it)."""
+def ensure_secrets(rp: ReconcilePass, secrets: list[tuple[Manifest, str]]) -> None:
+    """Create each generated Secret whose name the job has not recorded (the runtime generates its value
+    and records the name). One recorded is never read or updated: the gateway and trainer rank 0 read the
+    value at start, and a new one would lock rank 0 out of the running gateway."""
     for manifest, key in secrets:
-        kind, name = manifest["kind"], manifest["metadata"]["name"]
-        if (kind, name) not in rp.foreign and observed.get(kind, name) is None:
-            rp.plan.secrets.append(SecretCreate(manifest, key))
-
-
-def without_foreign_secrets(rp: ReconcilePass, manifests: list[Manifest]) -> list[Manifest]:
-    """``manifests`` less the Deployments whose pods would read a Secret under a child's name that is not
-    the job's: the rollout gateway must never start with a token someone else chose."""
-    foreign = {name for kind, name in rp.foreign if kind == "Secret"}
-    if not foreign:
-        return manifests
-    return [m for m in manifests if not (_secret_refs(m) & foreign)]
-
-
-def _secret_refs(manifest: Manifest) -> set[str]:
-    template = ((manifest.get("spec") or {}).get("template") or {}).get("spec") or {}
-    return {
-        str(ref.get("name"))
-        for container in template.get("containers") or []
-        for var in container.get("env") or []
-        if isinstance(ref := (var.get("valueFrom") or {}).get("secretKeyRef"), dict)
-    }
+        rp.plan.secrets.append(SecretCreate(manifest, key, GATEWAY_TOKEN_SECRET_FIELD))
 
 
 def _update(manifest: Manifest, current: Manifest) -> Manifest:

@@ -32,11 +32,14 @@ class ChildPatch:
 
 @dataclass(frozen=True)
 class SecretCreate:
-    """A Secret to create once: the runtime puts a random value under ``key`` when it creates it (reconcile
-    and the builders hold no randomness). Never updated: the pods that read it keep the value they read."""
+    """A Secret to create once, under ``manifest``'s generateName: the runtime puts a random value under
+    ``key`` when it creates it (reconcile and the builders hold no randomness) and writes the name the API
+    server gave it into the record and status field ``status_field``. Never read, never updated: the pods
+    that read it keep the value they read."""
 
     manifest: Manifest
     key: str
+    status_field: str
 
 
 @dataclass(frozen=True)
@@ -61,18 +64,19 @@ class Restart:
 class Plan:
     """The actions of one reconcile, executed by the runtime in this order:
 
-    0. ``record``: the operator's own copy of the status fields it decides from, written to an annotation
+    0. ``secrets`` (POST with generateName: a new object every time, never one someone else made); the
+       names they get join the record and the status below. Nothing in the same plan reads them.
+       ``record``: the operator's own copy of the status fields it decides from, written to an annotation
        on the job first (the trainer may write the status, never the job's metadata; see record.py).
     1. ``status``: merge patch of the operator's status fields, conditional on the resourceVersion the
        decision was made from. It goes first so that an operator killed half-way re-derives the same
        decision (a restart bumps trainerAttempt before any pod of the new attempt exists, so the old
        pods become stale and the new ones missing — never a second restart).
     2. ``patches`` (metadata of pods about to be deleted), ``deletes`` (with a uid precondition), then
-       ``secrets`` (POST: never touch an existing object; while one is not created, no apply or pod create
-       is sent, since the gateway and trainer rank 0 read it), ``applies`` then ``creates`` (pods). An
-       apply whose manifest has ``metadata.uid`` updates that object (server-side apply; the uid makes it
-       fail rather than reach a same-name newer object); without it, it creates the object (POST: fails
-       with 409 rather than take over an object someone else made).
+       ``applies`` then ``creates`` (pods). An apply whose manifest has ``metadata.uid`` updates that
+       object (server-side apply; the uid makes it fail rather than reach a same-name newer object);
+       without it, it creates the object (POST: fails with 409 rather than take over an object someone
+       else made).
     3. ``events``, ``delete_job`` (TTL after finishing).
     """
 

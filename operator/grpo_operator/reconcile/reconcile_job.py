@@ -19,7 +19,7 @@ from pydantic import ValidationError
 
 from grpo_operator.api import event_reasons
 from grpo_operator.api.resource import compute_rollouts
-from grpo_operator.api.status import TERMINAL_PHASES
+from grpo_operator.api.status import GATEWAY_TOKEN_SECRET_FIELD, TERMINAL_PHASES
 from grpo_operator.builders import Job, generated_secrets, infrastructure, job_from_object
 from grpo_operator.builders.children import metric_workload
 from grpo_operator.builders.common import client_rollouts
@@ -32,7 +32,6 @@ from grpo_operator.reconcile.children import (
     ensure,
     ensure_secrets,
     split_strays,
-    without_foreign_secrets,
 )
 from grpo_operator.reconcile.conditions import (
     FAILED,
@@ -93,7 +92,8 @@ def reconcile(job_obj: dict[str, Any], observed: Observed, now: datetime, settin
 
     delete_strays(rp, strays)
     try:
-        job = job_from_object(job_obj)
+        # The token Secret's name from the operator's own record: the trainer may write the status.
+        job = job_from_object(job_obj, gateway_token_secret=old.get(GATEWAY_TOKEN_SECRET_FIELD))
     except ValidationError as exc:
         return invalid_spec(rp, exc)
 
@@ -111,17 +111,18 @@ def reconcile(job_obj: dict[str, Any], observed: Observed, now: datetime, settin
     if get_condition(list(rp.old.get("conditions") or []), PLATFORM_POLICY) is not None:
         rp.condition(PLATFORM_POLICY, "True", "Allowed", "the job meets the platform's limits")
 
-    secrets = generated_secrets(job)
-    desired = [manifest for manifest, _ in secrets] + infrastructure(job, settings)
+    desired = infrastructure(job, settings)
     if not job.spec.suspend:
         desired += metric_workload(job, settings)
     check_conflicts(rp, job, desired)
-    ensure_secrets(rp, observed, secrets)
-    ensure(rp, observed, without_foreign_secrets(rp, infrastructure(job, settings)))
+    ensure_secrets(rp, generated_secrets(job))
+    ensure(rp, observed, infrastructure(job, settings))
 
     if job.spec.suspend:
         suspend(rp, job, observed)
         return rp.finish()
+    if rp.plan.secrets:
+        return awaiting_secrets(rp)
 
     ensure(rp, observed, metric_workload(job, settings))
     if client_rollouts(job):
@@ -143,6 +144,17 @@ def reconcile(job_obj: dict[str, Any], observed: Observed, now: datetime, settin
     run_gang(rp, job, observed)
     if not client_rollouts(job):
         withhold_first_metric_report(rp, job, observed)
+    return rp.finish()
+
+
+def awaiting_secrets(rp: ReconcilePass) -> Plan:
+    """The gateway and trainer rank 0 read the token Secret this plan creates: they are built once the
+    runtime has recorded its name, which wakes the job again. A running gang (its recorded name lost) is
+    left as it is until then."""
+    if rp.conflict is not None and rp.attempt == 0:
+        rp.set_phase("Pending", "ChildConflict", rp.conflict)
+    elif rp.attempt == 0:
+        rp.set_phase("Pending", "Creating", "creating the rollout gateway's token Secret")
     return rp.finish()
 
 

@@ -8,6 +8,7 @@ from datetime import datetime
 from typing import Any
 
 from grpo_operator.api.event_reasons import EventReason
+from grpo_operator.api.status import GATEWAY_TOKEN_SECRET_FIELD
 from grpo_operator.reconcile.conditions import set_condition, truncate
 from grpo_operator.reconcile.plan import Event, Plan
 from grpo_operator.reconcile.record import trusted_fields
@@ -26,6 +27,7 @@ OWNED_STATUS_FIELDS = (
     "startTime",
     "completionTime",
     "observedGeneration",
+    GATEWAY_TOKEN_SECRET_FIELD,
 )
 
 GANG_ROLES = ("trainer", "generation")

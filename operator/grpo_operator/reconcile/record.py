@@ -3,8 +3,9 @@
 Trainer rank 0 may patch its job's status (to report progress), and the status subresource cannot tell
 one field from another: tenant code could write ``restarts: 0`` to escape backoffLimit, ``phase:
 Succeeded`` to end the job, ``trainerAttempt: 99`` or a ``startTime`` in the future to escape
-activeDeadlineSeconds. So the operator keeps the fields its decisions rest on (phase, restarts,
-trainerAttempt, startTime, completionTime) in an annotation on the GRPOJob as well, which only a
+activeDeadlineSeconds, or a ``gatewayTokenSecret`` naming a Secret whose value it chose. So the
+operator keeps the fields its decisions rest on (phase, restarts, trainerAttempt, startTime,
+completionTime, gatewayTokenSecret) in an annotation on the GRPOJob as well, which only a
 writer of the job's metadata can change (the trainer's Role grants the status subresource alone), and
 decides from that copy. The status is rewritten from the decision on every reconcile, so a forged
 value does not stay. Conditions, reason and message are rebuilt from the operator's own types; every
@@ -14,15 +15,23 @@ value read from the status is type-checked, so no payload can crash a reconcile.
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
-from grpo_operator.api.status import PHASES, TERMINAL_PHASES
+from grpo_operator.api.status import GATEWAY_TOKEN_SECRET_FIELD, PHASES, SECRET_NAME_PATTERN, TERMINAL_PHASES
 from grpo_operator.reconcile.conditions import CONDITION_ORDER, FAILED, SUCCEEDED
 from grpo_operator.reconcile.observed import parse_time
 
 ANNOTATION_RECORD = "grpo.dev/status-record"
 # The status fields the operator decides from, recorded on the job's metadata.
-TRUSTED_FIELDS = ("phase", "restarts", "trainerAttempt", "startTime", "completionTime")
+TRUSTED_FIELDS = (
+    "phase",
+    "restarts",
+    "trainerAttempt",
+    "startTime",
+    "completionTime",
+    GATEWAY_TOKEN_SECRET_FIELD,
+)
 _MAX_RECORD = 4096
 
 Obj = dict[str, Any]
@@ -52,6 +61,9 @@ def _clean_trusted(source: Obj) -> Obj:
         moment = _time(source.get(key))
         if moment is not None:
             out[key] = moment
+    secret = source.get(GATEWAY_TOKEN_SECRET_FIELD)
+    if isinstance(secret, str) and len(secret) <= 253 and re.fullmatch(SECRET_NAME_PATTERN, secret):
+        out[GATEWAY_TOKEN_SECRET_FIELD] = secret
     return out
 
 

@@ -14,7 +14,7 @@ from grpo_operator.api.resource import KIND
 from grpo_operator.builders.common import LABEL_JOB
 from grpo_operator.reconcile import Plan, Refusal
 from grpo_operator.reconcile.plan import SecretCreate
-from grpo_operator.reconcile.record import ANNOTATION_RECORD, record_annotation
+from grpo_operator.reconcile.record import ANNOTATION_RECORD, read_record, record_annotation
 from grpo_operator.runtime.controller_state import log
 from grpo_operator.runtime.events import EventRecorder
 from grpo_operator.runtime.kube_client import GRPOJOB, Obj, resource_for
@@ -37,13 +37,14 @@ class PlanExecution(EventRecorder):
         # The job's infrastructure (ConfigMap, volume, RBAC, Services, metric Deployment) does not depend on
         # the status: with nothing to patch or delete first, it is written while the record and status are,
         # which saves a new job two round trips before its first child. Pods always wait for the status.
-        # The job's generated Secrets exist before anything that reads them is written: while one is not
-        # created (its name taken, or refused), no apply or pod create is sent this pass.
-        held = not await self._create_secrets(key, plan.secrets, failures, taken)
-        early = not held and bool(plan.applies) and not plan.patches and not plan.deletes
+        # The job's generated Secrets first: the names the API server gives them go into the record and
+        # status of this same pass. Nothing in this plan reads them (reconcile builds the gateway and the
+        # pods only from a recorded name), so nothing waits for them.
+        recorded = await self._create_secrets(key, plan.secrets, failures)
+        early = bool(plan.applies) and not plan.patches and not plan.deletes
         if early:
             outcomes = await asyncio.gather(
-                self._write_status(job, plan),
+                self._write_status(job, plan, recorded),
                 self._write_all(plan.applies, failures, taken),
                 return_exceptions=True,
             )
@@ -51,7 +52,7 @@ class PlanExecution(EventRecorder):
                 if isinstance(outcome, BaseException):
                     raise outcome
         else:
-            await self._write_status(job, plan)
+            await self._write_status(job, plan, recorded)
         for child_patch in plan.patches:
             ref = child_patch.ref
             patch = child_patch.patch
@@ -83,9 +84,9 @@ class PlanExecution(EventRecorder):
                     raise
         # Children within one group do not depend on each other: send them concurrently. The groups
         # stay in order, so pods are created only after their ConfigMap, PVC and ServiceAccount exist.
-        if not early and not held:
+        if not early:
             await self._write_all(plan.applies, failures, taken)
-        if taken or held:
+        if taken:
             # A name the job's children need belongs to an object the operator did not create (or its own
             # object changed since the decision): no pod may start next to it, and the plan's events would
             # describe children that do not exist. The next reconcile reads the names and decides again.
@@ -125,6 +126,10 @@ class PlanExecution(EventRecorder):
                 elif exc.status != 404:
                     self._api_error("delete", KIND, exc)
                     raise
+        if recorded:
+            # The echo of the operator's own status write wakes nobody, but the names just recorded are what
+            # the gateway and the gang wait for: decide again now.
+            self.queue.add(key)
         if failures:
             self.queue.add_rate_limited(key, base=5.0)
         elif taken:
@@ -139,56 +144,51 @@ class PlanExecution(EventRecorder):
             self.queue.add_rate_limited(key)
 
     async def _create_secrets(
-        self,
-        key: tuple[str, str],
-        wanted: list[SecretCreate],
-        failures: list[Refusal],
-        taken: list[tuple[str, str]],
-    ) -> bool:
-        """Creates each Secret with a value generated here and now; True when all were created. The value
-        is never logged, kept or sent again: only the metadata is remembered. A name found taken (409) is
-        read, metadata only, and remembered, so the next reconcile tells the job's own Secret (created
-        before an operator restart: kept with its value) from someone else's (a conflict)."""
-        created = True
+        self, key: tuple[str, str], wanted: list[SecretCreate], failures: list[Refusal]
+    ) -> dict[str, str]:
+        """Creates each Secret with a value generated here and now, under a name the API server picks
+        (generateName: never an object someone else made, so nothing is read first); returns {status field:
+        name} for the record and status. The value is never logged, kept or sent again. Should the operator
+        stop before the status names it, the Secret is left owned by the job (the garbage collector removes
+        it with the job) and the next pass creates another."""
+        recorded: dict[str, str] = {}
         for item in wanted:
             manifest = copy.deepcopy(item.manifest)
             manifest["stringData"] = {item.key: token_urlsafe(32)}
-            kind, name = str(manifest["kind"]), str(manifest["metadata"]["name"])
+            kind, prefix = str(manifest["kind"]), str(manifest["metadata"]["generateName"])
             try:
                 written = await self._call(self.kube.create, manifest)
             except ApiException as exc:
-                created = False
-                if exc.status == 409:
-                    taken.append((kind, name))
-                    await self.read_secret(key, resource_for(kind), name)
-                    continue
                 self._api_error("create", kind, exc)
-                if exc.status is None or exc.status >= 500 or exc.status == 429:
+                # 409: a generated name collided (the API server retries those itself since 1.30): retry.
+                if exc.status is None or exc.status >= 500 or exc.status in (409, 429):
                     raise
-                failures.append(Refusal(kind, name, exc.status, _api_message(exc)))
+                failures.append(Refusal(kind, f"{prefix}*", exc.status, _api_message(exc)))
                 continue
-            self._secrets.setdefault(key, {})[name] = {
-                "apiVersion": manifest["apiVersion"],
-                "kind": kind,
-                "metadata": written.get("metadata") or {},
-            }
+            name = str((written.get("metadata") or {}).get("name"))
+            recorded[item.status_field] = name
             log.info("%s/%s: created %s %s", key[0], key[1], kind, name)
-        return created
+        return recorded
 
     async def _write_all(
         self, manifests: list[Obj], failures: list[Refusal], taken: list[tuple[str, str]]
     ) -> None:
         await asyncio.gather(*(self._write(_apply_verb(m), m, failures, taken) for m in manifests))
 
-    async def _write_status(self, job: Obj, plan: Plan) -> None:
-        """The record annotation, then the status (conditional on the record's resourceVersion)."""
+    async def _write_status(self, job: Obj, plan: Plan, recorded: dict[str, str]) -> None:
+        """The record annotation, then the status (conditional on the record's resourceVersion), each with
+        ``recorded`` (the names of the Secrets this pass created) added."""
         meta = job["metadata"]
         namespace, name = meta["namespace"], meta["name"]
         key = (namespace, name)
         resource_version = meta.get("resourceVersion")
-        if plan.record is not None:
+        record, status = plan.record, plan.status
+        if recorded:
+            record = {**(record if record is not None else read_record(job) or {}), **recorded}
+            status = {**(status or {}), **recorded}
+        if record is not None:
             # The operator's record first, so an operator stopped between the two writes decides from it.
-            annotations = {ANNOTATION_RECORD: record_annotation(plan.record)}
+            annotations = {ANNOTATION_RECORD: record_annotation(record)}
             body = {"metadata": {"resourceVersion": resource_version, "annotations": annotations}}
             try:
                 written = await self._call_in(
@@ -200,12 +200,12 @@ class PlanExecution(EventRecorder):
                 self._api_error("patch", KIND, exc)
                 raise
             resource_version = (written.get("metadata") or {}).get("resourceVersion")
-            if not plan.status:
+            if not status:
                 self._written_rv[key] = str(resource_version)
                 if self.cache is not None:
                     self.cache.put_job(written)
-        if plan.status:
-            body = {"metadata": {"resourceVersion": resource_version}, "status": plan.status}
+        if status:
+            body = {"metadata": {"resourceVersion": resource_version}, "status": status}
             try:
                 updated = await self._call_in(
                     self._job_writes, self.kube.merge_patch, GRPOJOB, namespace, name, body, "status"
@@ -219,14 +219,14 @@ class PlanExecution(EventRecorder):
             if self.cache is not None:
                 # Decide the next reconcile from at least what we just wrote, never from an older copy.
                 self.cache.put_job(updated)
-            if plan.status.get("phase"):
+            if status.get("phase"):
                 log.info(
                     "%s/%s: phase %s (%s) %s",
                     namespace,
                     name,
-                    plan.status["phase"],
-                    plan.status.get("reason") or "",
-                    plan.status.get("message") or "",
+                    status["phase"],
+                    status.get("reason") or "",
+                    status.get("message") or "",
                 )
 
     async def _write(

@@ -22,7 +22,7 @@ from kubernetes.client.exceptions import ApiException
 from grpo_operator.observability import HealthState, OperatorMetrics
 from grpo_operator.reconcile import Refusal
 from grpo_operator.runtime.informer import ClusterCache
-from grpo_operator.runtime.kube_client import Kube, Resource
+from grpo_operator.runtime.kube_client import Kube
 from grpo_operator.runtime.workqueue import WorkQueue
 from grpo_operator.settings import OperatorSettings
 
@@ -69,10 +69,6 @@ class ControllerState:
         # Per job: the resourceVersion each ConfigMap of it had when the operator last wrote or read it whole.
         # A ConfigMap whose cached metadata shows another is read again (READ_ON_CHANGE_KINDS).
         self._verified: dict[Key, dict[tuple[str, str], str]] = {}
-        # Per job: the metadata of its generated Secrets (by name) as created or read by name. Secrets are
-        # not watched (that would take RBAC to read them all); lost on restart, when a create finds the name
-        # taken and reads it.
-        self._secrets: dict[Key, dict[str, dict[str, Any]]] = {}
         self._recent_events: dict[tuple[Key, str, str], float] = {}
         self._events_in_flight: set[asyncio.Task[None]] = set()
         self._nodes: tuple[float, frozenset[str] | None] = (0.0, None)
@@ -99,23 +95,8 @@ class ControllerState:
     def _api_error(self, verb: str, kind: str, exc: ApiException) -> None:
         self.metrics.api_errors.labels(verb=verb, kind=kind, code=str(exc.status or 0)).inc()
 
-    async def read_secret(self, key: Key, resource: Resource, name: str) -> dict[str, Any] | None:
-        """The metadata of a generated Secret of the job's, read by name and remembered (None: not found).
-        Secrets are not watched, so this and the operator's own creates are all it knows of them."""
-        try:
-            found = await self._call(self.kube.get_metadata, resource, key[0], name)
-        except ApiException as exc:
-            if exc.status != 404:
-                self._api_error("get", resource.kind, exc)
-                raise
-            (self._secrets.get(key) or {}).pop(name, None)
-            return None
-        self._secrets.setdefault(key, {})[name] = found
-        return found
-
     def forget_job(self, key: Key) -> None:
         """Drops what the operator remembers of a job that is gone."""
         self._refusals.pop(key, None)
         self._taken.pop(key, None)
         self._verified.pop(key, None)
-        self._secrets.pop(key, None)

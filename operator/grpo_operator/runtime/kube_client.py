@@ -57,7 +57,7 @@ EVENT = Resource("", "v1", "events", "Event")
 KUEUE_WORKLOAD = Resource("kueue.x-k8s.io", "v1beta2", "workloads", "Workload")
 
 # Every kind the operator creates for a job and watches, in the order they are observed
-# (builders/child_kinds.py); the kinds it does not watch (Secrets) are read by name only.
+# (builders/child_kinds.py); the kinds it does not watch (Secrets) are only ever created.
 CHILD_RESOURCES: tuple[Resource, ...] = tuple(
     Resource(k.group, k.version, k.plural, k.kind) for k in CHILD_KINDS if watched(k)
 )
@@ -76,8 +76,6 @@ def resource_for(kind: str) -> Resource:
     except KeyError:
         raise ValueError(f"the operator does not manage objects of kind {kind!r}") from None
 
-
-METADATA_ONLY = "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1"
 
 # Called once per API request with (verb, resource), e.g. ("create", "pods"), ("patch", "grpojobs/status").
 RequestHook = Callable[[str, str], None]
@@ -170,10 +168,9 @@ class Kube:
         query: dict[str, Any] | None = None,
         body: Any = None,
         content_type: str = "application/json",
-        accept: str = "application/json",
     ) -> Obj:
         url_path = path + ("?" + urlencode(query) if query else "")
-        headers = {"Accept": accept, "Content-Type": content_type}
+        headers = {"Accept": "application/json", "Content-Type": content_type}
         _, url, header_params, serialized, _ = self.api.param_serialize(
             method=method,
             resource_path=url_path,
@@ -203,16 +200,6 @@ class Kube:
 
     def get(self, resource: Resource, namespace: str | None, name: str) -> Obj:
         return self.request("GET", resource.path(namespace, name))
-
-    def get_metadata(self, resource: Resource, namespace: str, name: str) -> Obj:
-        """The object's metadata only (PartialObjectMetadata), with its kind set. No fallback to the whole
-        object: a Secret's data never reaches the operator (an API server without it answers 406)."""
-        obj = self.request("GET", resource.path(namespace, name), accept=METADATA_ONLY)
-        return {
-            "apiVersion": resource.api_version,
-            "kind": resource.kind,
-            "metadata": obj.get("metadata") or {},
-        }
 
     def list(
         self,

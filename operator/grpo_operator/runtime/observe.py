@@ -14,7 +14,6 @@ from kubernetes.client.exceptions import ApiException
 from grpo_operator.builders.common import DEPLOYMENT_ROLES, KUEUE_GROUP_LABEL, LABEL_JOB, LABEL_ROLE
 from grpo_operator.reconcile import Observed, Plan
 from grpo_operator.reconcile.observed import StorageClasses
-from grpo_operator.reconcile.ownership import controlled_by
 from grpo_operator.runtime.controller_state import ControllerState, log
 from grpo_operator.runtime.kube_client import (
     CHILD_RESOURCES,
@@ -67,7 +66,6 @@ class Observation(ControllerState):
                 if obj["kind"] == "Pod" and not _pod_of_this_job(obj, uid, meta.get("creationTimestamp")):
                     continue  # a pod of an earlier job with the same name, on its way out
                 objects.append(obj)
-        objects += await self._known_secrets((namespace, name), uid)
         objects += await self._kueue_workloads(namespace, objects)
         classes = self.cache.storage_class_modes() if self.cache is not None else None
         observed = Observed(
@@ -78,19 +76,6 @@ class Observation(ControllerState):
             metadata_only=frozenset(partial),
         )
         return observed, verified
-
-    async def _known_secrets(self, key: tuple[str, str], uid: str | None) -> list[Obj]:
-        """The job's generated Secrets as the operator created or read them (they are not watched). One that
-        is not the job's is read again each time, so the conflict ends once its owner deletes it."""
-        out: list[Obj] = []
-        for name, obj in list((self._secrets.get(key) or {}).items()):
-            if not controlled_by(obj, str(uid or "")):
-                found = await self.read_secret(key, resource_for(str(obj.get("kind"))), name)
-                if found is None:
-                    continue
-                obj = found
-            out.append(copy.deepcopy(obj))
-        return out
 
     async def _read_changed(
         self, namespace: str, job: str, cached: list[Obj]
