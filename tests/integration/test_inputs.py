@@ -11,8 +11,8 @@ from grpo_operator.builders import gang_pods, job_from_object
 from grpo_operator.settings import OperatorSettings
 
 from tests.harness.kube import Cluster
+from tests.unit.reconcile_world import job_object
 from tests.unit.test_inputs import INPUTS
-from tests.unit.test_reconcile import job_object
 
 pytestmark = pytest.mark.slow
 

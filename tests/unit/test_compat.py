@@ -18,7 +18,7 @@ from grpo_operator.builders.trainer_configmap import trainer_config_text
 from grpo_operator.settings import OperatorSettings
 from pydantic_core import to_jsonable_python
 
-from tests.unit.test_reconcile import job_object
+from tests.unit.reconcile_world import job_object
 
 LATER_KEYS = {"applyChatTemplate", "scorePath"}
 

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from grpo_operator.reconcile.drift import Drift, drifted_fields, pod_drift, quantity
 
-from tests.unit.test_reconcile import World, events, job_object, running_world
+from tests.unit.reconcile_world import World, events, job_object, running_world
 
 METRIC = ("Deployment", "math-metric")
 TRAINER = "math-trainer-1-0"

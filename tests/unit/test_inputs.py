@@ -8,8 +8,8 @@ from grpo_operator.api import GRPOJobSpec
 from grpo_operator.settings import OperatorSettings
 from pydantic import ValidationError
 
+from tests.unit.reconcile_world import job_object
 from tests.unit.test_pod_security import pod_specs, restricted_violations
-from tests.unit.test_reconcile import job_object
 
 INPUTS = [
     {"name": "data", "configMap": "gsm8k-sample"},

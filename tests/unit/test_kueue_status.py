@@ -8,7 +8,7 @@ from typing import Any
 
 from grpo_operator.reconcile.conditions import format_time
 
-from tests.unit.test_reconcile import World, env, job_object
+from tests.unit.reconcile_world import World, env, job_object
 
 QUEUE = {"queueName": "gpu-queue"}
 NO_QUOTA = (

@@ -12,7 +12,7 @@ from grpo_operator.builders import gang_pods, job_from_object, metric_workload
 from grpo_operator.reconcile.metric_readiness import FIRST_METRIC_REPORT_AFTER_SECONDS
 from grpo_operator.settings import OperatorSettings
 
-from tests.unit.test_reconcile import World, events, job_object
+from tests.unit.reconcile_world import World, events, job_object
 
 H100 = {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}
 

@@ -11,8 +11,8 @@ from grpo_operator.builders.common import ANNOTATION_HASH
 from grpo_operator.builders.network import generation_network_policy, trainer_network_policy
 from grpo_operator.settings import OperatorSettings, SettingsError
 
+from tests.unit.reconcile_world import World, job_object
 from tests.unit.test_builders import make_job
-from tests.unit.test_reconcile import World, job_object
 
 TRAINERS = {"podSelector": {"matchLabels": {"grpo.dev/job": "math", "grpo.dev/role": "trainer"}}}
 PROMETHEUS = {

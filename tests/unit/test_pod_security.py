@@ -17,7 +17,7 @@ from grpo_operator.builders.security import HOME_DIR, TMP_DIR, secure_pod_spec
 from grpo_operator.reconcile import Observed, Plan, Refusal
 from grpo_operator.settings import OperatorSettings, SettingsError
 
-from tests.unit.test_reconcile import World, events, job_object
+from tests.unit.reconcile_world import World, events, job_object
 
 RESTRICTED_VOLUME_TYPES = frozenset(
     {

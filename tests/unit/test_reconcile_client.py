@@ -8,7 +8,7 @@ from typing import Any
 
 from grpo_operator.reconcile.conditions import format_time
 
-from tests.unit.test_reconcile import World, applied_names, events, foreign, job_object
+from tests.unit.reconcile_world import World, applied_names, events, foreign, job_object
 
 GATEWAY = ("Deployment", "math-rollouts")
 

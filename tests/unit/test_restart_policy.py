@@ -46,7 +46,7 @@ from grpo_operator.settings import OperatorSettings
 
 from hack import restart_table
 from hack.generated_section import MarkersMissing
-from tests.unit.test_reconcile import SETTINGS, World, events, job_object, running_world
+from tests.unit.reconcile_world import SETTINGS, World, events, job_object, running_world
 
 TRAINER = "math-trainer-1-0"
 GEN = "math-gen-1-0"

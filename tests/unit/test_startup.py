@@ -7,7 +7,7 @@ from typing import Any
 
 from grpo_operator.reconcile.conditions import format_time
 
-from tests.unit.test_reconcile import World, events, job_object
+from tests.unit.reconcile_world import World, events, job_object
 
 GEN = "math-gen-1-0"
 

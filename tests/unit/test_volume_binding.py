@@ -18,7 +18,7 @@ from grpo_operator.reconcile import Observed
 from grpo_operator.reconcile.observed import StorageClasses
 from grpo_operator.settings import OperatorSettings, SettingsError
 
-from tests.unit.test_reconcile import World, events, job_object
+from tests.unit.reconcile_world import World, events, job_object
 
 REPORTED_AFTER = OperatorSettings().volume_wait_reported_seconds
 

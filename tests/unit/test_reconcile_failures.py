@@ -1,0 +1,445 @@
+"""reconcile on a running gang: scheduling, failures and their reasons, disruptions, deadlines and stalls, and an
+operator killed half-way."""
+
+from __future__ import annotations
+
+import pytest
+from grpo_operator.reconcile.conditions import format_time
+
+from tests.unit.reconcile_world import (
+    CKPT,
+    SETTINGS,
+    World,
+    assert_second_gang_resumes_from_checkpoint,
+    env,
+    events,
+    job_object,
+    running_world,
+)
+
+
+def test_unschedulable_pods_make_the_job_pending_with_the_schedulers_reason() -> None:
+    world = World(job_object(trainer={"gpusPerNode": 8}, grpo={"promptsPerStep": 8}))
+    world.step()
+    message = "0/3 nodes are available: 1 node(s) didn't match Pod's node affinity/selector, 2 Insufficient nvidia.com/gpu."
+    pod = world.pod("math-trainer-1-1")
+    pod["status"]["conditions"] = [
+        {"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": message}
+    ]
+    plan = world.step()
+    status = world.status()
+    assert status["phase"] == "Pending"
+    assert status["reason"] == "Unschedulable"
+    assert message in status["message"]
+    assert world.condition("Scheduled")["status"] == "False"
+    assert message in world.condition("Scheduled")["message"]
+    assert ("Warning", "Unschedulable") in events(plan)
+    assert world.reconcile().is_empty(), "the Unschedulable event is posted once, not every reconcile"
+
+
+def test_kueue_gated_pods_wait_for_admission() -> None:
+    world = World(job_object(scheduling={"queueName": "gpu-queue"}))
+    world.step()
+    for pod in world.pods():
+        pod["spec"]["schedulingGates"] = [{"name": "kueue.x-k8s.io/admission"}]
+        pod["status"]["conditions"] = [
+            {"type": "PodScheduled", "status": "False", "reason": "SchedulingGated", "message": "gated"}
+        ]
+    world.step()
+    assert world.status()["reason"] == "WaitingForAdmission"
+    assert world.status()["phase"] == "Pending"
+
+
+def test_a_restarted_kueue_gang_releases_its_old_pod_group() -> None:
+    world = World(job_object(scheduling={"queueName": "gpu-queue"}))
+    world.settle()
+    world.run_all()
+    world.settle()
+    for pod in world.pods():
+        assert pod["metadata"]["annotations"]["kueue.x-k8s.io/retriable-in-group"] == "false"
+        # Pods an earlier operator version created without the annotation get it before their delete.
+        del pod["metadata"]["annotations"]["kueue.x-k8s.io/retriable-in-group"]
+    world.terminate("math-trainer-1-0", 1)
+    plan = world.reconcile()
+    patched = {p.ref.name: p.patch for p in plan.patches}
+    assert (
+        set(patched)
+        == {r.name for r in plan.deletes}
+        == {"math-gen-1-0", "math-trainer-1-0", "math-trainer-1-1"}
+    )
+    for patch in patched.values():
+        assert patch == {"metadata": {"annotations": {"kueue.x-k8s.io/retriable-in-group": "false"}}}
+    world.apply(plan)
+    new_groups = {m["metadata"]["labels"]["kueue.x-k8s.io/pod-group-name"] for m in world.reconcile().creates}
+    assert new_groups == {"math-a2"}
+    no_queue = running_world()
+    no_queue.terminate("math-trainer-1-0", 1)
+    assert not no_queue.reconcile().patches
+
+
+def test_waiting_containers_are_reported_while_initializing() -> None:
+    world = World(job_object())
+    world.step()
+    world.schedule_all()
+    world.pod("math-gen-1-0")["status"]["containerStatuses"] = [
+        {
+            "name": "vllm",
+            "state": {"waiting": {"reason": "ImagePullBackOff", "message": "pull access denied"}},
+        }
+    ]
+    world.step()
+    assert world.status()["phase"] == "Initializing"
+    assert world.status()["reason"] == "ImagePullBackOff"
+    assert "pull access denied" in world.status()["message"]
+
+
+# --- failures -----------------------------------------------------------------------------------------------
+
+
+def test_trainer_failure_restarts_the_whole_gang_from_the_checkpoint() -> None:
+    world = running_world()
+    world.job["status"]["checkpoint"] = {"lastStep": 50, "path": CKPT, "time": format_time(world.now)}
+    world.terminate("math-trainer-1-1", 1, "Traceback...\nRuntimeError: CUDA error: an illegal memory access")
+    plan = world.reconcile()
+    assert plan.status is not None
+    assert plan.status["trainerAttempt"] == 2
+    assert plan.status["restarts"] == 1
+    assert plan.status["phase"] == "Restarting"
+    assert plan.status["reason"] == "TrainerFailed"
+    assert "CUDA error" in plan.status["message"] and "exit code 1" in plan.status["message"]
+    assert {r.name for r in plan.deletes} == {"math-gen-1-0", "math-trainer-1-0", "math-trainer-1-1"}
+    assert not plan.creates, "the new gang starts only once the old one is gone"
+    assert events(plan) == [("Warning", "Restarting"), ("Normal", "ResumedFromCheckpoint")]
+    assert plan.restart is not None and plan.restart.counted
+    world.apply(plan)
+    plan = world.step()
+    assert [m["metadata"]["name"] for m in plan.creates] == [
+        "math-gen-2-0",
+        "math-trainer-2-0",
+        "math-trainer-2-1",
+    ]
+    for pod in plan.creates[1:]:
+        assert env(pod)["RESUME_FROM"] == CKPT
+    assert world.reconcile().is_empty()
+    world.run_all()
+    world.step()
+    assert world.status()["phase"] == "Running"
+    assert world.status()["restarts"] == 1
+
+
+def test_generation_failure_replaces_vllm_and_restarts_the_trainers() -> None:
+    world = running_world()
+    world.terminate("math-gen-1-0", 137, "", phase="Failed")
+    plan = world.step()
+    assert world.status()["reason"] == "GenerationFailed"
+    assert world.status()["restarts"] == 1
+    assert "math-trainer-1-0" in [r.name for r in plan.deletes]
+    assert "math-gen-2-0" in [m["metadata"]["name"] for m in world.step().creates]
+
+
+def test_exhausting_the_backoff_limit_fails_the_job_with_the_reason() -> None:
+    world = running_world(runPolicy={"backoffLimit": 1})
+    world.terminate("math-trainer-1-0", 1, "loss is NaN")
+    world.settle()
+    assert world.status()["restarts"] == 1
+    world.run_all()
+    world.settle()
+    world.terminate("math-trainer-2-0", 1, "loss is NaN again")
+    plan = world.step()
+    status = world.status()
+    assert status["phase"] == "Failed"
+    assert status["reason"] == "BackoffLimitExceeded"
+    assert "loss is NaN again" in status["message"] and "backoffLimit (1)" in status["message"]
+    assert status["completionTime"] == format_time(world.now)
+    assert world.condition("Failed")["status"] == "True"
+    assert ("Warning", "Failed") in events(plan)
+    # The vLLM server, the other trainer and the metric service stop; the failed pod stays for its logs.
+    assert {r.name for r in plan.deletes} == {"math-gen-2-0", "math-trainer-2-1", "math-metric"}
+    world.settle()
+    assert ("Pod", "math-trainer-2-0") in world.objects
+
+
+def test_zero_backoff_limit_fails_on_the_first_failure() -> None:
+    world = running_world(runPolicy={"backoffLimit": 0})
+    world.terminate("math-trainer-1-0", 1)
+    world.step()
+    assert world.status()["phase"] == "Failed"
+    assert world.status()["restarts"] == 0
+
+
+def test_invalid_configuration_exit_code_fails_at_once() -> None:
+    world = running_world()
+    world.terminate("math-trainer-1-0", 2, "dataset column 'question' not found")
+    world.step()
+    assert world.status()["phase"] == "Failed"
+    assert world.status()["reason"] == "PermanentFailure"
+    assert "dataset column" in world.status()["message"]
+
+
+def test_checkpoint_mismatch_fails_at_once_with_its_own_reason() -> None:
+    world = running_world()
+    message = (
+        "checkpoint /workspace/checkpoints/step-40 holds model m@main, full weights, but this job trains "
+        "model m@main, LoRA r=16 targetModules=['q_proj']"
+    )
+    world.terminate("math-trainer-1-0", 4, message)
+    plan = world.step()
+    status = world.status()
+    assert status["phase"] == "Failed" and status["reason"] == "CheckpointMismatch"
+    assert "full weights, but this job trains" in status["message"]
+    assert world.condition("Failed")["reason"] == "CheckpointMismatch"
+    assert ("Warning", "CheckpointMismatch") in events(plan)
+    assert status.get("restarts", 0) == 0
+
+
+def test_non_finite_step_is_a_counted_restart_with_its_own_reason() -> None:
+    world = running_world(runPolicy={"backoffLimit": 1})
+    world.terminate(
+        "math-trainer-1-0", 5, "step 12: the loss is not finite; nothing from this step is published"
+    )
+    plan = world.step()
+    status = world.status()
+    assert status["phase"] == "Restarting" and status["reason"] == "NonFiniteTraining"
+    assert status["restarts"] == 1 and plan.restart is not None and plan.restart.counted
+    assert plan.restart.reason == "NonFiniteTraining"
+    assert ("Warning", "NonFiniteTraining") in events(plan)
+    assert "the loss is not finite" in status["message"]
+    world.settle()
+    world.run_all()
+    world.settle()
+    world.terminate("math-trainer-2-0", 5, "step 12: the loss is not finite")
+    world.step()
+    assert world.status()["phase"] == "Failed" and world.status()["reason"] == "BackoffLimitExceeded"
+
+
+def test_trainer_exit_reasons_match_the_trainers_exit_codes() -> None:
+    from grpo_operator.reconcile.restart_policy import TRAINER_EXIT_REASONS
+    from grpo_trainer.errors import ExitCode
+
+    assert TRAINER_EXIT_REASONS == {
+        ExitCode.CHECKPOINT_MISMATCH: "CheckpointMismatch",
+        ExitCode.NON_FINITE: "NonFiniteTraining",
+        ExitCode.OUT_OF_MEMORY: "OutOfMemory",
+        ExitCode.CANCELLED: "CancelledByClient",  # client-rollout jobs
+    }
+    assert ExitCode.CANCELLED in SETTINGS.permanent_exit_codes
+    assert ExitCode.CHECKPOINT_MISMATCH in SETTINGS.permanent_exit_codes
+    assert ExitCode.OUT_OF_MEMORY in SETTINGS.permanent_exit_codes
+    assert ExitCode.NON_FINITE not in SETTINGS.permanent_exit_codes
+
+
+CUDA_OOM_MESSAGE = (
+    "the trainer ran out of GPU memory (CUDA out of memory: Tried to allocate 2.00 GiB); a restart needs the "
+    "same memory, so the job is not retried. Try a smaller spec.trainer.perDeviceBatchSize (now 8)"
+)
+
+
+def test_cuda_out_of_memory_fails_at_once_saying_what_ran_out() -> None:
+    """A job that cannot fit in GPU memory must not burn its backoffLimit on identical restarts."""
+    world = running_world(runPolicy={"backoffLimit": 3})
+    world.terminate("math-trainer-1-0", 6, CUDA_OOM_MESSAGE)
+    plan = world.step()
+    status = world.status()
+    assert status["phase"] == "Failed" and status["reason"] == "OutOfMemory"
+    assert status.get("restarts", 0) == 0 and plan.restart is None
+    assert "does not fit in GPU memory" in status["message"]
+    assert "perDeviceBatchSize" in status["message"]
+    assert ("Warning", "OutOfMemory") in events(plan)
+
+
+def test_out_of_memory_on_one_rank_is_reported_over_the_other_ranks_fallout() -> None:
+    world = running_world(
+        trainer={"nodes": 2, "gpusPerNode": 1}, checkpoints={"volume": {"accessMode": "ReadWriteMany"}}
+    )
+    world.terminate("math-trainer-1-0", 1, "DistBackendError: NCCL watchdog timeout")
+    world.terminate("math-trainer-1-1", 6, CUDA_OOM_MESSAGE)
+    world.step()
+    status = world.status()
+    assert status["phase"] == "Failed" and status["reason"] == "OutOfMemory", status
+    assert "math-trainer-1-1" in status["message"]
+
+
+def test_oom_killed_container_gets_its_own_reason_and_a_hint() -> None:
+    world = running_world(runPolicy={"backoffLimit": 2})
+    world.terminate("math-trainer-1-0", 137, "", reason="OOMKilled")
+    plan = world.step()
+    status = world.status()
+    assert status["phase"] == "Restarting" and status["reason"] == "OOMKilled"
+    assert plan.restart is not None and plan.restart.counted and plan.restart.reason == "OOMKilled"
+    assert "host memory, not GPU memory" in status["message"]
+    assert "spec.trainer.resources" in status["message"]
+    assert ("Warning", "OOMKilled") in events(plan)
+
+
+@pytest.mark.parametrize(
+    ("condition_reason", "reported"),
+    [
+        ("EvictionByEvictionAPI", "Evicted"),
+        ("PreemptionByScheduler", "Preempted"),
+        ("DeletionByTaintManager", "NodeLost"),
+    ],
+)
+def test_disruptions_restart_without_spending_the_budget(condition_reason: str, reported: str) -> None:
+    world = running_world()
+    pod = world.pod("math-trainer-1-1")
+    pod["metadata"]["deletionTimestamp"] = format_time(world.now)
+    pod["status"]["conditions"].append(
+        {"type": "DisruptionTarget", "status": "True", "reason": condition_reason}
+    )
+    plan = world.step()
+    assert world.status()["trainerAttempt"] == 2
+    assert world.status()["restarts"] == 0
+    assert world.status()["reason"] == reported
+    assert plan.restart is not None and not plan.restart.counted
+    assert "not counted" in world.status()["message"]
+    assert "math-trainer-1-1" not in [r.name for r in plan.deletes], "a terminating pod is not deleted again"
+
+
+def test_kubelet_eviction_and_node_loss_are_not_counted() -> None:
+    world = running_world()
+    world.pod("math-trainer-1-0")["status"].update({"phase": "Failed", "reason": "Evicted"})
+    world.step()
+    assert world.status()["restarts"] == 0 and world.status()["reason"] == "Evicted"
+    world.run_all()
+    world.step()
+    world.nodes = frozenset({"cpu-node-0", "gpu-node-1"})
+    world.pod("math-trainer-2-0")["spec"]["nodeName"] = "gpu-node-0"
+    world.step()
+    assert world.status()["restarts"] == 0 and world.status()["reason"] == "NodeLost"
+    assert world.status()["trainerAttempt"] == 3
+
+
+def test_a_pod_vanishing_while_running_restarts_the_gang_uncounted() -> None:
+    world = running_world()
+    del world.objects[("Pod", "math-trainer-1-1")]
+    world.step()
+    assert world.status()["reason"] == "PodDeleted"
+    assert world.status()["restarts"] == 0
+    assert world.status()["trainerAttempt"] == 2
+
+
+def test_graceful_stop_of_rank_zero_is_not_success() -> None:
+    world = running_world()
+    pod = world.pod("math-trainer-1-0")
+    world.terminate("math-trainer-1-0", 0)
+    pod["status"]["conditions"].append(
+        {"type": "DisruptionTarget", "status": "True", "reason": "PreemptionByScheduler"}
+    )
+    world.step()
+    assert world.status()["phase"] == "Restarting"
+    assert world.status()["restarts"] == 0
+
+
+# --- operator restarts mid-way --------------------------------------------------------------------------------
+
+
+def test_killed_after_the_status_patch_of_a_restart_converges_without_a_second_restart() -> None:
+    world = running_world()
+    world.job["status"]["checkpoint"] = {"lastStep": 50, "path": CKPT}
+    world.terminate("math-trainer-1-1", 1, "boom")
+    plan = world.reconcile()
+    world.apply(plan, deletes=False, creates=0)  # only the status patch landed
+    plan = world.step()
+    assert world.status()["restarts"] == 1
+    assert world.status()["trainerAttempt"] == 2
+    assert {r.name for r in plan.deletes} == {"math-gen-1-0", "math-trainer-1-0", "math-trainer-1-1"}
+    plan = world.step()
+    assert_second_gang_resumes_from_checkpoint(plan)
+    assert world.settle().is_empty()
+    assert len(world.pods()) == 3
+
+
+def test_killed_half_way_through_creating_pods_creates_only_the_rest() -> None:
+    world = World(job_object())
+    plan = world.reconcile()
+    world.apply(plan, creates=1)
+    plan = world.reconcile()
+    assert [m["metadata"]["name"] for m in plan.creates] == ["math-trainer-1-0", "math-trainer-1-1"]
+    assert plan.status is None
+    world.apply(plan)
+    assert world.reconcile().is_empty()
+
+
+def test_missing_pods_keep_the_resume_point_of_their_gang() -> None:
+    world = running_world()
+    world.job["status"]["checkpoint"] = {"lastStep": 50, "path": CKPT}
+    world.terminate("math-trainer-1-0", 1)
+    world.step()  # the restart: the old gang is deleted
+    restart = world.reconcile()
+    world.apply(restart, creates=2)  # gen + rank 0 created with RESUME_FROM=CKPT, then killed
+    world.job["status"]["checkpoint"] = {"lastStep": 60, "path": "/workspace/checkpoints/step-60"}
+    plan = world.reconcile()
+    (rank1,) = plan.creates
+    assert rank1["metadata"]["name"] == "math-trainer-2-1"
+    assert env(rank1)["RESUME_FROM"] == CKPT, "every rank of one gang resumes from the same checkpoint"
+
+
+# --- deadlines -----------------------------------------------------------------------------------------------
+
+
+def test_startup_deadline_fails_a_gang_that_never_runs() -> None:
+    world = World(job_object(runPolicy={"startupDeadlineSeconds": 600}))
+    world.step()
+    pod = world.pod("math-trainer-1-1")
+    pod["status"]["conditions"] = [
+        {
+            "type": "PodScheduled",
+            "status": "False",
+            "reason": "Unschedulable",
+            "message": "0/3 nodes are available",
+        }
+    ]
+    plan = world.step()
+    assert plan.requeue_after == pytest.approx(600)
+    world.advance(599)
+    assert world.step().status is None
+    world.advance(2)
+    plan = world.step()
+    assert world.status()["phase"] == "Failed"
+    assert world.status()["reason"] == "StartupDeadlineExceeded"
+    assert "0/3 nodes are available" in world.status()["message"]
+    assert events(plan) == [("Warning", "Failed")]
+
+
+def test_active_deadline_fails_the_job() -> None:
+    world = running_world(runPolicy={"activeDeadlineSeconds": 3600})
+    world.advance(1800)
+    assert world.reconcile().requeue_after == pytest.approx(1800)
+    world.advance(1800)
+    world.step()
+    assert world.status()["phase"] == "Failed"
+    assert world.status()["reason"] == "DeadlineExceeded"
+
+
+def test_no_step_advance_is_a_stall_and_a_counted_restart() -> None:
+    world = running_world(runPolicy={"progressDeadlineSeconds": 900})
+    world.advance(600)
+    world.job["status"]["progress"] = {"step": 3, "totalSteps": 500, "lastStepTime": format_time(world.now)}
+    plan = world.reconcile()
+    assert plan.is_empty()
+    assert plan.requeue_after == pytest.approx(900)
+    world.advance(899)
+    assert world.reconcile().is_empty()
+    world.advance(2)
+    plan = world.step()
+    assert world.status()["reason"] == "ProgressDeadlineExceeded"
+    assert world.status()["restarts"] == 1
+    assert "last step 3" in world.status()["message"]
+    assert plan.restart is not None and plan.restart.counted
+
+
+def test_progress_clock_starts_when_the_new_gang_runs() -> None:
+    world = running_world(runPolicy={"progressDeadlineSeconds": 900})
+    world.job["status"]["progress"] = {"step": 3, "lastStepTime": format_time(world.now)}
+    world.terminate("math-trainer-1-0", 1)
+    world.step()
+    world.step()
+    world.advance(2000)  # the new gang took long to start; the old lastStepTime must not count
+    world.run_all()
+    world.step()
+    assert world.status()["phase"] == "Running"
+    world.advance(100)
+    assert world.reconcile().is_empty()
+
+
+# --- suspend, completion, TTL ----------------------------------------------------------------------------------
