@@ -373,23 +373,25 @@ def internal_app(gateway: Gateway) -> web.Application:
 # --- running --------------------------------------------------------------------------------------------------
 
 
+def _token_from_env(name: str | None, what: str) -> str | None:
+    """The token in env var ``name`` (None when the config names none); an empty one stops the gateway."""
+    if not name:
+        return None
+    token = os.environ.get(name) or None
+    if token is None:
+        raise SystemExit(f"{name} is empty: {what}")
+    return token
+
+
 def make_gateway(config: GatewayConfig) -> Gateway:
-    token = None
-    if config.token_env:
-        token = os.environ.get(config.token_env) or None
-        if token is None:
-            raise SystemExit(
-                f"{config.token_env} is empty: the Secret key named by spec.rollouts.client.tokenSecretRef "
-                "must hold the bearer token"
-            )
-    internal_token = None
-    if config.internal_token_env:
-        internal_token = os.environ.get(config.internal_token_env) or None
-        if internal_token is None:
-            raise SystemExit(
-                f"{config.internal_token_env} is empty: it must hold the job's internal secret, which trainer "
-                f"rank 0 sends as ${GATEWAY_INTERNAL_TOKEN_ENV}"
-            )
+    token = _token_from_env(
+        config.token_env,
+        "the Secret key named by spec.rollouts.client.tokenSecretRef must hold the bearer token",
+    )
+    internal_token = _token_from_env(
+        config.internal_token_env,
+        f"it must hold the job's internal secret, which trainer rank 0 sends as ${GATEWAY_INTERNAL_TOKEN_ENV}",
+    )
     return Gateway(config=config, state=GatewayState(config), token=token, internal_token=internal_token)
 
 
