@@ -20,7 +20,7 @@ STAMP := $(VENV)/.installed-$(DEPS_KEY)
 # the repository; installs then run offline from them.
 WHEELHOUSE ?= $(HOME)/.cache/grpo-wheels/$(DEPS_KEY)
 
-.PHONY: venv prometheus testbins cluster-up cluster-down generate lint check test test-unit demo gpu-check images smoke clean
+.PHONY: venv vllm prometheus testbins cluster-up cluster-down generate lint check test test-unit demo gpu-check images smoke clean
 
 venv: $(STAMP)
 $(STAMP): pyproject.toml
@@ -40,6 +40,11 @@ $(STAMP): pyproject.toml
 	$(BIN)/uv pip install -q --python $(BIN)/python --cache-dir $(UV_CACHE) --link-mode hardlink --offline \
 	  --no-index --find-links $(WHEELHOUSE) --no-deps '$(ARBOR)'
 	@rm -f $(VENV)/.installed-*; touch $@
+
+# PyPI's CPU build of vLLM in a venv of its own (~/.cache/grpo-vllm): the local cluster runs a job's generation
+# pod with it (tests/harness/vllm_server.py). Kept out of .venv: TRL imports vllm eagerly when it is installed.
+vllm: venv
+	bash hack/vllm-env.sh
 
 # Control-plane binaries built from Go modules, cached in ~/.cache/grpo-testbins (see docs/development.md).
 testbins:
@@ -78,9 +83,13 @@ check: venv lint
 
 # Everything, tier by tier: a break in the unit tier shows in minutes, before the control plane is built.
 # Everything each tier needs is installed first, so a skipped test is a failure here (tests/conftest.py).
-test: check testbins prometheus
-	$(PYTEST) -m "$(TIER_TRAINER)" $(PYTEST_ARGS)
-	$(PYTEST) -m "$(TIER_CLUSTER)" $(PYTEST_ARGS)
+# The trainer and cluster tiers on two workers: each trainer process runs one thread (tests/trainer/toy.py),
+# and a file's tests stay on one worker (--dist loadfile), so a module's shared vLLM server or operator is
+# started once. Each cluster-tier worker starts a local cluster of its own (tests/harness/kube.py): most of
+# those tests wait on the API server and the operator rather than compute, so two overlap well.
+test: check testbins prometheus vllm
+	$(PYTEST) -n 2 --dist loadfile -m "$(TIER_TRAINER)" $(PYTEST_ARGS)
+	$(PYTEST) -n 2 --dist loadfile -m "$(TIER_CLUSTER)" $(PYTEST_ARGS)
 
 # The pure tests alone, without lint (seconds).
 test-unit: venv

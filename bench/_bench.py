@@ -97,6 +97,10 @@ class BenchCluster:
             "GRPO_CLUSTER_NAME": name,
             "GPU_NODES": str(gpu_nodes),
             "CPU_NODES": str(cpu_nodes),
+            # kwok's own stages: every pod Ready once scheduled. The test cluster's stages leave a vLLM pod
+            # not Ready until a vLLM server answers, and no vLLM runs here: what is measured is the
+            # operator's cost, with the figures comparable to earlier runs.
+            "GRPO_KWOK_STAGES": "",
         }
         out = subprocess.run(
             ["bash", str(HACK / "cluster.sh"), "up"], env=env, capture_output=True, text=True, check=False

@@ -13,7 +13,13 @@ served over HTTP by the metric SDK, exactly as the CPU tests run it):
 * ``lora``: LoRA adapters train and are checkpointed;
 * ``overhead``: step time and peak GPU memory of this trainer against bare TRL
   (bench/trainer_overhead.py) on a ~150M-parameter model, runs interleaved (bare, ours, bare, ours),
-  warm-up steps left out of the medians.
+  warm-up steps left out of the medians;
+* ``served_weights_<transport>``: the trainer against a real vLLM server started with the args the
+  operator renders, for a few steps: after every weight sync the served model's log-probabilities must
+  equal the trained model's (the trainer's own probe, output/weight_syncs.jsonl), and the sync's duration
+  is reported. With CUDA and the vllm package importable here: the NCCL transport (TRL's own) and the
+  volume transport; with --cpu-smoke: the volume transport through vLLM's CPU build (hack/vllm-env.sh).
+  Where CUDA is here but vLLM is not, these checks are reported as skipped, saying so.
 
 Without CUDA (and without --cpu-smoke) it says so and exits 0. Exit 1 when a check fails.
 """
@@ -45,6 +51,7 @@ from bench.trainer_overhead import bare_trl
 from tests.trainer.toy import (
     REPO,
     fraction_of_target,
+    free_port,
     read_jsonl,
     start_trainer,
     trainer_config,
@@ -69,7 +76,7 @@ class Sizes:
     timeout_seconds: float
 
 
-# hidden 1024 x 16 layers: ~151M parameters (tiny.build's MLP is 2x hidden, 4 heads, 2 KV heads).
+# hidden 1024 x 16 layers: ~151M parameters (tiny.build: MLP 2x hidden, heads of 32, half as many KV heads).
 GPU = Sizes(
     learn_steps=30,
     resume_steps=8,
@@ -239,6 +246,62 @@ class Checker:
         out["ok"] = run.code == 0 and len(run.records) == steps and adapter
         if not out["ok"]:
             out["log_tail"] = run.log_tail
+        return out
+
+    def served_weights(self, transport: str) -> dict[str, Any]:
+        import importlib.util
+
+        from tests.harness import vllm_server
+
+        if self.cuda and importlib.util.find_spec("vllm") is None:
+            return {
+                "ok": True,
+                "skipped": "the vllm package is not installed in this environment (and the GPU machine this "
+                "project reaches cannot install it): the served-weights check needs a vLLM server beside the "
+                "trainer",
+            }
+        steps = 3
+        workdir, config = self.config(f"served_{transport}", steps=steps, every_steps=steps)
+        container = vllm_server.rendered_container(
+            str(self.model),
+            weightSync="NCCL" if transport == "nccl" else "Volume",
+            # The trainer shares the GPU with vLLM here.
+            gpuMemoryUtilization=0.3,
+        )
+        env = {**vllm_server.container_env(container), "HF_HOME": str(workdir / "hf")}
+        python = sys.executable if self.cuda else None  # on the CPU: the vLLM CPU build's own venv
+        server = vllm_server.start(container, env, free_port(), workdir / "vllm.log", python=python)
+        try:
+            startup = server.wait_healthy(self.sizes.timeout_seconds)
+            raw = json.loads(config.read_text())
+            raw["generation"] = {
+                "backend": "vllm-server",
+                "serverHost": "127.0.0.1",
+                "serverPort": server.port,
+                "startupTimeoutSeconds": 60,
+                **(
+                    {"weightSyncPort": free_port()}
+                    if transport == "nccl"
+                    else {"weightSync": "volume", "weightSyncDir": str(workdir / "weight-sync")}
+                ),
+            }
+            config.write_text(json.dumps(raw, indent=2))
+            run = self.run(workdir, config)
+        finally:
+            server.stop()
+        syncs = read_jsonl(workdir / "out" / "weight_syncs.jsonl")
+        out: dict[str, Any] = {
+            "exit_code": run.code,
+            "vllm_startup_seconds": round(startup, 1),
+            "syncs": len(syncs),
+            "median_sync_seconds": _median([s["seconds"] for s in syncs]),
+            "largest_logprob_diff": max((s.get("logprob_diff", 0.0) for s in syncs), default=None),
+            "median_generation_seconds": _median([r["generation_seconds"] for r in run.records]),
+        }
+        out["ok"] = run.code == 0 and len(syncs) >= steps and all(s.get("in_sync") for s in syncs)
+        if not out["ok"]:
+            out["log_tail"] = run.log_tail
+            out["vllm_log_tail"] = server.log_tail(20)
         return out
 
     def overhead(self) -> dict[str, Any]:
@@ -418,6 +481,8 @@ def main(argv: list[str] | None = None) -> int:
             ("dtype_float32", lambda: checker.full_fine_tuning("float32")),
             ("lora", checker.lora),
             ("overhead", checker.overhead),
+            *([("served_weights_nccl", lambda: checker.served_weights("nccl"))] if cuda else []),
+            ("served_weights_volume", lambda: checker.served_weights("volume")),
         ]
         for name, check in plan:
             began = time.monotonic()
@@ -426,7 +491,8 @@ def main(argv: list[str] | None = None) -> int:
             except Exception as exc:  # one broken check must not hide the others' results
                 checks[name] = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
             checks[name]["seconds"] = round(time.monotonic() - began, 1)
-            print(f"gpu-check: {name}: {'ok' if checks[name]['ok'] else 'FAILED'}", flush=True)
+            verdict = "skipped" if checks[name].get("skipped") else "ok" if checks[name]["ok"] else "FAILED"
+            print(f"gpu-check: {name}: {verdict}", flush=True)
     result["ok"] = all(c["ok"] for c in result["checks"].values())
     result["seconds"] = round(time.monotonic() - started, 1)
     options.out.parent.mkdir(parents=True, exist_ok=True)

@@ -11,7 +11,9 @@
 #   hack/cluster.sh kueue     start Kueue in the running cluster (idempotent; see docs/kueue.md)
 #
 # Environment: GRPO_CLUSTER_NAME (default grpo), GRPO_CLUSTER_HOME (default ~/.cache/grpo-cluster),
-# GPU_NODES (default 2), GPUS_PER_NODE (default 8), CPU_NODES (default 1), GRPO_TESTBINS.
+# GPU_NODES (default 2), GPUS_PER_NODE (default 8), CPU_NODES (default 1), GRPO_TESTBINS,
+# GRPO_KWOK_STAGES (kwok's pod and node stages; default hack/cluster/kwok-stages.yaml, where generation pods
+# wait for whatever runs vLLM to report them Ready; empty: kwok's own, every pod Ready once scheduled).
 set -euo pipefail
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -33,6 +35,10 @@ EXTRA="$KWOK_WORKDIR/$NAME.extra"          # our own state beside kwokctl's: pro
 GPU_NODES="${GPU_NODES:-2}"
 GPUS_PER_NODE="${GPUS_PER_NODE:-8}"
 CPU_NODES="${CPU_NODES:-1}"
+STAGES="${GRPO_KWOK_STAGES-$HERE/cluster/kwok-stages.yaml}"
+# kwok's Logs objects, created at run time: whatever runs a pod's process locally (the test harness's
+# runner) names its log file in one, and kwok serves it to `kubectl logs` as a kubelet would.
+KWOK_CRDS="Logs"
 export PATH="$K8S_BIN:$KWOK_BIN:$HELM_BIN:$PATH"   # kwokctl takes kubectl from PATH: ours first
 
 log() { printf '[cluster %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
@@ -46,6 +52,18 @@ wait_established() {
     sleep 1
   done
   kc wait --for=condition=Established crd --all --timeout=5s >/dev/null
+}
+
+# Which stages a cluster is created with: the stage file's hash, recorded in $EXTRA at creation.
+stages_id() {
+  if [ -n "$STAGES" ]; then sha256sum "$STAGES" | cut -d' ' -f1; else echo "kwok-defaults"; fi
+  echo "crds: $KWOK_CRDS"
+}
+
+# The stages of the running cluster (kwok reads them only at creation). A cluster without the record was
+# created before the stage file existed, with kwok's defaults.
+running_stages_id() {
+  cat "$EXTRA/stages.sha256" 2>/dev/null || echo "kwok-defaults"
 }
 
 answers() {
@@ -198,6 +216,13 @@ YAML
 up() {
   local t0=$SECONDS
   need_bins
+  if answers && [ "$(running_stages_id)" != "$(stages_id)" ]; then
+    # A developer's cluster outlives test runs, and kwok reads its stages only when the cluster is created:
+    # one made before the stage file last changed (or without it) would keep the old pod lifecycle, e.g.
+    # generation pods Ready at once, which the tests of vLLM's start-up no longer expect.
+    log "cluster '$NAME' was created with other kwok stages than ${STAGES:-the default ones}; recreating it"
+    down
+  fi
   if answers; then
     log "cluster '$NAME' is already running"
     start_provisioner
@@ -218,7 +243,10 @@ up() {
     --etcd-binary "$ETCD_BIN/etcd" \
     --kwok-controller-binary "$KWOK_BIN/kwok" \
     --kubeconfig "$KUBECONFIG_OUT" \
+    ${STAGES:+--config "$STAGES"} \
+    --enable-crds "$KWOK_CRDS" \
     --wait 120s >&2
+  stages_id >"$EXTRA/stages.sha256"
   nodes_yaml | kc apply -f - >/dev/null
   kc apply -f "$HERE/cluster/storage.yaml" >/dev/null
   start_provisioner

@@ -2,10 +2,12 @@
 # `make demo`: the whole path on one machine, no GPU and no Docker.
 #   1. a local Kubernetes control plane with simulated 8-GPU nodes (hack/cluster.sh)
 #   2. the GRPOJob CRD, and the operator running as a local process against that cluster
-#   3. examples/tiny/grpojob.yaml applied; `kubectl get grpo` followed until the job is Running
+#   3. examples/tiny/grpojob.yaml applied; `kubectl get grpo` followed until its pods are placed and
+#      started (the job waits for its vLLM pod to become Ready; kwok leaves that to the local runner)
 #   4. simulated nodes run no containers, so the test harness's local runner
-#      (tests/harness/local_runner.py) runs the job's metric server and trainer as local processes,
-#      wired as their pods would be, and mirrors their exits into the pods' status
+#      (tests/harness/local_runner.py) runs the job's metric server, its vLLM server (PyPI's CPU build of
+#      vLLM, with the pod's own args) and its trainer as local processes, wired as their pods would be,
+#      and mirrors their exits into the pods' status
 #   5. the job trains a tiny model for real (CPU) to Succeeded; it ends with `kubectl grpo status`, a few
 #      samples, the checkpoints and a reward-curve PNG (the kubectl plugin)
 # Safe to rerun and to interrupt: the job is recreated, local processes are stopped on exit.
@@ -51,17 +53,19 @@ say "Apply $JOB_FILE (job '$JOB' in namespace '$NS')"
 kubectl delete grpojob "$JOB" -n "$NS" --ignore-not-found --wait=true --timeout=120s >/dev/null
 kubectl apply -n "$NS" -f "$JOB_FILE"
 
-say "kubectl get grpo -n $NS  (until Running)"
+say "kubectl get grpo -n $NS  (until its pods start; Running once vLLM answers, in the training below)"
 deadline=$((SECONDS + 180))
 last=""
 while :; do
   out="$(kubectl get grpo "$JOB" -n "$NS" 2>/dev/null || true)"
   if [ "$out" != "$last" ]; then echo "$out"; last="$out"; fi
   phase="$(kubectl get grpo "$JOB" -n "$NS" -o jsonpath='{.status.phase}' 2>/dev/null || true)"
-  [ "$phase" = "Running" ] && break
+  # Initializing: every pod is placed and started, and the job waits for its vLLM pod to become Ready,
+  # which only a vLLM server answering /health makes it (the local runner's, started below).
+  case "$phase" in Initializing | Running) break ;; esac
   if [ "$phase" = "Failed" ] || [ $SECONDS -gt $deadline ]; then
     kubectl describe grpo "$JOB" -n "$NS" || true
-    echo "demo: job did not reach Running (phase '$phase'); operator log: $WORK/operator.log" >&2
+    echo "demo: the job's pods did not start (phase '$phase'); operator log: $WORK/operator.log" >&2
     exit 1
   fi
   sleep 1
@@ -75,7 +79,7 @@ UID_="$(kubectl get grpo "$JOB" -n "$NS" -o jsonpath='{.metadata.uid}')"
 kubectl get events -n "$NS" --field-selector "involvedObject.uid=$UID_" --sort-by=.lastTimestamp | tail -n 10
 
 if [ "${DEMO_TRAIN:-1}" = "0" ]; then
-  echo; echo "DEMO_TRAIN=0: stopping at Running. The cluster stays up: export KUBECONFIG=$KUBECONFIG"
+  echo; echo "DEMO_TRAIN=0: stopping before vLLM starts. The cluster stays up: export KUBECONFIG=$KUBECONFIG"
   exit 0
 fi
 
@@ -84,17 +88,37 @@ VOLUME="$(kubectl get pv "$(kubectl get pvc "$JOB-ckpt" -n "$NS" -o jsonpath='{.
 say "Seed the job's volume ($VOLUME = /workspace in the pods): tiny model + prompts"
 python examples/tiny/seed.py "$VOLUME"
 
-say "Train: local runner plays the kubelet for the job's metric and trainer pods (log: $WORK/runner)"
+say "vLLM for the generation pod: PyPI's CPU build (installed once into ~/.cache/grpo-vllm, ~1 GB)"
+bash hack/vllm-env.sh
+
+say "Train: local runner plays the kubelet for the job's metric, vLLM and trainer pods (logs: $WORK/runner)"
+echo "(vLLM takes 1-3 minutes to start on a small machine; the trainer waits for its /health)"
 echo "(kubectl get grpo -w follows; the reward should rise as the steps go by)"
 kubectl get grpo "$JOB" -n "$NS" -w --output-watch-events=false &
 WATCH_PID=$!
+# The vLLM pod's log as a user reads it (kwok serves the local server's log for the pod): kept from the
+# first completion it served, for the summary; the pod, and with it its log, is gone once the job ends.
+GEN_LOG="$WORK/generation-pod-log.txt"
+(
+  until kubectl-grpo logs "$JOB" -n "$NS" --role generation --tail 400 2>/dev/null >"$GEN_LOG.part" \
+    && grep -q 'POST /v1/completions' "$GEN_LOG.part"; do sleep 5; done
+  mv "$GEN_LOG.part" "$GEN_LOG"
+) &
+GEN_LOG_PID=$!
 python -m tests.harness.local_runner --namespace "$NS" --job "$JOB" --workdir "$WORK/runner" \
   --metric "ghcr.io/grpo-operator/metric-tiny-demo:0.1.0=python examples/tiny/metric.py" --timeout 1500
 sleep 2
-kill "$WATCH_PID" 2>/dev/null || true
+kill "$WATCH_PID" "$GEN_LOG_PID" 2>/dev/null || true
 
 say "Result"
 kubectl get grpo "$JOB" -n "$NS" -o wide
+say "Generation: the vLLM server and the weight sync after every step"
+python hack/demo_generation.py "$WORK/runner" "$VOLUME"
+if [ -f "$GEN_LOG" ]; then
+  echo "kubectl grpo logs $JOB -n $NS --role generation, while it served (last requests):"
+  grep 'POST /v1/completions' "$GEN_LOG" | tail -n 3 | sed 's/^/  /'
+fi
+kubectl get grpo "$JOB" -n "$NS" -o jsonpath='{range .status.conditions[?(@.type=="ServedModelInSync")]}ServedModelInSync={.status} ({.reason}): {.message}{"\n"}{end}'
 
 # What a user reads with the kubectl plugin (kubectl-grpo, installed with the package). On a real cluster
 # it reads the job's volume by exec-ing into a short-lived reader pod; simulated nodes run no containers,

@@ -26,7 +26,10 @@ END = "<!-- END generated alert table -->"
 FIRES_WHEN: dict[str, str] = {
     "GRPOJobNoLearningSignal": "> {threshold:.0%} of groups have all-equal rewards over {window}, for {for}",
     "GRPOJobFormatFailureRatioHigh": "> {threshold:.0%} of completions are unparseable over {window}, for {for}",
+    "GRPOJobCompletionsTruncated": "> {threshold:.0%} of completions cut off at maxCompletionLength over {window}, "
+    "for {for}",
     "GRPOJobMetricErrors": "> {threshold:.0%} of completions cannot be scored over {window}, for {for}",
+    "GRPOJobServedModelDrift": "a weight sync left vLLM serving other weights within {window}, for {for}",
     "GRPOJobTrainingStalled": "no training step for {thresholdSeconds:duration} while steps remain, for {for}",
     "GRPOJobCheckpointStale": "steps continue but no checkpoint for {thresholdSeconds:duration}, for {for}",
     "GRPOJobFailed": "a GRPOJob is in phase Failed",

@@ -131,6 +131,19 @@ ROWS: tuple[Row, ...] = (
                 width=12,
             ),
             Panel(
+                "Reward components",
+                "Mean of each named reward component the metric answers (e.g. accuracy and format), whose "
+                "sum, or weighted sum under spec.metric.rewardWeights, is the reward: which part of the reward "
+                "moves. Empty for a metric that answers a single number.",
+                (
+                    Target(
+                        f"max by ({BY}, component) (grpo_reward_component_mean{{{JOB}}})",
+                        "{{component}} {{namespace}}/{{grpojob}}",
+                    ),
+                ),
+                width=12,
+            ),
+            Panel(
                 "Zero-std group ratio",
                 "Fraction of groups whose G rewards were all equal: advantage 0, no learning signal.",
                 (
@@ -172,8 +185,13 @@ ROWS: tuple[Row, ...] = (
             ),
             Panel(
                 "Clip ratio",
-                "Fraction of tokens whose importance ratio was clipped.",
-                (Target(gauge("grpo_clip_ratio")),),
+                "Fraction of tokens whose importance ratio was clipped: in all, at 1 - epsilon (negative "
+                "advantages) and at 1 + epsilonHigh (positive advantages).",
+                (
+                    Target(gauge("grpo_clip_ratio")),
+                    Target(gauge("grpo_clip_ratio_low"), "low {{namespace}}/{{grpojob}}"),
+                    Target(gauge("grpo_clip_ratio_high"), "high {{namespace}}/{{grpojob}}"),
+                ),
                 unit="percentunit",
                 min=0,
             ),
@@ -181,6 +199,35 @@ ROWS: tuple[Row, ...] = (
                 "Completion length",
                 "Mean completion length of the last step, in tokens.",
                 (Target(gauge("grpo_completion_length_tokens")),),
+            ),
+            Panel(
+                "Entropy",
+                "Mean per-token entropy of the policy on its completions (nats); a steady fall toward 0 "
+                "means the G answers of a group stop differing.",
+                (Target(gauge("grpo_entropy")),),
+                min=0,
+            ),
+            Panel(
+                "Truncated completions",
+                "Fraction of completions cut off at maxCompletionLength (no end token); the metric sees "
+                "them with finishReason length.",
+                (Target(gauge("grpo_truncated_completion_ratio")),),
+                unit="percentunit",
+                min=0,
+                max=1,
+            ),
+            Panel(
+                "Importance-sampling ratio (vLLM correction)",
+                "Trainer/vLLM probability ratio of the sampled tokens: mean, min and max, and the share of "
+                "tokens masked out of the loss (mask modes). All 0 while the correction is off.",
+                (
+                    Target(gauge("grpo_importance_sampling_ratio_mean"), "mean {{namespace}}/{{grpojob}}"),
+                    Target(gauge("grpo_importance_sampling_ratio_min"), "min {{namespace}}/{{grpojob}}"),
+                    Target(gauge("grpo_importance_sampling_ratio_max"), "max {{namespace}}/{{grpojob}}"),
+                    Target(
+                        gauge("grpo_importance_sampling_masked_ratio"), "masked {{namespace}}/{{grpojob}}"
+                    ),
+                ),
             ),
         ),
     ),

@@ -43,6 +43,11 @@ def testbins_dir() -> Path:
     return Path(os.environ.get("GRPO_TESTBINS", Path.home() / ".cache" / "grpo-testbins"))
 
 
+# The finalizer with which the local runner keeps a deleted pod in the API while its process runs, as a
+# kubelet does (tests/harness/local_runner.py).
+PROCESS_FINALIZER = "grpo.test/local-process"
+
+
 def kubectl_binary() -> str:
     built = testbins_dir() / f"k8s-{_versions()['K8S_VERSION']}" / "kubectl"
     if built.exists():
@@ -72,6 +77,14 @@ def wait_for(what: str, fn: Callable[[], T | None], timeout: float = 60.0, inter
     raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what} (last value: {last!r})")
 
 
+def default_cluster_name() -> str:
+    """``grpo-test``, or one cluster per pytest-xdist worker (``grpo-test-gw0``, ...): tests on different
+    workers then never compete for the simulated GPUs (one test fills all 16 on purpose) or see each
+    other's cluster-wide objects (chart releases, admission policies, Kueue and its nodes)."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    return f"grpo-test-{worker}" if worker else "grpo-test"
+
+
 @dataclass
 class Cluster:
     kubeconfig: Path
@@ -84,7 +97,7 @@ class Cluster:
         env_cfg = os.environ.get("KUBECONFIG")
         if env_cfg and Path(env_cfg).exists() and _answers(Path(env_cfg)):
             return cls(kubeconfig=Path(env_cfg))
-        name = os.environ.get("GRPO_TEST_CLUSTER_NAME", "grpo-test")
+        name = os.environ.get("GRPO_TEST_CLUSTER_NAME") or default_cluster_name()
         env = {**os.environ, "GRPO_CLUSTER_NAME": name}
         # Several pytest sessions (developers, CI, a demo) may share the test cluster: starting is
         # serialised by a lock, and each session registers itself so that the last one out stops it.
@@ -186,6 +199,29 @@ class Cluster:
             timeout=30,
         )
         return name
+
+    def release_pod(self, pod: dict[str, Any]) -> None:
+        """Removes the local runner's PROCESS_FINALIZER from ``pod`` (as read): only that pod (its uid is a
+        precondition of the patch), and nothing when it carries none."""
+        meta = pod["metadata"]
+        finalizers = meta.get("finalizers") or []
+        if PROCESS_FINALIZER not in finalizers:
+            return
+        kept = [f for f in finalizers if f != PROCESS_FINALIZER] or None
+        patch = {"metadata": {"uid": meta["uid"], "finalizers": kept}}
+        self.kubectl(
+            "patch", "pod", meta["name"], "-n", meta["namespace"], "--type=merge", "-p", json.dumps(patch),
+            check=False,
+        )  # fmt: skip
+
+    def delete_namespace(self, *names: str) -> None:
+        """Deletes namespaces without waiting. A pod the local runner still holds (its process outlived a
+        test that failed) is let go first, or the namespace would stay Terminating on the cached cluster."""
+        for name in names:
+            listed = self.kubectl("get", "pods", "-n", name, "-o", "json", check=False)
+            for pod in json.loads(listed.stdout)["items"] if listed.returncode == 0 else []:
+                self.release_pod(pod)
+        self.kubectl("delete", "namespace", *names, "--wait=false", check=False)
 
     def apply_crds(self) -> None:
         crd_dir = REPO / "crds"

@@ -16,13 +16,31 @@ GRPOJob's pods, and only for them:
   a token of the job's own ServiceAccount, so status patches go through the same RBAC as in a pod;
 - when the trainer exits, it writes the exit into the pod's status (Succeeded, or Failed with the exit
   code and the trainer's termination message), as a kubelet would; when the operator deletes a
-  trainer pod (restart, suspend), the process gets SIGTERM, as a container would.
+  trainer pod (restart, suspend), the process gets SIGTERM, as a container would, and SIGKILL after the
+  pod's grace period (at most a minute here). As a kubelet does, the runner keeps a deleted trainer or
+  generation pod in the API (a finalizer of its own) until the process has exited, so the operator's
+  fencing of gang attempts (the next one starts once the previous one's pods are gone) is what a test sees.
+
+- for the job's Running generation pod it starts the real vLLM server: PyPI's CPU build of vLLM with the
+  container's own args and environment, under the operator's supervisor as in the pod
+  (tests/harness/vllm_server.py says what it changes for the CPU, and why); when it exits, the pod's
+  status says so as a kubelet's would: Failed for a non-zero exit, Succeeded for exit 0, with the
+  termination message the supervisor wrote, or else, for a non-zero exit, the log's tail (the pod's
+  terminationMessagePolicy, FallbackToLogsOnError).
+- it reports the generation pod Ready once its vLLM server answers /health, as the kubelet does when the
+  pod's readiness probe passes: the local cluster starts generation pods without making them Ready
+  (hack/cluster/kwok-stages.yaml), so the operator waits for vLLM's start-up as on a real cluster
+  (spec.generation.startupTimeoutSeconds). A job run without vLLM (below) has its generation pod reported
+  Ready as soon as it started: there is no server to wait for.
 
 What differs from a real pod, and why: there is no cluster DNS here, so the metric URL's host (and the
-gateway's and the trainer's addresses of each other) is rewritten to 127.0.0.1; there is no vLLM server (no GPU), so generation runs in-process
-(``generation.backend: transformers``); paths under /workspace are rewritten to the claim's directory,
-and the pod's emptyDir home directory (HOME) to a directory of the runner's. Nothing else in the rendered config is changed. Only single-process trainer gangs (1 node x 1 GPU)
-are run locally.
+gateway's, vLLM's and the trainer's addresses of each other) is rewritten to 127.0.0.1 and a local port;
+paths under /workspace are rewritten to the claim's directory, and the pod's emptyDir home directory
+(HOME) to a directory of the runner's. Nothing else in the rendered config is changed, except where a
+test asks for ``generation="in-process-transformers"``: then no vLLM server is started and the trainer
+samples in its own process (``generation.backend: transformers``), for tests about other things than
+generation that cannot afford vLLM's start-up. Only single-process trainer gangs (1 node x 1 GPU) are
+run locally.
 """
 
 from __future__ import annotations
@@ -31,6 +49,7 @@ import argparse
 import base64
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -38,18 +57,31 @@ import sys
 import time
 import urllib.parse
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, Literal
 
 import yaml
 from grpo_operator.builders.security import HOME_DIR
 
-from tests.harness.kube import Cluster
+from tests.harness import vllm_server
+from tests.harness.kube import PROCESS_FINALIZER, Cluster
+from tests.harness.pod_logs import PodLog
+from tests.harness.readiness import mark_ready, unready
 
 REPO = Path(__file__).resolve().parents[2]
 WORKSPACE = "/workspace"
 TERMINAL = {"Succeeded", "Failed"}
+# A kubelet removes a deleted pod from the API only once its containers have stopped; kwok's pod-delete stage
+# removes it at once. The operator starts gang attempt n+1 only once attempt n's pods are gone (an old
+# trainer may still write its SIGTERM checkpoint, an old trainer's retries must not reach the new vLLM
+# server), so while a local process runs for a trainer or generation pod the runner holds the pod with this
+# finalizer (PROCESS_FINALIZER), and releases it once the process has exited: the pod leaves the API when a
+# kubelet's would.
+# The most a deleted pod's process gets between SIGTERM and SIGKILL here: the pod's
+# terminationGracePeriodSeconds (300 s for trainers) would let one hung process stall a test for minutes.
+MAX_GRACE_SECONDS = 60.0
 
 
 def free_port() -> int:
@@ -103,6 +135,9 @@ class Proc:
     log: Path
     handle: BinaryIO
 
+    # When the runner sent SIGTERM because the pod was deleted: the time to send SIGKILL.
+    kill_at: float | None = None
+
     def finished(self) -> bool:
         if self.popen.poll() is None:
             return False
@@ -121,12 +156,58 @@ class LocalJobRunner:
     metric: Proc | None = None
     metric_port: int = 0
     trainers: dict[str, Proc] = field(default_factory=dict)
+    # Trainers whose pod was deleted, between SIGTERM and their exit (their pods are still held).
+    stopping: dict[str, Proc] = field(default_factory=dict)
     finished: set[str] = field(default_factory=set)
     gateway: Proc | None = None
     gateway_port: int = 0
     gateway_internal_port: int = 0
     policy_port: int = 0
     linger_seconds: float = 60.0
+    # "vllm": the generation pod runs as a real vLLM server; "in-process-transformers": none runs and the
+    # trainer generates in its own process (see the module's docstring).
+    generation: Literal["vllm", "in-process-transformers"] = "vllm"
+    # The local stand-in for the <job>-gen Service: one port, whichever vLLM process is behind it.
+    vllm_port: int = 0
+    vllm: dict[str, vllm_server.VLLMProcess] = field(default_factory=dict)
+    vllm_exited: set[str] = field(default_factory=set)
+    # Generation pods whose server answered /health (and so finished compiling).
+    vllm_ready: set[str] = field(default_factory=set)
+    # Called after every pass of run()'s loop: what a test does to the job while it runs (kill a process).
+    hooks: list[Callable[[LocalJobRunner], None]] = field(default_factory=list)
+    # (time.monotonic(), "started" | "exited", pod name) of each trainer and vLLM process, in order.
+    timeline: list[tuple[float, str, str]] = field(default_factory=list)
+    # Each process's log, served as its pod's log (`kubectl logs`, `kubectl grpo logs`) by kwok.
+    pod_logs: list[PodLog] = field(default_factory=list)
+
+    def serve_log(self, pod: dict[str, Any], log: Path) -> None:
+        container = pod["spec"]["containers"][0]["name"]
+        served = PodLog(self.kube, self.namespace, pod["metadata"]["name"], container, log)
+        if served.start():
+            self.pod_logs.append(served)
+
+    def hold(self, pod: dict[str, Any]) -> bool:
+        """Keeps ``pod`` in the API until :meth:`release`: a process runs for it (PROCESS_FINALIZER).
+        False when the pod was deleted or replaced since it was read: then no process is started."""
+        meta = pod["metadata"]
+        finalizers = [f for f in meta.get("finalizers") or [] if f != PROCESS_FINALIZER]
+        # The uid in the patch is a precondition: a pod recreated under the same name is not touched.
+        patch = {"metadata": {"uid": meta["uid"], "finalizers": [*finalizers, PROCESS_FINALIZER]}}
+        done = self.kube.kubectl(
+            "patch", "pod", meta["name"], "-n", self.namespace, "--type=merge", "-p", json.dumps(patch),
+            check=False,
+        )  # fmt: skip
+        if done.returncode != 0 and self.kube.get("pod", meta["name"], self.namespace) is not None:
+            # Refused for another reason than the pod's deletion (which adds no finalizer): say so.
+            print(f"[local-runner] could not hold pod {meta['name']}: {done.stderr.strip()}")
+        return done.returncode == 0
+
+    def release(self, name: str, uid: str) -> None:
+        """Lets the pod go once its process has exited (a no-op for a pod already gone or replaced)."""
+        self.timeline.append((time.monotonic(), "exited", name))
+        pod = self.kube.get("pod", name, self.namespace)
+        if pod is not None and pod["metadata"]["uid"] == uid:
+            self.kube.release_pod(pod)
 
     # --- cluster reads -------------------------------------------------------------------------
     def pods(self, role: str) -> list[dict[str, Any]]:
@@ -209,6 +290,7 @@ class LocalJobRunner:
         handle = log.open("ab")
         popen = subprocess.Popen(command, env=env, stdout=handle, stderr=subprocess.STDOUT, cwd=REPO)
         self.metric = Proc(pod["metadata"]["name"], pod["metadata"]["uid"], popen, log, handle)
+        self.serve_log(pod, log)
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             try:
@@ -291,6 +373,84 @@ class LocalJobRunner:
         home.mkdir(parents=True, exist_ok=True)
         return {**env, "HOME": str(home)}
 
+    # --- vLLM server (the generation pod) ---------------------------------------------------------
+    def service_port(self) -> int:
+        self.vllm_port = self.vllm_port or free_port()
+        return self.vllm_port
+
+    def ensure_generation(self) -> None:
+        """Starts vLLM for each Running generation pod, stops it when the operator deletes the pod, and
+        reports the pod Failed (with vLLM's last words) when the server exits."""
+        pods = {p["metadata"]["name"]: p for p in self.pods("generation")}
+        for name, proc in list(self.vllm.items()):
+            pod = pods.get(name)
+            if pod is None or pod["metadata"].get("deletionTimestamp") or pod["metadata"]["uid"] != proc.uid:
+                proc.stop()
+                self.forget_compile_cache(name)
+                del self.vllm[name]
+                self.vllm_exited.add(name)
+                self.release(name, proc.uid)
+            elif proc.popen.poll() is not None:
+                code = container_exit_code(proc.popen.returncode)
+                # Like a kubelet: what the supervisor wrote, else the log's tail for a non-zero exit.
+                message = proc.termination_message()
+                self.kube.terminate_pod(self.namespace, name, code, message)
+                print(f"[local-runner] vLLM of pod {name} exited {code}; log {proc.log}")
+                proc.stop()
+                self.forget_compile_cache(name)
+                del self.vllm[name]
+                self.vllm_exited.add(name)
+                self.release(name, proc.uid)
+        for name, pod in pods.items():
+            if name in self.vllm or name in self.vllm_exited or pod["metadata"].get("deletionTimestamp"):
+                continue
+            if pod["status"].get("phase") != "Running":
+                continue
+            if any(proc.popen.poll() is None for proc in self.vllm.values()):
+                continue  # the previous attempt's server still holds the port; it stops on its pod's deletion
+            workspace = self.workspace()
+            mounts = self.input_mounts(pod)
+            local = rewrite_paths(pod["spec"]["containers"][0], workspace, mounts)
+            env = {k: str(rewrite_paths(v, workspace, mounts)) for k, v in container_env(pod).items()}
+            env = self.local_home(env)
+            env.update(self.secret_env(pod))
+            env.setdefault("VLLM_CACHE_ROOT", str(self.vllm_compile_cache))
+            log = self.workdir / f"{name}.log"
+            if not self.hold(pod):
+                continue
+            proc = vllm_server.start(local, env, self.service_port(), log, uid=pod["metadata"]["uid"])
+            self.timeline.append((time.monotonic(), "started", name))
+            self.vllm[name] = proc
+            self.serve_log(pod, log)
+            print(f"[local-runner] started vLLM for pod {name} on {proc.base_url}; log {log}")
+        self.report_generation_ready(pods)
+
+    @property
+    def vllm_compile_cache(self) -> Path:
+        """torch.compile's artifacts for this job's vLLM servers: a restarted server of the job starts warm.
+        Per job, not shared with other jobs: a server stopped while it compiles leaves half-written files
+        there (a truncated .so that the next start fails to load), so such a cache is dropped."""
+        return self.workdir / "vllm-compile-cache"
+
+    def forget_compile_cache(self, name: str) -> None:
+        """Drops the job's compile cache when server ``name`` stopped before it ever answered /health: it may
+        have been stopped mid-compile."""
+        if name not in self.vllm_ready and self.vllm_compile_cache.exists():
+            shutil.rmtree(self.vllm_compile_cache, ignore_errors=True)
+            print(f"[local-runner] vLLM of pod {name} stopped before Ready: its compile cache was dropped")
+
+    def report_generation_ready(self, pods: dict[str, dict[str, Any]]) -> None:
+        """Reports each generation pod Ready whose vLLM server answers /health (the pod's readiness probe),
+        as a kubelet would; until then the operator counts the pod's start-up against
+        spec.generation.startupTimeoutSeconds."""
+        for name, proc in self.vllm.items():
+            pod = pods.get(name)
+            if pod is None or pod["metadata"]["uid"] != proc.uid or not unready(pod):
+                continue
+            if proc.popen.poll() is None and proc.healthy() and mark_ready(self.kube, pod):
+                self.vllm_ready.add(name)
+                print(f"[local-runner] vLLM of pod {name} answers /health: pod reported Ready")
+
     # --- trainer -------------------------------------------------------------------------------
     def input_mounts(self, pod: dict[str, Any]) -> dict[str, Path]:
         """What a kubelet would mount for the pod's spec.inputs volumes: a ConfigMap's keys as files, a
@@ -332,7 +492,11 @@ class LocalJobRunner:
         if "rollouts" in config:
             config["rollouts"]["gatewayUrl"] = f"http://127.0.0.1:{self.gateway_internal_port}"
             config["rollouts"]["policyPort"] = self.policy_port
-        config["generation"]["backend"] = "transformers"
+        if self.generation == "vllm":
+            config["generation"]["serverHost"] = "127.0.0.1"
+            config["generation"]["serverPort"] = self.service_port()
+        else:
+            config["generation"]["backend"] = "transformers"
         config["metricsPort"] = free_port()
         path = self.workdir / "trainer.json"
         path.write_text(json.dumps(config, indent=2))
@@ -360,6 +524,8 @@ class LocalJobRunner:
     def start_trainer(self, pod: dict[str, Any]) -> None:
         env = self.trainer_env(pod)
         name = pod["metadata"]["name"]
+        if not self.hold(pod):
+            return
         log = self.workdir / f"{name}.log"
         handle = log.open("ab")
         popen = subprocess.Popen(
@@ -370,6 +536,8 @@ class LocalJobRunner:
             cwd=REPO,
         )
         self.trainers[name] = Proc(name, pod["metadata"]["uid"], popen, log, handle)
+        self.timeline.append((time.monotonic(), "started", name))
+        self.serve_log(pod, log)
         print(
             f"[local-runner] started trainer for pod {name} (RESUME_FROM={env.get('RESUME_FROM') or '-'}); log {log}"
         )
@@ -392,6 +560,13 @@ class LocalJobRunner:
             self.ensure_gateway()
         else:
             self.ensure_metric()
+        if self.generation == "vllm":
+            self.ensure_generation()
+        else:
+            # No vLLM to wait for: the generation pod is Ready once started, as if vLLM were up at once.
+            for generation_pod in self.pods("generation"):
+                if unready(generation_pod):
+                    mark_ready(self.kube, generation_pod)
         current = {p["metadata"]["name"]: p for p in self.pods("trainer")}
         for name, proc in list(self.trainers.items()):
             pod = current.get(name)
@@ -399,10 +574,22 @@ class LocalJobRunner:
                 self.report_exit(proc)
                 del self.trainers[name]
                 self.finished.add(name)
+                self.release(name, proc.uid)
             elif pod is None or pod["metadata"].get("deletionTimestamp"):
-                self.stop(proc)  # the operator deleted it: SIGTERM, as a container would get
+                # The operator deleted it: SIGTERM, as a container would get, and SIGKILL after the grace
+                # period; the pod stays (terminating) until the process has exited.
+                grace = (pod or {}).get("spec", {}).get("terminationGracePeriodSeconds", 30)
+                proc.popen.send_signal(signal.SIGTERM)
+                proc.kill_at = time.monotonic() + min(float(grace), MAX_GRACE_SECONDS)
                 del self.trainers[name]
                 self.finished.add(name)
+                self.stopping[name] = proc
+        for name, proc in list(self.stopping.items()):
+            if proc.finished():
+                del self.stopping[name]
+                self.release(name, proc.uid)
+            elif proc.kill_at is not None and time.monotonic() >= proc.kill_at:
+                proc.popen.kill()
         service = self.gateway if client else self.metric
         if not (service and service.popen.poll() is None):
             return
@@ -423,8 +610,16 @@ class LocalJobRunner:
         proc.handle.close()
 
     def close(self) -> None:
-        for proc in self.trainers.values():
+        # Copies: a test may close the runner while its run() thread, given up on, still adds processes.
+        for proc in [*self.trainers.values(), *self.stopping.values()]:
             self.stop(proc)
+            self.release(proc.pod, proc.uid)
+        for name, server in list(self.vllm.items()):
+            server.stop()
+            self.forget_compile_cache(name)
+            self.release(name, server.uid)
+        for served in list(self.pod_logs):
+            served.stop()
         if self.metric:
             self.stop(self.metric, grace=5)
         if self.gateway:
@@ -445,6 +640,8 @@ class LocalJobRunner:
                     if time.monotonic() - ended >= self.linger_seconds:
                         return phase
                 self.step()
+                for hook in self.hooks:
+                    hook(self)
                 time.sleep(1)
             raise TimeoutError(f"job {self.namespace}/{self.job} did not finish within {timeout:.0f}s")
         finally:

@@ -15,6 +15,7 @@ import pytest
 import yaml
 
 from tests.harness.kube import Cluster, wait_for
+from tests.harness.readiness import generation_ready
 from tests.helm.chart import REPO
 from tests.helm.cluster import (
     apply_monitoring_crds,
@@ -126,7 +127,9 @@ def test_install_run_a_job_as_the_chart_serviceaccount_and_uninstall(
         ) as operator:
             kube.apply(grpojob(job), namespace=job_namespace)
             try:
-                wait_phase(kube, job, job_namespace, {"Running"}, timeout=180)
+                # No vLLM runs: the generation pod is Ready once started (tests/harness/readiness.py).
+                with generation_ready(kube, job_namespace):
+                    wait_phase(kube, job, job_namespace, {"Running"}, timeout=180)
             except AssertionError:
                 raise AssertionError(
                     f"job never reached Running; operator log:\n{operator.log_text()[-4000:]}"

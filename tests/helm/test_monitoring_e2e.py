@@ -54,6 +54,8 @@ def tiny_job(name: str) -> dict[str, Any]:
     job["spec"]["grpo"]["steps"] = STEPS
     job["spec"]["grpo"]["validation"]["everySteps"] = 2
     job["spec"]["checkpoints"]["everySteps"] = 2
+    # examples/tiny/metric_components.py answers these two components (weighted here, through the operator).
+    job["spec"]["metric"]["rewardWeights"] = {"target_share": 1.0, "finished": 0.1}
     return job
 
 
@@ -202,7 +204,7 @@ def two_namespaces(kube: Cluster) -> Iterator[tuple[str, str]]:
     names = (kube.new_namespace("train"), kube.new_namespace("quota"))
     yield names
     for name in names:
-        kube.kubectl("delete", "namespace", name, "--wait=false", check=False)
+        kube.delete_namespace(name)
 
 
 def claim_dir(kube: Cluster, namespace: str, claim: str) -> Path:
@@ -225,6 +227,8 @@ def kill_like_a_kubelet(kube: Cluster, runner: LocalJobRunner, pod_name: str) ->
     proc.handle.close()
     runner.finished.add(pod_name)
     kube.terminate_pod(runner.namespace, pod_name, 137, reason="OOMKilled")
+    # The container is gone: the pod may leave the API once deleted (the runner held it while it ran).
+    runner.release(pod_name, proc.uid)
 
 
 def substitute(expr: str, namespace: str, job: str) -> str:
@@ -318,7 +322,14 @@ def test_prometheus_scrapes_operator_and_training_and_every_panel_has_data(
             workdir = tmp_path / "run"
             workdir.mkdir()
             runner = LocalJobRunner(
-                kube, train_ns, job, {METRIC_IMAGE: [sys.executable, "examples/tiny/metric.py"]}, workdir
+                kube,
+                train_ns,
+                job,
+                # The demo task's reward in named parts, so the reward-components panel has data too.
+                {METRIC_IMAGE: [sys.executable, "examples/tiny/metric_components.py"]},
+                workdir,
+                # Prometheus scraping the trainer is what this tests; vLLM's start-up would add minutes.
+                generation="in-process-transformers",
             )
             killed = False
             deadline = time.monotonic() + 900
@@ -344,6 +355,9 @@ def test_prometheus_scrapes_operator_and_training_and_every_panel_has_data(
             assert killed, "the trainer was never killed: no restart was exercised"
             final = kube.get("grpojob", job, train_ns)
             assert final is not None and final["status"]["restarts"] == 1
+            # The metric's named reward parts reached the status through the trainer.
+            components = final["status"]["rewards"].get("components") or {}
+            assert set(components) == {"target_share", "finished"}, final["status"]["rewards"]
             time.sleep(3)  # a last scrape of the operator
             ended = time.time()
 

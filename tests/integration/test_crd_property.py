@@ -138,7 +138,30 @@ def job_manifests(draw: st.DrawFn) -> dict[str, Any]:
             beta=_opt(_floats(0, 1, [-0.1])),
             epsilon=_opt(_floats(0.1, 0.3, [0, 1.2])),
             epsilonHigh=_opt(_floats(0.2, 1, [0, 0.05, 1.2])),
-            lossType=_opt(_pick(st.sampled_from(["grpo", "bnpo", "dr_grpo", "dapo"]), st.just("ppo"))),
+            lossType=_opt(
+                _pick(
+                    st.sampled_from(["grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo", "luspo", "vespo"]),
+                    st.just("ppo"),
+                )
+            ),
+            # The preset's values count in the rules on epsilon and the loss type (CEL and pydantic alike).
+            preset=_opt(_pick(st.sampled_from(["dapo", "dr-grpo", "gspo"]), st.just("DAPO"))),
+            importanceSamplingLevel=_opt(_pick(st.sampled_from(["token", "sequence"]), st.just("group"))),
+            numIterations=_opt(_ints(1, 8, 0, 9)),
+            maskTruncatedCompletions=_opt(_pick(st.booleans(), st.just("true"))),
+            topK=_opt(_ints(0, 100, -5, -1)),
+            vllmImportanceSamplingMode=_opt(
+                _pick(
+                    st.sampled_from(["token_truncate", "token_mask", "sequence_truncate", "sequence_mask"]),
+                    st.just("token"),
+                )
+            ),
+            chatTemplateKwargs=_opt(
+                _pick(
+                    st.sampled_from([{"enable_thinking": "false"}, {}]),
+                    st.sampled_from([{"tokenize": "false"}, {"enable_thinking": False}]),
+                )
+            ),
             scaleRewards=_opt(_pick(st.sampled_from(["group", "batch", "none"]), st.just("None"))),
             formatFailureScore=_opt(_floats(-2, -1, [0.0, 1, 5])),
             failureScore=_opt(_floats(-0.5, 1, [-1, -3])),
@@ -241,9 +264,9 @@ def job_manifests(draw: st.DrawFn) -> dict[str, Any]:
         if draw(st.integers(0, 9)) < (8 if client else 1):
             del spec[key]
     if client and draw(st.integers(0, 9)) < 8:
-        # Mostly without the two knobs a client-rollout job refuses, so that valid ones are common too.
-        spec["grpo"].pop("dynamicSampling", None)
-        spec["grpo"].pop("validation", None)
+        # Mostly without the knobs a client-rollout job refuses, so that valid ones are common too.
+        for knob in ("dynamicSampling", "validation", "numIterations", "topK", "vllmImportanceSamplingMode"):
+            spec["grpo"].pop(knob, None)
     if draw(st.integers(0, 39)) == 0:
         spec[draw(st.sampled_from(["replicas", "extra"]))] = 1
     return {

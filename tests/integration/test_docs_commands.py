@@ -17,6 +17,7 @@ import yaml
 from tests.harness.docs import REPO, Block, doc_files, shell_blocks
 from tests.harness.kube import Cluster, helm_binary, kubectl_binary, wait_for
 from tests.harness.operator_process import Operator
+from tests.harness.readiness import generation_ready
 
 pytestmark = pytest.mark.slow
 
@@ -65,9 +66,11 @@ def demo_job(kube: Cluster, tmp_path: Path) -> Iterator[None]:
         def phase() -> str:
             return str((kube.get("grpojob", "tiny", "grpo-demo") or {}).get("status", {}).get("phase"))
 
-        # Running, or Succeeded when `make demo` already ran on this cluster.
-        wait_for("the demo job to run", lambda: phase() in ("Running", "Succeeded"), timeout=120)
-        yield
+        # Running, or Succeeded when `make demo` already ran on this cluster. No vLLM runs: the generation
+        # pod is Ready once started (tests/harness/readiness.py).
+        with generation_ready(kube, "grpo-demo"):
+            wait_for("the demo job to run", lambda: phase() in ("Running", "Succeeded"), timeout=120)
+            yield
     finally:
         if not existed:
             kube.kubectl(
@@ -75,7 +78,7 @@ def demo_job(kube: Cluster, tmp_path: Path) -> Iterator[None]:
             )
         operator.stop()
         if not existed:
-            kube.kubectl("delete", "namespace", "grpo-demo", "--wait=false", check=False)
+            kube.delete_namespace("grpo-demo")
 
 
 def daemon(kube: Cluster, tmp_path: Path, block: Block) -> None:

@@ -1,7 +1,8 @@
 """Acceptance of client-rollout GRPOJobs with the real clients: DSPy 3.4.1's own ``GRPO`` optimizer and
 arbor-ai 0.2.17's ``ArborProvider`` (tests/integration/dspy_grpo_client.py, run as its own process like a
 user's notebook) train a tiny chat model through a GRPOJob on the local cluster, with the operator running
-and the local runner playing the kubelet for the rollout gateway and the trainer.
+and the local runner playing the kubelet for the rollout gateway, the vLLM server (PyPI's CPU build of
+vLLM, which the policy server samples DSPy's completions from) and the trainer.
 
 The run shows what a DSPy user gets: the reward rises over the DSPy-driven steps, checkpoints are
 published, a trainer killed with SIGKILL mid-run is restarted by the operator and resumes from its
@@ -32,7 +33,7 @@ from tests.integration.test_e2e_training import claim_dir
 pytest.importorskip("dspy", reason="the dspy extra is not installed")
 if importlib.util.find_spec("arbor") is None:
     pytest.skip("arbor-ai is not installed (pip install --no-deps arbor-ai==0.2.17)", allow_module_level=True)
-pytestmark = [pytest.mark.trainer, pytest.mark.slow]
+pytestmark = [pytest.mark.trainer, pytest.mark.slow, pytest.mark.vllm]
 
 G, B, S = 8, 4, 20
 EVERY = 5
@@ -61,7 +62,9 @@ def dspy_job(name: str) -> dict[str, Any]:
                 "failureScore": 0.0,
                 "formatFailureScore": -1.0,
             },
-            "generation": {"gpus": 1},
+            # The policy server samples through the job's vLLM server (real, the CPU build), which gets the
+            # trained weights through the volume after every step.
+            "generation": {"gpus": 1, "weightSync": "Volume"},
             "trainer": {"nodes": 1, "gpusPerNode": 1, "perDeviceBatchSize": G},
             "checkpoints": {
                 "everySteps": EVERY,
@@ -147,7 +150,7 @@ def test_dspy_grpo_trains_a_job_through_a_trainer_sigkill(
         volume = claim_dir(kube, namespace, f"{name}-ckpt")
         seed_chat_model(volume)
         runner_thread = threading.Thread(
-            target=lambda: outcome.update(phase=runner.run(timeout=600)), daemon=True
+            target=lambda: outcome.update(phase=runner.run(timeout=1200)), daemon=True
         )
         runner_thread.start()
         watcher = Watcher(kube, namespace, name, runner, volume)
@@ -171,7 +174,8 @@ def test_dspy_grpo_trains_a_job_through_a_trainer_sigkill(
                 cwd=REPO,
                 stdout=handle,
                 stderr=subprocess.STDOUT,
-                timeout=480,
+                # Two vLLM start-ups (the first gang's and the restarted one's) of 1-3 minutes each.
+                timeout=1000,
                 check=False,
             )
         compiled_at = time.monotonic()
@@ -230,6 +234,15 @@ def test_dspy_grpo_trains_a_job_through_a_trainer_sigkill(
     last = sum(by_step[s] for s in (S - 2, S - 1, S)) / 3
     print(f"[acceptance] reward first-3 mean {first:.3f}, last-3 mean {last:.3f}")
     assert last > first + 0.2, f"reward did not rise: first {first:.3f}, last {last:.3f} ({by_step})"
+
+    # DSPy's completions came from vLLM, which served the trained weights after every step's sync, in both
+    # gangs (the restarted one's first sync pushes the weights of the checkpoint it resumed from).
+    syncs = read_rows(volume / "output" / "weight_syncs.jsonl")
+    assert len(syncs) >= S and all(s["in_sync"] and s["logprob_diff"] < 0.05 for s in syncs), syncs
+    assert any(s["step"] == checkpoint_step for s in syncs[1:]), syncs
+    for attempt in (1, 2):
+        vllm_log = (tmp_path / "run" / f"{name}-gen-{attempt}-0.log").read_text(errors="replace")
+        assert vllm_log.count('"POST /v1/completions HTTP/1.1" 200') >= 1, vllm_log[-2000:]
 
     # Checkpoints published: the manifest names the final one, and the status agrees.
     manifest = json.loads((volume / "checkpoints" / "latest.json").read_text())

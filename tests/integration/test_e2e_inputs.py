@@ -32,7 +32,8 @@ def test_a_job_trains_on_the_dataset_of_its_configmap_input(
     del job["spec"]["dataset"]["validation"]
     job["spec"]["inputs"] = [{"name": "data", "configMap": "prompts"}]
     job["spec"]["dataset"]["train"] = "file:///inputs/data/train.jsonl"
-    volume = train_to_succeeded(kube, namespace, job, tmp_path)
+    # What the trainer reads is the point here; generation through vLLM is test_e2e_training.py's.
+    volume = train_to_succeeded(kube, namespace, job, tmp_path, generation="in-process-transformers")
 
     trainer = kube.get("pod", "tiny-trainer-1-0", namespace)
     assert trainer is not None

@@ -31,6 +31,7 @@ import yaml
 from tests.harness.kube import REPO, Cluster, helm_binary, kubectl_binary, wait_for
 from tests.harness.local_runner import TERMINAL, LocalJobRunner
 from tests.harness.operator_process import Operator
+from tests.harness.readiness import generation_ready
 
 pytestmark = [pytest.mark.trainer, pytest.mark.slow]
 
@@ -140,7 +141,13 @@ def trained(kube: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator
         volume = claim_dir(kube, namespace, "tiny-ckpt")
         seed(volume)
         runner = LocalJobRunner(
-            kube, namespace, "tiny", {METRIC_IMAGE: [sys.executable, "examples/tiny/metric.py"]}, tmp / "run"
+            kube,
+            namespace,
+            "tiny",
+            {METRIC_IMAGE: [sys.executable, "examples/tiny/metric.py"]},
+            tmp / "run",
+            # What the plugin shows of a running job; vLLM's own start-up is not what this tests.
+            generation="in-process-transformers",
         )
         runner.workdir.mkdir(parents=True, exist_ok=True)
         # run() of the runner, unrolled so the plugin can read the job while its trainer runs.
@@ -201,7 +208,7 @@ def trained(kube: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator
         yield Trained(namespace, volume, plugin, during)
     finally:
         operator.stop()
-        kube.kubectl("delete", "namespace", namespace, "--wait=false", check=False)
+        kube.delete_namespace(namespace)
 
 
 def test_while_the_job_runs_the_plugin_reads_its_volume_beside_the_trainer(
@@ -291,11 +298,21 @@ def test_rewards_table_and_png(trained: Trained, tmp_path: Path) -> None:
     png = tmp_path / "reward.png"
     proc = trained.plugin("rewards", "tiny", "--plot", str(png))
     table = proc.stdout.splitlines()
-    assert table[0].split() == ["STEP", "REWARD", "STD", "FORMAT-FAIL", "NO-SIGNAL", "VALIDATION"]
+    assert table[0].split() == [
+        "STEP",
+        "REWARD",
+        "STD",
+        "FORMAT-FAIL",
+        "NO-SIGNAL",
+        "TRUNCATED",
+        "VALIDATION",
+    ]
     body = table[1 : 1 + STEPS]
     assert [line.split()[0] for line in body] == [str(s) for s in range(1, STEPS + 1)]
     assert [line.split()[1] for line in body] == [f"{r['reward_mean']:.4f}" for r in rows]
-    with_validation = [line.split()[0] for line in body if len(line.split()) == 6]
+    # The share of completions cut off at maxCompletionLength, as the trainer recorded it.
+    assert [line.split()[5] for line in body] == [f"{100 * r['truncated_ratio']:.1f}%" for r in rows]
+    with_validation = [line.split()[0] for line in body if len(line.split()) == 7]
     assert with_validation == ["3", str(STEPS)]
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and f"written to {png}" in proc.stderr
     assert json.loads(trained.plugin("rewards", "tiny", "-o", "json").stdout) == rows
@@ -404,7 +421,9 @@ def test_edit_role_suffices_and_view_role_is_told_what_is_missing(
         def phase() -> str:
             return str(((kube.get("grpojob", "tiny", namespace) or {}).get("status") or {}).get("phase"))
 
-        wait_for("the job to run", lambda: phase() == "Running", timeout=120)
+        # No vLLM runs: the generation pod is Ready once started (tests/harness/readiness.py).
+        with generation_ready(kube, namespace):
+            wait_for("the job to run", lambda: phase() == "Running", timeout=120)
         for sa, role in (("alice", "edit"), ("victor", "view")):
             kube.kubectl("create", "serviceaccount", sa, "-n", namespace)
             kube.kubectl(

@@ -24,6 +24,7 @@ import pytest
 
 from tests.harness.kube import HACK, Cluster, exited_status, wait_for
 from tests.harness.operator_process import Operator
+from tests.harness.readiness import generation_ready
 from tests.integration.test_operator import (
     env_of,
     events_of,
@@ -124,7 +125,9 @@ def operator(kueue: Cluster, namespace: str, tmp_path: Path) -> Iterator[Operato
     op = Operator(kueue, namespace, tmp_path / "operator.log")
     op.start()
     try:
-        yield op
+        # No vLLM runs: each generation pod is Ready once started (tests/harness/readiness.py).
+        with generation_ready(kueue, namespace):
+            yield op
     finally:
         op.stop()
         # Free the quota and the simulated GPUs before the next test.

@@ -2,7 +2,9 @@
 
 Simulated nodes run no containers: kwok moves scheduled pods to Running, and the tests play the
 trainer's part by patching pod status (exit codes, termination messages) and the job's status
-(checkpoint), exactly as the kubelet and trainer rank 0 would.
+(checkpoint), exactly as the kubelet and trainer rank 0 would. No vLLM runs either: the generation pod is
+reported Ready as soon as it started, as if vLLM's readiness probe passed at once
+(tests/harness/readiness.py).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from grpo_operator.runtime.kube_client import Kube
 
 from tests.harness.kube import Cluster, wait_for
 from tests.harness.operator_process import Operator
+from tests.harness.readiness import generation_ready
 
 pytestmark = pytest.mark.slow
 
@@ -38,12 +41,14 @@ def operator(kube: Cluster, namespace: str, tmp_path: Path) -> Iterator[Operator
 
 @contextmanager
 def running_operator(kube: Cluster, namespace: str, tmp_path: Path) -> Iterator[Operator]:
-    """The operator for one test in ``namespace``; on exit it stops and the namespace's jobs and their
+    """The operator for one test in ``namespace``, with each generation pod reported Ready once started (no
+    vLLM runs here; see tests/harness/readiness.py); on exit it stops and the namespace's jobs and their
     pods are deleted."""
     op = Operator(kube, namespace, tmp_path / "operator.log")
     op.start()
     try:
-        yield op
+        with generation_ready(kube, namespace):
+            yield op
     finally:
         op.stop()
         # Free the simulated GPUs before the next test: delete the jobs and wait for the garbage

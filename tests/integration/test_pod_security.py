@@ -17,6 +17,7 @@ import pytest
 
 from tests.harness.kube import Cluster, wait_for
 from tests.harness.operator_process import Operator
+from tests.harness.readiness import generation_ready
 from tests.integration.test_operator import (
     _condition,
     events_of,
@@ -47,7 +48,9 @@ def start_operator(
         op.start()
         return op
 
-    yield start
+    # No vLLM runs: each generation pod is Ready once started (tests/harness/readiness.py).
+    with generation_ready(kube, namespace):
+        yield start
     for op in started:
         op.stop()
     kube.kubectl("delete", "grpojobs", "--all", "-n", namespace, "--wait=true", "--timeout=60s", check=False)

@@ -85,6 +85,9 @@ def test_smoke_script_passes_on_the_local_cluster(kube: Cluster, namespace: str,
         "smoke",
         {METRIC_IMAGE: [sys.executable, "examples/tiny/metric.py"]},
         tmp_path / "run",
+        # The smoke job's checks are the operator's and the trainer's; generation through real vLLM is
+        # tests/integration/test_e2e_training.py's, and a second server start would cost minutes.
+        generation="in-process-transformers",
     )
     outcome: dict[str, Any] = {}
 

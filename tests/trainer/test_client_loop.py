@@ -61,6 +61,10 @@ def test_training_on_client_groups_learns_and_the_policy_server_follows(
     records = read_jsonl(tmp_path / "out" / "metrics.jsonl")
     assert [r["step"] for r in records] == list(range(1, steps + 1))
     assert all(r["rollouts"] == 32 and r["groups"] == 4 for r in records)
+    # The client sent back what the policy server sampled: every completion trained on its sampled tokens.
+    assert all(
+        r["client_completions_matched"] == 32 and r["client_completions_unmatched"] == 0 for r in records
+    )
     rewards = [r["reward_mean"] for r in records]
     assert sum(rewards[:3]) / 3 < 0.3, rewards
     assert sum(rewards[-3:]) / 3 >= sum(rewards[:3]) / 3 + 0.3, rewards
@@ -99,6 +103,8 @@ def test_advantages_are_the_projects_tied_groups_zero_and_format_failures_counte
     (record,) = read_jsonl(tmp_path / "out" / "metrics.jsonl")
     assert record["tied_groups"] == 1 and record["groups"] == 2
     assert record["format_failure_ratio"] == 0.5
+    # Text the policy server never sampled is trained on its own tokens, and counted as such.
+    assert record["client_completions_matched"] == 0 and record["client_completions_unmatched"] == 8
 
 
 def test_a_group_of_the_wrong_size_never_reaches_training(tmp_path: Path, chat_model: Path) -> None:

@@ -90,7 +90,7 @@ def test_generation_output_still_has_the_keys_the_trainer_replaces_and_pads() ->
     assert not missing, f"GRPOTrainer._generate_and_score_completions no longer returns {missing}: {UPGRADE}"
 
 
-def test_generate_still_returns_the_completion_texts_at_the_recorded_index() -> None:
+def test_generate_still_returns_the_completion_texts_and_ids_at_the_recorded_indices() -> None:
     tree = ast.parse(_source(GRPOTrainer._generate))
     returns = [
         node.value for node in ast.walk(tree) if isinstance(node, ast.Return) and node.value is not None
@@ -98,11 +98,15 @@ def test_generate_still_returns_the_completion_texts_at_the_recorded_index() -> 
     assert returns, f"GRPOTrainer._generate returns nothing: {UPGRADE}"
     for value in returns:
         assert isinstance(value, ast.Tuple), f"GRPOTrainer._generate no longer returns a tuple: {UPGRADE}"
-        element = value.elts[trl_adapter.GENERATE_COMPLETIONS_INDEX]
-        assert isinstance(element, ast.Name) and element.id == "completions", (
-            f"element {trl_adapter.GENERATE_COMPLETIONS_INDEX} of GRPOTrainer._generate's result is now "
-            f"{ast.unparse(element)}, not the completion texts: {UPGRADE}"
-        )
+        for index, name in (
+            (trl_adapter.GENERATE_COMPLETIONS_INDEX, "completions"),
+            (trl_adapter.GENERATE_COMPLETION_IDS_INDEX, "completion_ids"),
+        ):
+            element = value.elts[index]
+            assert isinstance(element, ast.Name) and element.id == name, (
+                f"element {index} of GRPOTrainer._generate's result is now {ast.unparse(element)}, not "
+                f"{name}: {UPGRADE}"
+            )
 
 
 def test_checkpoints_are_still_staged_where_the_trainer_publishes_them_from() -> None:

@@ -45,10 +45,15 @@ def test_the_sdk_serves_a_second_reward_on_validate_only_when_given() -> None:
 
 def test_validation_answers_are_scored_by_the_validation_route(tmp_path: Path, tiny_model: Path) -> None:
     with MetricServer(fraction_of_target, validation=held_out_judge) as metric:
-        config = trainer_config(tmp_path, tiny_model, metric.url, steps=2, every_steps=2, validation_every=1)
-        raw = json.loads(config.read_text())
-        raw["grpo"]["validation"]["scorePath"] = "/validate"
-        config.write_text(json.dumps(raw))
+        config = trainer_config(
+            tmp_path,
+            tiny_model,
+            metric.url,
+            steps=2,
+            every_steps=2,
+            validation_every=1,
+            validation_score_path="/validate",
+        )
         process = start_trainer(config, tmp_path / "trainer.log")
         assert process.wait(timeout=600) == 0, (tmp_path / "trainer.log").read_text()[-3000:]
     records = read_jsonl(tmp_path / "out" / "metrics.jsonl")

@@ -35,6 +35,62 @@ INVALID_CASES: list[Case] = [
         {"spec.grpo.epsilon": 0.2, "spec.grpo.epsilonHigh": 0.1},
     ),
     case("loss-type-unknown", "spec.grpo.lossType", {"spec.grpo.lossType": "ppo"}),
+    case("preset-unknown", "spec.grpo.preset", {"spec.grpo.preset": "ppo"}),
+    # The preset's epsilonHigh (0.28) counts where the spec leaves it unset.
+    case(
+        "preset-epsilon-high-below-epsilon",
+        "spec.grpo.epsilonHigh",
+        {"spec.grpo.preset": "dapo", "spec.grpo.epsilon": 0.3},
+    ),
+    case(
+        "gspo-clip-below-epsilon",
+        "spec.grpo.epsilonHigh",
+        {"spec.grpo.preset": "gspo", "spec.grpo.epsilon": 0.2},
+    ),
+    case("luspo-token-level", "spec.grpo.importanceSamplingLevel", {"spec.grpo.lossType": "luspo"}),
+    case(
+        "vespo-sequence-correction",
+        "spec.grpo.vllmImportanceSamplingMode",
+        {"spec.grpo.lossType": "vespo", "spec.grpo.vllmImportanceSamplingMode": "sequence_mask"},
+    ),
+    case(
+        "importance-sampling-level-unknown",
+        "spec.grpo.importanceSamplingLevel",
+        {"spec.grpo.importanceSamplingLevel": "group"},
+    ),
+    case("num-iterations-0", "spec.grpo.numIterations", {"spec.grpo.numIterations": 0}),
+    case("num-iterations-above-8", "spec.grpo.numIterations", {"spec.grpo.numIterations": 9}),
+    case(
+        "mask-truncated-not-bool",
+        "spec.grpo.maskTruncatedCompletions",
+        {"spec.grpo.maskTruncatedCompletions": "yes"},
+    ),
+    case("top-k-negative", "spec.grpo.topK", {"spec.grpo.topK": -1}),
+    case("min-p-above-1", "spec.grpo.minP", {"spec.grpo.minP": 1.5}),
+    case("repetition-penalty-0", "spec.grpo.repetitionPenalty", {"spec.grpo.repetitionPenalty": 0}),
+    case(
+        "chat-template-kwargs-bool",
+        "spec.grpo.chatTemplateKwargs.enable_thinking",
+        {"spec.grpo.chatTemplateKwargs": {"enable_thinking": False}},
+    ),
+    case(
+        "chat-template-kwargs-reserved",
+        "spec.grpo.chatTemplateKwargs",
+        {"spec.grpo.chatTemplateKwargs": {"add_generation_prompt": "false"}},
+    ),
+    case(
+        "chat-template-kwargs-too-many",
+        "spec.grpo.chatTemplateKwargs",
+        {"spec.grpo.chatTemplateKwargs": {f"k{i}": "x" for i in range(17)}},
+    ),
+    case(
+        "vllm-is-mode-unknown",
+        "spec.grpo.vllmImportanceSamplingMode",
+        {"spec.grpo.vllmImportanceSamplingMode": "token"},
+    ),
+    case(
+        "vllm-is-cap-1", "spec.grpo.vllmImportanceSamplingCap", {"spec.grpo.vllmImportanceSamplingCap": 1.0}
+    ),
     case("scale-rewards-unknown", "spec.grpo.scaleRewards", {"spec.grpo.scaleRewards": "batchwise"}),
     case("lora-rank-0", "spec.grpo.lora.r", {"spec.grpo.lora": {"enabled": True, "r": 0}}),
     case("lora-no-target-modules", "spec.grpo.lora.targetModules", {"spec.grpo.lora": {"targetModules": []}}),
@@ -254,6 +310,13 @@ INVALID_CASES: list[Case] = [
         "client-validation",
         "spec.grpo.validation.everySteps",
         {**CLIENT, "spec.grpo.validation": {"everySteps": 5}},
+    ),
+    case("client-num-iterations", "spec.grpo.numIterations", {**CLIENT, "spec.grpo.numIterations": 2}),
+    case("client-min-p", "spec.grpo", {**CLIENT, "spec.grpo.minP": 0.05}),
+    case(
+        "client-importance-sampling-correction",
+        "spec.grpo",
+        {**CLIENT, "spec.grpo.vllmImportanceSamplingCorrection": False},
     ),
     case("rollouts-source-unknown", "spec.rollouts.source", {"spec.rollouts": {"source": "Arbor"}}),
     case(

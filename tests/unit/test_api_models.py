@@ -168,7 +168,8 @@ def test_rollouts_and_metric_calls() -> None:
     assert compute_metric_calls(spec) == 16_640
     no_validation = _spec()
     assert compute_metric_calls(no_validation) == compute_rollouts(no_validation)
-    assert compute_validation_calls(_spec(steps=99, validation={"everySteps": 50})) == 64
+    # Validation runs at step 50 and after the last step (99), as the trainer does.
+    assert compute_validation_calls(_spec(steps=99, validation={"everySteps": 50})) == 2 * 64
 
 
 def test_gradient_accumulation_from_topology() -> None:

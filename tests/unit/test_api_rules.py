@@ -23,6 +23,7 @@ from grpo_operator.api.spec import (
     GenerationSpec,
     GRPOSpec,
     InputSpec,
+    MetricSpec,
     ModelSpec,
     Toleration,
     TrainerSpec,
@@ -41,10 +42,13 @@ RULE_BREAKERS: dict[CelRule, dict[str, Any]] = {
         "spec.grpo.failureScore": 0.0,
     },
     GRPOSpec.Rules.epsilon_high_at_least_epsilon: {"spec.grpo.epsilon": 0.2, "spec.grpo.epsilonHigh": 0.1},
+    GRPOSpec.Rules.luspo_needs_sequence_level: {"spec.grpo.lossType": "luspo"},
+    GRPOSpec.Rules.chat_template_kwargs_not_reserved: {"spec.grpo.chatTemplateKwargs": {"tokenize": "false"}},
     EnvVarSource.Rules.exactly_one_source: {"spec.trainer.env": [{"name": "T", "valueFrom": {}}]},
     EnvVar.Rules.value_or_value_from: {
         "spec.metric.env": [{"name": "T", "value": "x", "valueFrom": _SECRET}]
     },
+    MetricSpec.Rules.reward_weight_names: {"spec.metric.rewardWeights": {"Accuracy": 1.0}},
     GenerationSpec.Rules.tp_equals_gpus: {"spec.generation.gpus": 2},
     GenerationSpec.Rules.no_gpus_in_resources: {
         "spec.generation.resources": {"limits": {"nvidia.com/mig-1g.10gb": 1}}
@@ -64,6 +68,7 @@ RULE_BREAKERS: dict[CelRule, dict[str, Any]] = {
     GRPOJobSpec.Rules.batch_divides_evenly: {"spec.trainer.perDeviceBatchSize": 3},
     GRPOJobSpec.Rules.validation_needs_dataset: {"spec.grpo.validation": {"everySteps": 10}},
     GRPOJobSpec.Rules.model_on_volume_needs_rwx: {"spec.model.name": "/workspace/models/qwen"},
+    GRPOJobSpec.Rules.volume_weight_sync_needs_rwx: {"spec.generation.weightSync": "Volume"},
     GRPOJobSpec.Rules.multi_node_needs_rwx: {"spec.trainer.nodes": 2},
     GRPOJobSpec.Rules.metric_required: {"spec.metric": DELETE},
     GRPOJobSpec.Rules.dataset_required: {"spec.dataset": DELETE},
@@ -71,6 +76,9 @@ RULE_BREAKERS: dict[CelRule, dict[str, Any]] = {
     GRPOJobSpec.Rules.no_dataset_with_client: {**CLIENT, "spec.dataset": {"train": "hf://a/b"}},
     GRPOJobSpec.Rules.no_dynamic_sampling_with_client: {**CLIENT, "spec.grpo.dynamicSampling": True},
     GRPOJobSpec.Rules.no_validation_with_client: {**CLIENT, "spec.grpo.validation": {"everySteps": 5}},
+    GRPOJobSpec.Rules.no_iterations_with_client: {**CLIENT, "spec.grpo.numIterations": 2},
+    GRPOJobSpec.Rules.no_sampling_knobs_with_client: {**CLIENT, "spec.grpo.topK": 20},
+    GRPOJobSpec.Rules.vespo_needs_token_correction: {"spec.grpo.lossType": "vespo"},
     RolloutsSpec.Rules.client_only_for_client: {"spec.rollouts": {"source": "Metric", "client": {}}},
 }
 

@@ -18,7 +18,7 @@ from grpo_operator.builders.common import (
     generation_pod_name,
     trainer_pod_name,
 )
-from grpo_operator.builders.gang import RESERVED_TRAINER_ENV, generation_pod, trainer_pod
+from grpo_operator.builders.gang import RESERVED_TRAINER_ENV, VLLM_SUPERVISOR, generation_pod, trainer_pod
 from grpo_operator.settings import OperatorSettings, SettingsError
 
 SETTINGS = OperatorSettings()
@@ -205,7 +205,12 @@ def test_generation_pod_runs_vllm_in_the_mode_trl_needs() -> None:
     spec = pod["spec"]
     (container,) = spec["containers"]
     assert container["image"] == "vllm/vllm-openai:v0.31.0"
-    assert container["command"] == ["vllm", "serve"]
+    # `vllm serve <args>` under the supervisor that reports an exit nobody asked for (vLLM's exit 0 when
+    # its engine dies) as a failure, in the termination message the kubelet reads.
+    assert container["command"][:3] == ["python3", "-c", VLLM_SUPERVISOR]
+    assert container["command"][3:] == ["--termination-log", "/dev/termination-log", "--", "vllm", "serve"]
+    assert container["terminationMessagePath"] == "/dev/termination-log"
+    assert container["terminationMessagePolicy"] == "FallbackToLogsOnError"
     args = container["args"]
     assert args[0] == "Qwen/Qwen2.5-1.5B-Instruct"
 

@@ -127,3 +127,93 @@ def test_runtime_env() -> None:
     )
     with pytest.raises(ConfigError, match="inconsistent"):
         RuntimeEnv.from_environ({"RANK": "8", "WORLD_SIZE": "8"})
+
+
+# spec.grpo knob (camelCase, as in a manifest) -> the GRPOConfig argument it becomes and the value there.
+# Extra knobs a case needs to be a valid spec ride along in the third element.
+FIELD_MAPPING: list[tuple[dict[str, Any], str, Any]] = [
+    ({"importanceSamplingLevel": "sequence"}, "importance_sampling_level", "sequence"),
+    ({"numIterations": 2}, "num_iterations", 2),
+    ({"maskTruncatedCompletions": True}, "mask_truncated_completions", True),
+    ({"topK": 20}, "top_k", 20),
+    ({"minP": 0.05}, "min_p", 0.05),
+    ({"repetitionPenalty": 1.1}, "repetition_penalty", 1.1),
+    (
+        {"chatTemplateKwargs": {"enable_thinking": "false"}},
+        "chat_template_kwargs",
+        {"enable_thinking": False},
+    ),
+    ({"vllmImportanceSamplingCorrection": False}, "vllm_importance_sampling_correction", False),
+    ({"vllmImportanceSamplingMode": "token_truncate"}, "vllm_importance_sampling_mode", "token_truncate"),
+    ({"vllmImportanceSamplingCap": 2.0}, "vllm_importance_sampling_clip_max", 2.0),
+    ({"lossType": "grpo"}, "loss_type", "grpo"),
+    ({"lossType": "bnpo"}, "loss_type", "bnpo"),
+    ({"lossType": "dr_grpo"}, "loss_type", "dr_grpo"),
+    ({"lossType": "dapo"}, "loss_type", "dapo"),
+    ({"lossType": "cispo", "epsilonHigh": 5.0}, "loss_type", "cispo"),
+    ({"lossType": "sapo"}, "loss_type", "sapo"),
+    ({"lossType": "luspo", "importanceSamplingLevel": "sequence"}, "loss_type", "luspo"),
+    ({"lossType": "vespo", "vllmImportanceSamplingMode": "token_mask"}, "loss_type", "vespo"),
+]
+# Each preset -> every GRPOConfig argument it decides (the trainer's own dynamic sampling is not TRL's).
+PRESET_MAPPING: dict[str, dict[str, Any]] = {
+    "dapo": {"loss_type": "dapo", "epsilon": 0.2, "epsilon_high": 0.28, "mask_truncated_completions": True},
+    "dr-grpo": {"loss_type": "dr_grpo", "scale_rewards": "none"},
+    "gspo": {
+        "importance_sampling_level": "sequence",
+        "loss_type": "grpo",
+        "epsilon": 3e-4,
+        "epsilon_high": 4e-4,
+    },
+}
+
+
+def _mapping_id(case: tuple[dict[str, Any], str, Any]) -> str:
+    return f"{next(iter(case[0]))}={next(iter(case[0].values()))}"
+
+
+@pytest.mark.parametrize("case", FIELD_MAPPING, ids=_mapping_id)
+def test_each_grpo_knob_reaches_trl_under_its_name(case: tuple[dict[str, Any], str, Any]) -> None:
+    knobs, argument, value = case
+    kwargs = grpo_config_kwargs(config(**knobs), plan_batches(64, 8, 8, 8), cuda=False)
+    assert kwargs[argument] == value
+
+
+def test_unset_knobs_leave_trl_its_defaults() -> None:
+    kwargs = grpo_config_kwargs(config(), plan_batches(64, 8, 8, 8), cuda=False)
+    for _, argument, _ in FIELD_MAPPING:
+        if argument != "loss_type":  # loss_type has the project's default, dapo (TRL's too)
+            assert argument not in kwargs, argument
+    assert (kwargs["loss_type"], kwargs["epsilon"], kwargs["epsilon_high"], kwargs["scale_rewards"]) == (
+        "dapo",
+        0.2,
+        None,
+        "group",
+    )
+
+
+@pytest.mark.parametrize("preset", list(PRESET_MAPPING))
+def test_each_preset_reaches_trl(preset: str) -> None:
+    kwargs = grpo_config_kwargs(config(preset=preset), plan_batches(64, 8, 8, 8), cuda=False)
+    assert {k: kwargs.get(k) for k in PRESET_MAPPING[preset]} == PRESET_MAPPING[preset]
+
+
+@pytest.mark.trainer
+@pytest.mark.parametrize("case", FIELD_MAPPING, ids=_mapping_id)
+def test_trls_grpo_config_holds_each_knob(case: tuple[dict[str, Any], str, Any]) -> None:
+    grpo_config = pytest.importorskip("trl.trainer.grpo_config", reason="needs the [trainer] extra (TRL)")
+    knobs, argument, value = case
+    args = grpo_config.GRPOConfig(
+        **grpo_config_kwargs(config(**knobs), plan_batches(64, 8, 8, 8), cuda=False)
+    )
+    assert getattr(args, argument) == value
+
+
+@pytest.mark.trainer
+@pytest.mark.parametrize("preset", list(PRESET_MAPPING))
+def test_trls_grpo_config_holds_each_preset(preset: str) -> None:
+    grpo_config = pytest.importorskip("trl.trainer.grpo_config", reason="needs the [trainer] extra (TRL)")
+    args = grpo_config.GRPOConfig(
+        **grpo_config_kwargs(config(preset=preset), plan_batches(64, 8, 8, 8), cuda=False)
+    )
+    assert {k: getattr(args, k) for k in PRESET_MAPPING[preset]} == PRESET_MAPPING[preset]

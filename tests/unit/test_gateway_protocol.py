@@ -136,6 +136,21 @@ def test_no_window_beyond_the_s_steps_of_the_run(gw: RunningGateway) -> None:
     assert_arbor_error(response, 400, "spec.grpo.steps = 3", "num_train_steps")
 
 
+def test_the_last_window_is_announced_when_the_trainer_asks_for_its_step_before_the_client_polls(
+    gw: RunningGateway,
+) -> None:
+    """The trainer finished step S-1 and asks for step S before DSPy's next status poll: step S has no
+    groups yet, so the window for it must still be announced (it once was not, and both sides waited)."""
+    for step in (1, 2):
+        send_window(gw, tag=f"s{step}")
+        assert len(gw.groups(step)["groups"]) == 2
+    assert gw.groups(3, wait_seconds=0.2)["groups"] == []
+    assert len(status(gw)["pending_batch_ids"]) == 2
+    send_window(gw, tag="s3")
+    assert len(gw.groups(3)["groups"]) == 2
+    assert status(gw)["pending_batch_ids"] == []
+
+
 # --- step validation -----------------------------------------------------------------------------------------
 
 

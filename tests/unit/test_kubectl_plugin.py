@@ -430,8 +430,8 @@ def test_malformed_metrics_and_samples_are_skipped_not_a_traceback(
         {"step": 2, "reward_mean": 10**400, "reward_std": float("nan")},
     ]
     assert render.rewards_text(rows).splitlines()[1:3] == [
-        "-      -        -     -             -",
-        "2      -        -     -             -",
+        "-      -        -     -             -           -",
+        "2      -        -     -             -           -",
     ]
 
 
@@ -523,3 +523,37 @@ def test_host_path_transport_does_not_hang_on_a_named_pipe(tmp_path: Path) -> No
     os.mkfifo(tmp_path / "output" / "model" / "weights.bin")
     with pytest.raises(BadData, match="special file"):
         HostPathTransport(tmp_path).copy_out("/workspace/output/model", tmp_path / "out")
+
+
+def test_rewards_show_a_column_per_reward_component_and_only_well_formed_names() -> None:
+    rows: list[dict[str, Any]] = [
+        {"step": 1, "reward_mean": 0.5, "reward_components": {"accuracy": 0.25, "\x1b[2Jevil": 1.0}},
+        {"step": 2, "reward_mean": 0.75, "reward_components": {"accuracy": 0.5, "format": 1.0}},
+        {"step": 3, "reward_mean": 0.8, "reward_components": "not a dict"},
+    ]
+    lines = render.rewards_text(rows).splitlines()
+    assert "\x1b" not in "\n".join(lines) and "EVIL" not in lines[0]
+    assert lines[:4] == [
+        "STEP   REWARD   STD   FORMAT-FAIL   NO-SIGNAL   TRUNCATED   VALIDATION   ACCURACY   FORMAT",
+        "1      0.5000   -     -             -           -                        0.2500",
+        "2      0.7500   -     -             -           -                        0.5000     1.0000",
+        "3      0.8000   -     -             -           -",
+    ]
+
+
+def test_status_text_shows_what_the_job_used_of_its_plan() -> None:
+    cost = {
+        "rollouts": 1234,
+        "rolloutsPlanned": 16000,
+        "metricCalls": 1300,
+        "metricCallsPlanned": 16640,
+        "generationGpuSeconds": 1800.0,
+        "trainingGpuSeconds": 7200.0,
+    }
+    text = render.status_text({"name": "j", "namespace": "ns", "status": {"rollouts": 16000, "cost": cost}})
+    assert "Rollouts        1,234 of 16,000 (R)" in text
+    assert "Metric calls    1,300 of 16,640" in text
+    assert "GPU time        generation 0.50 GPU-h, training 2.00 GPU-h" in text
+    # Before the trainer reports, the operator's planned R alone; a malformed cost is not shown.
+    early = render.status_text({"name": "j", "namespace": "ns", "status": {"rollouts": 96, "cost": "x"}})
+    assert "Rollouts        96 (R)" in early and "Metric calls" not in early

@@ -91,7 +91,16 @@ def test_exact_match(exact: ModuleType) -> None:
 def test_example_serves_the_protocol(name: str) -> None:
     module = load(name)
     items: list[dict[str, Any]] = [
-        {"id": "ok", "prompt": "q", "completion": "Answer: 72", "example": {"answer": "72"}},
+        # What the trainer sends now, plus a field no trainer sends yet: the examples must ignore both.
+        {
+            "id": "ok",
+            "prompt": "q",
+            "completion": "Answer: 72",
+            "example": {"answer": "72"},
+            "completionTokens": 5,
+            "finishReason": "stop",
+            "someFutureField": {"x": 1},
+        },
         {"id": "bad", "prompt": "q", "completion": "", "example": {"answer": "72"}},
         {"id": "broken", "prompt": "q", "completion": "Answer: 72", "example": {}},
     ]

@@ -101,6 +101,47 @@ VALID_CASES: list[Case] = [
             "spec.grpo.scaleRewards": "none",
         },
     ),
+    case("preset-dapo", "", {"spec.grpo.preset": "dapo"}),
+    case("preset-dr-grpo-overridden", "", {"spec.grpo.preset": "dr-grpo", "spec.grpo.scaleRewards": "batch"}),
+    case("preset-gspo-reusing-batches", "", {"spec.grpo.preset": "gspo", "spec.grpo.numIterations": 2}),
+    # The preset's dynamic sampling is left out where the client samples.
+    case("client-preset-dapo", "", {**CLIENT, "spec.grpo.preset": "dapo"}),
+    case(
+        "client-vespo-and-chat-template",
+        "",
+        {
+            **CLIENT,
+            "spec.grpo.lossType": "vespo",
+            "spec.grpo.chatTemplateKwargs": {"enable_thinking": "false"},
+        },
+    ),
+    case("cispo-clip", "", {"spec.grpo.lossType": "cispo", "spec.grpo.epsilonHigh": 5.0}),
+    case(
+        "luspo-sequence-level",
+        "",
+        {"spec.grpo.lossType": "luspo", "spec.grpo.importanceSamplingLevel": "sequence"},
+    ),
+    case(
+        "vespo-token-correction",
+        "",
+        {"spec.grpo.lossType": "vespo", "spec.grpo.vllmImportanceSamplingMode": "token_truncate"},
+    ),
+    case("sapo", "", {"spec.grpo.lossType": "sapo"}),
+    case(
+        "sampling-and-correction-knobs",
+        "",
+        {
+            "spec.grpo.topK": 50,
+            "spec.grpo.minP": 0.05,
+            "spec.grpo.repetitionPenalty": 1.05,
+            "spec.grpo.chatTemplateKwargs": {"enable_thinking": "false", "reasoning_effort": "low"},
+            "spec.grpo.maskTruncatedCompletions": True,
+            "spec.grpo.numIterations": 4,
+            "spec.grpo.vllmImportanceSamplingCorrection": True,
+            "spec.grpo.vllmImportanceSamplingMode": "token_truncate",
+            "spec.grpo.vllmImportanceSamplingCap": 2.0,
+        },
+    ),
     case(
         "scheduling-passthrough",
         "",

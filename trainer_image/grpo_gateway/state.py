@@ -142,8 +142,13 @@ class GatewayState:
         }
 
     def _steps_covered(self) -> int:
-        """Steps the trainer has asked for or that the groups already here will fill."""
-        return max(self.asked_step, max(self.assigned, default=0)) + math.ceil(len(self.unassigned) / self.b)
+        """Steps that have their groups: those before the step the trainer asks for (trained, or dropped
+        once a checkpoint covered them), those assigned, and those the groups already here will fill. The
+        step the trainer is waiting for is not covered: counting it would leave the last step's window
+        unannounced whenever the trainer asks for it before the client next polls status, and both would
+        wait for ever."""
+        trained = max(self.asked_step - 1, 0)
+        return max(trained, max(self.assigned, default=0)) + math.ceil(len(self.unassigned) / self.b)
 
     def _announce(self) -> None:
         if self.pending or self.stop is not None or self.client_done or self.trainer_state == "cancelled":

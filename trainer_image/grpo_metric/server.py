@@ -1,4 +1,8 @@
-"""Turn ``def metric(example, completion) -> float`` into a server that speaks the metric protocol."""
+"""Turn ``def metric(example, completion) -> float`` into a server that speaks the metric protocol.
+
+A metric may instead return its reward's named parts, ``{"accuracy": 1.0, "format": 0.5}``: the server
+answers them as the result's components; the trainer's reward is their sum, or their weighted sum under
+spec.metric.rewardWeights, and each part's mean is reported beside the reward."""
 
 from __future__ import annotations
 
@@ -22,12 +26,22 @@ from grpo_metric.protocol import (
     ProtocolError,
     ScoreItem,
     ScoreResult,
+    parse_components,
     parse_score_request,
 )
 
 log = logging.getLogger("grpo_metric")
 
-MetricFn = Callable[[dict[str, Any], str], float] | Callable[[dict[str, Any], str], Awaitable[float]]
+# ``metric(example, completion)``, optionally taking the keyword arguments in COMPLETION_KWARGS too; it
+# returns the reward, or the reward's named components.
+Reward = float | dict[str, float]
+MetricFn = Callable[..., Reward] | Callable[..., Awaitable[Reward]]
+
+# What a metric may also receive about the completion, as keyword arguments named like the ScoreItem
+# fields: its length in tokens and why it ended ("stop" or "length", see protocol.py). A metric gets the
+# ones its signature names (or all with **kwargs), so ``metric(example, completion)`` keeps working; the
+# value is None when the request did not carry it (an older trainer).
+COMPLETION_KWARGS = ("completion_tokens", "finish_reason")
 
 DEFAULT_PORT = 8080
 # The operator sets this in the metric container to spec.metric.port; an explicit port= argument wins.
@@ -38,9 +52,25 @@ class FormatFailure(Exception):
     """Raise from a metric when the completion cannot be parsed; the trainer scores it formatFailureScore."""
 
 
-def _score_one(metric: MetricFn, item: ScoreItem) -> ScoreResult:
+def completion_kwargs(metric: MetricFn) -> tuple[str, ...]:
+    """The names of COMPLETION_KWARGS that ``metric`` accepts."""
     try:
-        value = metric(item.example, item.completion)
+        parameters = inspect.signature(metric).parameters.values()
+    except (TypeError, ValueError):  # builtins and some C callables have no signature: pass nothing
+        return ()
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters):
+        return COMPLETION_KWARGS
+    names = {p.name for p in parameters if p.kind is not inspect.Parameter.POSITIONAL_ONLY}
+    return tuple(name for name in COMPLETION_KWARGS if name in names)
+
+
+def _call(metric: MetricFn, item: ScoreItem, extras: tuple[str, ...]) -> Any:
+    return metric(item.example, item.completion, **{name: getattr(item, name) for name in extras})
+
+
+def _score_one(metric: MetricFn, item: ScoreItem, extras: tuple[str, ...] = ()) -> ScoreResult:
+    try:
+        value = _call(metric, item, extras)
         if inspect.isawaitable(value):
             raise TypeError("async metric called from a worker thread")
     except FormatFailure as exc:
@@ -52,16 +82,26 @@ def _score_one(metric: MetricFn, item: ScoreItem) -> ScoreResult:
 
 
 def _check_reward(item_id: str, value: object) -> ScoreResult:
+    if isinstance(value, dict):
+        try:
+            components = parse_components(value)
+        except ProtocolError as exc:
+            return ScoreResult.error(item_id, f"metric returned bad components: {exc}")
+        if not components:
+            return ScoreResult.error(item_id, "metric returned no components (an empty dict)")
+        return ScoreResult.ok(item_id, math.fsum(components.values()), components)
     if isinstance(value, bool) or not isinstance(value, int | float):
-        return ScoreResult.error(item_id, f"metric returned {type(value).__name__}, expected a float")
+        return ScoreResult.error(
+            item_id, f"metric returned {type(value).__name__}, expected a float or a dict of components"
+        )
     if not math.isfinite(float(value)):
         return ScoreResult.error(item_id, f"metric returned a non-finite reward {value!r}")
     return ScoreResult.ok(item_id, float(value))
 
 
-async def _score_one_async(metric: MetricFn, item: ScoreItem) -> ScoreResult:
+async def _score_one_async(metric: MetricFn, item: ScoreItem, extras: tuple[str, ...] = ()) -> ScoreResult:
     try:
-        value = await metric(item.example, item.completion)  # type: ignore[misc]
+        value = await _call(metric, item, extras)
     except FormatFailure as exc:
         return ScoreResult.format_failure(item.id, str(exc) or "unparseable output")
     except Exception as exc:
@@ -89,6 +129,7 @@ def make_app(
 
     def scorer(fn: MetricFn) -> Callable[[web.Request], Awaitable[web.Response]]:
         is_async = _is_async(fn)
+        extras = completion_kwargs(fn)
 
         async def score(request: web.Request) -> web.Response:
             try:
@@ -97,11 +138,11 @@ def make_app(
             except (json.JSONDecodeError, ProtocolError) as exc:
                 return web.json_response({"error": f"bad request: {exc}"}, status=400)
             if is_async:
-                results = await asyncio.gather(*(_score_one_async(fn, item) for item in items))
+                results = await asyncio.gather(*(_score_one_async(fn, item, extras) for item in items))
             else:
                 loop = asyncio.get_running_loop()
                 results = await asyncio.gather(
-                    *(loop.run_in_executor(executor, _score_one, fn, item) for item in items)
+                    *(loop.run_in_executor(executor, _score_one, fn, item, extras) for item in items)
                 )
             return web.json_response({"results": [r.to_json() for r in results]})
 

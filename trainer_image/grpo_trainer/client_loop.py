@@ -28,11 +28,20 @@ from typing import TYPE_CHECKING, Any
 
 from grpo_operator.api.trainer_config import TrainerConfig
 
-from grpo_trainer.client_rollouts import ClientReward, ClientStop, GroupFeed, PolicyLock, make_rollout_func
+from grpo_trainer.client_rollouts import (
+    ClientReward,
+    ClientStop,
+    GroupFeed,
+    PolicyLock,
+    SampleMatcher,
+    make_rollout_func,
+)
+from grpo_trainer.cost import attempt_ledger
 from grpo_trainer.errors import ExitCode, fail
 from grpo_trainer.gateway_client import GatewayClient
 from grpo_trainer.grpo_config import BatchPlan, RuntimeEnv
 from grpo_trainer.progress import ProgressCallback, iso_now
+from grpo_trainer.sample_book import SampleBook
 from grpo_trainer.signals import StopFlag
 from grpo_trainer.steps import (
     Workspace,
@@ -95,6 +104,16 @@ class ClientProgressCallback(ProgressCallback):
     def reward_seconds(self) -> float:
         """For client jobs: cumulative time rank 0 waited for the client's groups."""
         return self.feed.waited_seconds if self.feed is not None else 0.0
+
+    def rollout_fields(self) -> dict[str, Any]:
+        # Completions trained on the tokens the policy server sampled, and those tokenised from the client's
+        # text because the policy server never sampled it (client_rollouts.py).
+        if self.feed is None:
+            return {}
+        return {
+            "client_completions_matched": self.feed.matched,
+            "client_completions_unmatched": self.feed.unmatched,
+        }
 
     def set_waiting(self, kind: str | None) -> None:
         """status.progress.waitingForClientSince: when rank 0 began waiting for the client's groups, so the
@@ -172,9 +191,12 @@ def run_client_loop(
     # tests/trainer/test_trl_adapter.py checks it against the installed TRL.
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
     tokenizer = load_tokenizer(config)
-    # The client sends no sampling log-probabilities, so TRL's vLLM importance-sampling correction has
-    # nothing to correct with; dynamic sampling would pull the next step's groups as refills.
-    args = grpo_args(config, plan, env, vllm_importance_sampling_correction=False)
+    # Rollouts are trained on the tokens the policy server sampled, with their log-probabilities, so TRL's
+    # vLLM importance-sampling correction applies as in metric jobs (client_rollouts.py), at TRL's defaults.
+    # Except for vespo, which weighs whole sequences itself and which TRL refuses beside the default
+    # sequence-level correction (metric jobs must choose a token mode; a client job cannot set it).
+    overrides = {"vllm_importance_sampling_correction": False} if config.grpo.loss_type == "vespo" else {}
+    args = grpo_args(config, plan, env, **overrides)
     reporting = start_reporting(config, env, workspace)
     lock = PolicyLock() if env.is_main else None
     callback = ClientProgressCallback(
@@ -187,6 +209,7 @@ def run_client_loop(
         metrics=reporting.metrics,
         status=reporting.status,
         lock=lock,
+        cost=attempt_ledger(config, env.world_size, 0, reporting.status),
     )
     gateway = None
     if env.is_main:
@@ -199,7 +222,15 @@ def run_client_loop(
             unreachable_timeout_seconds=float(os.environ.get(GATEWAY_UNREACHABLE_ENV, "600")),
             on_wait=callback.set_waiting,
         )
-    feed = GroupFeed(client=gateway, world_size=env.world_size, should_stop=stop.is_set)
+    book = SampleBook() if env.is_main else None
+    feed = GroupFeed(
+        client=gateway,
+        world_size=env.world_size,
+        should_stop=stop.is_set,
+        match=SampleMatcher(book, tokenizer, config.grpo.chat_template_arguments())
+        if book is not None
+        else None,
+    )
     callback.feed, callback.gateway = feed, gateway
     trainer = build_trainer(
         config,
@@ -210,7 +241,13 @@ def run_client_loop(
         callback.reward,
         callback,
         reporting,
-        rollout_func=make_rollout_func(feed, tokenizer, config.grpo.max_completion_length, lock),
+        rollout_func=make_rollout_func(
+            feed,
+            tokenizer,
+            config.grpo.max_completion_length,
+            lock,
+            config.grpo.chat_template_arguments(),
+        ),
     )
     resumed_step = restore(trainer, config, env, workspace, reporting)
     callback.saved_step = resumed_step
@@ -222,7 +259,7 @@ def run_client_loop(
                 # trainer.train loads the checkpoint only when it starts.
                 load_checkpoint_weights(trainer, workspace.resume)
                 callback.newest_checkpoint = resumed_checkpoint(workspace, resumed_step)
-            server = start_policy_server(config, trainer, tokenizer, lock)
+            server = start_policy_server(config, trainer, tokenizer, lock, book)
             callback.report(resumed_step, "training")
         try:
             train(trainer, config, workspace, resumed_step)
@@ -254,7 +291,11 @@ def resumed_checkpoint(workspace: Workspace, step: int) -> dict[str, Any] | None
 
 
 def start_policy_server(
-    config: TrainerConfig, trainer: ProjectGRPOTrainer, tokenizer: Any, lock: PolicyLock | None
+    config: TrainerConfig,
+    trainer: ProjectGRPOTrainer,
+    tokenizer: Any,
+    lock: PolicyLock | None,
+    book: SampleBook | None,
 ) -> Any:
     from grpo_trainer.policy_server import PolicyServer, transformers_sampler, vllm_sampler
 
@@ -273,6 +314,8 @@ def start_policy_server(
         temperature=config.grpo.temperature,
         top_p=config.grpo.top_p,
         lock=lock,
+        chat_template_kwargs=config.grpo.chat_template_arguments(),
+        book=book,
     ).start()
 
 

@@ -4,8 +4,11 @@ Each optimizer step k (1-based) trains on the B groups of G the rollout gateway 
 rank 0 pulls them (gateway_client.py), broadcasts them to every rank, and each rank's ``rollout_func``
 turns its slice of the B*G rollouts (TRL hands rank r the placeholder rows r*n .. r*n+n-1 of the step)
 into token ids: the prompt is the rollout's chat messages rendered exactly as the policy server renders
-them for sampling (:func:`prompt_ids`), the completion is the client's completion text plus EOS. The
-client's reward reaches TRL's reward function as an extra field; the advantages are then the project's
+them for sampling (:func:`prompt_ids`); the completion is the tokens the policy server sampled it as, with
+their sampling log-probabilities (found in its SampleBook by rank 0 when the groups arrive), or, for a
+completion the book does not hold (a client that rewrote the text), the text tokenised plus EOS, trained
+without importance-sampling correction (NaN log-probabilities: TRL's ratio 1) and counted. The client's
+reward reaches TRL's reward function as an extra field; the advantages are then the project's
 (trainer.py), as for metric-service jobs.
 
 The train dataset is S*B placeholder rows: TRL's sampler repeats each G times, so a step's batch has
@@ -14,19 +17,21 @@ exactly B*G rows, the shape the client's groups fill.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
 from grpo_metric.protocol import ScoreResult
 
-from grpo_trainer.gateway_client import GatewayClient, GroupsAnswer
+from grpo_trainer.gateway_client import GatewayClient, Group, GroupsAnswer
 from grpo_trainer.reward import ScoredBatch
+from grpo_trainer.sample_book import SampleBook
 
 log = logging.getLogger("grpo_trainer.client_rollouts")
 
@@ -48,17 +53,27 @@ class ClientStop(Exception):
         self.kind, self.step = kind, step
 
 
-def render_prompt_text(tokenizer: Any, messages: list[dict[str, Any]]) -> str:
+def render_prompt_text(
+    tokenizer: Any, messages: list[dict[str, Any]], template_kwargs: Mapping[str, Any] | None = None
+) -> str:
     """The text the policy is conditioned on for a chat: the model's chat template with the generation
-    prompt, or, for a model without one, the turns' contents separated by blank lines."""
+    prompt and ``template_kwargs`` (spec.grpo.chatTemplateKwargs), or, for a model without one, the turns'
+    contents separated by blank lines."""
     if getattr(tokenizer, "chat_template", None):
-        return str(tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True))
+        return str(
+            tokenizer.apply_chat_template(
+                messages, tokenize=False, add_generation_prompt=True, **(template_kwargs or {})
+            )
+        )
     return "\n\n".join(str(m.get("content", "")) for m in messages) + "\n\n"
 
 
-def prompt_ids(tokenizer: Any, messages: list[dict[str, Any]]) -> list[int]:
-    """Token ids of a chat prompt; the policy server samples from exactly these, and training uses them."""
-    return text_ids(tokenizer, render_prompt_text(tokenizer, messages))
+def prompt_ids(
+    tokenizer: Any, messages: list[dict[str, Any]], template_kwargs: Mapping[str, Any] | None = None
+) -> list[int]:
+    """Token ids of a chat prompt; the policy server samples from exactly these, and training uses them
+    (both with the same ``template_kwargs``)."""
+    return text_ids(tokenizer, render_prompt_text(tokenizer, messages, template_kwargs))
 
 
 def text_ids(tokenizer: Any, text: str) -> list[int]:
@@ -120,6 +135,11 @@ class GroupFeed:
     waited_seconds: float = 0.0
     checkpoint_requested: str | None = None
     last: GroupsAnswer | None = field(default=None, repr=False)
+    # Rank 0: finds each rollout's sampled tokens (SampleMatcher) before the groups go to every rank.
+    match: Callable[[GroupsAnswer], GroupsAnswer] | None = None
+    # The last step's rollouts trained on their sampled tokens, and those tokenised from their text.
+    matched: int = 0
+    unmatched: int = 0
 
     def fetch(self, step: int) -> GroupsAnswer:
         answer: GroupsAnswer | None = None
@@ -127,6 +147,8 @@ class GroupFeed:
             started = time.monotonic()
             answer = self.client.groups(step, should_stop=self.should_stop)
             self.waited_seconds += time.monotonic() - started
+            if self.match is not None:
+                answer = self.match(answer)
         if self.world_size > 1:
             import torch.distributed as dist
 
@@ -141,9 +163,14 @@ class GroupFeed:
 
 
 def make_rollout_func(
-    feed: GroupFeed, tokenizer: Any, max_completion_length: int, lock: PolicyLock | None
+    feed: GroupFeed,
+    tokenizer: Any,
+    max_completion_length: int,
+    lock: PolicyLock | None,
+    template_kwargs: Mapping[str, Any] | None = None,
 ) -> Callable[[list[Any], Any], dict[str, Any]]:
-    """TRL's rollout_func for client groups (see the module docstring)."""
+    """TRL's rollout_func for client groups (see the module docstring); ``template_kwargs`` must be the
+    policy server's, so prompts are trained on as they were sampled from."""
 
     def rollout(prompts: list[Any], trainer: Any) -> dict[str, Any]:
         step = int(trainer.state.global_step) + 1
@@ -164,18 +191,64 @@ def make_rollout_func(
             )
         start = int(trainer.accelerator.process_index) * n
         mine = rollouts[start : start + n]
+        sampled = [r.sampled for r in rollouts]
+        feed.matched = sum(s is not None for s in sampled)
+        feed.unmatched = len(sampled) - feed.matched
+        if feed.unmatched and int(trainer.accelerator.process_index) == 0:
+            log.warning(
+                "step %d: %d of %d client completions are not what the policy server sampled (rewritten or "
+                "unknown text): trained on their text's tokens, without importance-sampling correction",
+                step,
+                feed.unmatched,
+                len(sampled),
+            )
+        ids: list[list[int]] = []
+        logprobs: list[list[float]] = []
+        for r in mine:
+            if r.sampled is not None:
+                tokens = list(r.sampled.ids[:max_completion_length])
+                ids.append(tokens)
+                logprobs.append(
+                    list(r.sampled.logprobs[: len(tokens)])
+                    if r.sampled.logprobs is not None
+                    else [math.nan] * len(tokens)
+                )
+            else:
+                tokens = completion_ids(tokenizer, r.completion, max_completion_length)
+                ids.append(tokens)
+                # NaN: no sampling log-probability, so TRL's importance ratio is 1 for these tokens.
+                logprobs.append([math.nan] * len(tokens))
         return {
-            "prompt_ids": [prompt_ids(tokenizer, r.messages) for r in mine],
-            "completion_ids": [completion_ids(tokenizer, r.completion, max_completion_length) for r in mine],
-            # The client does not send the sampling log-probabilities; TRL's importance-sampling correction
-            # is switched off for client jobs (client_loop.py), so none are needed.
-            "logprobs": None,
+            "prompt_ids": [prompt_ids(tokenizer, r.messages, template_kwargs) for r in mine],
+            "completion_ids": ids,
+            "logprobs": logprobs,
             REWARD_FIELD: [r.reward for r in mine],
             PROMPT_TEXT_FIELD: [r.messages[-1]["content"] for r in mine],
             COMPLETION_TEXT_FIELD: [r.completion for r in mine],
         }
 
     return rollout
+
+
+@dataclass
+class SampleMatcher:
+    """Rank 0: each rollout of a step's groups with the tokens the policy server sampled it as, looked up
+    in its SampleBook by the prompt's ids (rendered as for sampling) and the completion text."""
+
+    book: SampleBook
+    tokenizer: Any
+    template_kwargs: Mapping[str, Any] | None = None
+
+    def __call__(self, answer: GroupsAnswer) -> GroupsAnswer:
+        groups = []
+        for group in answer.groups:
+            rollouts = []
+            for rollout in group.rollouts:
+                ids = prompt_ids(self.tokenizer, rollout.messages, self.template_kwargs)
+                found = self.book.lookup(ids, rollout.completion)
+                rollouts.append(dataclasses.replace(rollout, sampled=found))
+            groups.append(Group(group.batch_id, rollouts))
+        return dataclasses.replace(answer, groups=groups)
 
 
 class ClientReward:

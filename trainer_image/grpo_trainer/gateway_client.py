@@ -26,6 +26,8 @@ from typing import Any, Literal
 
 from grpo_operator.api.gateway_config import GATEWAY_INTERNAL_TOKEN_ENV
 
+from grpo_trainer.sample_book import SampledTokens
+
 log = logging.getLogger("grpo_trainer.gateway")
 
 GROUPS_PATH = "/internal/v1/groups"
@@ -52,11 +54,13 @@ class GatewayUnavailable(RuntimeError):
 
 @dataclass(frozen=True)
 class Rollout:
-    """One scored completion of a group: the chat the client sampled from, its completion text, its reward."""
+    """One scored completion of a group: the chat the client sampled from, its completion text, its reward,
+    and, once rank 0 found it in its policy server's SampleBook, the tokens it was sampled as."""
 
     messages: list[dict[str, Any]]
     completion: str
     reward: float
+    sampled: SampledTokens | None = None
 
 
 @dataclass(frozen=True)

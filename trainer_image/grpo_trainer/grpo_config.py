@@ -203,6 +203,22 @@ def grpo_config_kwargs(
         "gradient_checkpointing": cuda,
         "use_cpu": not cuda,
     }
+    # Knobs TRL has its own default for: passed only when the spec (or its preset) sets them, so unset
+    # means TRL 1.16's default. trainer.json carries grpo.preset already resolved (TrainerConfig).
+    optional: dict[str, Any] = {
+        "importance_sampling_level": g.importance_sampling_level,
+        "num_iterations": g.num_iterations,
+        "mask_truncated_completions": g.mask_truncated_completions,
+        "top_k": g.top_k,
+        "min_p": g.min_p,
+        "repetition_penalty": g.repetition_penalty,
+        "chat_template_kwargs": g.chat_template_arguments() or None,
+        "vllm_importance_sampling_correction": g.vllm_importance_sampling_correction,
+        "vllm_importance_sampling_mode": g.vllm_importance_sampling_mode,
+        # TRL 1.16 deprecates vllm_importance_sampling_cap for this name.
+        "vllm_importance_sampling_clip_max": g.vllm_importance_sampling_cap,
+    }
+    kwargs.update({key: value for key, value in optional.items() if value is not None})
     gen = config.generation
     if gen.backend == "vllm-server":
         if not gen.server_host:

@@ -32,6 +32,7 @@ from grpo_trainer.metric_client import MetricServiceUnavailable
 from grpo_trainer.signals import StopFlag
 from grpo_trainer.steps import claim_workspace, plan_steps
 from grpo_trainer.vllm_wait import GenerationUnavailable
+from grpo_trainer.weight_sync import stop_retrying_when
 
 
 def run(config: TrainerConfig, env: RuntimeEnv) -> int:
@@ -39,6 +40,7 @@ def run(config: TrainerConfig, env: RuntimeEnv) -> int:
     MetricServiceUnavailable, CheckpointMismatch and NonFiniteTraining for the caller to classify."""
     stop = StopFlag()
     signal.signal(signal.SIGTERM, stop.set)
+    stop_retrying_when(stop.is_set)
     plan = plan_steps(config, env)
     workspace = claim_workspace(config, env)
     if config.rollouts is not None:

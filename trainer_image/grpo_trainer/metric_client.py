@@ -14,11 +14,12 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
 import random
 import threading
 import time
 from collections import deque
-from collections.abc import Coroutine, Sequence
+from collections.abc import Coroutine, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -51,6 +52,23 @@ MAX_REASON_CHARS = 500
 _READ_CHUNK_BYTES = 64 * 1024
 
 
+def weigh(result: ScoreResult, weights: Mapping[str, float]) -> ScoreResult:
+    """The reward as spec.metric.rewardWeights defines it: the weighted sum of the result's components. A
+    result without one of the weighted components is an error for its item (the metric broke its side of
+    the job's contract; scoring it as 0 would teach the policy something the user never asked for)."""
+    components = result.components or {}
+    missing = sorted(name for name in weights if name not in components)
+    if missing:
+        return ScoreResult.error(
+            result.id,
+            f"the metric's answer has no component {', '.join(map(repr, missing))}, which "
+            "spec.metric.rewardWeights weighs; it sent "
+            + (", ".join(map(repr, sorted(components))) if components else "none"),
+        )
+    reward = math.fsum(weight * components[name] for name, weight in weights.items())
+    return ScoreResult.ok(result.id, reward, components)
+
+
 class MetricServiceUnavailable(RuntimeError):
     """The metric service did not become healthy in time, or errors exceeded the configured budget."""
 
@@ -69,6 +87,8 @@ class ClientSettings:
     breaker_cooldown_seconds: float = 5.0
     max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES
     max_abs_reward: float = DEFAULT_MAX_ABS_REWARD
+    # spec.metric.rewardWeights: the reward is the weighted sum of these components (see weigh()).
+    reward_weights: Mapping[str, float] | None = None
 
 
 @dataclass
@@ -235,16 +255,27 @@ class MetricClient:
             return [ScoreResult.error(item.id, reason) for item in batch]
 
     def _bounded(self, result: ScoreResult) -> ScoreResult:
-        """Apply the reward bound and clip reasons. A reward of 1e300 is finite, but a group of them
-        overflows the group statistics to inf/NaN and a huge one swamps every other group's advantage."""
+        """Weigh the components (spec.metric.rewardWeights), apply the reward bound and clip reasons. A
+        reward of 1e300 is finite, but a group of them overflows the group statistics to inf/NaN and a huge
+        one swamps every other group's advantage; a component beyond the bound is refused the same way."""
         limit = self.settings.max_abs_reward
+        if result.kind == "reward":
+            for name, value in (result.components or {}).items():
+                if not abs(value) <= limit:
+                    return ScoreResult.error(
+                        result.id,
+                        f"component {name!r} {value!r} is outside [-{limit:g}, {limit:g}] "
+                        "(spec.metric.maxAbsReward)",
+                    )
+            if self.settings.reward_weights is not None:
+                result = weigh(result, self.settings.reward_weights)
         if result.kind == "reward" and result.reward is not None and not abs(result.reward) <= limit:
             return ScoreResult.error(
                 result.id,
                 f"reward {result.reward!r} is outside [-{limit:g}, {limit:g}] (spec.metric.maxAbsReward)",
             )
         if len(result.reason) > MAX_REASON_CHARS:
-            return ScoreResult(result.id, result.kind, result.reward, _clip(result.reason))
+            return ScoreResult(result.id, result.kind, result.reward, _clip(result.reason), result.components)
         return result
 
     async def _post_with_retries(

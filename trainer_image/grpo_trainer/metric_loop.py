@@ -51,6 +51,7 @@ def connect_metric(config: TrainerConfig) -> MetricClient:
             max_retries=m.max_retries,
             max_response_bytes=m.max_response_bytes,
             max_abs_reward=m.max_abs_reward,
+            reward_weights=m.reward_weights,
             breaker_cooldown_seconds=float(os.environ.get(BREAKER_COOLDOWN_ENV, "5")),
         )
     )
@@ -92,8 +93,10 @@ def run_metric_loop(
     config: TrainerConfig, env: RuntimeEnv, plan: BatchPlan, workspace: Workspace, stop: StopFlag
 ) -> int:
     """Wait for the metric service, then train on the dataset's prompts with its scores as rewards."""
+    from grpo_trainer.cost import attempt_ledger
     from grpo_trainer.progress import ProgressCallback
-    from grpo_trainer.reward import MetricReward
+    from grpo_trainer.reward import CompletionEnds, MetricReward
+    from grpo_trainer.trl_adapter import completion_end_token_ids
 
     client = connect_metric(config)
     assert config.metric is not None
@@ -115,8 +118,14 @@ def run_metric_loop(
             metrics=reporting.metrics,
             status=reporting.status,
             validation=validation,
+            cost=attempt_ledger(
+                config, env.world_size, len(validation.rows) if validation else 0, reporting.status
+            ),
         )
         trainer = build_trainer(config, workspace, args, tokenizer, train_rows, reward, callback, reporting)
+        reward.ends = CompletionEnds(
+            completion_end_token_ids(trainer, tokenizer.pad_token_id), int(args.max_completion_length)
+        )
         resumed_step = restore(trainer, config, env, workspace, reporting)
         train(trainer, config, workspace, resumed_step)
         code = finish(trainer, env, workspace, stopped_by_signal=callback.stopped_by_signal)

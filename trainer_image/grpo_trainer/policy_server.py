@@ -6,8 +6,11 @@ Backends: ``transformers`` samples in-process from the training model under :cla
 during a training step); ``vllm-server`` sends the prompt's token ids to the job's vLLM server through
 TRL's VLLMClient, whose weights TRL syncs before every step. Chats are rendered by the trainer
 (client_rollouts.render_prompt_text), so the completion a client sends back is trained on exactly the
-prompt it was sampled from. Honoured: max_tokens / max_completion_tokens (capped at
-grpo.maxCompletionLength), temperature, top_p, n, stop (cut after sampling); other fields are ignored.
+prompt it was sampled from, and every sample is recorded in a SampleBook, so it is trained on exactly the
+tokens sampled, with their log-probabilities (sample_book.py). Honoured: max_tokens / max_completion_tokens
+(capped at grpo.maxCompletionLength), temperature, top_p, n, stop (cut after sampling), logprobs (the
+sampled tokens' log-probabilities, in OpenAI's shape for each route) and vLLM's return_token_ids (the
+choice's token_ids and prompt_token_ids); other fields are ignored.
 """
 
 from __future__ import annotations
@@ -18,12 +21,13 @@ import math
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from grpo_trainer.client_rollouts import PolicyLock, prompt_ids, text_ids
+from grpo_trainer.sample_book import SampleBook, SampledTokens
 
 log = logging.getLogger("grpo_trainer.policy_server")
 
@@ -43,8 +47,25 @@ class Sampling:
     stop: list[str]
 
 
-# (prompt token ids, sampling) -> completion texts with their finish reasons and completion token counts.
-Sampler = Callable[[list[int], Sampling], list[tuple[str, str, int]]]
+@dataclass(frozen=True)
+class Sample:
+    """One sampled completion: its text, why it ended ("stop" or "length"), the token ids it was sampled as
+    (the end token included when the model emitted one) and, when the sampler reports them, each token's
+    log-probability under the sampling distribution (temperature applied); None when it cannot be had
+    (greedy sampling, a stop string cut inside a token)."""
+
+    text: str
+    finish_reason: str
+    token_ids: tuple[int, ...] | None
+    logprobs: tuple[float, ...] | None = None
+
+    @property
+    def tokens(self) -> int:
+        return len(self.token_ids) if self.token_ids is not None else 0
+
+
+# (prompt token ids, sampling) -> the n samples.
+Sampler = Callable[[list[int], Sampling], list[Sample]]
 
 
 def sampling_of(
@@ -101,7 +122,7 @@ def transformers_sampler(trainer: Any, tokenizer: Any) -> Sampler:
     eos = int(tokenizer.eos_token_id)
     pad = int(tokenizer.pad_token_id)
 
-    def sample(ids: list[int], sampling: Sampling) -> list[tuple[str, str, int]]:
+    def sample(ids: list[int], sampling: Sampling) -> list[Sample]:
         model = trainer.accelerator.unwrap_model(trainer.model)
         was_training = model.training
         model.eval()
@@ -119,19 +140,30 @@ def transformers_sampler(trainer: Any, tokenizer: Any) -> Sampler:
                     max_new_tokens=sampling.max_tokens,
                     pad_token_id=pad,
                     eos_token_id=eos,
+                    return_dict_in_generate=True,
+                    output_logits=True,
                     **extra,
                 )
+                generated = out.sequences[:, len(ids) :]
+                logprobs = None
+                if not greedy and out.logits:
+                    # The sampling distribution's log-probabilities as the trainer computes its own: the raw
+                    # logits over the temperature (top-p only cuts the tail the sampled token is not in).
+                    logits = torch.stack(out.logits, dim=1).float() / sampling.temperature
+                    chosen = generated[:, : logits.shape[1]].unsqueeze(-1)
+                    logprobs = torch.log_softmax(logits, dim=-1).gather(-1, chosen).squeeze(-1).tolist()
         finally:
             model.train(was_training)
         results = []
-        for row in out[:, len(ids) :].tolist():
+        for i, row in enumerate(generated.tolist()):
             tokens = row[: row.index(eos) + 1] if eos in row else row
             finished = bool(tokens) and tokens[-1] == eos
             results.append(
-                (
+                Sample(
                     tokenizer.decode(tokens, skip_special_tokens=True),
                     "stop" if finished else "length",
-                    len(tokens),
+                    tuple(tokens),
+                    tuple(logprobs[i][: len(tokens)]) if logprobs is not None else None,
                 )
             )
         return results
@@ -147,28 +179,46 @@ def vllm_sampler(trainer: Any, tokenizer: Any) -> Sampler:
     client = vllm_client(trainer)
     eos = int(tokenizer.eos_token_id)
 
-    def sample(ids: list[int], sampling: Sampling) -> list[tuple[str, str, int]]:
+    def sample(ids: list[int], sampling: Sampling) -> list[Sample]:
+        # logprobs=0: the sampled token's log-probability only, as TRL asks for it in metric jobs.
         output = client.generate(
             prompts=[ids],
             n=sampling.n,
             temperature=sampling.temperature,
             top_p=sampling.top_p,
             max_tokens=sampling.max_tokens,
-            logprobs=None,
+            logprobs=0,
         )
+        reported = output.get("logprobs") or [None] * len(output["completion_ids"])
         results = []
-        for tokens in output["completion_ids"]:
+        for tokens, per_token in zip(output["completion_ids"], reported, strict=False):
             finished = bool(tokens) and tokens[-1] == eos
+            logprobs = _sampled_logprobs(per_token, len(tokens))
             results.append(
-                (
+                Sample(
                     tokenizer.decode(tokens, skip_special_tokens=True),
                     "stop" if finished else "length",
-                    len(tokens),
+                    tuple(tokens),
+                    logprobs,
                 )
             )
         return results
 
     return sample
+
+
+def _sampled_logprobs(per_token: Any, length: int) -> tuple[float, ...] | None:
+    """The sampled tokens' log-probabilities from TRL's (seq_len, k) list (logprobs=0: the sampled token's
+    alone); None when the server's answer does not have one number per token."""
+    if not isinstance(per_token, list) or len(per_token) != length:
+        return None
+    out = []
+    for top in per_token:
+        value = top[0] if isinstance(top, list) and top else None
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            return None
+        out.append(float(value))
+    return tuple(out)
 
 
 class PolicyServer:
@@ -186,6 +236,8 @@ class PolicyServer:
         top_p: float,
         lock: PolicyLock | None = None,
         host: str = "0.0.0.0",
+        chat_template_kwargs: Mapping[str, Any] | None = None,
+        book: SampleBook | None = None,
     ):
         # Held around tokenising, sampling and decoding: the training thread holds it during a step, and
         # a fast tokenizer must not be used from two threads at once.
@@ -195,6 +247,10 @@ class PolicyServer:
         self.sampler = sampler
         self.max_completion_length = max_completion_length
         self.temperature, self.top_p = temperature, top_p
+        # spec.grpo.chatTemplateKwargs: the rollout function renders the client's chats with the same ones.
+        self.chat_template_kwargs = dict(chat_template_kwargs or {})
+        # Every answered sample, for training on exactly its tokens (client_rollouts.make_rollout_func).
+        self.book = book if book is not None else SampleBook()
         self.requests = 0
         server = self
 
@@ -269,13 +325,52 @@ class PolicyServer:
     def _sampling(self, body: dict[str, Any]) -> Sampling:
         return sampling_of(body, self.max_completion_length, self.temperature, self.top_p)
 
-    def _run(self, ids: list[int], sampling: Sampling) -> list[tuple[str, str, int]]:
+    def _run(self, ids: list[int], sampling: Sampling) -> list[Sample]:
         self.requests += 1
         out = []
-        for text, reason, tokens in self.sampler(ids, sampling):
-            cut, stopped = cut_at_stop(text, sampling.stop)
-            out.append((cut, "stop" if stopped else reason, tokens))
+        for sample in self.sampler(ids, sampling):
+            cut, stopped = cut_at_stop(sample.text, sampling.stop)
+            if stopped:
+                sample = self._stopped(sample, cut)
+            if sample.token_ids is not None:
+                self.book.record(ids, sample.text, SampledTokens(sample.token_ids, sample.logprobs))
+            out.append(sample)
         return out
+
+    def _stopped(self, sample: Sample, text: str) -> Sample:
+        """``sample`` cut at a stop string: the tokens whose text is exactly ``text``, or no tokens when the
+        cut falls inside a token (then the client's text cannot be trained on as sampled)."""
+        ids = sample.token_ids or ()
+
+        def decoded(k: int) -> str:
+            return str(self.tokenizer.decode(list(ids[:k]), skip_special_tokens=True))
+
+        # The shortest prefix whose text is at least as long as the cut text (prefix texts grow with k), by
+        # bisection: a completion of thousands of tokens is not decoded thousands of times under the lock.
+        low, high = 0, len(ids)
+        while low < high:
+            middle = (low + high) // 2
+            if len(decoded(middle)) >= len(text):
+                high = middle
+            else:
+                low = middle + 1
+        # Tokens that decode to nothing (special ones) may follow: the shortest matching prefix is the one.
+        for k in range(low, min(low + 2, len(ids)) + 1):
+            if decoded(k) == text:
+                logprobs = sample.logprobs[:k] if sample.logprobs is not None else None
+                return Sample(text, "stop", ids[:k], logprobs)
+        return Sample(text, "stop", None, None)
+
+    def _token_texts(self, sample: Sample) -> list[str]:
+        # As the completion's text is decoded: special tokens (an end token) show as nothing, so the
+        # offsets index the text the client got.
+        return [self.tokenizer.decode([token], skip_special_tokens=True) for token in sample.token_ids or ()]
+
+    def _extras(self, body: dict[str, Any], prompt: list[int], sample: Sample) -> dict[str, Any]:
+        """vLLM's return_token_ids fields on a choice, when asked for."""
+        if body.get("return_token_ids") is not True:
+            return {}
+        return {"prompt_token_ids": list(prompt), "token_ids": list(sample.token_ids or [])}
 
     def chat(self, body: dict[str, Any]) -> dict[str, Any]:
         messages = body.get("messages")
@@ -288,7 +383,8 @@ class PolicyServer:
             )
         ):
             raise BadRequest("messages must be a non-empty list of {role, content} with text content")
-        ids = prompt_ids(self.tokenizer, [{"role": m["role"], "content": m["content"]} for m in messages])
+        chat = [{"role": m["role"], "content": m["content"]} for m in messages]
+        ids = prompt_ids(self.tokenizer, chat, self.chat_template_kwargs)
         results = self._run(ids, self._sampling(body))
         return {
             "id": f"chatcmpl-{uuid.uuid4().hex}",
@@ -298,13 +394,38 @@ class PolicyServer:
             "choices": [
                 {
                     "index": i,
-                    "message": {"role": "assistant", "content": text},
-                    "finish_reason": reason,
-                    "logprobs": None,
+                    "message": {"role": "assistant", "content": sample.text},
+                    "finish_reason": sample.finish_reason,
+                    "logprobs": self._chat_logprobs(sample) if body.get("logprobs") is True else None,
+                    **self._extras(body, ids, sample),
                 }
-                for i, (text, reason, _) in enumerate(results)
+                for i, sample in enumerate(results)
             ],
             "usage": usage(len(ids), results),
+        }
+
+    def _chat_logprobs(self, sample: Sample) -> dict[str, Any] | None:
+        """The chat route's logprobs object: one entry per sampled token."""
+        if sample.logprobs is None:
+            return None
+        return {
+            "content": [
+                {"token": text, "logprob": logprob, "bytes": list(text.encode()), "top_logprobs": []}
+                for text, logprob in zip(self._token_texts(sample), sample.logprobs, strict=True)
+            ]
+        }
+
+    def _text_logprobs(self, sample: Sample) -> dict[str, Any] | None:
+        """The completions route's logprobs object: tokens, their log-probabilities and text offsets."""
+        if sample.logprobs is None:
+            return None
+        texts = self._token_texts(sample)
+        offsets = [sum(len(t) for t in texts[:i]) for i in range(len(texts))]
+        return {
+            "tokens": texts,
+            "token_logprobs": list(sample.logprobs),
+            "top_logprobs": None,
+            "text_offset": offsets,
         }
 
     def completions(self, body: dict[str, Any]) -> dict[str, Any]:
@@ -313,6 +434,7 @@ class PolicyServer:
         if not isinstance(prompts, list) or not prompts or not all(isinstance(p, str) for p in prompts):
             raise BadRequest("prompt must be a string or a non-empty list of strings")
         sampling = self._sampling(body)
+        wants_logprobs = isinstance(body.get("logprobs"), int) and not isinstance(body.get("logprobs"), bool)
         choices: list[dict[str, Any]] = []
         prompt_tokens = 0
         completion_tokens = 0
@@ -320,10 +442,16 @@ class PolicyServer:
             ids = text_ids(self.tokenizer, text_prompt)
             results = self._run(ids, sampling)
             prompt_tokens += len(ids)
-            completion_tokens += sum(t for _, _, t in results)
-            for text, reason, _ in results:
+            completion_tokens += sum(sample.tokens for sample in results)
+            for sample in results:
                 choices.append(
-                    {"index": len(choices), "text": text, "finish_reason": reason, "logprobs": None}
+                    {
+                        "index": len(choices),
+                        "text": sample.text,
+                        "finish_reason": sample.finish_reason,
+                        "logprobs": self._text_logprobs(sample) if wants_logprobs else None,
+                        **self._extras(body, ids, sample),
+                    }
                 )
         return {
             "id": f"cmpl-{uuid.uuid4().hex}",
@@ -339,8 +467,8 @@ class PolicyServer:
         }
 
 
-def usage(prompt_tokens: int, results: list[tuple[str, str, int]]) -> dict[str, int]:
-    completion = sum(t for _, _, t in results)
+def usage(prompt_tokens: int, results: list[Sample]) -> dict[str, int]:
+    completion = sum(sample.tokens for sample in results)
     return {
         "prompt_tokens": prompt_tokens,
         "completion_tokens": completion,

@@ -17,8 +17,9 @@ from grpo_operator.api.status import CheckpointStatus, ProgressStatus, RewardsSt
 from transformers import TrainerCallback
 
 from grpo_trainer.client_rollouts import ClientReward
+from grpo_trainer.cost import CostLedger
 from grpo_trainer.metric_client import ErrorBudget
-from grpo_trainer.prom import TrainerMetrics
+from grpo_trainer.prom import TrainerMetrics, finite, logged_fields, set_logged_gauges
 from grpo_trainer.reward import MetricReward
 from grpo_trainer.signals import StopFlag
 from grpo_trainer.status import StatusReporter
@@ -29,18 +30,37 @@ log = logging.getLogger("grpo_trainer.progress")
 
 # Groups per step written to samples.jsonl: enough for a person to read, small enough for long runs.
 SAMPLE_GROUPS_PER_STEP = 2
+# Reward components reported per job (status, metrics.jsonl, Prometheus series): the first names seen. A
+# metric that invents new names each step must not grow the status object or the series without bound.
+MAX_REPORTED_COMPONENTS = 16
+
+
+@dataclass
+class ComponentNames:
+    """The reward components a job reports: the first MAX_REPORTED_COMPONENTS names seen, in that order."""
+
+    names: list[str] = field(default_factory=list)
+    warned: bool = False
+
+    def reported(self, means: dict[str, float]) -> dict[str, float]:
+        for name in means:
+            if name not in self.names and len(self.names) < MAX_REPORTED_COMPONENTS:
+                self.names.append(name)
+        dropped = [name for name in means if name not in self.names]
+        if dropped and not self.warned:
+            self.warned = True
+            log.warning(
+                "the metric sent more than %d distinct reward component names; only the first are reported "
+                "(%s), not %s",
+                MAX_REPORTED_COMPONENTS,
+                ", ".join(self.names),
+                ", ".join(dropped[:5]),
+            )
+        return {name: means[name] for name in self.names if name in means}
 
 
 def iso_now() -> str:
     return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def finite(value: Any) -> float | None:
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        return None
-    return number if math.isfinite(number) else None
 
 
 def truncate_jsonl(path: Path, after_step: int) -> None:
@@ -86,6 +106,14 @@ class ProgressCallback(TrainerCallback):  # type: ignore[misc]
     _step_started: float = field(default_factory=time.monotonic)
     _last_tokens: float = 0.0
     _last_step_seconds: float = 0.0
+    _last_generation_seconds: float = 0.0
+    # The generation round the last logged step reported (see on_log).
+    _reported: StepStats | None = None
+    _components: ComponentNames = field(default_factory=ComponentNames)
+    # status.cost (rank 0 only; None elsewhere and without a status to write it to).
+    cost: CostLedger | None = None
+    _step_metric_started: float = 0.0
+    _last_metric_seconds: float = 0.0
 
     # -- called from inside the generation round (every rank, global numbers) ----------------------------
 
@@ -108,9 +136,15 @@ class ProgressCallback(TrainerCallback):  # type: ignore[misc]
 
     def on_step_begin(self, args: Any, state: Any, control: Any, **_: Any) -> None:
         self._step_started = time.monotonic()
+        self._step_metric_started = self.reward_seconds()
+        if self.trainer is not None:
+            self.trainer.grpo_generation_seconds = 0.0
 
     def on_step_end(self, args: Any, state: Any, control: Any, **_: Any) -> None:
         self._last_step_seconds = time.monotonic() - self._step_started
+        self._last_metric_seconds = self.reward_seconds() - self._step_metric_started
+        # Read before validation, which generates too but is not part of the step.
+        self._last_generation_seconds = self.trainer.grpo_generation_seconds if self.trainer else 0.0
         if self._any_rank_stopping():
             log.info("SIGTERM received: saving a checkpoint at step %d and exiting", state.global_step)
             self.stopped_by_signal = True
@@ -141,6 +175,12 @@ class ProgressCallback(TrainerCallback):  # type: ignore[misc]
         if not self.is_main or not logs or "train_runtime" in logs or self.trainer is None:
             return
         stats = self.trainer.grpo_step_stats
+        # With grpo.numIterations > 1 a step can train again on the batch an earlier step generated: it
+        # generated and scored nothing, so it counts nothing, and its reward figures are that batch's.
+        fresh = stats is not self._reported
+        self._reported = stats
+        generated = stats if fresh else StepStats()
+        origin = self.rollout_fields() if fresh else {}
         step = state.global_step
         record: dict[str, Any] = {
             "step": step,
@@ -150,17 +190,15 @@ class ProgressCallback(TrainerCallback):  # type: ignore[misc]
             "format_failure_ratio": stats.format_failure_ratio,
             "zero_std_group_ratio": stats.zero_std_group_ratio,
             "metric_error_ratio": stats.metric_error_ratio,
-            "rollouts": stats.rollouts,
-            "groups": stats.groups,
-            "tied_groups": stats.tied_groups,
-            "skipped_groups": stats.skipped_groups,
-            "refill_rounds": stats.refill_rounds,
-            "loss": finite(logs.get(LOG_KEYS["loss"])),
-            "kl": finite(logs.get(LOG_KEYS["kl"])),
-            "clip_ratio": finite(logs.get(LOG_KEYS["clip_ratio"])),
-            "completion_length": finite(logs.get(LOG_KEYS["completion_length"])),
-            "learning_rate": finite(logs.get(LOG_KEYS["learning_rate"])),
+            "rollouts": generated.rollouts,
+            "groups": generated.groups,
+            "tied_groups": generated.tied_groups,
+            "skipped_groups": generated.skipped_groups,
+            "refill_rounds": generated.refill_rounds,
+            **logged_fields(logs),
+            **origin,
             "step_seconds": round(self._last_step_seconds, 4),
+            "generation_seconds": round(self._last_generation_seconds, 4),
             "metric_seconds": round(self.reward_seconds(), 4),
         }
         if torch.cuda.is_available():
@@ -168,12 +206,29 @@ class ProgressCallback(TrainerCallback):  # type: ignore[misc]
             record["gpu_memory_peak_bytes"] = int(torch.cuda.max_memory_allocated())
         if self.validation and self.validation.last_step == step:
             record["validation_mean"] = self.validation.last_mean
+        components = self._components.reported(stats.components)
+        if components:
+            record["reward_components"] = components
         self._append(self.output_dir / "metrics.jsonl", [record])
-        self._write_samples(step)
+        if fresh:
+            self._write_samples(step)
         if self.metrics is not None:
-            self._export(stats, logs, step)
+            self._export(stats, generated, logs, step)
+            self.metrics.client_completions_unmatched.inc(int(origin.get("client_completions_unmatched", 0)))
+            for name, mean in components.items():
+                self.metrics.set_component(name, mean)
+        if self.cost is not None:
+            # Each dynamic-sampling refill round generated and scored a batch as large as the step's.
+            made = generated.rollouts * (1 + generated.refill_rounds)
+            scored_by_metric = made if isinstance(self.reward, MetricReward) else 0
+            generation = self._last_generation_seconds if fresh else 0.0
+            training = self._last_step_seconds - generation - self._last_metric_seconds
+            self.cost.add_step(made, scored_by_metric, generation, training)
         if self.status is not None:
-            self.status.update(self._status_body(stats, step))
+            body = self._status_body(stats, step, components)
+            if self.cost is not None:
+                body.update(self.cost.status())
+            self.status.update(body)
 
     def on_save(self, args: Any, state: Any, control: Any, **_: Any) -> None:
         if not self.is_main or self.trainer is None or self.trainer.grpo_last_manifest is None:
@@ -193,13 +248,19 @@ class ProgressCallback(TrainerCallback):  # type: ignore[misc]
 
     # -- helpers -------------------------------------------------------------------------------------------
 
+    def rollout_fields(self) -> dict[str, Any]:
+        """metrics.jsonl fields about where the step's rollouts came from (client-rollout jobs add some)."""
+        return {}
+
     def reward_seconds(self) -> float:
         """Cumulative wall time spent waiting for rewards (the metric service's scoring)."""
         if isinstance(self.reward, MetricReward):
             return self.reward.client.stats.seconds_in_score
         return 0.0
 
-    def _status_body(self, stats: StepStats, step: int) -> dict[str, Any]:
+    def _status_body(
+        self, stats: StepStats, step: int, components: dict[str, float] | None = None
+    ) -> dict[str, Any]:
         progress = ProgressStatus.model_validate(
             {
                 "step": step,
@@ -222,35 +283,33 @@ class ProgressCallback(TrainerCallback):  # type: ignore[misc]
         # Four decimals: `kubectl get grpo` prints the number as stored, and the full float is noise there
         # (metrics.jsonl and Prometheus keep full precision).
         rounded = {k: round(v, 4) if isinstance(v, float) else v for k, v in rewards.items() if v is not None}
+        if components:
+            rounded["components"] = {name: round(mean, 4) for name, mean in components.items()}
         model = RewardsStatus.model_validate(rounded)
         return {
             "progress": progress.model_dump(by_alias=True, exclude_none=True, mode="json"),
             "rewards": model.model_dump(by_alias=True, exclude_none=True, mode="json"),
         }
 
-    def _export(self, stats: StepStats, logs: dict[str, Any], step: int) -> None:
+    def _export(self, stats: StepStats, generated: StepStats, logs: dict[str, Any], step: int) -> None:
+        """Gauges from ``stats`` (the batch the step trained on), counters from ``generated`` (what the step
+        generated: nothing when it reused an earlier step's batch)."""
         m = self.metrics
         assert m is not None
         m.step.set(step)
         m.total_steps.set(self.total_steps)
-        for gauge, value in (
-            (m.reward_mean, stats.rewards_mean),
-            (m.reward_std, stats.rewards_std),
-            (m.kl, logs.get(LOG_KEYS["kl"])),
-            (m.clip_ratio, logs.get(LOG_KEYS["clip_ratio"])),
-            (m.completion_length, logs.get(LOG_KEYS["completion_length"])),
-            (m.loss, logs.get(LOG_KEYS["loss"])),
-        ):
+        for gauge, value in ((m.reward_mean, stats.rewards_mean), (m.reward_std, stats.rewards_std)):
             number = finite(value)
             if number is not None:
                 gauge.set(number)
-        m.format_failures.inc(stats.format_failures)
-        m.metric_errors.inc(stats.metric_errors)
-        m.zero_std_groups.inc(stats.tied_groups)
-        m.groups_skipped.inc(stats.skipped_groups)
-        m.groups.inc(stats.groups)
+        set_logged_gauges(m, logs)
+        m.format_failures.inc(generated.format_failures)
+        m.metric_errors.inc(generated.metric_errors)
+        m.zero_std_groups.inc(generated.tied_groups)
+        m.groups_skipped.inc(generated.skipped_groups)
+        m.groups.inc(generated.groups)
         m.zero_std_group_ratio.set(stats.zero_std_group_ratio)
-        m.rollouts.inc(stats.rollouts)
+        m.rollouts.inc(generated.rollouts)
         tokens = finite(logs.get(LOG_KEYS["tokens"])) or 0.0  # TRL reports a running total
         if tokens > self._last_tokens:
             m.tokens.inc(tokens - self._last_tokens)
@@ -309,15 +368,21 @@ class ProgressCallback(TrainerCallback):  # type: ignore[misc]
         assert model is not None
         was_training = model.training
         model.eval()
+        generation_started = time.monotonic()
         try:
             with torch.no_grad():
-                completions = generate_completions(trainer, prompts)
+                completions, completion_ids = generate_completions(trainer, prompts)
         finally:
             model.train(was_training)
             clear_eval_metrics(trainer)
+        if self.cost is not None:
+            # Every rank's answers are scored; rank 0's ledger counts them all.
+            self.cost.add_validation(len(rows), time.monotonic() - generation_started)
         columns = {key: [row[key] for row in shard] for key in shard[0]} if shard else {}
         columns.pop("prompt", None)
-        items = self.reward.build_items(prompts, completions, columns, tag=f"v{step}")[:real]
+        items = self.reward.build_items(
+            prompts, completions, columns, tag=f"v{step}", completion_ids=completion_ids
+        )[:real]
         results = self.reward.client.score(items, path=self.validation.score_path)
         rewards = [self.reward.to_reward(r) for r in results]
         scored = [r for r in rewards if r is not None]

@@ -3,9 +3,14 @@ labels grpojob and namespace on every series. Served by rank 0 only."""
 
 from __future__ import annotations
 
+import math
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+
+from grpo_trainer.trl_adapter import LOG_KEYS, PROJECT_LOG_KEYS
 
 LABELS = ("grpojob", "namespace")
 STEP_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800)
@@ -37,6 +42,25 @@ class TrainerMetrics:
     metric_score_seconds: Counter
     non_finite_steps: Counter
     groups_skipped: Counter
+    client_completions_unmatched: Counter
+    weight_sync_seconds: Gauge
+    served_logprob_diff: Gauge
+    served_model_drifts: Counter
+    clip_ratio_low: Gauge
+    clip_ratio_high: Gauge
+    entropy: Gauge
+    truncated_completion_ratio: Gauge
+    importance_sampling_ratio_mean: Gauge
+    importance_sampling_ratio_min: Gauge
+    importance_sampling_ratio_max: Gauge
+    importance_sampling_masked_ratio: Gauge
+    # Labelled by component as well: set through set_component().
+    reward_component_mean: Gauge
+    job_labels: dict[str, str]
+
+    def set_component(self, name: str, mean: float) -> None:
+        """One reward component's mean; the trainer passes at most MAX_REPORTED_COMPONENTS names a job."""
+        self.reward_component_mean.labels(**self.job_labels, component=name).set(mean)
 
     @staticmethod
     def create(job: str, namespace: str, registry: CollectorRegistry | None = None) -> TrainerMetrics:
@@ -111,7 +135,123 @@ class TrainerMetrics:
                 "Groups left out of training because of their data: a reward beyond the reward bound (the "
                 "group gets advantage 0; the run goes on).",
             ),
+            client_completions_unmatched=counter(
+                "grpo_client_completions_unmatched_total",
+                "Client-rollout jobs: completions the client sent that the policy server never sampled "
+                "(rewritten text), trained on their text's tokens without importance-sampling correction.",
+            ),
+            weight_sync_seconds=gauge(
+                "grpo_weight_sync_seconds",
+                "Wall time of the last weight sync to the vLLM server (spec.generation.weightSync).",
+            ),
+            served_logprob_diff=gauge(
+                "grpo_served_logprob_diff",
+                "Mean |served - trained| log-probability of a fixed probe text after the last weight sync; "
+                "above 0.2 vLLM serves other weights than the trainer trains.",
+            ),
+            served_model_drifts=counter(
+                "grpo_served_model_drifts_total",
+                "Weight syncs after which the served model's log-probabilities did not match the trainer's.",
+            ),
+            clip_ratio_low=gauge(
+                "grpo_clip_ratio_low",
+                "Fraction of tokens with a negative advantage whose ratio was clipped at 1 - epsilon.",
+            ),
+            clip_ratio_high=gauge(
+                "grpo_clip_ratio_high",
+                "Fraction of tokens with a positive advantage whose ratio was clipped at 1 + epsilonHigh.",
+            ),
+            entropy=gauge(
+                "grpo_entropy", "Mean per-token entropy of the policy on the last step's completions."
+            ),
+            truncated_completion_ratio=gauge(
+                "grpo_truncated_completion_ratio",
+                "Fraction of the last step's completions cut off at maxCompletionLength (no end token).",
+            ),
+            importance_sampling_ratio_mean=gauge(
+                "grpo_importance_sampling_ratio_mean",
+                "Mean trainer/vLLM importance ratio of the last step's tokens (vLLM correction on).",
+            ),
+            importance_sampling_ratio_min=gauge(
+                "grpo_importance_sampling_ratio_min",
+                "Smallest trainer/vLLM importance ratio of the last step (vLLM correction on).",
+            ),
+            importance_sampling_ratio_max=gauge(
+                "grpo_importance_sampling_ratio_max",
+                "Largest trainer/vLLM importance ratio of the last step (vLLM correction on).",
+            ),
+            importance_sampling_masked_ratio=gauge(
+                "grpo_importance_sampling_masked_ratio",
+                "Fraction of the last step's completion tokens whose importance weight was masked to 0 "
+                "(vLLM correction in a mask mode).",
+            ),
+            reward_component_mean=Gauge(
+                "grpo_reward_component_mean",
+                "Mean of one named reward component (label component) over the last step's scored "
+                "completions; the reward is their sum, or their weighted sum under spec.metric.rewardWeights.",
+                (*LABELS, "component"),
+                registry=reg,
+            ),
+            job_labels=values,
         )
 
     def serve(self, port: int) -> None:
         start_http_server(port, registry=self.registry)
+
+
+def finite(value: Any) -> float | None:
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return None
+    return number if math.isfinite(number) else None
+
+
+@dataclass(frozen=True)
+class LoggedSignal:
+    """A per-step number the trainer's logs carry, and where it is exported."""
+
+    field: str  # its key in metrics.jsonl
+    log_key: str  # its key in the logs TRL hands to callbacks
+    gauge: str | None  # the TrainerMetrics gauge it sets; None: metrics.jsonl only
+
+
+def _trl(field: str, gauge: str | None = None) -> LoggedSignal:
+    return LoggedSignal(field, LOG_KEYS[field], gauge)
+
+
+# Every step's logged number, in metrics.jsonl's order; a key absent from a step's logs (TRL logs kl only
+# with beta > 0, the importance-sampling figures only with the vLLM correction) is null there and leaves
+# its gauge as it was.
+LOGGED_SIGNALS: tuple[LoggedSignal, ...] = (
+    _trl("loss", "loss"),
+    _trl("kl", "kl"),
+    _trl("clip_ratio", "clip_ratio"),
+    _trl("completion_length", "completion_length"),
+    _trl("learning_rate"),
+    _trl("clip_ratio_low", "clip_ratio_low"),
+    _trl("clip_ratio_high", "clip_ratio_high"),
+    _trl("entropy", "entropy"),
+    _trl("truncated_ratio", "truncated_completion_ratio"),
+    _trl("importance_sampling_ratio_mean", "importance_sampling_ratio_mean"),
+    _trl("importance_sampling_ratio_min", "importance_sampling_ratio_min"),
+    _trl("importance_sampling_ratio_max", "importance_sampling_ratio_max"),
+    LoggedSignal(
+        "importance_sampling_masked_ratio",
+        PROJECT_LOG_KEYS["importance_sampling_masked_ratio"],
+        "importance_sampling_masked_ratio",
+    ),
+)
+
+
+def logged_fields(logs: Mapping[str, Any]) -> dict[str, float | None]:
+    """The metrics.jsonl fields of one step's logs (non-finite values as null)."""
+    return {signal.field: finite(logs.get(signal.log_key)) for signal in LOGGED_SIGNALS}
+
+
+def set_logged_gauges(metrics: TrainerMetrics, logs: Mapping[str, Any]) -> None:
+    """Set the gauge of each signal the step logged a finite value for."""
+    for signal in LOGGED_SIGNALS:
+        number = finite(logs.get(signal.log_key))
+        if signal.gauge is not None and number is not None:
+            getattr(metrics, signal.gauge).set(number)

@@ -4,10 +4,11 @@ None, which the advantage code leaves out of the group statistics)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from grpo_metric.protocol import ScoreItem, ScoreResult
+from grpo_metric.protocol import FINISH_LENGTH, FINISH_STOP, ScoreItem, ScoreResult
 
 from grpo_trainer.metric_client import MetricClient
 
@@ -27,6 +28,23 @@ def text_of(value: Any) -> str:
     return str(value)
 
 
+@dataclass(frozen=True)
+class CompletionEnds:
+    """How to tell why a completion ended from its token ids, as TRL tells a truncated completion
+    (``completions/clipped_ratio``, ``mask_truncated_completions``): one whose last token is neither an
+    end-of-sequence nor the pad token did not end by itself."""
+
+    end_token_ids: frozenset[int]
+    max_completion_length: int
+
+    def finish_reason(self, ids: Sequence[int]) -> str:
+        # A completion that stopped early without an end token (a stop string, a client's own limit) was
+        # not cut off at maxCompletionLength: only one that used the whole budget is "length".
+        if ids and ids[-1] not in self.end_token_ids and len(ids) >= self.max_completion_length:
+            return FINISH_LENGTH
+        return FINISH_STOP
+
+
 @dataclass
 class ScoredBatch:
     """What the last call saw, for sample logging and the step's counters."""
@@ -43,6 +61,18 @@ class ScoredBatch:
     def errors(self) -> int:
         return sum(r.kind == "error" for r in self.results)
 
+    def component_totals(self) -> dict[str, tuple[float, int]]:
+        """Each reward component's (sum, count) over the scored completions (format failures and errors
+        have none)."""
+        totals: dict[str, tuple[float, int]] = {}
+        for result in self.results:
+            if result.kind != "reward" or not result.components:
+                continue
+            for name, value in result.components.items():
+                total, count = totals.get(name, (0.0, 0))
+                totals[name] = (total + value, count + 1)
+        return totals
+
 
 class MetricReward:
     __name__ = "metric"  # TRL logs rewards/<__name__>/mean
@@ -53,15 +83,33 @@ class MetricReward:
         self.rank = rank
         self.last = ScoredBatch()
         self.calls = 0
+        # Set once the trainer knows its tokenizer's end tokens (metric_loop.py); until then, and for a
+        # call without token ids, items carry no finishReason.
+        self.ends: CompletionEnds | None = None
 
     def build_items(
-        self, prompts: list[Any], completions: list[Any], columns: dict[str, list[Any]], tag: str
+        self,
+        prompts: list[Any],
+        completions: list[Any],
+        columns: dict[str, list[Any]],
+        tag: str,
+        completion_ids: Sequence[Sequence[int]] | None = None,
     ) -> list[ScoreItem]:
         items = []
         for i, (prompt, completion) in enumerate(zip(prompts, completions, strict=True)):
             example = {key: values[i] for key, values in columns.items() if key not in _TRL_KWARGS}
             example.setdefault("prompt", prompt)
-            items.append(ScoreItem(f"{tag}-r{self.rank}-{i}", text_of(prompt), text_of(completion), example))
+            ids = completion_ids[i] if completion_ids is not None else None
+            items.append(
+                ScoreItem(
+                    f"{tag}-r{self.rank}-{i}",
+                    text_of(prompt),
+                    text_of(completion),
+                    example,
+                    completion_tokens=len(ids) if ids is not None else None,
+                    finish_reason=self.ends.finish_reason(ids) if ids is not None and self.ends else None,
+                )
+            )
         return items
 
     def to_reward(self, result: ScoreResult) -> float | None:
@@ -75,7 +123,14 @@ class MetricReward:
         state = kwargs.get("trainer_state")
         step = getattr(state, "global_step", 0)
         self.calls += 1
-        items = self.build_items(prompts, completions, kwargs, tag=f"s{step}-c{self.calls}")
+        # TRL passes each completion's token ids (the end token included when the model emitted one).
+        items = self.build_items(
+            prompts,
+            completions,
+            kwargs,
+            tag=f"s{step}-c{self.calls}",
+            completion_ids=kwargs.get("completion_ids"),
+        )
         results = self.client.score(items)
         self.last = ScoredBatch([i.prompt for i in items], [i.completion for i in items], results)
         return [self.to_reward(r) for r in results]

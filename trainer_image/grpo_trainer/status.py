@@ -1,6 +1,6 @@
-"""Rank 0 reports progress to its GRPOJob: a JSON merge patch of the status subresource with only
-status.progress, status.rewards and status.checkpoint (phase, conditions and restarts belong to the
-operator). Patches are rate-limited, sent from a background thread so a slow API server never stalls a
+"""Rank 0 reports progress to its GRPOJob: a JSON merge patch of the status subresource with only the
+trainer's sections (api.status.TRAINER_STATUS_FIELDS: progress, rewards, checkpoint, servedModel, cost;
+phase, conditions and restarts belong to the operator). Patches are rate-limited, sent from a background thread so a slow API server never stalls a
 training step, and failures are logged, never fatal."""
 
 from __future__ import annotations
@@ -12,10 +12,12 @@ import threading
 import time
 from typing import Any
 
+from grpo_operator.api.status import TRAINER_STATUS_FIELDS
+
 log = logging.getLogger("grpo_trainer.status")
 
 GROUP, VERSION, PLURAL = "grpo.dev", "v1alpha1", "grpojobs"
-OWNED_FIELDS = ("progress", "rewards", "checkpoint")
+OWNED_FIELDS = TRAINER_STATUS_FIELDS
 
 
 def _merge(into: dict[str, Any], update: dict[str, Any]) -> None:
@@ -113,6 +115,22 @@ class StatusReporter:
         except Exception as exc:  # the API server being away must never stop training
             self.failures += 1
             log.warning("status patch of grpojob %s/%s failed: %s", self.namespace, self.name, exc)
+
+    def read(self) -> dict[str, Any] | None:
+        """The job as the API server has it (the Role's `get` on the status subresource returns the whole
+        object), or None when it cannot be read or is another job of the same name."""
+        try:
+            job = self._api.get_namespaced_custom_object_status(
+                GROUP, VERSION, self.namespace, PLURAL, self.name, _request_timeout=self.timeout
+            )
+        except Exception as exc:  # reading back is a convenience: training goes on without it
+            log.warning("reading grpojob %s/%s failed: %s", self.namespace, self.name, exc)
+            return None
+        if not isinstance(job, dict):
+            return None
+        if self.uid and (job.get("metadata") or {}).get("uid") != self.uid:
+            return None
+        return job
 
     def flush(self, timeout_seconds: float = 30.0) -> None:
         """Send whatever is queued now and wait for it (used at checkpoints' end and at exit)."""

@@ -6,6 +6,7 @@ steps of its own rollout source; main.py only picks the loop and maps errors to 
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 from collections.abc import Callable
@@ -28,6 +29,27 @@ if TYPE_CHECKING:
     from grpo_trainer.trainer import ProjectGRPOTrainer
 
 log = logging.getLogger("grpo_trainer")
+
+# GRPOConfig arguments that decide the algorithm (logged at start; the rest are batch and run plumbing).
+ALGORITHM_KWARGS = (
+    "loss_type",
+    "importance_sampling_level",
+    "epsilon",
+    "epsilon_high",
+    "beta",
+    "scale_rewards",
+    "num_iterations",
+    "mask_truncated_completions",
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "repetition_penalty",
+    "chat_template_kwargs",
+    "vllm_importance_sampling_correction",
+    "vllm_importance_sampling_mode",
+    "vllm_importance_sampling_clip_max",
+)
 
 
 def _is_local_dir(name: str) -> bool:
@@ -127,6 +149,11 @@ def grpo_args(config: TrainerConfig, plan: BatchPlan, env: RuntimeEnv, **overrid
 
     kwargs = grpo_config_kwargs(config, plan, cuda=torch.cuda.is_available(), attempt=env.attempt)
     kwargs.update(overrides)
+    if env.is_main:
+        # What the loss and sampling run with, preset resolved: the stored spec shows only the preset's name.
+        knobs = ", ".join(f"{key}={kwargs[key]}" for key in ALGORITHM_KWARGS if key in kwargs)
+        preset = f"preset {config.grpo.preset}: " if config.grpo.preset else ""
+        log.info("GRPO %s%s, dynamic_sampling=%s", preset, knobs, config.grpo.dynamic_sampling)
     if config.generation.backend == "vllm-server":
         # Before GRPOConfig (which joins the process group) and TRL's client (whose own timeout then
         # only covers a server that already answers): vLLM may still be loading the model.
@@ -179,6 +206,14 @@ def build_trainer(
     (e.g. TRL's rollout_func)."""
     from grpo_trainer.trainer import ProjectGRPOTrainer
 
+    served = config.generation.backend == "vllm-server"
+    if served:
+        from grpo_trainer.weight_sync import ServedModelProbe, generation_class
+
+        gen = config.generation
+        extra["vllm_generation"] = generation_class(
+            gen.weight_sync, gen.weight_sync_dir, ServedModelProbe(tokenizer)
+        )
     trainer = ProjectGRPOTrainer(
         model=config.model.name,
         reward_funcs=[reward],
@@ -201,7 +236,60 @@ def build_trainer(
     metrics = reporting.metrics
     if metrics is not None:
         trainer.grpo_on_non_finite = lambda _: metrics.non_finite_steps.inc()
+    if served and trainer.accelerator.is_main_process:
+        trainer.vllm_generation.on_sync = SyncReporter(  # type: ignore[attr-defined]
+            trainer, reporting, config.generation.weight_sync or "nccl", workspace.output_dir / SYNC_LOG
+        )
     return trainer
+
+
+# One line per weight sync in the output directory, beside metrics.jsonl.
+SYNC_LOG = "weight_syncs.jsonl"
+
+
+@dataclass
+class SyncReporter:
+    """Rank 0's report of each weight sync: a line in output/weight_syncs.jsonl, Prometheus,
+    status.servedModel, and a warning in the log when vLLM serves other weights than the trainer's
+    (weight_sync.ServedModelProbe)."""
+
+    trainer: Any
+    reporting: Reporting
+    transport: str
+    path: Path
+
+    def __call__(self, report: Any) -> None:
+        step = int(self.trainer.state.global_step)
+        metrics = self.reporting.metrics
+        if metrics is not None:
+            metrics.weight_sync_seconds.set(report.seconds)
+        body: dict[str, Any] = {"weightSync": self.transport, "lastSyncSeconds": round(report.seconds, 3)}
+        probe = report.probe
+        if probe is not None:
+            if metrics is not None:
+                metrics.served_logprob_diff.set(probe.mean_abs_diff)
+                if not probe.in_sync:
+                    metrics.served_model_drifts.inc()
+            body.update(
+                checkedStep=step,
+                logprobDiff=round(probe.mean_abs_diff, 4) if probe.mean_abs_diff < 1e6 else 1e6,
+                inSync=probe.in_sync,
+                message=None if probe.in_sync else probe.describe(),
+            )
+            if probe.in_sync:
+                log.info("step %d: served model matches the trained one (%.4f)", step, probe.mean_abs_diff)
+            else:
+                log.warning("step %d: %s", step, probe.describe())
+        record = {"step": step, "transport": self.transport, "seconds": round(report.seconds, 4)}
+        if probe is not None:
+            record.update(
+                logprob_diff=probe.mean_abs_diff, max_logprob_diff=probe.max_abs_diff, in_sync=probe.in_sync
+            )
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with self.path.open("a", encoding="utf-8") as handle:
+            handle.write(json.dumps(record) + "\n")
+        if self.reporting.status is not None:
+            self.reporting.status.update({"servedModel": body})
 
 
 def reward_bound(config: TrainerConfig) -> float:

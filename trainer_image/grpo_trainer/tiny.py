@@ -1,7 +1,13 @@
 """A tiny randomly initialised Qwen2 model and character-level tokenizer, saved like a Hub checkpoint.
 
 No model hub is reachable from CPU test machines; this gives TRL a real (if small) causal LM to train.
-``python -m grpo_trainer.tiny OUT_DIR`` writes one for demos."""
+``python -m grpo_trainer.tiny OUT_DIR`` writes one for demos.
+
+The model is one vLLM's CPU build serves: its attention kernels support head sizes 32, 64, 80, 96, 112,
+128, 160, 192, 224, 256 and 512 only (a head of 16 passes /health and then kills the engine on the first
+request), so heads are HEAD_DIM wide. Its output layer is not tied to the embedding by default, because
+a tied model's served output layer does not follow weight updates on vLLM's CPU build
+(docs/trainer.md, "Served-model check"); ``tie_embeddings=True`` builds one to test exactly that."""
 
 from __future__ import annotations
 
@@ -11,6 +17,7 @@ from pathlib import Path
 
 SPECIALS = ["<pad>", "<eos>", "<unk>"]
 CHARS = list(string.ascii_lowercase + string.digits + " .,:;?!=+-*/#()'\"\n")
+HEAD_DIM = 32
 
 
 def build_tokenizer() -> object:
@@ -32,7 +39,15 @@ def build_tokenizer() -> object:
     )
 
 
-def build(out_dir: str | Path, *, hidden_size: int = 64, layers: int = 2, seed: int = 0) -> Path:
+def build(
+    out_dir: str | Path,
+    *,
+    hidden_size: int = 64,
+    layers: int = 2,
+    seed: int = 0,
+    tie_embeddings: bool = False,
+    head_dim: int = HEAD_DIM,
+) -> Path:
     import torch
     from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
 
@@ -45,10 +60,11 @@ def build(out_dir: str | Path, *, hidden_size: int = 64, layers: int = 2, seed: 
         hidden_size=hidden_size,
         intermediate_size=hidden_size * 2,
         num_hidden_layers=layers,
-        num_attention_heads=4,
-        num_key_value_heads=2,
+        # Qwen2 derives the head size as hidden_size / num_attention_heads.
+        num_attention_heads=max(1, hidden_size // head_dim),
+        num_key_value_heads=max(1, hidden_size // head_dim // 2),
         max_position_embeddings=512,
-        tie_word_embeddings=True,
+        tie_word_embeddings=tie_embeddings,
         pad_token_id=SPECIALS.index("<pad>"),
         eos_token_id=SPECIALS.index("<eos>"),
         bos_token_id=None,

@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,7 +37,7 @@ from grpo_trainer.advantages import (
 )
 from grpo_trainer.checkpoints import GRPO_STATE_FILE, Manifest, Owner, publish
 from grpo_trainer.errors import NonFiniteTraining
-from grpo_trainer.trl_adapter import staged_checkpoint_dir
+from grpo_trainer.trl_adapter import PROJECT_LOG_KEYS, staged_checkpoint_dir, vllm_generation_class
 
 log = logging.getLogger("grpo_trainer.trainer")
 # Extra generation rounds one step may spend replacing tied groups before training on what it has.
@@ -66,6 +67,20 @@ class SkippedGroup:
         )
 
 
+# TRL's modes of the vLLM importance-sampling correction that zero a weight outside the bounds, rather than
+# clamp it.
+IS_MASK_MODES = frozenset({"token_mask", "sequence_mask"})
+
+
+def masked_token_counts(ratio: torch.Tensor, completion_mask: torch.Tensor) -> tuple[int, int]:
+    """(completion tokens whose importance weight TRL masked to 0, completion tokens). ``ratio`` is
+    (B, T) in the token modes and (B, 1), one weight per completion, in the sequence modes."""
+    mask = completion_mask.bool()
+    zero = ratio == 0
+    masked = zero[:, :1].expand_as(mask) & mask if ratio.shape[1] == 1 else zero & mask
+    return int(masked.sum().item()), int(mask.sum().item())
+
+
 @dataclass
 class StepStats:
     """One optimizer step's scoring, over all ranks (filled on every rank; logged by rank 0)."""
@@ -81,6 +96,8 @@ class StepStats:
     replaced_groups: int = 0
     # Groups left out of training because a reward lies beyond the bound (see SkippedGroup).
     skipped: list[SkippedGroup] = field(default_factory=list)
+    # Each named reward component's mean over the scored completions (metrics that send components).
+    components: dict[str, float] = field(default_factory=dict)
 
     @property
     def skipped_groups(self) -> int:
@@ -168,9 +185,12 @@ class ProjectGRPOTrainer(GRPOTrainer):  # type: ignore[misc]
         max_abs_reward: float = DEFAULT_MAX_ABS_REWARD,
         on_scored: Callable[[StepStats], None] | None = None,
         pad_token_id: int = 0,
+        vllm_generation: type[Any] | None = None,
         **kwargs: Any,
     ):
-        super().__init__(*args, **kwargs)
+        # The vLLM helper with the job's weight transport and the served-model probe (weight_sync.py).
+        with vllm_generation_class(vllm_generation):
+            super().__init__(*args, **kwargs)
         self.grpo_scale_rewards: ScaleRewards = scale_rewards_mode
         # Enforced on every reward whatever its source (the metric client and the gateway bound them too).
         self.grpo_max_abs_reward = max_abs_reward
@@ -189,6 +209,9 @@ class ProjectGRPOTrainer(GRPOTrainer):  # type: ignore[misc]
         self.grpo_last_rewards: torch.Tensor | None = None
         self.grpo_last_result: AdvantageResult | None = None
         self.grpo_step_stats = StepStats()
+        # Wall time of TRL's generation rounds (the weight sync to vLLM included) since the progress callback
+        # last reset it: metrics.jsonl's generation_seconds.
+        self.grpo_generation_seconds = 0.0
         self.grpo_samples = LocalSamples()
         self.grpo_last_manifest: Manifest | None = None
         self.grpo_refill: RefillSource | None = None
@@ -206,10 +229,18 @@ class ProjectGRPOTrainer(GRPOTrainer):  # type: ignore[misc]
         self.grpo_last_rewards = rewards_per_func[:, 0].detach().clone()
         return rewards_per_func
 
+    def _generate(self, prompts: Any) -> Any:
+        started = time.monotonic()
+        try:
+            return super()._generate(prompts)
+        finally:
+            self.grpo_generation_seconds += time.monotonic() - started
+
     def _score_round(self, inputs: list[dict[str, Any]]) -> tuple[dict[str, Any], AdvantageResult, list[int]]:
         """One generation round through TRL, with our advantages. Returns TRL's output dict (advantages
         replaced), the global result and this rank's [format failures, errors, rollouts] counts."""
         output = super()._generate_and_score_completions(inputs)
+        self._log_masked_importance_weights(output)
         assert self.grpo_last_rewards is not None
         group_size = self.grpo_group_size
         result = compute_advantages(
@@ -226,6 +257,35 @@ class ProjectGRPOTrainer(GRPOTrainer):  # type: ignore[misc]
         ff = scored.format_failures if scored is not None else 0
         err = scored.errors if scored is not None else int(torch.isnan(self.grpo_last_rewards).sum().item())
         return output, result, [ff, err, n_local]
+
+    def _component_means(self) -> dict[str, float]:
+        """Each reward component's mean over every rank's scored completions of the last round."""
+        scored = getattr(self.reward_funcs[0], "last", None)
+        component_totals = getattr(scored, "component_totals", None)
+        local = component_totals() if component_totals is not None else {}
+        parts = [local]
+        if self.accelerator.num_processes > 1:
+            from accelerate.utils import gather_object
+
+            parts = gather_object([local])
+        merged: dict[str, tuple[float, int]] = {}
+        for part in parts:
+            for name, (total, count) in part.items():
+                old_total, old_count = merged.get(name, (0.0, 0))
+                merged[name] = (old_total + total, old_count + count)
+        return {name: total / count for name, (total, count) in sorted(merged.items()) if count}
+
+    def _log_masked_importance_weights(self, output: dict[str, Any]) -> None:
+        """TRL's mask modes leave tokens out of the loss when their vLLM importance ratio is out of bounds
+        but log no count of them: log the share of completion tokens so masked beside TRL's ratio
+        statistics, through its own per-step logs."""
+        ratio = output.get("importance_sampling_ratio")
+        if ratio is None or getattr(self.args, "vllm_importance_sampling_mode", None) not in IS_MASK_MODES:
+            return
+        masked, total = self._global_counts(list(masked_token_counts(ratio, output["completion_mask"])))
+        if total:
+            key = PROJECT_LOG_KEYS["importance_sampling_masked_ratio"]
+            self._metrics["train"][key].append(masked / total)
 
     def _global_counts(self, local: list[int]) -> list[int]:
         tensor = torch.tensor(local, dtype=torch.long, device=self.accelerator.device)
@@ -265,6 +325,7 @@ class ProjectGRPOTrainer(GRPOTrainer):  # type: ignore[misc]
             groups=int(result.scored_groups.sum()),
             tied_groups=result.num_tied,
             skipped=self._skipped_groups(rewards, result),
+            components=self._component_means(),
         )
         if self.grpo_dynamic_sampling and self.grpo_refill is not None:
             output = self._refill_tied_groups(inputs, output, result, stats)

@@ -14,6 +14,8 @@ names (and the ``why`` of the others), adapt ``trainer.py`` and this module, the
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -43,7 +45,14 @@ OVERRIDDEN: tuple[Internal, ...] = (
         "_generate_and_score_completions",
         ("inputs",),
         "replaces output['advantages'] with the project's advantages and, with dynamicSampling, swaps tied "
-        "groups for new ones row by row (the keys in GENERATION_OUTPUT_KEYS)",
+        "groups for new ones row by row (the keys in GENERATION_OUTPUT_KEYS); TRL calls it once per "
+        "generated batch, every num_iterations optimizer steps, which is how progress.py tells a step "
+        "that generated from one that reuses the buffered batch",
+    ),
+    Internal(
+        "_generate",
+        ("prompts",),
+        "times every generation round (the weight sync to vLLM included): metrics.jsonl generation_seconds",
     ),
     Internal(
         "training_step",
@@ -68,7 +77,8 @@ CALLED: tuple[Internal, ...] = (
         "_generate",
         ("prompts",),
         "validation generates through TRL's configured backend (vLLM server or transformers); element "
-        "GENERATE_COMPLETIONS_INDEX of the returned tuple is the completion texts",
+        "GENERATE_COMPLETIONS_INDEX of the returned tuple is the completion texts, element "
+        "GENERATE_COMPLETION_IDS_INDEX their token ids",
     ),
     Internal(
         "_load_from_checkpoint",
@@ -84,11 +94,31 @@ CALLED: tuple[Internal, ...] = (
     ),
 )
 
-# Attributes GRPOTrainer.__init__ sets that the trainer reads: G, the reward functions, per-mode logs, and
-# (client rollouts, vLLM server backend) the vLLM generation helper whose client the policy server samples with.
-INSTANCE_ATTRIBUTES = ("num_generations", "reward_funcs", "_metrics", "vllm_generation")
+# Attributes GRPOTrainer.__init__ sets that the trainer reads: G, the reward functions, per-mode logs,
+# (client rollouts, vLLM server backend) the vLLM generation helper whose client the policy server samples
+# with, and the end-of-sequence ids TRL tells a truncated completion by (the metric's finishReason).
+INSTANCE_ATTRIBUTES = ("num_generations", "reward_funcs", "_metrics", "vllm_generation", "eos_token_ids")
 # Attribute of TRL's VLLMGeneration (server mode, rank 0) holding its VLLMClient.
 VLLM_CLIENT_ATTRIBUTE = "vllm_client"
+# GRPOTrainer.__init__ builds its vLLM helper from this name of its module (trl.trainer.grpo_trainer), with
+# no constructor argument to pass another class; the weight sync (weight_sync.py) subclasses it, overriding
+# these methods and reading these attributes TRL's own constructor sets.
+VLLM_GENERATION_MODULE = "trl.trainer.grpo_trainer"
+VLLM_GENERATION_NAME = "VLLMGeneration"
+VLLM_GENERATION_OVERRIDDEN = ("_init_vllm", "sync_weights")
+VLLM_GENERATION_ATTRIBUTES = (
+    "mode",
+    "model",
+    "accelerator",
+    "server_base_url",
+    "server_host",
+    "server_port",
+    "server_timeout",
+)
+# VLLMClient attributes and methods the volume transport's client sets up or relies on (its constructor
+# is not run: it refuses to start without the vllm package).
+VLLM_CLIENT_ATTRIBUTES = ("session", "base_url", "model", "_updating_weights", "communicator")
+VLLM_CLIENT_METHODS = ("check_server", "_get", "generate", "get_server_info", "reset_prefix_cache")
 # Client rollouts go through GRPOTrainer's experimental ``rollout_func`` constructor argument: called in
 # _generate on every rank with this rank's prompts and the trainer, after TRL's vLLM weight sync; it must
 # return these keys (logprobs may be None: TRL then builds no sampling log-probabilities) and every other
@@ -113,6 +143,7 @@ GENERATION_OUTPUT_KEYS = (
     "num_items_in_batch",
 )
 GENERATE_COMPLETIONS_INDEX = 3
+GENERATE_COMPLETION_IDS_INDEX = 1
 # transformers' checkpoint directory name, "<prefix>-<step>" (PREFIX_CHECKPOINT_DIR).
 STAGED_CHECKPOINT_PREFIX = "checkpoint"
 # Keys of the logs TRL hands to callbacks every step, by what the trainer exports them as.
@@ -124,7 +155,30 @@ LOG_KEYS = {
     "learning_rate": "learning_rate",
     # A running total of prompt and completion tokens, not a per-step count.
     "tokens": "num_tokens",
+    "clip_ratio_low": "clip_ratio/low_mean",
+    "clip_ratio_high": "clip_ratio/high_mean",
+    "entropy": "entropy",
+    # Completions whose last token is neither EOS nor pad: cut off at max_completion_length.
+    "truncated_ratio": "completions/clipped_ratio",
+    # Only while the vLLM importance-sampling correction is on (server generation).
+    "importance_sampling_ratio_mean": "sampling/importance_sampling_ratio/mean",
+    "importance_sampling_ratio_min": "sampling/importance_sampling_ratio/min",
+    "importance_sampling_ratio_max": "sampling/importance_sampling_ratio/max",
 }
+# Keys the project adds to TRL's per-step logs itself (trainer.py appends them to the instance's _metrics,
+# so TRL averages and logs them with its own); not checked against TRL's source.
+PROJECT_LOG_KEYS = {
+    "importance_sampling_masked_ratio": "sampling/importance_sampling_masked_ratio",
+}
+
+
+def completion_end_token_ids(trainer: Any, pad_token_id: int | None) -> frozenset[int]:
+    """The token ids TRL counts as a completion's own end (``eos_and_pad`` in GRPOTrainer): the model's
+    end-of-sequence ids and the pad token."""
+    ids = {int(i) for i in trainer.eos_token_ids if i is not None}
+    if pad_token_id is not None:
+        ids.add(int(pad_token_id))
+    return frozenset(ids)
 
 
 def staged_checkpoint_dir(output_dir: str | Path, step: int) -> Path:
@@ -132,10 +186,12 @@ def staged_checkpoint_dir(output_dir: str | Path, step: int) -> Path:
     return Path(str(output_dir)) / f"{STAGED_CHECKPOINT_PREFIX}-{step}"
 
 
-def generate_completions(trainer: Any, prompts: list[Any]) -> list[Any]:
-    """Completion texts for ``prompts`` from TRL's generation backend (collective in vLLM server mode:
-    every rank must call it with the same number of prompts)."""
-    return list(trainer._generate(prompts)[GENERATE_COMPLETIONS_INDEX])
+def generate_completions(trainer: Any, prompts: list[Any]) -> tuple[list[Any], list[list[int]]]:
+    """Completion texts for ``prompts`` from TRL's generation backend, and their token ids (collective in
+    vLLM server mode: every rank must call it with the same number of prompts)."""
+    generated = trainer._generate(prompts)
+    ids = [list(map(int, row)) for row in generated[GENERATE_COMPLETION_IDS_INDEX]]
+    return list(generated[GENERATE_COMPLETIONS_INDEX]), ids
 
 
 def clear_eval_metrics(trainer: Any) -> None:
@@ -152,6 +208,23 @@ def save_checkpoint_now(trainer: Any) -> None:
     """Write (and, through ProjectGRPOTrainer's override, publish) a checkpoint of the current step outside
     transformers' loop; collective: every rank calls it."""
     trainer._save_checkpoint(trainer.model, None)
+
+
+@contextmanager
+def vllm_generation_class(cls: type[Any] | None) -> Iterator[None]:
+    """While GRPOTrainer.__init__ runs inside this block, it builds ``cls`` as its vLLM helper (None: TRL's)."""
+    import importlib
+
+    if cls is None:
+        yield
+        return
+    module = importlib.import_module(VLLM_GENERATION_MODULE)
+    original = getattr(module, VLLM_GENERATION_NAME)
+    setattr(module, VLLM_GENERATION_NAME, cls)
+    try:
+        yield
+    finally:
+        setattr(module, VLLM_GENERATION_NAME, original)
 
 
 def vllm_client(trainer: Any) -> Any:

@@ -13,6 +13,12 @@ from typing import Any, ClassVar
 from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 from pydantic.alias_generators import to_camel
 
+# json_schema_extra of a field whose default the models apply but the CRD must not: the API server writes a
+# schema default into every stored object, after which "the user left it unset" can no longer be told
+# apart (spec.grpo.preset fills only unset knobs). The CRD generator drops the default and this marker.
+NO_SERVER_DEFAULT_KEY = "x-grpo-no-server-default"
+NO_SERVER_DEFAULT: dict[str, Any] = {NO_SERVER_DEFAULT_KEY: True}
+
 
 class RuleViolation(ValueError):
     """A broken cross-field rule: the pydantic twin of the API server rejecting ``rule``.

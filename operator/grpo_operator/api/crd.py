@@ -11,7 +11,8 @@ next to ``properties``) or the API server refuses it, so pydantic's JSON Schema 
   fields all have defaults gets those defaults written out in full (not ``{}``: the API server checks
   an object default against the object's CEL rules without filling in nested defaults first), a
   non-empty list as is, nothing for empty collections;
-* each model's ``Rules`` become ``x-kubernetes-validations`` on that object, in the order written.
+* each model's ``Rules`` become ``x-kubernetes-validations`` on that object, in the order written;
+* a field marked ``NO_SERVER_DEFAULT`` loses its default (the models still apply it; see base.py).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from pydantic import BaseModel
 from pydantic.json_schema import GenerateJsonSchema, JsonSchemaValue
 from pydantic_core import core_schema
 
-from grpo_operator.api.base import ApiModel
+from grpo_operator.api.base import NO_SERVER_DEFAULT_KEY, ApiModel
 from grpo_operator.api.resource import (
     CATEGORIES,
     GROUP,
@@ -132,6 +133,8 @@ def _structural(node: Any) -> Any:
             raise ValueError(f"cannot express anyOf {any_of!r} structurally; use WithJsonSchema on the type")
     if node.get("default", 0) is None:
         del node["default"]
+    if node.pop(NO_SERVER_DEFAULT_KEY, False):
+        node.pop("default", None)
     if node.get("additionalProperties") is False:
         del node["additionalProperties"]
     for bound, kind in (("exclusiveMinimum", "minimum"), ("exclusiveMaximum", "maximum")):
@@ -201,7 +204,7 @@ PRINTER_COLUMNS: list[dict[str, Any]] = [
         "type": "integer",
         "jsonPath": ".status.rollouts",
         "priority": 1,
-        "description": "R = S*B*G.",
+        "description": "R = S*B*G (S/numIterations batches when set).",
     },
     {
         "name": "Last Checkpoint",

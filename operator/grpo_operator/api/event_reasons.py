@@ -100,6 +100,13 @@ CHILD_DRIFTED = EventReason(
     "the message names the fields. A child is restored or recreated as built; a changed gang pod "
     "replaces the gang (not counted).",
 )
+SERVED_MODEL_DRIFT = EventReason(
+    "ServedModelDrift",
+    "Warning",
+    "Trainer rank 0 found, after a weight sync, that vLLM's log-probabilities of its probe text differ from "
+    "the trained model's (`status.servedModel`): vLLM serves other weights than the ones being trained. "
+    "Posted when the `ServedModelInSync` condition turns False.",
+)
 SUSPENDED = EventReason("Suspended", "Normal", "`spec.suspend` was set to true.")
 RESUMED = EventReason("Resumed", "Normal", "`spec.suspend` was set back to false.")
 SUCCEEDED = EventReason("Succeeded", "Normal", "Training finished.")
@@ -147,6 +154,7 @@ EVENT_REASONS: tuple[EventReason, ...] = (
     CHECKPOINT_MISMATCH,
     CANCELLED_BY_CLIENT,
     CHILD_DRIFTED,
+    SERVED_MODEL_DRIFT,
     SUSPENDED,
     RESUMED,
     SUCCEEDED,

@@ -8,7 +8,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from grpo_operator.api.base import ApiModel, CelRule, CelRules
-from grpo_operator.api.spec import GRPOJobSpec
+from grpo_operator.api.spec import GRPOJobSpec, GRPOSpec
 from grpo_operator.api.status import GRPOJobStatus
 
 GROUP = "grpo.dev"
@@ -80,17 +80,30 @@ class GRPOJob(ApiModel):
 
 
 def compute_rollouts(spec: GRPOJobSpec) -> int:
-    """R = S * B * G: completions the run generates, and metric calls it makes for training."""
-    return spec.grpo.steps * spec.grpo.prompts_per_step * spec.grpo.group_size
+    """R = ceil(S / numIterations) * B * G: completions the run generates, and metric calls it makes for
+    training (each generated batch serves numIterations optimizer steps; 1 unless set)."""
+    return planned_rollouts(spec.grpo)
+
+
+def planned_rollouts(grpo: GRPOSpec) -> int:
+    """compute_rollouts from spec.grpo alone (what the trainer has)."""
+    batches = -(-grpo.steps // (grpo.num_iterations or 1))
+    return batches * grpo.prompts_per_step * grpo.group_size
 
 
 def compute_validation_calls(spec: GRPOJobSpec) -> int:
     """Upper bound on validation completions scored: one per prompt, maxPrompts per run, a run every
-    everySteps steps (floor(S / everySteps) runs). The validation set may hold fewer prompts."""
-    every = spec.grpo.validation.every_steps
+    everySteps steps and one after the last step (ceil(S / everySteps) runs). The validation set may hold
+    fewer prompts."""
+    return planned_validation_calls(spec.grpo, spec.grpo.validation.max_prompts)
+
+
+def planned_validation_calls(grpo: GRPOSpec, prompts: int) -> int:
+    """Validation completions scored over the run with ``prompts`` validation prompts per run."""
+    every = grpo.validation.every_steps
     if every == 0:
         return 0
-    return (spec.grpo.steps // every) * spec.grpo.validation.max_prompts
+    return -(-grpo.steps // every) * prompts
 
 
 def compute_metric_calls(spec: GRPOJobSpec) -> int:

@@ -19,6 +19,7 @@ from __future__ import annotations
 from pydantic import Field, field_validator, model_validator
 
 from grpo_operator.api.base import ApiModel, CelRule, CelRules
+from grpo_operator.api.compat import wire_name
 from grpo_operator.api.dataset_spec import DatasetSpec
 from grpo_operator.api.field_types import (
     CONFIG_KEY_PATTERN,
@@ -30,7 +31,8 @@ from grpo_operator.api.field_types import (
     K8sInt,
     Quantity,
 )
-from grpo_operator.api.grpo_spec import GRPOSpec, LoraSpec, ValidationSpec
+from grpo_operator.api.grpo_presets import cel_effective
+from grpo_operator.api.grpo_spec import DEFAULT_LOSS_TYPE, GRPOSpec, LoraSpec, ValidationSpec
 from grpo_operator.api.model_spec import ModelSpec, SecretKeySelector
 from grpo_operator.api.pod_fields import (
     Affinity,
@@ -109,6 +111,18 @@ __all__ = [
 ]
 
 
+# spec.grpo knobs about how the trainer samples and corrects for its sampler: refused when a client samples
+# (its requests set the sampling; the correction keeps TRL's defaults).
+TRAINER_SAMPLING_FIELDS = (
+    "top_k",
+    "min_p",
+    "repetition_penalty",
+    "vllm_importance_sampling_correction",
+    "vllm_importance_sampling_mode",
+    "vllm_importance_sampling_cap",
+)
+TRAINER_SAMPLING_KNOBS = tuple(wire_name(name) for name in TRAINER_SAMPLING_FIELDS)
+
 # spec.model's transition rule: which model is trained never changes; the access token may (a rotated
 # or a forgotten Secret must not force recreating the job and losing its checkpoints).
 MODEL_IDENTITY_UNCHANGED = (
@@ -155,6 +169,16 @@ class GRPOJobSpec(ApiModel):
             ".model.name",
         )
 
+        volume_weight_sync_needs_rwx = CelRule(
+            "!has(self.generation.weightSync) || self.generation.weightSync != 'Volume' || "
+            "self.checkpoints.volume.accessMode == 'ReadWriteMany'",
+            "spec.generation.weightSync: Volume hands the weights to vLLM through the job's volume, which the "
+            "vLLM pod can mount only when it is ReadWriteMany (vLLM usually runs on another node than the "
+            "trainers): set spec.checkpoints.volume.accessMode: ReadWriteMany (with an existingClaim, only if "
+            "the claim is ReadWriteMany), or use weightSync: NCCL",
+            ".generation.weightSync",
+        )
+
         multi_node_needs_rwx = CelRule(
             "self.trainer.nodes == 1 || has(self.checkpoints.volume.existingClaim) || "
             "self.checkpoints.volume.accessMode == 'ReadWriteMany'",
@@ -196,7 +220,9 @@ class GRPOJobSpec(ApiModel):
         )
 
         no_dynamic_sampling_with_client = CelRule(
-            f"!({CLIENT_MODE}) || !self.grpo.dynamicSampling",
+            # dynamicSampling has no default in the CRD (spec.grpo.preset fills it): absent means false here,
+            # since a preset's dynamic sampling is left out for client rollouts.
+            f"!({CLIENT_MODE}) || !has(self.grpo.dynamicSampling) || !self.grpo.dynamicSampling",
             "spec.grpo.dynamicSampling is not supported when spec.rollouts.source is Client: the client "
             "generates the groups, so the trainer cannot drop tied groups and sample new prompts to refill "
             "the step. Set dynamicSampling to false",
@@ -209,6 +235,34 @@ class GRPOJobSpec(ApiModel):
             "dataset or metric service to validate with (DSPy validates on the client: GRPO's valset). Set "
             "everySteps to 0",
             ".grpo.validation.everySteps",
+        )
+
+        no_iterations_with_client = CelRule(
+            f"!({CLIENT_MODE}) || !has(self.grpo.numIterations) || self.grpo.numIterations == 1",
+            "spec.grpo.numIterations > 1 is not supported when spec.rollouts.source is Client: the client sends "
+            "a batch of groups for every step and waits for that step, so the trainer cannot train several "
+            "steps on one batch. Remove numIterations",
+            ".grpo.numIterations",
+        )
+
+        no_sampling_knobs_with_client = CelRule(
+            f"!({CLIENT_MODE}) || !({' || '.join(f'has(self.grpo.{k})' for k in TRAINER_SAMPLING_KNOBS)})",
+            "spec.grpo.topK, minP and repetitionPenalty shape how the trainer samples, and it does not when "
+            "spec.rollouts.source is Client: the client samples, its requests to the policy server set how; the "
+            "vllmImportanceSampling* knobs stay at TRL's defaults for client rollouts (on, sequence_mask, cap "
+            "3). Remove them",
+            ".grpo",
+        )
+
+        vespo_needs_token_correction = CelRule(
+            f"({CLIENT_MODE}) || {cel_effective('loss_type', repr(DEFAULT_LOSS_TYPE), 'self.grpo')} != 'vespo' || "
+            "(has(self.grpo.vllmImportanceSamplingCorrection) && !self.grpo.vllmImportanceSamplingCorrection) || "
+            "(has(self.grpo.vllmImportanceSamplingMode) && "
+            "self.grpo.vllmImportanceSamplingMode in ['token_truncate', 'token_mask'])",
+            "spec.grpo.lossType vespo weighs whole sequences itself and takes the vLLM importance-sampling "
+            "correction only per token (TRL refuses to start otherwise): set spec.grpo.vllmImportanceSamplingMode "
+            "to token_truncate or token_mask, or vllmImportanceSamplingCorrection to false",
+            ".grpo.vllmImportanceSamplingMode",
         )
 
     model: ModelSpec = Field(
@@ -281,6 +335,8 @@ class GRPOJobSpec(ApiModel):
             raise self.Rules.validation_needs_dataset.violation()
         if self.model_on_volume() and self.checkpoints.volume.access_mode != "ReadWriteMany":
             raise self.Rules.model_on_volume_needs_rwx.violation()
+        if self.generation.weight_sync == "Volume" and self.checkpoints.volume.access_mode != "ReadWriteMany":
+            raise self.Rules.volume_weight_sync_needs_rwx.violation()
         if (
             self.trainer.nodes > 1
             and self.checkpoints.volume.existing_claim is None
@@ -305,6 +361,25 @@ class GRPOJobSpec(ApiModel):
             raise rules.no_dynamic_sampling_with_client.violation()
         if client and self.grpo.validation.every_steps > 0:
             raise rules.no_validation_with_client.violation()
+        if client and (self.grpo.num_iterations or 1) > 1:
+            raise rules.no_iterations_with_client.violation()
+        if client and any(self.grpo.is_set(name) for name in TRAINER_SAMPLING_FIELDS):
+            raise rules.no_sampling_knobs_with_client.violation()
+        if (
+            not client
+            and self.grpo.effective("loss_type") == "vespo"
+            and self.grpo.vllm_importance_sampling_correction is not False
+            and self.grpo.vllm_importance_sampling_mode not in ("token_truncate", "token_mask")
+        ):
+            raise rules.vespo_needs_token_correction.violation()
+
+    def resolved_grpo(self) -> GRPOSpec:
+        """spec.grpo with its preset resolved, as training uses it (see GRPOSpec.resolved)."""
+        return self.grpo.resolved(sampled_by_client=rollouts_source(self) == "Client")
+
+    def preset_summary(self) -> str | None:
+        """What spec.grpo.preset resolved to, one line; None without a preset."""
+        return self.grpo.preset_summary(sampled_by_client=rollouts_source(self) == "Client")
 
     def model_on_volume(self) -> bool:
         """model.name is a directory on the job's volume (mounted at VOLUME_MOUNT_PATH in the pods)."""

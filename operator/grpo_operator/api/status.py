@@ -1,5 +1,5 @@
 """``GRPOJob.status``: written by the operator (phase, conditions, restarts, ...) and by trainer rank 0
-(progress, rewards, checkpoint). Every field is optional; writers merge-patch only their own fields.
+(progress, rewards, checkpoint, servedModel). Every field is optional; writers merge-patch only their own fields.
 
 Status models are not strict: timestamps arrive as RFC 3339 strings from the API server and become
 ``datetime`` objects here.
@@ -110,6 +110,55 @@ class RewardsStatus(_StatusModel):
     )
     validation_mean: float | None = Field(default=None, description="Mean reward of the last validation run.")
     validation_step: int | None = Field(default=None, ge=0, description="Step of the last validation run.")
+    components: dict[str, float] | None = Field(
+        default=None,
+        max_length=16,
+        description="Mean of each named reward component (a metric answer's components) over the last "
+        "step's scored completions; the first 16 names the metric sent.",
+    )
+
+
+# The status sections trainer rank 0 writes (its merge patches name nothing else); the operator reads them
+# and never writes them.
+TRAINER_STATUS_FIELDS = ("progress", "rewards", "checkpoint", "servedModel", "cost")
+
+
+class CostStatus(_StatusModel):
+    """What the job has spent so far, beside what it plans to spend, written by trainer rank 0. "So far"
+    counts every gang attempt's work, steps a restart redid included: it is what was used, not what the
+    final model needed."""
+
+    rollouts: int | None = Field(
+        default=None,
+        ge=0,
+        description="Completions generated for training so far (dynamic sampling's refills included).",
+    )
+    rollouts_planned: int | None = Field(
+        default=None, ge=0, description="R = ceil(S/numIterations)*B*G: completions the run generates."
+    )
+    metric_calls: int | None = Field(
+        default=None,
+        ge=0,
+        description="Completions sent to the metric service so far, training and validation (0 for "
+        "client-rollout jobs: the client scores).",
+    )
+    metric_calls_planned: int | None = Field(
+        default=None, ge=0, description="R plus the validation answers of every validation run."
+    )
+    generation_gpu_seconds: float | None = Field(
+        default=None,
+        ge=0,
+        description="GPU-seconds of generation for training and validation: the time the trainer waited for "
+        "completions times the GPUs that generated them (spec.generation.gpus; the trainer's own GPUs "
+        "when it generates in process, and for client-rollout jobs, where it is the time spent waiting for "
+        "the client's groups, which the client samples from the trainer's policy server).",
+    )
+    training_gpu_seconds: float | None = Field(
+        default=None,
+        ge=0,
+        description="GPU-seconds of training: the steps' time outside generation and scoring times the "
+        "trainer gang's GPUs (nodes x gpusPerNode).",
+    )
 
 
 class CheckpointStatus(_StatusModel):
@@ -118,6 +167,25 @@ class CheckpointStatus(_StatusModel):
     last_step: int | None = Field(default=None, ge=0, description="Step of the checkpoint.")
     path: str | None = Field(default=None, max_length=4096, description="Checkpoint directory on the volume.")
     time: datetime | None = Field(default=None, description="When it was written.")
+
+
+class ServedModelStatus(_StatusModel):
+    """The vLLM server's model against the trainer's, checked by trainer rank 0 after weight syncs: the
+    mean difference of their log-probabilities of a fixed probe text."""
+
+    weight_sync: Literal["nccl", "volume"] | None = Field(default=None, description="The weight transport.")
+    last_sync_seconds: float | None = Field(default=None, ge=0, description="Duration of the last sync.")
+    checked_step: int | None = Field(default=None, ge=0, description="Step of the last probe.")
+    logprob_diff: float | None = Field(
+        default=None, ge=0, description="Mean |served - trained| log-probability per probe token."
+    )
+    in_sync: bool | None = Field(default=None, description="Whether the difference is within tolerance.")
+    message: str | None = Field(
+        default=None,
+        max_length=1024,
+        pattern=NO_CONTROL_PATTERN,
+        description="What differs and what it means, when not in sync.",
+    )
 
 
 class GRPOJobStatus(_StatusModel):
@@ -135,11 +203,20 @@ class GRPOJobStatus(_StatusModel):
     checkpoint: CheckpointStatus | None = Field(
         default=None, description="Last complete checkpoint (trainer)."
     )
+    served_model: ServedModelStatus | None = Field(
+        default=None, description="The served model checked against the trained one (trainer)."
+    )
+    cost: CostStatus | None = Field(
+        default=None, description="Rollouts, metric calls and GPU-seconds used so far and planned (trainer)."
+    )
     restarts: int | None = Field(
         default=None, ge=0, description="Trainer gang restarts counted against backoffLimit."
     )
     rollouts: int | None = Field(
-        default=None, ge=0, description="R = S*B*G completions the run generates and scores."
+        default=None,
+        ge=0,
+        description="R = S*B*G completions the run generates and scores (ceil(S/numIterations)*B*G with "
+        "spec.grpo.numIterations).",
     )
     trainer_attempt: int | None = Field(
         default=None, ge=0, description="Current trainer gang incarnation; part of the pod names."

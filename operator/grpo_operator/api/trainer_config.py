@@ -24,6 +24,8 @@ CONFIG_PATH = f"{CONFIG_MOUNT_DIR}/{CONFIG_MAP_KEY}"
 CONFIG_ENV = "GRPO_CONFIG"
 DEFAULT_CHECKPOINT_DIR = f"{VOLUME_MOUNT_PATH}/checkpoints"
 DEFAULT_OUTPUT_DIR = f"{VOLUME_MOUNT_PATH}/output"
+# Where rank 0 writes the weights vLLM reloads (spec.generation.weightSync: Volume), on the job's volume.
+WEIGHT_SYNC_SUBDIR = "weight-sync"
 VLLM_SERVER_PORT = 8000
 # TRL's vllm_group_port default: the weight-sync rendezvous, bound on trainer rank 0.
 WEIGHT_SYNC_PORT = 51216
@@ -89,6 +91,16 @@ class GenerationConfig(_ConfigModel):
         gt=0,
         description="How long TRL's client waits for a vLLM server that already answered.",
     )
+    weight_sync: Literal["nccl", "volume"] | None = Field(
+        default=None,
+        description="How rank 0 sends weights to vLLM after each step: nccl (unset: TRL's NCCL broadcast) or "
+        "volume (safetensors written under weightSyncDir, which vLLM reloads through /collective_rpc).",
+    )
+    weight_sync_dir: str | None = Field(
+        default=None,
+        min_length=1,
+        description="Directory on the volume both the trainer and vLLM mount (weightSync: volume).",
+    )
 
 
 class MetricClientConfig(_ConfigModel):
@@ -104,6 +116,11 @@ class MetricClientConfig(_ConfigModel):
         default=4 * 1024 * 1024, ge=1024, description="Largest /score response body read."
     )
     max_abs_reward: float = Field(default=1e6, gt=0, description="Largest |reward| accepted.")
+    reward_weights: dict[str, float] | None = Field(
+        default=None,
+        description="Weights of the reward's named components (spec.metric.rewardWeights); unset: the "
+        "metric's reward, or the sum of its components.",
+    )
 
 
 class ClientRolloutsConfig(_ConfigModel):
@@ -177,6 +194,13 @@ class TrainerConfig(_ConfigModel):
     )
 
     @model_validator(mode="after")
+    def _resolve_preset(self) -> TrainerConfig:
+        # grpo.preset becomes the knobs it sets here, for the operator's trainer.json and for one written by
+        # hand alike, so the trainer reads only resolved values (and a written trainer.json shows them).
+        self.grpo = self.grpo.resolved(sampled_by_client=self.rollouts is not None)
+        return self
+
+    @model_validator(mode="after")
     def _one_rollout_source(self) -> TrainerConfig:
         if (self.metric is None) == (self.rollouts is None):
             raise ValueError(
@@ -224,6 +248,7 @@ class TrainerConfig(_ConfigModel):
                 error_budget=spec.metric.error_budget,
                 max_response_bytes=spec.metric.max_response_bytes,
                 max_abs_reward=spec.metric.max_abs_reward,
+                reward_weights=spec.metric.reward_weights,
             )
         else:
             if not gateway_url:
@@ -233,6 +258,7 @@ class TrainerConfig(_ConfigModel):
             # The trainer's policy server is reached by the gateway alone (NetworkPolicy), which checks the
             # client's bearer token itself: the trainer gets no token.
             rollouts = ClientRolloutsConfig(served_model=spec.model.name, gateway_url=gateway_url)
+        volume_sync = spec.generation.weight_sync == "Volume"
         return cls(
             job=JobRef(namespace=namespace, name=name, uid=uid),
             model=spec.model.model_copy(deep=True),
@@ -249,6 +275,8 @@ class TrainerConfig(_ConfigModel):
                 server_port=vllm_port,
                 weight_sync_port=weight_sync_port,
                 startup_timeout_seconds=float(spec.generation.startup_timeout_seconds),
+                weight_sync="volume" if volume_sync else None,
+                weight_sync_dir=f"{VOLUME_MOUNT_PATH}/{WEIGHT_SYNC_SUBDIR}" if volume_sync else None,
             ),
             metric=metric,
             rollouts=rollouts,

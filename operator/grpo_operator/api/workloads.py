@@ -3,9 +3,10 @@ server (``spec.generation``) and the trainer gang (``spec.trainer``)."""
 
 from __future__ import annotations
 
-from typing import Annotated
+import re
+from typing import Annotated, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from grpo_operator.api.base import ApiModel, CelRule, CelRules
 from grpo_operator.api.field_types import INTEGRAL_FLOAT, NO_SPACE_PATTERN, K8sInt
@@ -51,8 +52,23 @@ DEFAULT_VLLM_IMAGE = "vllm/vllm-openai:v0.31.0"
 DEFAULT_TRAINER_IMAGE = "ghcr.io/grpo-operator/trainer:0.1.0"
 
 
+# A reward component's name (what the metric's "components" use): the metric protocol's rule, repeated
+# here because the operator does not import the trainer's packages.
+COMPONENT_NAME_PATTERN = r"^[a-z][a-z0-9_]{0,31}$"
+_COMPONENT_NAME_RE = re.compile(COMPONENT_NAME_PATTERN)
+MAX_REWARD_COMPONENTS = 16
+
+
 class MetricSpec(ApiModel):
     """The user's reward service: an HTTP server (GET /healthz, POST /score) built from their image."""
+
+    class Rules(CelRules):
+        reward_weight_names = CelRule(
+            f"!has(self.rewardWeights) || self.rewardWeights.all(k, k.matches(r'{COMPONENT_NAME_PATTERN}'))",
+            "spec.metric.rewardWeights keys must be names of the components the metric returns: lowercase "
+            "letters, digits and '_', starting with a letter, at most 32 characters (e.g. accuracy, format)",
+            ".rewardWeights",
+        )
 
     image: str = Field(
         min_length=1, max_length=512, pattern=NO_SPACE_PATTERN, description="Metric service container image."
@@ -88,6 +104,21 @@ class MetricSpec(ApiModel):
         description="Largest |reward| accepted; a reward beyond it (or not finite) is a metric error for its "
         "item.",
     )
+    reward_weights: (
+        Annotated[
+            dict[str, Annotated[float, Field(ge=-1e6, le=1e6)]],
+            Field(min_length=1, max_length=MAX_REWARD_COMPONENTS),
+        ]
+        | None
+    ) = Field(
+        default=None,
+        description="Weights of the reward's named components (a metric answer's \"components\", e.g. "
+        "{accuracy: 1.0, format: 0.2}): the reward the advantages use is the weighted sum of these, and an "
+        "answer that lacks a weighted component is a metric error for its item. Unset: the metric's "
+        '"reward", or the plain sum of its components when it sends none. Components without a weight '
+        "are reported but do not count. Each component's mean is in status.rewards.components, "
+        "metrics.jsonl and Prometheus either way.",
+    )
     env: EnvList = Field(
         default_factory=list, json_schema_extra=ENV_LIST_SCHEMA, description="Extra environment variables."
     )
@@ -96,6 +127,14 @@ class MetricSpec(ApiModel):
         description="Resources of each metric server pod. GPUs requested here count toward the platform's "
         "maxGpusPerJob, times replicas.",
     )
+
+    @field_validator("reward_weights")
+    @classmethod
+    def _component_names(cls, value: dict[str, float] | None) -> dict[str, float] | None:
+        # The twin of Rules.reward_weight_names, reported at the field as the rule's fieldPath does.
+        if value is not None and not all(_COMPONENT_NAME_RE.match(name) for name in value):
+            raise cls.Rules.reward_weight_names.violation()
+        return value
 
 
 class GenerationSpec(ApiModel):
@@ -151,6 +190,15 @@ class GenerationSpec(ApiModel):
         default_factory=list,
         json_schema_extra=ENV_LIST_SCHEMA,
         description="Extra environment variables of the vLLM server (VLLM_SERVER_DEV_MODE is the operator's).",
+    )
+    weight_sync: Literal["NCCL", "Volume"] | None = Field(
+        default=None,
+        description="How trainer rank 0 sends the weights to vLLM after every optimizer step. NCCL (the "
+        "default when unset): a broadcast over NCCL from trainer rank 0 to the vLLM workers; needs GPUs on "
+        "both sides and a pod-to-pod path on spec.generation's weight-sync port. Volume: rank 0 writes the "
+        "weights as safetensors to the job's volume and vLLM reloads them from there; works without CUDA "
+        "and without any port between the pods, costs a write and a read of the full weights per step, "
+        "and needs spec.checkpoints.volume.accessMode: ReadWriteMany (both pods mount the volume).",
     )
 
     @model_validator(mode="after")

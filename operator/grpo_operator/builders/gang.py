@@ -9,6 +9,7 @@ re-joined by either side (TRL's VLLMClient.init_communicator). Every pod therefo
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from importlib import resources
 from typing import Any
 
 from grpo_operator.api.compat import drop_later_defaults
@@ -196,6 +197,11 @@ def _pod_metadata(
     return meta
 
 
+TERMINATION_LOG = "/dev/termination-log"
+# The source of the program that runs `vllm serve` in the generation pod (builders/vllm_supervisor.py),
+# read once: the pod runs it with `python3 -c`, so it needs nothing but the vLLM image.
+VLLM_SUPERVISOR = resources.files("grpo_operator.builders").joinpath("vllm_supervisor.py").read_text()
+
 # The platform's model cache claim (settings.model_cache_claim), or the vLLM pod's emptyDir without one.
 MODEL_CACHE_VOLUME = "model-cache"
 MODEL_CACHE_MOUNT = "/cache"
@@ -248,13 +254,15 @@ def generation_pod(job: Job, settings: OperatorSettings, attempt: int, index: in
         spec.model.dtype,
         "--seed",
         str(spec.grpo.seed),
-        "--weight-transfer-config",
-        '{"backend":"nccl"}',
         "--logprobs-mode",
         "processed_logprobs",
         "--max-logprobs",
         "-1",
     ]
+    if gen.weight_sync != "Volume":
+        # NCCL weight sync: TRL's init_communicator refuses a server without a weight-transfer engine.
+        # With Volume sync, weights arrive through /collective_rpc reload_weights, which needs none.
+        args += ["--weight-transfer-config", '{"backend":"nccl"}']
     # No --data-parallel-size: the spec requires gpus == tensorParallelSize, because TRL 1.16 supports
     # vLLM data parallelism only for MoE models (scripts/vllm_serve.py:38-40).
     if gen.max_model_len is not None:
@@ -284,7 +292,22 @@ def generation_pod(job: Job, settings: OperatorSettings, attempt: int, index: in
         "name": "vllm",
         "image": gen.image,
         "imagePullPolicy": settings.image_pull_policy,
-        "command": ["vllm", "serve"],
+        # `vllm serve` under a supervisor: vLLM 0.31 exits with code 0 when its engine core dies (an
+        # unsupported model, out of memory), so the pod would succeed and the kubelet would keep none of its
+        # log; its root cause, logged kilobytes before the end, would not fit the kubelet's 2 KB tail anyway.
+        # The supervisor passes the logs through, forwards SIGTERM/SIGINT, and on any exit it was not asked
+        # for writes the log's exception lines and tail to the termination message and exits non-zero.
+        # Kubernetes appends args to command, so vLLM still gets `vllm serve <args>`.
+        "command": [
+            "python3",
+            "-c",
+            VLLM_SUPERVISOR,
+            "--termination-log",
+            TERMINATION_LOG,
+            "--",
+            "vllm",
+            "serve",
+        ],
         "args": args,
         "env": [
             {"name": "VLLM_SERVER_DEV_MODE", "value": "1"},
@@ -309,6 +332,8 @@ def generation_pod(job: Job, settings: OperatorSettings, attempt: int, index: in
             gen.gpus,
         ),
         "volumeMounts": mounts,
+        # The supervisor writes vLLM's failure here; the log's tail is the fallback when it could not.
+        "terminationMessagePath": TERMINATION_LOG,
         "terminationMessagePolicy": "FallbackToLogsOnError",
     }
     pod_spec: dict[str, Any] = {

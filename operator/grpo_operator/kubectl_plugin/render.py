@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
 
+from grpo_operator.api.workloads import COMPONENT_NAME_PATTERN, MAX_REWARD_COMPONENTS
 from grpo_operator.kubectl_plugin.data import as_float, step_of
 
 BARS = "▁▂▃▄▅▆▇█"
@@ -108,6 +109,35 @@ def trend_line(label: str, values: Sequence[float | None], fmt: Any) -> str:
     )
 
 
+def cost_lines(status: dict[str, Any]) -> list[str]:
+    """Rollouts and metric calls so far of planned, and GPU time by role (status.cost, from the trainer;
+    before it reports, the operator's planned R alone)."""
+    reported = status.get("cost")
+    cost: dict[str, Any] = reported if isinstance(reported, dict) else {}
+    planned = as_float(cost.get("rolloutsPlanned")) or as_float(status.get("rollouts"))
+    lines: list[str] = []
+    done = as_float(cost.get("rollouts"))
+    if planned is not None or done is not None:
+        so_far = f"{done:,.0f} of " if done is not None else ""
+        lines.append(
+            f"{'Rollouts':<16}{so_far}{planned:,.0f} (R)"
+            if planned is not None
+            else f"{'Rollouts':<16}{done:,.0f}"
+        )
+    calls, calls_planned = as_float(cost.get("metricCalls")), as_float(cost.get("metricCallsPlanned"))
+    if calls is not None and calls_planned is not None:
+        lines.append(f"{'Metric calls':<16}{calls:,.0f} of {calls_planned:,.0f}")
+    generation, training = (
+        as_float(cost.get("generationGpuSeconds")),
+        as_float(cost.get("trainingGpuSeconds")),
+    )
+    if generation is not None and training is not None:
+        lines.append(
+            f"{'GPU time':<16}generation {generation / 3600:.2f} GPU-h, training {training / 3600:.2f} GPU-h"
+        )
+    return lines
+
+
 def status_text(report: dict[str, Any], now: datetime | None = None) -> str:
     """What ``kubectl grpo status`` prints; ``report`` is what ``-o json`` prints."""
     status: dict[str, Any] = report.get("status") or {}
@@ -125,8 +155,7 @@ def status_text(report: dict[str, Any], now: datetime | None = None) -> str:
     if progress.get("stepDurationSeconds") is not None:
         timing = f"   {progress['stepDurationSeconds']:.1f}s/step, last step {age(progress.get('lastStepTime'), now)}"
     lines.append(f"{'Step':<16}{step}{timing}")
-    if status.get("rollouts") is not None:
-        lines.append(f"{'Rollouts (R)':<16}{status['rollouts']}")
+    lines.extend(cost_lines(status))
     trend = report.get("trend") or {}
     if trend.get("steps"):
         lines.append(trend_line("Reward", trend["reward"], number))
@@ -228,7 +257,28 @@ def samples_text(samples: Sequence[dict[str, Any]], width: int = 100) -> str:
     return "\n".join(lines)
 
 
+def component_names(rows: Sequence[dict[str, Any]]) -> list[str]:
+    """The reward components the rows carry, first seen first: only well-formed names (the metric protocol's
+    rule), at most MAX_REWARD_COMPONENTS, since metrics.jsonl is written by the tenant's trainer image and its
+    keys reach the terminal."""
+    names: list[str] = []
+    for row in rows:
+        parts = row.get("reward_components")
+        if not isinstance(parts, dict):
+            continue
+        for name in parts:
+            if (
+                isinstance(name, str)
+                and name not in names
+                and len(names) < MAX_REWARD_COMPONENTS
+                and re.fullmatch(COMPONENT_NAME_PATTERN, name)
+            ):
+                names.append(name)
+    return names
+
+
 def rewards_text(rows: Sequence[dict[str, Any]]) -> str:
+    components = component_names(rows)
     body = [
         [
             str(step_of(r)) if step_of(r) is not None else "-",
@@ -236,12 +286,22 @@ def rewards_text(rows: Sequence[dict[str, Any]]) -> str:
             number(r.get("reward_std")),
             percent(r.get("format_failure_ratio")),
             percent(r.get("zero_std_group_ratio")),
+            # Completions cut off at maxCompletionLength: a share that grows means the limit shapes learning.
+            percent(r.get("truncated_ratio")),
             number(r.get("validation_mean")) if r.get("validation_mean") is not None else "",
+            # Each named part of the reward (the metric's components): which part moves.
+            *(_component(r, name) for name in components),
         ]
         for r in rows
     ]
-    text = table(["STEP", "REWARD", "STD", "FORMAT-FAIL", "NO-SIGNAL", "VALIDATION"], body)
+    header = ["STEP", "REWARD", "STD", "FORMAT-FAIL", "NO-SIGNAL", "TRUNCATED", "VALIDATION"]
+    text = table([*header, *(name.upper() for name in components)], body)
     return f"{text}\n\nreward  {sparkline([as_float(r.get('reward_mean')) for r in rows])}"
+
+
+def _component(row: dict[str, Any], name: str) -> str:
+    parts = row.get("reward_components")
+    return number(parts.get(name)) if isinstance(parts, dict) and name in parts else ""
 
 
 def checkpoints_text(items: Sequence[dict[str, Any]], model: str | None) -> str:

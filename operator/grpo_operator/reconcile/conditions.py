@@ -17,11 +17,14 @@ GATEWAY_READY = "GatewayReady"
 # An object with a child's name exists that the operator did not create for this job.
 CONFLICT = "Conflict"
 PLATFORM_POLICY = "PlatformPolicy"
+# Whether vLLM serves the weights the trainer trains (trainer rank 0's probe, status.servedModel).
+SERVED_MODEL_IN_SYNC = "ServedModelInSync"
 CONDITION_ORDER = (
     SCHEDULED,
     RUNNING,
     METRIC_READY,
     GATEWAY_READY,
+    SERVED_MODEL_IN_SYNC,
     SUSPENDED,
     SUCCEEDED,
     FAILED,

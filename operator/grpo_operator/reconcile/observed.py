@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -299,8 +300,16 @@ def _int(value: Any) -> int | None:
         return None
 
 
+# The last line of a Python traceback, "SomeError: what happened", possibly behind a process prefix such as
+# vLLM's "(EngineCore pid=12)".
+_EXCEPTION_LINE = re.compile(r"\b[A-Za-z_][\w.]*(Error|Exception|Interrupt)\b: \S")
+
+
 def _one_line(text: str, limit: int = 512) -> str:
-    # FallbackToLogsOnError can put a log tail here; the last non-empty line is the useful one.
+    """The line of a termination message that says what went wrong. FallbackToLogsOnError puts a log's
+    tail here (vLLM's, when it crashes): its first exception line is the cause (a crashing server logs its
+    shutdown after it); without one, the last non-empty line."""
     lines = [line.strip() for line in text.splitlines() if line.strip()]
-    line = lines[-1] if lines else ""
+    errors = [line for line in lines if _EXCEPTION_LINE.search(line)]
+    line = errors[0] if errors else lines[-1] if lines else ""
     return line if len(line) <= limit else line[: limit - 3] + "..."

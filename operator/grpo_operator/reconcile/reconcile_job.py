@@ -61,6 +61,7 @@ from grpo_operator.reconcile.reconcile_pass import (
 )
 from grpo_operator.reconcile.record import read_record, sanitize_status
 from grpo_operator.reconcile.restart_policy import DEADLINE_EXCEEDED
+from grpo_operator.reconcile.served_model import served_model_condition
 from grpo_operator.settings import OperatorSettings
 
 
@@ -142,6 +143,7 @@ def reconcile(job_obj: dict[str, Any], observed: Observed, now: datetime, settin
     if active_deadline(rp, job, observed):
         return rp.finish()
     run_gang(rp, job, observed)
+    served_model_condition(rp)
     if not client_rollouts(job):
         withhold_first_metric_report(rp, job, observed)
     return rp.finish()
@@ -196,11 +198,13 @@ def start(rp: ReconcilePass, job: Job) -> None:
     rp.new["startTime"] = format_time(rp.now)
     trainers = job.spec.trainer.nodes
     rp.set_phase("Pending", "Creating", "creating the job's children and its first gang of pods")
-    rp.event(
-        event_reasons.CREATED,
+    message = (
         f"created the job's children and gang attempt 1: 1 vLLM pod ({job.spec.generation.gpus} GPU) and "
-        f"{trainers} trainer pod{'s' if trainers > 1 else ''} ({job.spec.trainer.gpus_per_node} GPU each)",
+        f"{trainers} trainer pod{'s' if trainers > 1 else ''} ({job.spec.trainer.gpus_per_node} GPU each)"
     )
+    # The stored spec shows the preset, not what it set: say it where `kubectl describe` shows it.
+    preset = job.spec.preset_summary()
+    rp.event(event_reasons.CREATED, f"{message}; {preset}" if preset else message)
 
 
 def suspend(rp: ReconcilePass, job: Job, observed: Observed) -> None:

@@ -14,8 +14,8 @@ from grpo_operator.reconcile.plan import Event, Plan
 from grpo_operator.reconcile.record import trusted_fields
 from grpo_operator.settings import OperatorSettings
 
-# Status fields the operator owns. The trainer owns progress, rewards and checkpoint; the operator
-# reads them but never writes them (its status patch never names them).
+# Status fields the operator owns. The trainer owns api.status.TRAINER_STATUS_FIELDS; the operator reads them
+# but never writes them (its status patch never names them).
 OWNED_STATUS_FIELDS = (
     "phase",
     "reason",

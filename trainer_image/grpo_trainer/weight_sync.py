@@ -1,0 +1,357 @@
+"""Weight sync with the job's vLLM server, and the check that vLLM serves the model the trainer trains.
+
+Two transports carry the weights after every optimizer step (spec.generation.weightSync):
+
+* ``nccl`` (the default): TRL's own ``VLLMClient`` broadcasts the tensors over an NCCL group that
+  trainer rank 0 forms with the vLLM workers. Needs CUDA on both sides and a pod-to-pod path.
+* ``volume``: :class:`VolumeSyncClient` writes the weights as safetensors shards into a fresh directory on
+  the volume both pods mount, then asks vLLM to reload them (``POST /collective_rpc`` with the worker
+  method ``reload_weights``, served in vLLM's dev mode, which the operator turns on). No CUDA, no port
+  between the pods, no vLLM package in the trainer image; it costs a write and a read of the full weights
+  per step. Stock vLLM images serve it: nothing needs to be installed on the vLLM side.
+
+Either way :class:`ServedModelProbe` compares, after a sync, the served model's log-probabilities of a fixed
+probe text with the trainer's own model: a sync that silently misses a tensor (the tied output layer of
+many small models, see docs/trainer.md) would otherwise train one model and sample from another.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import shutil
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger("grpo_trainer.weight_sync")
+
+# Largest safetensors shard written at once: the trainer holds at most one shard of copied weights in
+# host memory, whatever the model's size.
+SHARD_BYTES = 1 << 30
+# Directories under the sync dir: one per sync, the newest one is what vLLM serves.
+SYNC_PREFIX = "v"
+INCOMING_PREFIX = ".incoming-"
+# The text whose log-probabilities both sides compute; lower-case ASCII so any tokenizer encodes it.
+PROBE_TEXT = "the quick brown fox jumps over the lazy dog. 1 + 2 = 3"
+# Mean |served - trained| log-probability per probe token above which the served model has drifted. bf16
+# serving of a float32 (or bf16) trainer differs by ~0.01 on the probe; a missed tensor by 0.5 and more.
+DRIFT_TOLERANCE = 0.2
+
+
+class WeightSyncError(RuntimeError):
+    """vLLM did not take the new weights; the message names the server, the directory and vLLM's answer."""
+
+
+# True once SIGTERM arrived (set by the entry point). A request to an unreachable vLLM server backs off for
+# about a minute before it fails; a trainer told to stop meanwhile (its gang is being replaced, typically
+# because that very server died) stops backing off and exits at once, so the next attempt, which starts only
+# once this pod is gone, is not held up.
+_STOP_CHECK: list[Callable[[], bool]] = []
+
+
+def stop_retrying_when(check: Callable[[], bool]) -> None:
+    _STOP_CHECK[:] = [check]
+
+
+def _stopping() -> bool:
+    return any(check() for check in _STOP_CHECK)
+
+
+def _stoppable_retry_class() -> type[Any]:
+    from urllib3.util.retry import Retry
+
+    from grpo_trainer.vllm_wait import GenerationUnavailable
+
+    class StoppableRetry(Retry):  # type: ignore[misc]
+        """urllib3's Retry whose backoff ends in GenerationUnavailable once the trainer is stopping."""
+
+        def sleep(self, response: Any = None) -> None:
+            wait = (
+                self.get_retry_after(response)
+                if response is not None and self.respect_retry_after_header
+                else None
+            )
+            deadline = time.monotonic() + (wait if wait is not None else self.get_backoff_time())
+            while True:
+                if _stopping():
+                    raise GenerationUnavailable(
+                        "SIGTERM arrived while the vLLM server was not answering: the trainer exits without "
+                        "finishing the step (the newest checkpoint is where the next attempt resumes)"
+                    )
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return
+                time.sleep(min(0.25, left))
+
+    return StoppableRetry
+
+
+def vllm_session() -> Any:
+    """A requests session with the retry policy of TRL's own VLLMClient (connection errors, 500/502/503,
+    GET and POST, exponential backoff from 2 s): generation behaves the same whichever transport syncs the
+    weights. Retrying a reload is safe: it reads the same directory again. Its backoff gives up at SIGTERM
+    (stop_retrying_when)."""
+    import requests
+    from requests.adapters import HTTPAdapter
+
+    retry = _stoppable_retry_class()(
+        total=5,
+        connect=5,
+        read=5,
+        status=3,
+        status_forcelist=[500, 502, 503],
+        backoff_factor=2,
+        allowed_methods=["POST", "GET"],
+    )
+    session = requests.Session()
+    adapter = HTTPAdapter(max_retries=retry, pool_maxsize=64)
+    session.mount("http://", adapter)
+    session.mount("https://", adapter)
+    return session
+
+
+def volume_sync_client_class() -> type[Any]:
+    """The client class, built on first use: TRL's VLLMClient is imported only by jobs that use vLLM."""
+    from trl.generation.vllm_client import VLLMClient
+
+    class VolumeSyncClient(VLLMClient):  # type: ignore[misc, valid-type]
+        """TRL's VLLMClient for generation, with weights carried through a shared directory.
+
+        TRL's constructor refuses to run without the vllm package, which only its NCCL transport needs,
+        so this one sets up the same attributes itself; generation, server info and prefix-cache resets
+        are TRL's own methods."""
+
+        def __init__(self, base_url: str, sync_dir: str, connection_timeout: float = 0.0) -> None:
+            self.session = vllm_session()
+            self.base_url = base_url.rstrip("/")
+            self.host = base_url
+            self.group_port = 0
+            self.communicator = None
+            self._updating_weights = False
+            self.sync_dir = Path(sync_dir)
+            self.syncs = 0
+            self.last_sync_seconds = 0.0
+            self.last_sync_bytes = 0
+            self.check_server(connection_timeout)
+            self.model = self._get(f"{self.base_url}/v1/models")["data"][0]["id"]
+
+        def init_communicator(self, device: Any = 0) -> None:
+            """Empties the sync directory: what a previous attempt left there is not this run's weights."""
+            self.sync_dir.mkdir(parents=True, exist_ok=True)
+            for entry in self.sync_dir.iterdir():
+                if entry.name.startswith((SYNC_PREFIX, INCOMING_PREFIX)):
+                    shutil.rmtree(entry, ignore_errors=True)
+
+        def close_communicator(self) -> None:
+            return None
+
+        def update_named_params(
+            self, metadata: list[tuple[str, str, list[int]]], named_params: Iterator[tuple[str, Any]]
+        ) -> None:
+            started = time.monotonic()
+            self.syncs += 1
+            final = self.sync_dir / f"{SYNC_PREFIX}{self.syncs:06d}"
+            incoming = self.sync_dir / f"{INCOMING_PREFIX}{self.syncs:06d}"
+            shutil.rmtree(incoming, ignore_errors=True)
+            self.last_sync_bytes = write_shards(named_params, incoming)
+            shutil.rmtree(final, ignore_errors=True)
+            incoming.rename(final)
+            import requests
+
+            try:
+                response = self.session.post(
+                    f"{self.base_url}/collective_rpc",
+                    json={"method": "reload_weights", "kwargs": {"weights_path": str(final)}},
+                    timeout=600,
+                )
+                answer = f"HTTP {response.status_code}: {response.text[:500]}"
+            except requests.RequestException as exc:
+                response, answer = None, f"{type(exc).__name__}: {exc}"
+            if response is None or response.status_code != 200:
+                raise WeightSyncError(
+                    f"the vLLM server at {self.base_url} did not reload the weights from {final} ({answer}). "
+                    "Weight sync through the volume needs vLLM in dev mode (VLLM_SERVER_DEV_MODE=1, set by the "
+                    "operator) and the job's volume mounted at the same path in the vLLM pod (accessMode "
+                    "ReadWriteMany)"
+                )
+            for entry in self.sync_dir.iterdir():
+                if entry.name.startswith(SYNC_PREFIX) and entry != final:
+                    shutil.rmtree(entry, ignore_errors=True)
+            self.last_sync_seconds = time.monotonic() - started
+            log.info(
+                "weights synced through %s: %.1f MB in %.2fs",
+                final,
+                self.last_sync_bytes / 1e6,
+                self.last_sync_seconds,
+            )
+
+    return VolumeSyncClient
+
+
+def write_shards(named_params: Iterator[tuple[str, Any]], directory: Path) -> int:
+    """Writes the tensors as safetensors shards of at most SHARD_BYTES; returns the bytes written.
+
+    Each tensor is copied as it arrives: TRL yields a LoRA model's merged weights and unmerges them in place
+    once the iteration ends, and a tied embedding and output layer share one storage, which safetensors
+    refuses to write twice."""
+    from safetensors.torch import save_file
+
+    directory.mkdir(parents=True)
+    shard: dict[str, Any] = {}
+    size = total = index = 0
+
+    def flush() -> None:
+        nonlocal shard, size, index
+        if shard:
+            save_file(shard, str(directory / f"model-{index:05d}.safetensors"))
+            index += 1
+        shard, size = {}, 0
+
+    for name, tensor in named_params:
+        copy = tensor.detach().to("cpu", copy=True).contiguous()
+        nbytes = copy.numel() * copy.element_size()
+        if shard and size + nbytes > SHARD_BYTES:
+            flush()
+        shard[name] = copy
+        size += nbytes
+        total += nbytes
+    flush()
+    return total
+
+
+@dataclass(frozen=True)
+class ProbeResult:
+    """Mean and largest |served - trained| log-probability over the probe text's tokens."""
+
+    mean_abs_diff: float
+    max_abs_diff: float
+    tokens: int
+
+    @property
+    def in_sync(self) -> bool:
+        return math.isfinite(self.mean_abs_diff) and self.mean_abs_diff <= DRIFT_TOLERANCE
+
+    def describe(self) -> str:
+        return (
+            f"the vLLM server's log-probabilities of a fixed probe text differ from the trainer's model by "
+            f"{self.mean_abs_diff:.3f} on average (largest {self.max_abs_diff:.3f}, over {self.tokens} tokens; "
+            f"tolerance {DRIFT_TOLERANCE}): vLLM is not serving the weights being trained"
+        )
+
+
+class ServedModelProbe:
+    """Compares the served model with the trainer's on PROBE_TEXT after a weight sync."""
+
+    def __init__(self, tokenizer: Any, every_syncs: int = 1) -> None:
+        ids = tokenizer(PROBE_TEXT, add_special_tokens=False)["input_ids"]
+        self.token_ids: list[int] = [int(i) for i in ids][:64]
+        self.every_syncs = max(1, every_syncs)
+        self.syncs = 0
+        self.on_result: Callable[[ProbeResult], None] | None = None
+
+    def due(self) -> bool:
+        self.syncs += 1
+        return len(self.token_ids) >= 2 and (self.syncs == 1 or self.syncs % self.every_syncs == 0)
+
+    def trained_logprobs(self, model: Any) -> list[float]:
+        """The trainer's log-probability of each probe token after the first (a forward pass; with FSDP or
+        ZeRO-3 every rank must run it)."""
+        import torch
+
+        device = next(model.parameters()).device
+        training = model.training
+        model.eval()  # no dropout (LoRA's included): the probe compares the weights, not a noisy pass
+        try:
+            with torch.no_grad():
+                logits = model(input_ids=torch.tensor([self.token_ids], device=device)).logits.float()
+        finally:
+            model.train(training)
+        logprobs = torch.log_softmax(logits[0, :-1], dim=-1)
+        targets = torch.tensor(self.token_ids[1:], device=device)
+        return [float(x) for x in logprobs.gather(1, targets[:, None])[:, 0].cpu()]
+
+    def served_logprobs(self, client: Any) -> list[float]:
+        """vLLM's log-probability of each probe token after the first (``prompt_logprobs`` of a completion
+        request; the API returns the chosen token's entry for every prompt position but the first)."""
+        response = client.session.post(
+            f"{client.base_url}/v1/completions",
+            json={
+                "model": client.model,
+                "prompt": self.token_ids,
+                "max_tokens": 1,
+                "temperature": 0.0,
+                "prompt_logprobs": 0,
+            },
+            timeout=120,
+        )
+        if response.status_code != 200:
+            raise WeightSyncError(
+                f"the vLLM server at {client.base_url} refused the probe request "
+                f"(HTTP {response.status_code}: {response.text[:300]})"
+            )
+        entries = response.json()["choices"][0]["prompt_logprobs"][1:]
+        out: list[float] = []
+        for token, entry in zip(self.token_ids[1:], entries, strict=True):
+            chosen = entry.get(str(token)) if entry else None
+            out.append(float(chosen["logprob"]) if chosen else float("-inf"))
+        return out
+
+    def compare(self, trained: list[float], served: list[float]) -> ProbeResult:
+        diffs = [abs(a - b) for a, b in zip(trained, served, strict=True)]
+        mean = sum(diffs) / len(diffs) if diffs else 0.0
+        return ProbeResult(mean, max(diffs, default=0.0), len(diffs))
+
+
+@dataclass
+class SyncReport:
+    """What rank 0 reports after a weight sync: its duration and, when the probe ran, its result."""
+
+    seconds: float
+    probe: ProbeResult | None
+
+
+def generation_class(
+    weight_sync: str | None, sync_dir: str | None, probe: ServedModelProbe | None
+) -> type[Any]:
+    """TRL's VLLMGeneration (server mode) with the job's weight transport and the served-model probe.
+
+    Its ``on_sync`` (set on the instance by the trainer) receives a SyncReport on rank 0 after every sync."""
+    from trl.generation.vllm_generation import VLLMGeneration
+
+    class ProjectVLLMGeneration(VLLMGeneration):  # type: ignore[misc, valid-type]
+        on_sync: Callable[[SyncReport], None] | None = None
+
+        def _init_vllm(self) -> None:
+            if self.mode != "server" or weight_sync != "volume":
+                super()._init_vllm()  # type: ignore[no-untyped-call]
+                client = getattr(self, "vllm_client", None)
+                if self.mode == "server" and client is not None:
+                    # TRL's retry policy, with a backoff that gives up at SIGTERM.
+                    client.session = vllm_session()
+                return
+            if not sync_dir:
+                raise ValueError("weightSync volume needs generation.weightSyncDir in trainer.json")
+            if self.accelerator.is_main_process:
+                base_url = self.server_base_url or f"http://{self.server_host}:{self.server_port}"
+                client = volume_sync_client_class()(
+                    base_url, sync_dir, connection_timeout=self.server_timeout
+                )
+                client.init_communicator()
+                self.vllm_client = client
+
+        def sync_weights(self) -> None:
+            started = time.monotonic()
+            super().sync_weights()  # type: ignore[no-untyped-call]
+            seconds = time.monotonic() - started
+            result: ProbeResult | None = None
+            if probe is not None and self.mode == "server" and probe.due():
+                trained = probe.trained_logprobs(self.model)
+                if self.accelerator.is_main_process:
+                    result = probe.compare(trained, probe.served_logprobs(self.vllm_client))
+            if self.accelerator.is_main_process and self.on_sync is not None:
+                self.on_sync(SyncReport(seconds, result))
+
+    return ProjectVLLMGeneration
