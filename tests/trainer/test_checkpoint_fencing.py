@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import signal
+import subprocess
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import replace
@@ -19,6 +21,7 @@ from grpo_trainer.checkpoints import (
     Owner,
     claim,
     clean_staging,
+    manifest_lock,
     publish,
     read_manifest,
     resolve_resume,
@@ -194,6 +197,25 @@ def test_staging_of_dead_attempts_is_removed_but_not_the_replaced_attempts(tmp_p
     assert sorted(p.name for p in staging.iterdir()) == ["attempt-2", "attempt-3"]
 
 
+def test_a_claim_made_while_the_old_attempt_publishes_is_not_lost(tmp_path: Path) -> None:
+    """The old attempt holds the manifest lock between its last check and its replace; a claim made in that
+    window waits, then stamps the manifest the old attempt wrote, and the old attempt publishes no more."""
+    save(tmp_path, 2, JOB)
+    new = replace(JOB, attempt=2)
+    claimer = threading.Thread(target=claim, args=(tmp_path, new))
+    with manifest_lock(tmp_path):
+        claimer.start()
+        claimer.join(timeout=0.5)
+        assert claimer.is_alive(), "the claim did not wait for the publish in progress"
+        write_manifest(tmp_path, Manifest(4, str(tmp_path / "step-4"), "2026-01-01T00:00:00Z", JOB))
+    claimer.join(timeout=10)
+    manifest = read_manifest(tmp_path)
+    assert manifest is not None and manifest.owner is not None
+    assert (manifest.step, manifest.owner.attempt) == (4, 2)
+    assert save(tmp_path, 6, JOB) is None  # superseded: nothing published, nothing pruned
+    assert read_manifest(tmp_path) == manifest
+
+
 def test_a_replaced_attempts_sigterm_checkpoint_leaves_the_new_attempt_alone(
     tmp_path: Path, tiny_model: Path, toy_metric: MetricServer
 ) -> None:
@@ -203,38 +225,67 @@ def test_a_replaced_attempts_sigterm_checkpoint_leaves_the_new_attempt_alone(
     2 resumes (from RESUME_FROM, or from the manifest if attempt 1 pruned it meanwhile) and finishes."""
     config = trainer_config(tmp_path, tiny_model, toy_metric.url, steps=10_000, every_steps=2, keep_last=1)
     old = start_trainer(config, tmp_path / "attempt-1.log", GRPO_TRAINER_ATTEMPT="1")
-    manifest_path = tmp_path / "ckpt" / "latest.json"
-    wait_until(lambda: manifest_path.is_file(), "attempt 1's first checkpoint")
-    resume_from = json.loads(manifest_path.read_text())["path"]
+    new: subprocess.Popen[bytes] | None = None
+    try:
+        manifest_path = tmp_path / "ckpt" / "latest.json"
+        wait_until(lambda: manifest_path.is_file(), "attempt 1's first checkpoint")
+        resume_from = json.loads(manifest_path.read_text())["path"]
 
-    new_config = tmp_path / "attempt-2.json"
-    raw = json.loads(config.read_text())
-    raw["metricsPort"] = free_port()  # both attempts run at once here
-    new_config.write_text(json.dumps(raw))
-    new = start_trainer(
-        new_config, tmp_path / "attempt-2.log", GRPO_TRAINER_ATTEMPT="2", RESUME_FROM=resume_from
-    )
-    wait_until(lambda: json.loads(manifest_path.read_text()).get("attempt") == 2, "attempt 2's claim")
-    claimed_step = json.loads(manifest_path.read_text())["step"]
-    old.send_signal(signal.SIGTERM)
-    assert old.wait(timeout=300) == 0
-    old_log = (tmp_path / "attempt-1.log").read_text()
-    assert "was replaced by attempt 2" in old_log, old_log[-3000:]
-    assert json.loads(manifest_path.read_text())["attempt"] == 2  # attempt 1 never took it back
+        new_config = tmp_path / "attempt-2.json"
+        raw = json.loads(config.read_text())
+        raw["metricsPort"] = free_port()  # both attempts run at once here
+        new_config.write_text(json.dumps(raw))
+        new = start_trainer(
+            new_config, tmp_path / "attempt-2.log", GRPO_TRAINER_ATTEMPT="2", RESUME_FROM=resume_from
+        )
+        wait_until(
+            lambda: json.loads(manifest_path.read_text()).get("attempt") == 2,
+            "attempt 2's claim",
+            alive={
+                "attempt 1": (old, tmp_path / "attempt-1.log"),
+                "attempt 2": (new, tmp_path / "attempt-2.log"),
+            },
+        )
+        claimed_step = json.loads(manifest_path.read_text())["step"]
+        old.send_signal(signal.SIGTERM)
+        assert old.wait(timeout=300) == 0
+        old_log = (tmp_path / "attempt-1.log").read_text()
+        assert "was replaced by attempt 2" in old_log, old_log[-3000:]
+        assert json.loads(manifest_path.read_text())["attempt"] == 2  # attempt 1 never took it back
 
-    # Attempt 2 trains on, publishes and prunes as usual, then stops on its own SIGTERM.
-    wait_until(lambda: json.loads(manifest_path.read_text())["step"] > claimed_step, "attempt 2's checkpoint")
-    new.send_signal(signal.SIGTERM)
-    assert new.wait(timeout=300) == 0, (tmp_path / "attempt-2.log").read_text()[-3000:]
-    final = read_manifest(tmp_path / "ckpt")
-    assert final is not None and final.owner is not None and final.owner.attempt == 2
-    assert final.step > claimed_step
-    assert steps_on_disk(tmp_path / "ckpt") == [f"step-{final.step}"]
+        # Attempt 2 trains on, publishes and prunes as usual, then stops on its own SIGTERM.
+        wait_until(
+            lambda: json.loads(manifest_path.read_text())["step"] > claimed_step,
+            "attempt 2's checkpoint",
+            alive={"attempt 2": (new, tmp_path / "attempt-2.log")},
+        )
+        new.send_signal(signal.SIGTERM)
+        assert new.wait(timeout=300) == 0, (tmp_path / "attempt-2.log").read_text()[-3000:]
+        final = read_manifest(tmp_path / "ckpt")
+        assert final is not None and final.owner is not None and final.owner.attempt == 2
+        assert final.step > claimed_step
+        assert steps_on_disk(tmp_path / "ckpt") == [f"step-{final.step}"]
+    finally:
+        for process in (old, new):
+            if process is not None and process.poll() is None:
+                process.kill()
+                process.wait()
 
 
-def wait_until(predicate: Callable[[], bool], what: str, timeout: float = 300) -> None:
+def wait_until(
+    predicate: Callable[[], bool],
+    what: str,
+    timeout: float = 300,
+    alive: dict[str, tuple[subprocess.Popen[bytes], Path]] | None = None,
+) -> None:
+    """Poll ``predicate``; fail at once, with its log, when a trainer in ``alive`` exits meanwhile."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
+        for name, (process, log) in (alive or {}).items():
+            if process.poll() is not None:
+                raise AssertionError(
+                    f"{name} exited {process.returncode} while waiting for {what}:\n{log.read_text()[-3000:]}"
+                )
         try:
             if predicate():
                 return

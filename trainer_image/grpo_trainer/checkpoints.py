@@ -19,11 +19,14 @@ That identity is what keeps two writers apart:
 
 from __future__ import annotations
 
+import fcntl
 import json
 import logging
 import os
 import re
 import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
@@ -37,6 +40,9 @@ from grpo_trainer.grpo_config import STAGING_DIRNAME
 log = logging.getLogger("grpo_trainer.checkpoints")
 
 MANIFEST = "latest.json"
+# flock()ed around every read-decide-write of the manifest: a claim and a publish of two attempts of the
+# job must not interleave (see manifest_lock).
+MANIFEST_LOCK = ".latest.lock"
 # Written into every step-N directory: the owner, the dynamic-sampling stream position.
 GRPO_STATE_FILE = "grpo_state.json"
 STEP_DIR_RE = re.compile(r"^step-(\d+)$")
@@ -168,6 +174,31 @@ def _fsync_tree(root: Path) -> None:
         _fsync_dir(Path(dirpath))
 
 
+@contextmanager
+def manifest_lock(checkpoint_dir: Path) -> Iterator[None]:
+    """Hold an exclusive flock on the checkpoint directory's lock file.
+
+    Two attempts of a job can run at once for a while (a node cut off from the API server keeps running
+    the old gang's processes). Without the lock, an old attempt could read the manifest, see it unclaimed,
+    and replace it just after the new attempt claimed it: the claim is lost, and the old attempt prunes the
+    checkpoint the new one is loading. The kernel drops the lock when its holder dies, so a killed attempt
+    never leaves it held. Linux NFS clients map flock onto NFS byte-range locks, so the lock holds across
+    nodes on an NFS-backed ReadWriteMany volume; where a filesystem refuses locks the attempt goes on
+    unlocked, with a warning."""
+    checkpoint_dir.mkdir(parents=True, exist_ok=True)
+    fd = os.open(checkpoint_dir / MANIFEST_LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        except OSError as exc:
+            log.warning(
+                "cannot lock %s (%s): publishing without the lock", checkpoint_dir / MANIFEST_LOCK, exc
+            )
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
 def write_manifest(checkpoint_dir: Path, manifest: Manifest) -> None:
     checkpoint_dir.mkdir(parents=True, exist_ok=True)
     tmp = checkpoint_dir / f".{MANIFEST}.tmp-{os.getpid()}"
@@ -216,13 +247,16 @@ def _superseded(current: Manifest | None, me: Owner) -> bool:
 def claim(checkpoint_dir: Path, me: Owner) -> None:
     """At the start of a gang attempt: stamp this attempt into the job's manifest, so that an older attempt
     still writing its SIGTERM checkpoint sees it is superseded and neither publishes nor prunes."""
-    current = read_manifest(checkpoint_dir)
-    if current is None or current.owner is None or not current.owner.same_job(me):
+    if not (checkpoint_dir / MANIFEST).is_file():
         return
-    if current.owner.attempt >= me.attempt:
-        return
-    owner = replace(current.owner, attempt=me.attempt)
-    write_manifest(checkpoint_dir, Manifest(current.step, current.path, current.time, owner))
+    with manifest_lock(checkpoint_dir):
+        current = read_manifest(checkpoint_dir)
+        if current is None or current.owner is None or not current.owner.same_job(me):
+            return
+        if current.owner.attempt >= me.attempt:
+            return
+        owner = replace(current.owner, attempt=me.attempt)
+        write_manifest(checkpoint_dir, Manifest(current.step, current.path, current.time, owner))
     log.info("gang attempt %d claimed %s (step %d)", me.attempt, checkpoint_dir / MANIFEST, current.step)
 
 
@@ -282,15 +316,18 @@ def publish(staged: Path, checkpoint_dir: Path, step: int, keep_last: int, owner
     manifest = Manifest(
         step=step, path=str(target), time=datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"), owner=owner
     )
-    # Checked again right before the manifest moves: the window for a newer attempt's claim to be lost is
-    # the few microseconds between this read and os.replace.
-    if _superseded(read_manifest(checkpoint_dir), owner):
-        log.warning(
-            "gang attempt %d was replaced while publishing step %d: manifest left alone", owner.attempt, step
-        )
-        return None
-    write_manifest(checkpoint_dir, manifest)
-    prune(checkpoint_dir, keep_last, protect=target, owner=owner)
+    # Checked again under the lock a claim takes: once a newer attempt has claimed the manifest, this
+    # attempt neither moves it nor prunes the checkpoint the newer attempt is about to load.
+    with manifest_lock(checkpoint_dir):
+        if _superseded(read_manifest(checkpoint_dir), owner):
+            log.warning(
+                "gang attempt %d was replaced while publishing step %d: manifest left alone",
+                owner.attempt,
+                step,
+            )
+            return None
+        write_manifest(checkpoint_dir, manifest)
+        prune(checkpoint_dir, keep_last, protect=target, owner=owner)
     return manifest
 
 
