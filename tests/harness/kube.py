@@ -192,11 +192,12 @@ class Cluster:
         name = f"{prefix}-{uuid.uuid4().hex[:8]}"
         self.kubectl("create", "namespace", name)
         # The ServiceAccount admission plugin needs the namespace's default ServiceAccount, which the
-        # controller-manager creates asynchronously; pods created before it exists are refused.
+        # controller-manager creates asynchronously; pods created before it exists are refused. On a cluster
+        # just started beside another one on two busy cores, the controller-manager took over 30 s once.
         wait_for(
             f"default ServiceAccount in {name}",
             lambda: self.get("serviceaccount", "default", name),
-            timeout=30,
+            timeout=120,
         )
         return name
 

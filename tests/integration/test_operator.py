@@ -315,6 +315,40 @@ def test_a_trainer_failure_restarts_the_gang_from_the_checkpoint(
     assert s["checkpoint"]["path"] == CKPT, "the operator must never overwrite the trainer's fields"
 
 
+def test_a_failed_vllm_pod_is_replaced_alone_and_the_trainers_keep_running(
+    kube: Cluster, namespace: str, operator: Operator
+) -> None:
+    run_job(kube, namespace, "math", runPolicy={"backoffLimit": 3})
+    trainers = {n: p["metadata"]["uid"] for n, p in gang(kube, namespace, "math").items() if "trainer" in n}
+    terminate_pod(kube, namespace, "math-gen-1-0", 1, "RuntimeError: Engine core initialization failed")
+
+    replaced = wait_event(kube, namespace, "math", "GenerationReplaced")
+    assert "generation pod math-gen-1-0 failed: exit code 1" in replaced["message"]
+    assert "Engine core initialization failed" in replaced["message"]
+    assert "replaced by vLLM pod math-gen-1-1" in replaced["message"]
+    wait_for("the replacement vLLM pod", lambda: "math-gen-1-1" in gang(kube, namespace, "math"))
+    # The replacement is reported Ready once it runs (this test's stand-in for vLLM's /health).
+    s = wait_status(
+        kube,
+        namespace,
+        "math",
+        "Running again",
+        lambda s: (
+            s.get("reason") == "AllPodsRunning"
+            and "math-gen-1-1 replaced a failed one" in str(s.get("message"))
+        ),
+    )
+    assert s["phase"] == "Running" and s.get("restarts", 0) == 0 and s["trainerAttempt"] == 1
+    now = gang(kube, namespace, "math")
+    # The same trainer pods (uids), and the failed vLLM pod kept for its log until the attempt ends.
+    assert {n: p["metadata"]["uid"] for n, p in now.items() if "trainer" in n} == trainers
+    assert now["math-gen-1-0"]["status"]["phase"] == "Failed"
+    assert (
+        now["math-gen-1-1"]["spec"]["containers"][0]["args"]
+        == now["math-gen-1-0"]["spec"]["containers"][0]["args"]
+    )
+
+
 def test_exhausting_the_backoff_limit_fails_the_job(
     kube: Cluster, namespace: str, operator: Operator
 ) -> None:

@@ -200,6 +200,13 @@ def test_logs_pick_the_current_attempts_pod_of_the_rank() -> None:
     assert cli.pick_pod(pods, "trainer", 0)["metadata"]["name"] == "t-2-0"  # type: ignore[index]
     assert cli.pick_pod(pods, "trainer", 3) is None
     assert cli.pick_pod([pod("m-b", 0), pod("m-a", 0)], "metric", 1)["metadata"]["name"] == "m-b"  # type: ignore[index]
+    # A replaced vLLM pod stays for its log: index 0 is the server in use, 1 the failed one before it.
+    generation = [pod("j-gen-1-9", 1), pod("j-gen-2-0", 2), pod("j-gen-2-10", 2), pod("j-gen-2-2", 2)]
+    assert [cli.pick_pod(generation, "generation", i)["metadata"]["name"] for i in range(3)] == [  # type: ignore[index]
+        "j-gen-2-10",
+        "j-gen-2-2",
+        "j-gen-2-0",
+    ]
 
 
 def test_bad_arguments_exit_2_with_usage(capsys: pytest.CaptureFixture[str]) -> None:

@@ -127,14 +127,113 @@ def test_trainer_failure_restarts_the_whole_gang_from_the_checkpoint() -> None:
     assert world.status()["restarts"] == 1
 
 
-def test_generation_failure_replaces_vllm_and_restarts_the_trainers() -> None:
-    world = running_world()
-    world.terminate("math-gen-1-0", 137, "", phase="Failed")
+def test_a_failed_vllm_pod_is_replaced_alone_while_the_trainers_run_on() -> None:
+    world = running_world(generation={"startupTimeoutSeconds": 900})
+    world.terminate("math-gen-1-0", 1, "RuntimeError: Engine core initialization failed", phase="Failed")
     plan = world.step()
-    assert world.status()["reason"] == "GenerationFailed"
-    assert world.status()["restarts"] == 1
+    assert [m["metadata"]["name"] for m in plan.creates] == ["math-gen-1-1"]
+    assert plan.deletes == [] and plan.restart is None  # the trainers and the failed pod (its log) stay
+    status = world.status()
+    assert (status["phase"], status["reason"]) == ("Running", "GenerationReplaced")
+    assert status.get("restarts", 0) == 0 and status["trainerAttempt"] == 1
+    assert (
+        "math-gen-1-0 failed: exit code 1; RuntimeError: Engine core initialization failed"
+        in status["message"]
+    )
+    assert ("Warning", "GenerationReplaced") in events(plan)
+    replacement = world.pod("math-gen-1-1")
+    assert replacement["spec"]["containers"] == world.pod("math-gen-1-0")["spec"]["containers"]
+
+    # While it starts, the job stays Running and says how long the trainers have waited of the budget.
+    world.advance(125)
+    world.step()
+    status = world.status()
+    assert (status["phase"], status["reason"]) == ("Running", "GenerationReplaced")
+    assert "vLLM pod math-gen-1-1 replaces a failed one" in status["message"]
+    assert "(2m of 15m)" in status["message"]
+
+    # Ready: the message says so once, and the job carries on in attempt 1.
+    world.run_all()
+    plan = world.step()
+    status = world.status()
+    assert (status["phase"], status["reason"]) == ("Running", "AllPodsRunning")
+    assert "math-gen-1-1 replaced a failed one" in status["message"]
+    assert ("Normal", "Running") in events(plan)
+    assert world.reconcile().is_empty()
+
+
+def test_a_replacement_vllm_pod_that_never_gets_ready_restarts_the_gang_counted() -> None:
+    world = running_world(generation={"startupTimeoutSeconds": 600})
+    world.terminate("math-gen-1-0", 1, "boom", phase="Failed")
+    world.step()
+    world.advance(601)
+    plan = world.step()
+    status = world.status()
+    assert (status["phase"], status["reason"]) == ("Restarting", "GenerationStartupTimeout")
+    assert status["restarts"] == 1
+    assert "math-gen-1-1, which replaced a failed one, did not become Ready" in status["message"]
+    assert {"math-trainer-1-0", "math-gen-1-0", "math-gen-1-1"} <= {r.name for r in plan.deletes}
+
+
+def test_the_progress_clock_restarts_when_a_replacement_gets_ready() -> None:
+    world = running_world(
+        runPolicy={"progressDeadlineSeconds": 900}, generation={"startupTimeoutSeconds": 1800}
+    )
+    world.advance(600)
+    world.terminate("math-gen-1-0", 1, "boom", phase="Failed")
+    world.step()
+    world.advance(700)  # past the progress deadline since the gang started, within the start-up budget
+    world.run_all()
+    world.step()
+    assert world.status()["phase"] == "Running"
+    world.advance(899)
+    world.step()
+    assert world.status()["phase"] == "Running"
+    world.advance(2)
+    world.step()
+    assert world.status()["reason"] == "ProgressDeadlineExceeded"
+
+
+@pytest.mark.parametrize(
+    ("setup", "reason"),
+    [
+        ("trainer-failed-too", "GenerationFailed"),
+        ("before-running", "GenerationFailed"),
+        ("kueue", "GenerationFailed"),
+        ("oom", "OOMKilled"),
+    ],
+)
+def test_a_vllm_failure_restarts_the_gang_where_replacing_it_alone_is_not_the_answer(
+    setup: str, reason: str
+) -> None:
+    if setup == "before-running":
+        world = World(job_object())
+        world.settle()
+        world.schedule_all()
+        world.step()
+    elif setup == "kueue":
+        world = World(job_object(scheduling={"queueName": "gpu-queue"}))
+        world.settle()
+        world.run_all()
+        world.settle()
+        assert world.status()["phase"] == "Running"
+    else:
+        world = running_world()
+    world.terminate(
+        "math-gen-1-0",
+        137 if setup == "oom" else 1,
+        "",
+        phase="Failed",
+        reason="OOMKilled" if setup == "oom" else "Error",
+    )
+    if setup == "trainer-failed-too":
+        world.terminate("math-trainer-1-0", 1, "NCCL timeout")
+    plan = world.step()
+    status = world.status()
+    assert (status["phase"], status["reason"]) == ("Restarting", reason), status["message"]
+    assert status["restarts"] == 1 and plan.restart is not None
+    assert "math-gen-1-1" not in [m["metadata"]["name"] for m in plan.creates]
     assert "math-trainer-1-0" in [r.name for r in plan.deletes]
-    assert "math-gen-2-0" in [m["metadata"]["name"] for m in world.step().creates]
 
 
 def test_exhausting_the_backoff_limit_fails_the_job_with_the_reason() -> None:

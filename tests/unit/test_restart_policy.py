@@ -24,6 +24,8 @@ from grpo_operator.reconcile.restart_policy import (
     EVICTED,
     EVICTED_BY_KUEUE,
     GENERATION_FAILED,
+    GENERATION_REPLACED,
+    GENERATION_REPLACEMENTS_PER_ATTEMPT,
     GENERATION_STARTUP_TIMEOUT,
     NODE_LOST,
     NODE_SHUTDOWN,
@@ -67,9 +69,21 @@ def _oom_killed() -> tuple[World, Plan]:
     return world, world.step()
 
 
-def _generation_failed() -> tuple[World, Plan]:
+def _generation_replaced() -> tuple[World, Plan]:
     world = running_world()
     world.terminate(GEN, 1, "vLLM crashed", phase="Failed")
+    return world, world.step()
+
+
+def _generation_failed() -> tuple[World, Plan]:
+    """The vLLM pod fails once more after the attempt's last allowed replacement."""
+    world = running_world()
+    for n in range(GENERATION_REPLACEMENTS_PER_ATTEMPT):
+        world.terminate(f"math-gen-1-{n}", 1, "vLLM crashed", phase="Failed")
+        world.step()
+        world.run_all()
+        world.settle()
+    world.terminate(f"math-gen-1-{GENERATION_REPLACEMENTS_PER_ATTEMPT}", 1, "vLLM crashed", phase="Failed")
     return world, world.step()
 
 
@@ -194,6 +208,7 @@ SCENARIOS: dict[str, Callable[[], tuple[World, Plan]]] = {
     CANCELLED_BY_CLIENT.reason: _exit_scenario(CANCELLED_BY_CLIENT),
     TRAINER_FAILED.reason: _exit(1),
     OOM_KILLED.reason: _oom_killed,
+    GENERATION_REPLACED.reason: _generation_replaced,
     GENERATION_FAILED.reason: _generation_failed,
     GENERATION_STARTUP_TIMEOUT.reason: _generation_startup_timeout,
     PROGRESS_DEADLINE_EXCEEDED.reason: _stalled,
@@ -215,7 +230,12 @@ SCENARIOS: dict[str, Callable[[], tuple[World, Plan]]] = {
 def assert_follows(rule: RestartRule, world: World, plan: Plan) -> None:
     status = world.status()
     assert status["reason"] == rule.reason, status.get("message")
-    if rule.permanent:
+    if not rule.replaces_gang:
+        assert status["phase"] == "Running"
+        assert plan.restart is None and plan.deletes == []
+        assert status.get("restarts", 0) == 0 and status["trainerAttempt"] == 1
+        assert "not counted against backoffLimit" in status["message"]
+    elif rule.permanent:
         assert status["phase"] == "Failed"
         assert plan.restart is None and status.get("restarts", 0) == 0
     else:

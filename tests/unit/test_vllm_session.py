@@ -45,3 +45,24 @@ def test_sigterm_ends_the_backoff_toward_a_server_that_does_not_answer(stop: Sto
 def test_without_sigterm_the_backoff_retries_as_trl_does(stop: StopFlag) -> None:
     retry = vllm_session().get_adapter("http://x").max_retries
     assert (retry.connect, retry.backoff_factor, sorted(retry.status_forcelist)) == (5, 2, [500, 502, 503])
+
+
+def test_a_trainer_that_rides_out_replacements_sees_a_lost_connection_at_once(stop: StopFlag) -> None:
+    """With lost connections left to the caller, a refused connection fails in well under TRL's minute of
+    backoff, and is recognised as a lost server; an HTTP answer (the request's own error) is not."""
+    import requests
+    from grpo_trainer.weight_sync import WeightSyncError, lost_server
+
+    session = vllm_session(retry_lost_connections=False)
+    started = time.monotonic()
+    with pytest.raises(requests.ConnectionError) as refused:
+        session.post(f"http://127.0.0.1:{closed_port()}/v1/completions", json={}, timeout=5)
+    assert time.monotonic() - started < 2
+    assert lost_server(refused.value)
+    try:
+        raise WeightSyncError("the vLLM server did not reload the weights") from refused.value
+    except WeightSyncError as wrapped:
+        assert lost_server(wrapped)
+    assert not lost_server(Exception("Request failed: 400, prompt too long"))
+    retry = session.get_adapter("http://x").max_retries
+    assert (retry.connect, retry.read, sorted(retry.status_forcelist)) == (0, 0, [500, 502, 503])

@@ -212,7 +212,7 @@ def build_trainer(
 
         gen = config.generation
         extra["vllm_generation"] = generation_class(
-            gen.weight_sync, gen.weight_sync_dir, ServedModelProbe(tokenizer)
+            gen.weight_sync, gen.weight_sync_dir, ServedModelProbe(tokenizer), gen.startup_timeout_seconds
         )
     trainer = ProjectGRPOTrainer(
         model=config.model.name,
@@ -281,6 +281,8 @@ class SyncReporter:
             else:
                 log.warning("step %d: %s", step, probe.describe())
         record = {"step": step, "transport": self.transport, "seconds": round(report.seconds, 4)}
+        if report.after_replacement:
+            record["after_replacement"] = True
         if probe is not None:
             record.update(
                 logprob_diff=probe.mean_abs_diff, max_logprob_diff=probe.max_abs_diff, in_sync=probe.in_sync

@@ -89,18 +89,23 @@ def _stoppable_retry_class() -> type[Any]:
     return StoppableRetry
 
 
-def vllm_session() -> Any:
+def vllm_session(retry_lost_connections: bool = True) -> Any:
     """A requests session with the retry policy of TRL's own VLLMClient (connection errors, 500/502/503,
     GET and POST, exponential backoff from 2 s): generation behaves the same whichever transport syncs the
     weights. Retrying a reload is safe: it reads the same directory again. Its backoff gives up at SIGTERM
-    (stop_retrying_when)."""
+    (stop_retrying_when).
+
+    ``retry_lost_connections=False`` leaves refused and broken connections to the caller: a request
+    repeated after the server died could reach its replacement, which serves the base model until the
+    trainer has pushed its weights (see generation_class)."""
     import requests
     from requests.adapters import HTTPAdapter
 
+    lost = 5 if retry_lost_connections else 0
     retry = _stoppable_retry_class()(
         total=5,
-        connect=5,
-        read=5,
+        connect=lost,
+        read=lost,
         status=3,
         status_forcelist=[500, 502, 503],
         backoff_factor=2,
@@ -161,6 +166,7 @@ def volume_sync_client_class() -> type[Any]:
             incoming.rename(final)
             import requests
 
+            lost: requests.RequestException | None = None
             try:
                 response = self.session.post(
                     f"{self.base_url}/collective_rpc",
@@ -169,14 +175,14 @@ def volume_sync_client_class() -> type[Any]:
                 )
                 answer = f"HTTP {response.status_code}: {response.text[:500]}"
             except requests.RequestException as exc:
-                response, answer = None, f"{type(exc).__name__}: {exc}"
+                response, answer, lost = None, f"{type(exc).__name__}: {exc}", exc
             if response is None or response.status_code != 200:
                 raise WeightSyncError(
                     f"the vLLM server at {self.base_url} did not reload the weights from {final} ({answer}). "
                     "Weight sync through the volume needs vLLM in dev mode (VLLM_SERVER_DEV_MODE=1, set by the "
                     "operator) and the job's volume mounted at the same path in the vLLM pod (accessMode "
                     "ReadWriteMany)"
-                )
+                ) from lost
             for entry in self.sync_dir.iterdir():
                 if entry.name.startswith(SYNC_PREFIX) and entry != final:
                     shutil.rmtree(entry, ignore_errors=True)
@@ -307,22 +313,152 @@ class ServedModelProbe:
 
 @dataclass
 class SyncReport:
-    """What rank 0 reports after a weight sync: its duration and, when the probe ran, its result."""
+    """What rank 0 reports after a weight sync: its duration and, when the probe ran, its result.
+    ``after_replacement``: the sync that pushed the current weights into a replaced vLLM server."""
 
     seconds: float
     probe: ProbeResult | None
+    after_replacement: bool = False
+
+
+def lost_server(exc: BaseException) -> bool:
+    """Whether ``exc`` (or what it was raised from) is a connection to vLLM refused, broken, timed out or
+    answered 500/502/503 past the retries: what a dead or replaced server gives."""
+    import requests
+
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, requests.RequestException | ConnectionError | TimeoutError):
+            return True
+        current = current.__cause__ or current.__context__
+    return False
+
+
+# A request that fails this many times in a row, each time with the server gone and back, is not a
+# replacement to ride out: the error is raised.
+MAX_RECOVERIES_PER_REQUEST = 3
+
+
+def _sleep_unless_stopping(seconds: float) -> None:
+    """wait_for_vllm's sleep: a trainer told to stop while it waits for a replaced server exits at once."""
+    from grpo_trainer.vllm_wait import GenerationUnavailable
+
+    deadline = time.monotonic() + seconds
+    while True:
+        if _stopping():
+            raise GenerationUnavailable(
+                "SIGTERM arrived while the trainer waited for a replaced vLLM server: it exits without "
+                "finishing the step (the newest checkpoint is where the next attempt resumes)"
+            )
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return
+        time.sleep(min(0.25, left))
 
 
 def generation_class(
-    weight_sync: str | None, sync_dir: str | None, probe: ServedModelProbe | None
+    weight_sync: str | None,
+    sync_dir: str | None,
+    probe: ServedModelProbe | None,
+    replacement_budget_seconds: float = 0.0,
 ) -> type[Any]:
-    """TRL's VLLMGeneration (server mode) with the job's weight transport and the served-model probe.
+    """TRL's VLLMGeneration (server mode) with the job's weight transport, the served-model probe, and the
+    ride-out of a replaced vLLM server.
 
-    Its ``on_sync`` (set on the instance by the trainer) receives a SyncReport on rank 0 after every sync."""
+    Its ``on_sync`` (set on the instance by the trainer) receives a SyncReport on rank 0 after every sync.
+
+    When a request of rank 0 to vLLM (a generation, a weight sync, the probe) fails and the server no longer
+    answers /health, the operator is replacing the vLLM pod (restart policy row GenerationReplaced): rank 0
+    waits up to ``replacement_budget_seconds`` (spec.generation.startupTimeoutSeconds) for the Service to
+    answer again, joins the new server's weight transport, pushes the current weights into it, probes
+    it, and repeats the request. The new server starts from the base model, so nothing is generated before
+    that push. Only rank 0 talks to vLLM and the trainers are data-parallel (each rank holds the whole
+    model), so the push needs no other rank; the others wait in the step's broadcast of the completions
+    meanwhile, whose timeout is the process group's (TrainingArguments.ddp_timeout, 1800 s)."""
     from trl.generation.vllm_generation import VLLMGeneration
+
+    from grpo_trainer.vllm_wait import GenerationUnavailable, vllm_healthy, wait_for_vllm
 
     class ProjectVLLMGeneration(VLLMGeneration):  # type: ignore[misc, valid-type]
         on_sync: Callable[[SyncReport], None] | None = None
+        replacements = 0
+
+        def _base_url(self) -> str:
+            client = self.vllm_client
+            return str(client.base_url)
+
+        def _riding_out_replacements(
+            self, request: Callable[..., Any], done_by_recovery: bool = False
+        ) -> Callable[..., Any]:
+            """``request`` repeated after a recovery; not repeated where the recovery did its work already (a
+            weight push, a prefix-cache reset)."""
+
+            def ride(*args: Any, **kwargs: Any) -> Any:
+                for recovery in range(MAX_RECOVERIES_PER_REQUEST + 1):
+                    try:
+                        return request(*args, **kwargs)
+                    except GenerationUnavailable:
+                        raise
+                    except Exception as exc:
+                        if recovery == MAX_RECOVERIES_PER_REQUEST or not self._recover(exc):
+                            raise
+                        if done_by_recovery:
+                            return None
+                raise AssertionError("unreachable")
+
+            return ride
+
+        def _recover(self, exc: BaseException) -> bool:
+            """Rank 0, after a failed request: False when the error is not a lost server (an HTTP answer
+            such as 400 is the request's); else wait until the Service answers /health again and give the
+            server behind it the current weights. A server that answers at once may already be the
+            replacement, so the weights are pushed whichever it is: pushing them again is harmless."""
+            base_url = self._base_url()
+            if _stopping() or replacement_budget_seconds <= 0 or not lost_server(exc):
+                return False
+            log.warning(
+                "the vLLM server at %s stopped answering (%s: %s); waiting up to %.0fs "
+                "(spec.generation.startupTimeoutSeconds) for the operator's replacement",
+                base_url,
+                type(exc).__name__,
+                str(exc)[:300],
+                replacement_budget_seconds,
+            )
+            if not vllm_healthy(base_url):
+                wait_for_vllm(base_url, replacement_budget_seconds, sleep=_sleep_unless_stopping)
+            started = time.monotonic()
+            client = self.vllm_client
+            client.close_communicator()  # type: ignore[no-untyped-call]
+            if weight_sync == "volume":
+                client.init_communicator()
+            else:
+                client.init_communicator(device=self.accelerator.device)
+            named_params: Callable[[], Iterator[tuple[str, Any]]] = self._iter_named_params
+            if self._weight_metadata is None:
+                self._weight_metadata = [  # type: ignore[assignment]
+                    (name, str(param.dtype).removeprefix("torch."), list(param.shape))
+                    for name, param in named_params()
+                ]
+            self._push(self._weight_metadata, named_params())
+            self._reset_prefix_cache()
+            self.replacements += 1
+            result: ProbeResult | None = None
+            if probe is not None:
+                # The unwrapped model: a forward of the DDP wrapper on rank 0 alone would wait for the others.
+                model = self.accelerator.unwrap_model(self.model)
+                result = probe.compare(probe.trained_logprobs(model), probe.served_logprobs(client))
+            seconds = time.monotonic() - started
+            log.warning(
+                "the replaced vLLM server at %s answers again; the current weights were pushed into it in %.2fs%s",
+                base_url,
+                seconds,
+                "" if result is None else f" ({'in sync' if result.in_sync else result.describe()})",
+            )
+            if self.on_sync is not None:
+                self.on_sync(SyncReport(seconds, result, after_replacement=True))
+            return True
 
         def _init_vllm(self) -> None:
             if self.mode != "server" or weight_sync != "volume":
@@ -330,7 +466,8 @@ def generation_class(
                 client = getattr(self, "vllm_client", None)
                 if self.mode == "server" and client is not None:
                     # TRL's retry policy, with a backoff that gives up at SIGTERM.
-                    client.session = vllm_session()
+                    client.session = vllm_session(retry_lost_connections=replacement_budget_seconds <= 0)
+                self._wrap_client()
                 return
             if not sync_dir:
                 raise ValueError("weightSync volume needs generation.weightSyncDir in trainer.json")
@@ -340,18 +477,36 @@ def generation_class(
                     base_url, sync_dir, connection_timeout=self.server_timeout
                 )
                 client.init_communicator()
+                client.session = vllm_session(retry_lost_connections=replacement_budget_seconds <= 0)
                 self.vllm_client = client
+            self._wrap_client()
+
+        def _wrap_client(self) -> None:
+            client = getattr(self, "vllm_client", None)
+            if self.mode != "server" or client is None or not self.accelerator.is_main_process:
+                return
+            # The requests TRL's VLLMGeneration makes through the client, each riding out a replaced server;
+            # _push is the unwrapped update, which _recover itself uses.
+            self._push = client.update_named_params
+            self._reset_prefix_cache = client.reset_prefix_cache
+            client.generate = self._riding_out_replacements(client.generate)
+            client.update_named_params = self._riding_out_replacements(client.update_named_params, True)
+            client.reset_prefix_cache = self._riding_out_replacements(client.reset_prefix_cache, True)
 
         def sync_weights(self) -> None:
             started = time.monotonic()
+            replaced_before = self.replacements
             super().sync_weights()  # type: ignore[no-untyped-call]
             seconds = time.monotonic() - started
             result: ProbeResult | None = None
             if probe is not None and self.mode == "server" and probe.due():
                 trained = probe.trained_logprobs(self.model)
                 if self.accelerator.is_main_process:
-                    result = probe.compare(trained, probe.served_logprobs(self.vllm_client))
+                    served = self._riding_out_replacements(probe.served_logprobs)(self.vllm_client)
+                    result = probe.compare(trained, served)
             if self.accelerator.is_main_process and self.on_sync is not None:
-                self.on_sync(SyncReport(seconds, result))
+                self.on_sync(
+                    SyncReport(seconds, result, after_replacement=self.replacements > replaced_before)
+                )
 
     return ProjectVLLMGeneration

@@ -56,6 +56,13 @@ RESTARTING = EventReason(
     "disruption, stall, spec change), whether it counts (`restart 1/3`) or not, and the resume point.",
     restart_or_failure=True,
 )
+GENERATION_REPLACED = EventReason(
+    "GenerationReplaced",
+    "Warning",
+    "The vLLM pod failed or was stopped while the trainers ran, and only it is replaced (not counted against "
+    "`backoffLimit`); the message names the failed pod, vLLM's last words and the new pod.",
+    restart_or_failure=True,
+)
 RESUMED_FROM_CHECKPOINT = EventReason(
     "ResumedFromCheckpoint", "Normal", "A new gang resumes from `status.checkpoint.path`."
 )
@@ -147,6 +154,7 @@ EVENT_REASONS: tuple[EventReason, ...] = (
     METRIC_NOT_READY,
     GATEWAY_NOT_READY,
     RESTARTING,
+    GENERATION_REPLACED,
     RESUMED_FROM_CHECKPOINT,
     NON_FINITE_TRAINING,
     OUT_OF_MEMORY,

@@ -510,8 +510,11 @@ def trainer_service(job: Job, settings: OperatorSettings) -> Manifest:
     )
 
 
-def gang_pods(job: Job, settings: OperatorSettings, attempt: int, resume_from: str) -> list[Manifest]:
-    """Every pod of one gang incarnation: the vLLM server first, then trainer ranks 0..nodes-1."""
-    pods = [generation_pod(job, settings, attempt, 0)]
+def gang_pods(
+    job: Job, settings: OperatorSettings, attempt: int, resume_from: str, generation_index: int = 0
+) -> list[Manifest]:
+    """Every pod of one gang incarnation: the vLLM server first, then trainer ranks 0..nodes-1.
+    ``generation_index`` counts the attempt's replacements of its vLLM pod (0: the first one)."""
+    pods = [generation_pod(job, settings, attempt, generation_index)]
     pods += [trainer_pod(job, settings, attempt, rank, resume_from) for rank in range(job.spec.trainer.nodes)]
     return pods

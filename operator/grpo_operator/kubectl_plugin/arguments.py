@@ -148,7 +148,11 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--role", choices=("trainer", "generation", "metric", "rollouts"), default="trainer")
     p.add_argument(
-        "--rank", type=int, default=0, help="trainer node rank, or index of the generation/metric pod"
+        "--rank",
+        type=int,
+        default=0,
+        help="trainer node rank; for generation, 0 is the vLLM pod in use and 1, 2, ... the failed ones it "
+        "replaced in this attempt; for metric, the pod's index by name",
     )
     p.add_argument("-f", "--follow", action="store_true", help="stream new lines")
     p.add_argument("--tail", type=int, help="only the last N lines")

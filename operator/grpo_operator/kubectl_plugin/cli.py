@@ -276,8 +276,18 @@ def pick_pod(pods: list[dict[str, Any]], role: str, rank: int) -> dict[str, Any]
         live = [p for p in live if int(p["metadata"].get("labels", {}).get(LABEL_ATTEMPT, "0")) == newest]
     if role == "trainer":
         return next((p for p in live if p["metadata"]["labels"].get(LABEL_NODE_RANK, "0") == str(rank)), None)
-    live.sort(key=lambda p: p["metadata"]["name"])
+    if role == "generation":
+        # <job>-gen-<attempt>-<n>, n counting the attempt's replacements of a failed vLLM pod: index 0 is the
+        # newest (the server in use), 1 the one it replaced, and so on.
+        live.sort(key=lambda p: -_trailing_number(p["metadata"]["name"]))
+    else:
+        live.sort(key=lambda p: p["metadata"]["name"])
     return live[rank] if 0 <= rank < len(live) else None
+
+
+def _trailing_number(name: str) -> int:
+    tail = name.rsplit("-", 1)[-1]
+    return int(tail) if tail.isdigit() else 0
 
 
 def cmd_logs(kube: Kube, args: argparse.Namespace) -> int:

@@ -16,6 +16,7 @@ from grpo_operator.builders.common import (
     generation_pod_name,
     trainer_pod_name,
 )
+from grpo_operator.builders.gang import generation_pod
 from grpo_operator.reconcile.children import delete_pods, gang_pod_labels
 from grpo_operator.reconcile.conditions import RUNNING, SCHEDULED, SUSPENDED, get_condition
 from grpo_operator.reconcile.drift import describe, pod_drift
@@ -28,6 +29,8 @@ from grpo_operator.reconcile.restart_policy import (
     CANCELLED_BY_CLIENT,
     CHILD_DRIFTED,
     GENERATION_FAILED,
+    GENERATION_REPLACED,
+    GENERATION_REPLACEMENTS_PER_ATTEMPT,
     GENERATION_STARTUP_TIMEOUT,
     OOM_KILLED,
     POD_DELETED,
@@ -70,7 +73,8 @@ def run_gang(rp: ReconcilePass, job: Job, observed: Observed) -> None:
     nodes = observed.nodes
     gang = [p for p in observed.pods() if p.role in GANG_ROLES]
     current = {p.name: p for p in gang if p.attempt == attempt}
-    expected = [generation_pod_name(job, attempt, 0)] + [
+    generation_index = _generation_index(current)
+    expected = [generation_pod_name(job, attempt, generation_index)] + [
         trainer_pod_name(job, attempt, rank) for rank in range(job.spec.trainer.nodes)
     ]
     was_running = rp.old_phase == "Running"
@@ -90,6 +94,7 @@ def run_gang(rp: ReconcilePass, job: Job, observed: Observed) -> None:
 
     failures: list[PodView] = []
     disruptions: list[tuple[RestartRule, str]] = []
+    disrupted: list[PodView] = []
     for name in expected:
         pod = current.get(name)
         if pod is None:
@@ -103,9 +108,27 @@ def run_gang(rp: ReconcilePass, job: Job, observed: Observed) -> None:
         if why is not None:
             message = f"{pod.role} pod {name} was stopped from outside the job ({why})"
             disruptions.append((disruption(why), message))
+            disrupted.append(pod)
         elif pod.phase == "Failed" or (pod.phase == "Succeeded" and pod.role == "generation"):
             failures.append(pod)
 
+    stopped = failures + disrupted
+    if (
+        was_running
+        and len(stopped) == 1
+        and stopped[0].role == "generation"
+        and len(failures) + len(disruptions) == 1
+        and _replace_generation(
+            rp,
+            job,
+            current,
+            expected,
+            stopped[0],
+            disruptions[0][1] if disruptions else stopped[0].failure_summary(),
+            generation_index,
+        )
+    ):
+        return
     if failures:
         # One rank running out of memory makes the others fail too (NCCL timeouts, exit 1): report the
         # failure that says what went wrong, not whichever pod comes first.
@@ -158,7 +181,7 @@ def run_gang(rp: ReconcilePass, job: Job, observed: Observed) -> None:
         (p.resume_from for p in current.values() if p.role == "trainer" and p.resume_from is not None),
         _resume_from(job, rp),
     )
-    built = gang_pods(job, rp.settings, attempt, resume_from)
+    built = gang_pods(job, rp.settings, attempt, resume_from, generation_index)
     if _pods_drifted(rp, job, observed, built, current):
         return
 
@@ -193,26 +216,108 @@ def run_gang(rp: ReconcilePass, job: Job, observed: Observed) -> None:
         # else the claim is new: reported as pods still to be created (which they are) for a few seconds
 
     present = [current[name] for name in expected if name in current]
+    if was_running and generation_index > 0 and _awaiting_replacement(rp, job, observed, current, expected):
+        return
     all_running = len(present) == len(expected) and all(p.phase == "Running" for p in present)
     if not was_running:
         # A new gang runs only once vLLM answers /health: until then the trainers merely wait for it, and
         # neither the Running phase nor the progress clock may start.
         all_running = all_running and all(p.ready for p in present if p.role == "generation")
     if all_running:
-        if _stalled(rp, job, observed):
+        if _stalled(rp, job, observed, current.get(expected[0])):
             return
         rp.condition(SCHEDULED, "True", "AllPodsScheduled", f"all {len(expected)} pods are scheduled")
         rp.condition(RUNNING, "True", "AllPodsRunning", f"all {len(expected)} pods of attempt {attempt} run")
         _not_suspended(rp)
-        if rp.old_phase != "Running":
+        if rp.old_phase != "Running" or rp.new.get("reason") == REPLACING_GENERATION:
             message = (
                 f"gang attempt {attempt} is running: 1 vLLM pod and {job.spec.trainer.nodes} trainer pod(s)"
             )
+            if generation_index > 0:
+                message += f" (vLLM pod {expected[0]} replaced a failed one)"
             rp.set_phase("Running", "AllPodsRunning", message)
             rp.event(event_reasons.RUNNING, message)
         return
 
     _waiting(rp, job, observed, expected, present)
+
+
+# The status reason while a replaced vLLM pod gets Ready: the restart table's row.
+REPLACING_GENERATION = GENERATION_REPLACED.reason
+
+
+def _generation_index(current: dict[str, PodView]) -> int:
+    """Which vLLM pod of the attempt is the live one: the highest n of ``<job>-gen-<attempt>-<n>`` (n counts
+    the attempt's replacements; the replaced pods are kept, for their logs, until the attempt ends)."""
+    indices = [int(p.name.rsplit("-", 1)[1]) for p in current.values() if p.role == "generation"]
+    return max(indices, default=0)
+
+
+def _replace_generation(
+    rp: ReconcilePass,
+    job: Job,
+    current: dict[str, PodView],
+    expected: list[str],
+    pod: PodView,
+    what: str,
+    index: int,
+) -> bool:
+    """GenerationReplaced: a new vLLM pod for the running trainers, the gang left as it is. False when the
+    restart policy says the gang restarts instead (see the rule's cause)."""
+    trainers = [current.get(name) for name in expected[1:]]
+    if any(t is None or t.phase != "Running" or t.terminating for t in trainers):
+        return False
+    if KUEUE_GROUP_LABEL in pod.labels or index >= GENERATION_REPLACEMENTS_PER_ATTEMPT:
+        return False
+    term = pod.termination()
+    if term is not None and term.reason == OOM_KILLED.reason:
+        return False  # the same memory limit would kill the replacement: OOMKilled says what to raise
+    replacement = generation_pod_name(job, rp.attempt, index + 1)
+    if ("Pod", replacement) in rp.foreign or rp.conflict is not None:
+        return False
+    message = (
+        f"{what}; replaced by vLLM pod {replacement} (replacement {index + 1} of "
+        f"{GENERATION_REPLACEMENTS_PER_ATTEMPT} in gang attempt {rp.attempt}, not counted against backoffLimit); "
+        "the trainers keep running and wait for it"
+    )
+    rp.plan.creates.append(generation_pod(job, rp.settings, rp.attempt, index + 1))
+    rp.event(event_reasons.GENERATION_REPLACED, message)
+    rp.set_phase("Running", REPLACING_GENERATION, message)
+    return True
+
+
+def _awaiting_replacement(
+    rp: ReconcilePass, job: Job, observed: Observed, current: dict[str, PodView], expected: list[str]
+) -> bool:
+    """While a replaced vLLM pod is not Ready yet: the job stays Running (its trainers run and wait), the
+    message says how long the new pod has had of generation.startupTimeoutSeconds, and past that budget
+    the gang restarts (GenerationStartupTimeout, counted), as when a first vLLM pod never gets Ready."""
+    pod = current.get(expected[0])
+    if pod is None or pod.ready:
+        return False
+    budget = job.spec.generation.startup_timeout_seconds
+    since = pod.created or rp.now
+    elapsed = (rp.now - since).total_seconds()
+    if elapsed >= budget:
+        restart_or_fail(
+            rp,
+            job,
+            observed,
+            GENERATION_STARTUP_TIMEOUT,
+            f"vLLM pod {pod.name}, which replaced a failed one, did not become Ready within "
+            f"spec.generation.startupTimeoutSeconds ({budget}s): see its log (kubectl logs {pod.name})",
+        )
+        return True
+    failed = current.get(generation_pod_name(job, rp.attempt, int(pod.name.rsplit("-", 1)[1]) - 1))
+    cause = f" after {failed.failure_summary()}" if failed is not None and failed.phase == "Failed" else ""
+    message = (
+        f"vLLM pod {pod.name} replaces a failed one{cause}; the trainers wait for it "
+        f"({_duration(elapsed)} of {_duration(budget)})"
+    )
+    rp.set_phase("Running", REPLACING_GENERATION, message)
+    rp.requeue_at(since + timedelta(seconds=budget))
+    rp.requeue_at(rp.now + timedelta(seconds=60))  # the elapsed minutes in the message
+    return True
 
 
 def _attempt_of(job: Job, pod_name: str) -> int | None:
@@ -506,8 +611,9 @@ def _startup_deadline(rp: ReconcilePass, job: Job, observed: Observed, present: 
     )
 
 
-def _stalled(rp: ReconcilePass, job: Job, observed: Observed) -> bool:
-    """Running, but no step advance for runPolicy.progressDeadlineSeconds: a stall (counted restart)."""
+def _stalled(rp: ReconcilePass, job: Job, observed: Observed, generation: PodView | None) -> bool:
+    """Running, but no step advance for runPolicy.progressDeadlineSeconds: a stall (counted restart). The
+    clock starts again when a replaced vLLM pod gets Ready: the trainers waited for it on its own clock."""
     limit = job.spec.run_policy.progress_deadline_seconds
     running = get_condition(list(rp.old.get("conditions") or []), RUNNING)
     since = (
@@ -517,6 +623,8 @@ def _stalled(rp: ReconcilePass, job: Job, observed: Observed) -> bool:
     )
     if since is None:
         since = rp.now  # the gang becomes Running with this reconcile: the clock starts now
+    if generation is not None and generation.ready_since is not None:
+        since = max(since, generation.ready_since)
     last_step = parse_time((rp.old.get("progress") or {}).get("lastStepTime"))
     base = max(since, last_step) if last_step is not None else since
     if _waiting_for_client(rp, base):

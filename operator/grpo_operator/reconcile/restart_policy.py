@@ -60,6 +60,9 @@ class RestartRule:
     # The Warning event posted when the failure is seen, besides Restarting or Failed; its reason is
     # the row's.
     event: EventReason | None = None
+    # False: the row replaces one pod and leaves the gang running (no new attempt); "counted" then says
+    # whether that replacement counts against backoffLimit.
+    replaces_gang: bool = True
 
     def __post_init__(self) -> None:
         if self.event is not None and self.event.reason != self.reason:
@@ -137,13 +140,31 @@ OOM_KILLED = RestartRule(
     meaning="host memory, not GPU memory: raise the pod's memory request and limit",
     event=event_reasons.OOM_KILLED,
 )
+# How many times one gang attempt may replace its vLLM pod alone (GenerationReplaced) before a vLLM failure
+# restarts the gang (GenerationFailed): a server that keeps dying is not a hiccup.
+GENERATION_REPLACEMENTS_PER_ATTEMPT = 3
+GENERATION_REPLACED = RestartRule(
+    event_reasons.GENERATION_REPLACED.reason,
+    Trigger.POD_FAILURE,
+    "The vLLM pod fails, exits or is stopped from outside while every trainer pod runs, the gang is not "
+    f"queued by Kueue, and the attempt has replaced it fewer than {GENERATION_REPLACEMENTS_PER_ATTEMPT} "
+    "times",
+    counted=False,
+    permanent=False,
+    meaning="only the vLLM pod is replaced (`<job>-gen-<attempt>-<n>`, n counting up); the trainers keep "
+    "running, wait for it within `generation.startupTimeoutSeconds`, and push their current weights into it "
+    "before they generate again. The failed pod is kept, for its log, until the attempt ends",
+    event=event_reasons.GENERATION_REPLACED,
+    replaces_gang=False,
+)
 GENERATION_FAILED = RestartRule(
     "GenerationFailed",
     Trigger.POD_FAILURE,
-    "The vLLM pod fails or exits",
+    "The vLLM pod fails or exits before the gang runs, under Kueue, while a trainer pod is not running, or "
+    f"after {GENERATION_REPLACEMENTS_PER_ATTEMPT} replacements in one attempt",
     counted=True,
     permanent=False,
-    meaning="the vLLM server stopped; the trainers cannot go on without it",
+    meaning="the vLLM server stopped and replacing it alone is not the answer; the gang restarts",
 )
 EVICTED = RestartRule(
     "Evicted",
@@ -277,6 +298,7 @@ RULES: tuple[RestartRule, ...] = (
     CANCELLED_BY_CLIENT,
     TRAINER_FAILED,
     OOM_KILLED,
+    GENERATION_REPLACED,
     GENERATION_FAILED,
     GENERATION_STARTUP_TIMEOUT,
     PROGRESS_DEADLINE_EXCEEDED,
