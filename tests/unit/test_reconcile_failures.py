@@ -162,6 +162,29 @@ def test_a_failed_vllm_pod_is_replaced_alone_while_the_trainers_run_on() -> None
     assert world.reconcile().is_empty()
 
 
+def test_an_evicted_vllm_pod_is_replaced_alone_too() -> None:
+    world = running_world()
+    pod = world.pod("math-gen-1-0")
+    pod["metadata"]["deletionTimestamp"] = format_time(world.now)
+    pod["status"]["conditions"].append(
+        {"type": "DisruptionTarget", "status": "True", "reason": "EvictionByEvictionAPI"}
+    )
+    plan = world.step()
+    assert [m["metadata"]["name"] for m in plan.creates] == ["math-gen-1-1"]
+    assert plan.restart is None
+    status = world.status()
+    assert (status["phase"], status["reason"]) == ("Running", "GenerationReplaced")
+    assert (
+        "generation pod math-gen-1-0 was stopped from outside the job (EvictionByEvictionAPI)"
+        in status["message"]
+    )
+    world.gone()  # the evicted pod leaves the API; its replacement is the attempt's vLLM pod now
+    world.run_all()
+    world.step()
+    assert (world.status()["phase"], world.status()["reason"]) == ("Running", "AllPodsRunning")
+    assert world.status()["trainerAttempt"] == 1
+
+
 def test_a_replacement_vllm_pod_that_never_gets_ready_restarts_the_gang_counted() -> None:
     world = running_world(generation={"startupTimeoutSeconds": 600})
     world.terminate("math-gen-1-0", 1, "boom", phase="Failed")
