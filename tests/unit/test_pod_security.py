@@ -278,3 +278,22 @@ def test_the_message_does_not_depend_on_the_order_of_concurrent_refusals() -> No
         messages.add(world.status()["message"])
     (message,) = messages
     assert message.startswith("the API server refused Pod math-gen-1-0 (2 more refused): ")
+
+
+def test_a_refused_vllm_replacement_is_not_retried_but_restarts_the_gang() -> None:
+    """The quota refuses the replacement of a failed vLLM pod: the operator does not create it again on every
+    pass (with a GenerationReplaced event each time); the gang restarts, counted, and the new gang's pods
+    wait with the refusal's words."""
+    world = AdmittingWorld(job_object())
+    world.settle()
+    world.run_all()
+    world.settle()
+    world.refuse = lambda m: QUOTA_REFUSAL if m["metadata"]["name"] == "math-gen-1-1" else None
+    world.terminate("math-gen-1-0", 1, "boom", phase="Failed")
+    first = world.step()
+    assert ("Warning", "GenerationReplaced") in events(first)
+    second = world.step()
+    assert ("Warning", "GenerationReplaced") not in events(second)
+    status = world.status()
+    assert (status["phase"], status["reason"]) == ("Restarting", "GenerationFailed")
+    assert status["restarts"] == 1

@@ -121,6 +121,7 @@ def run_gang(rp: ReconcilePass, job: Job, observed: Observed) -> None:
         and _replace_generation(
             rp,
             job,
+            observed,
             current,
             expected,
             stopped[0],
@@ -256,6 +257,7 @@ def _generation_index(current: dict[str, PodView]) -> int:
 def _replace_generation(
     rp: ReconcilePass,
     job: Job,
+    observed: Observed,
     current: dict[str, PodView],
     expected: list[str],
     pod: PodView,
@@ -274,7 +276,9 @@ def _replace_generation(
         return False  # the same memory limit would kill the replacement: OOMKilled says what to raise
     replacement = generation_pod_name(job, rp.attempt, index + 1)
     if ("Pod", replacement) in rp.foreign or rp.conflict is not None:
-        return False
+        return False  # a same-name pod that is not the job's is never used: the gang restarts instead
+    if any(r.kind == "Pod" and r.name == replacement for r in observed.refusals):
+        return False  # the API server refused it (quota, admission): a new gang reports why it waits
     message = (
         f"{what}; replaced by vLLM pod {replacement} (replacement {index + 1} of "
         f"{GENERATION_REPLACEMENTS_PER_ATTEMPT} in gang attempt {rp.attempt}, not counted against backoffLimit); "
