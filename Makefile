@@ -84,12 +84,14 @@ check: venv lint
 # Everything, tier by tier: a break in the unit tier shows in minutes, before the control plane is built.
 # Everything each tier needs is installed first, so a skipped test is a failure here (tests/conftest.py).
 # The trainer and cluster tiers on two workers: each trainer process runs one thread (tests/trainer/toy.py),
-# and a file's tests stay on one worker (--dist loadfile), so a module's shared vLLM server or operator is
-# started once. Each cluster-tier worker starts a local cluster of its own (tests/harness/kube.py): most of
-# those tests wait on the API server and the operator rather than compute, so two overlap well.
+# and a file's tests stay on one worker (--dist loadgroup, tests/conftest.py), so a module's shared vLLM
+# server or operator is started once; the modules that start vLLM servers all run on one worker, one after
+# the other, so no two servers compete for the two cores. Each cluster-tier worker starts a local cluster
+# of its own (tests/harness/kube.py): most of those tests wait on the API server and the operator rather
+# than compute, so two overlap well.
 test: check testbins prometheus vllm
-	$(PYTEST) -n 2 --dist loadfile -m "$(TIER_TRAINER)" $(PYTEST_ARGS)
-	$(PYTEST) -n 2 --dist loadfile -m "$(TIER_CLUSTER)" $(PYTEST_ARGS)
+	$(PYTEST) -n 2 --dist loadgroup -m "$(TIER_TRAINER)" $(PYTEST_ARGS)
+	$(PYTEST) -n 2 --dist loadgroup -m "$(TIER_CLUSTER)" $(PYTEST_ARGS)
 
 # The pure tests alone, without lint (seconds).
 test-unit: venv

@@ -6,8 +6,10 @@ the trainer or dspy extra may skip what needs them, CI must not silently run les
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Generator, Iterator
+from typing import Any
 
 import pytest
 
@@ -54,13 +56,59 @@ def pytest_configure(config: pytest.Config) -> None:
 UNIT_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "unit")
 
 
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+VLLM_MARK = "pytest.mark.vllm"
+# The scheduling unit of every module that starts vLLM servers (`--dist loadgroup`, the Makefile).
+VLLM_GROUP = "vllm-servers"
+
+
+@functools.cache
+def starts_vllm(module: str) -> bool:
+    """Whether a test module (a path from the repository root, as in a node id) carries the vllm mark.
+    The xdist controller sees node ids only, never the collected items, so it reads the module's text;
+    pytest_collection_modifyitems checks the two agree."""
+    try:
+        with open(os.path.join(REPO, module), encoding="utf-8") as handle:
+            return VLLM_MARK in handle.read()
+    except OSError:
+        return False
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """With `--dist loadgroup`: each module is one unit of work on one worker (a module's shared vLLM
+    server or operator starts once), and every module that starts vLLM servers is in one unit: they run
+    one after the other on one worker while the other worker takes the rest. Two vLLM servers starting
+    and generating at once on two cores stretched each test past its timeouts and starved the operators
+    of the other tests. (pytest-xdist's own loadgroup reads xdist_group marks into node ids, which
+    pytest 9 no longer lets it rewrite, so the grouping is made here.)"""
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    # Units in collection order, where the vLLM modules come first (below), rather than the largest first:
+    # the longest unit must start at once, not after the other worker has run out.
+    config.option.loadscopereorder = False
+
+    class ModulesWithVLLMTogether(LoadScopeScheduling):  # type: ignore[misc]
+        def _split_scope(self, nodeid: str) -> str:
+            module = nodeid.split("::", 1)[0]
+            return VLLM_GROUP if starts_vllm(module) else module
+
+    return ModulesWithVLLMTogether(config, log)
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    # Modules that start vLLM servers are the longest by far: run first, the pytest-xdist workers take
-    # them at the start and share out the short modules after, instead of one worker starting a
-    # ten-minute module when the other has nothing left. A stable sort: the order is otherwise kept.
+    # Modules that start vLLM servers are the longest by far: run first. A stable sort: the order is
+    # otherwise kept.
     heavy = {item.path for item in items if item.get_closest_marker("vllm") is not None}
     items.sort(key=lambda item: item.path not in heavy)
     for item in items:
+        module = item.nodeid.split("::", 1)[0]
+        if (item.path in heavy) != starts_vllm(module):
+            raise pytest.UsageError(
+                f"{module}: mark the whole module with pytestmark = [..., {VLLM_MARK}] or not at all: the "
+                "scheduler (tests/conftest.py) groups the modules that start vLLM servers by their text"
+            )
         if "kube" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.cluster)
         # The first feedback tier (`make check`): pure tests that need neither a cluster nor torch.

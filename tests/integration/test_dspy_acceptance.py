@@ -135,6 +135,9 @@ class Watcher(threading.Thread):
                     print(f"[acceptance] SIGKILL trainer {proc.pod} after step {rows[-1]['step']}")
 
 
+# Above the client's own 1000 s and the runner's 1200 s, so a slow run fails with the logs of every
+# process rather than pytest-timeout's thread dump.
+@pytest.mark.timeout(1500)
 def test_dspy_grpo_trains_a_job_through_a_trainer_sigkill(
     kube: Cluster, namespace: str, tmp_path: Path
 ) -> None:

@@ -78,7 +78,8 @@ def test_pre_existing_children_are_not_taken_over_used_or_deleted(
     assert "PersistentVolumeClaim own-ckpt holds the checkpoints of an earlier GRPOJob named own" in message
     assert "existingClaim: own-ckpt" in message, message
     kube.kubectl("delete", "pvc", "own-ckpt", "-n", namespace, "--wait=false")
-    wait_phase(kube, namespace, "own", "Running")
+    # The claim's deletion, a new claim and the gang's start: seconds alone, longer beside a vLLM test.
+    wait_phase(kube, namespace, "own", "Running", timeout=240)
     sa = kube.get("serviceaccount", "own-trainer", namespace)
     assert sa is not None and sa["metadata"]["ownerReferences"][0]["kind"] == "GRPOJob"
     assert "Conflict" not in {c["type"] for c in status(kube, namespace, "own")["conditions"]}

@@ -495,7 +495,6 @@ def generation_class(
 
         def sync_weights(self) -> None:
             started = time.monotonic()
-            replaced_before = self.replacements
             super().sync_weights()  # type: ignore[no-untyped-call]
             seconds = time.monotonic() - started
             result: ProbeResult | None = None
@@ -505,8 +504,8 @@ def generation_class(
                     served = self._riding_out_replacements(probe.served_logprobs)(self.vllm_client)
                     result = probe.compare(trained, served)
             if self.accelerator.is_main_process and self.on_sync is not None:
-                self.on_sync(
-                    SyncReport(seconds, result, after_replacement=self.replacements > replaced_before)
-                )
+                # A replacement during this sync has its own record (the push _recover made); this one is the
+                # step's regular sync, whichever server answered it.
+                self.on_sync(SyncReport(seconds, result))
 
     return ProjectVLLMGeneration
