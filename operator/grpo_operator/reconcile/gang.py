@@ -1,41 +1,41 @@
-"""The gang of the current attempt: success, failures, disruptions, drift, the startup clocks, stalls,
-and the decision to restart it or fail the job."""
+"""The gang of the current attempt: creating it, its success, failures, disruptions and drift. Its start-up
+clocks and stalls are in gang_startup, a replaced vLLM pod in generation_replacement, and the restart
+itself in gang_restart."""
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta
+from datetime import timedelta
 from pathlib import PurePosixPath
 from typing import Any
 
 from grpo_operator.api import event_reasons
 from grpo_operator.builders import Job, gang_hash, gang_pods
 from grpo_operator.builders.common import (
-    KUEUE_GROUP_LABEL,
     LABEL_ATTEMPT,
     created_pvc_name,
     generation_pod_name,
     trainer_pod_name,
 )
-from grpo_operator.builders.gang import generation_pod
 from grpo_operator.reconcile.children import delete_pods, gang_pod_labels
-from grpo_operator.reconcile.conditions import RUNNING, SCHEDULED, SUSPENDED, get_condition
+from grpo_operator.reconcile.conditions import RUNNING, SCHEDULED
 from grpo_operator.reconcile.drift import describe, pod_drift
 from grpo_operator.reconcile.finished import fail, succeed
+from grpo_operator.reconcile.gang_restart import restart_or_fail
+from grpo_operator.reconcile.gang_startup import mark_not_suspended, report_waiting, stalled
+from grpo_operator.reconcile.generation_replacement import (
+    REPLACING_GENERATION,
+    awaiting_replacement,
+    generation_index,
+    replace_generation,
+)
 from grpo_operator.reconcile.observed import Observed, PodView, parse_time
-from grpo_operator.reconcile.plan import Restart
-from grpo_operator.reconcile.reconcile_pass import GANG_ROLES, ReconcilePass, resume_point
+from grpo_operator.reconcile.reconcile_pass import GANG_ROLES, ReconcilePass
 from grpo_operator.reconcile.restart_policy import (
-    BACKOFF_LIMIT_EXCEEDED,
     CANCELLED_BY_CLIENT,
     CHILD_DRIFTED,
     GENERATION_FAILED,
-    GENERATION_REPLACED,
-    GENERATION_REPLACEMENTS_PER_ATTEMPT,
-    GENERATION_STARTUP_TIMEOUT,
     OOM_KILLED,
     POD_DELETED,
-    PREEMPTED,
-    PROGRESS_DEADLINE_EXCEEDED,
     SPEC_CHANGED,
     STARTUP_DEADLINE_EXCEEDED,
     TRAINER_FAILED,
@@ -44,8 +44,6 @@ from grpo_operator.reconcile.restart_policy import (
     trainer_exit,
 )
 from grpo_operator.settings import OperatorSettings
-
-_SCHEDULING = "waiting for the scheduler to place the pods"
 
 
 def _exit_rule(pod: PodView, settings: OperatorSettings) -> RestartRule | None:
@@ -73,8 +71,8 @@ def run_gang(rp: ReconcilePass, job: Job, observed: Observed) -> None:
     nodes = observed.nodes
     gang = [p for p in observed.pods() if p.role in GANG_ROLES]
     current = {p.name: p for p in gang if p.attempt == attempt}
-    generation_index = _generation_index(current)
-    expected = [generation_pod_name(job, attempt, generation_index)] + [
+    live_generation = generation_index(current)
+    expected = [generation_pod_name(job, attempt, live_generation)] + [
         trainer_pod_name(job, attempt, rank) for rank in range(job.spec.trainer.nodes)
     ]
     was_running = rp.old_phase == "Running"
@@ -118,7 +116,7 @@ def run_gang(rp: ReconcilePass, job: Job, observed: Observed) -> None:
         and len(stopped) == 1
         and stopped[0].role == "generation"
         and len(failures) + len(disruptions) == 1
-        and _replace_generation(
+        and replace_generation(
             rp,
             job,
             observed,
@@ -126,7 +124,7 @@ def run_gang(rp: ReconcilePass, job: Job, observed: Observed) -> None:
             expected,
             stopped[0],
             disruptions[0][1] if disruptions else stopped[0].failure_summary(),
-            generation_index,
+            live_generation,
         )
     ):
         return
@@ -182,7 +180,7 @@ def run_gang(rp: ReconcilePass, job: Job, observed: Observed) -> None:
         (p.resume_from for p in current.values() if p.role == "trainer" and p.resume_from is not None),
         _resume_from(job, rp),
     )
-    built = gang_pods(job, rp.settings, attempt, resume_from, generation_index)
+    built = gang_pods(job, rp.settings, attempt, resume_from, live_generation)
     if _pods_drifted(rp, job, observed, built, current):
         return
 
@@ -217,7 +215,7 @@ def run_gang(rp: ReconcilePass, job: Job, observed: Observed) -> None:
         # else the claim is new: reported as pods still to be created (which they are) for a few seconds
 
     present = [current[name] for name in expected if name in current]
-    if was_running and generation_index > 0 and _awaiting_replacement(rp, job, observed, current, expected):
+    if was_running and live_generation > 0 and awaiting_replacement(rp, job, observed, current, expected):
         return
     all_running = len(present) == len(expected) and all(p.phase == "Running" for p in present)
     if not was_running:
@@ -225,103 +223,22 @@ def run_gang(rp: ReconcilePass, job: Job, observed: Observed) -> None:
         # neither the Running phase nor the progress clock may start.
         all_running = all_running and all(p.ready for p in present if p.role == "generation")
     if all_running:
-        if _stalled(rp, job, observed, current.get(expected[0])):
+        if stalled(rp, job, observed, current.get(expected[0])):
             return
         rp.condition(SCHEDULED, "True", "AllPodsScheduled", f"all {len(expected)} pods are scheduled")
         rp.condition(RUNNING, "True", "AllPodsRunning", f"all {len(expected)} pods of attempt {attempt} run")
-        _not_suspended(rp)
+        mark_not_suspended(rp)
         if rp.old_phase != "Running" or rp.new.get("reason") == REPLACING_GENERATION:
             message = (
                 f"gang attempt {attempt} is running: 1 vLLM pod and {job.spec.trainer.nodes} trainer pod(s)"
             )
-            if generation_index > 0:
+            if live_generation > 0:
                 message += f" (vLLM pod {expected[0]} replaced a failed one)"
             rp.set_phase("Running", "AllPodsRunning", message)
             rp.event(event_reasons.RUNNING, message)
         return
 
-    _waiting(rp, job, observed, expected, present)
-
-
-# The status reason while a replaced vLLM pod gets Ready: the restart table's row.
-REPLACING_GENERATION = GENERATION_REPLACED.reason
-
-
-def _generation_index(current: dict[str, PodView]) -> int:
-    """Which vLLM pod of the attempt is the live one: the highest n of ``<job>-gen-<attempt>-<n>`` (n counts
-    the attempt's replacements; the replaced pods are kept, for their logs, until the attempt ends)."""
-    indices = [int(p.name.rsplit("-", 1)[1]) for p in current.values() if p.role == "generation"]
-    return max(indices, default=0)
-
-
-def _replace_generation(
-    rp: ReconcilePass,
-    job: Job,
-    observed: Observed,
-    current: dict[str, PodView],
-    expected: list[str],
-    pod: PodView,
-    what: str,
-    index: int,
-) -> bool:
-    """GenerationReplaced: a new vLLM pod for the running trainers, the gang left as it is. False when the
-    restart policy says the gang restarts instead (see the rule's cause)."""
-    trainers = [current.get(name) for name in expected[1:]]
-    if any(t is None or t.phase != "Running" or t.terminating for t in trainers):
-        return False
-    if KUEUE_GROUP_LABEL in pod.labels or index >= GENERATION_REPLACEMENTS_PER_ATTEMPT:
-        return False
-    term = pod.termination()
-    if term is not None and term.reason == OOM_KILLED.reason:
-        return False  # the same memory limit would kill the replacement: OOMKilled says what to raise
-    replacement = generation_pod_name(job, rp.attempt, index + 1)
-    if ("Pod", replacement) in rp.foreign or rp.conflict is not None:
-        return False  # a same-name pod that is not the job's is never used: the gang restarts instead
-    if any(r.kind == "Pod" and r.name == replacement for r in observed.refusals):
-        return False  # the API server refused it (quota, admission): a new gang reports why it waits
-    message = (
-        f"{what}; replaced by vLLM pod {replacement} (replacement {index + 1} of "
-        f"{GENERATION_REPLACEMENTS_PER_ATTEMPT} in gang attempt {rp.attempt}, not counted against backoffLimit); "
-        "the trainers keep running and wait for it"
-    )
-    rp.plan.creates.append(generation_pod(job, rp.settings, rp.attempt, index + 1))
-    rp.event(event_reasons.GENERATION_REPLACED, message)
-    rp.set_phase("Running", REPLACING_GENERATION, message)
-    return True
-
-
-def _awaiting_replacement(
-    rp: ReconcilePass, job: Job, observed: Observed, current: dict[str, PodView], expected: list[str]
-) -> bool:
-    """While a replaced vLLM pod is not Ready yet: the job stays Running (its trainers run and wait), the
-    message says how long the new pod has had of generation.startupTimeoutSeconds, and past that budget
-    the gang restarts (GenerationStartupTimeout, counted), as when a first vLLM pod never gets Ready."""
-    pod = current.get(expected[0])
-    if pod is None or pod.ready:
-        return False
-    budget = job.spec.generation.startup_timeout_seconds
-    since = pod.created or rp.now
-    elapsed = (rp.now - since).total_seconds()
-    if elapsed >= budget:
-        restart_or_fail(
-            rp,
-            job,
-            observed,
-            GENERATION_STARTUP_TIMEOUT,
-            f"vLLM pod {pod.name}, which replaced a failed one, did not become Ready within "
-            f"spec.generation.startupTimeoutSeconds ({budget}s): see its log (kubectl logs {pod.name})",
-        )
-        return True
-    failed = current.get(generation_pod_name(job, rp.attempt, int(pod.name.rsplit("-", 1)[1]) - 1))
-    cause = f" after {failed.failure_summary()}" if failed is not None and failed.phase == "Failed" else ""
-    message = (
-        f"vLLM pod {pod.name} replaces a failed one{cause}; the trainers wait for it "
-        f"({_duration(elapsed)} of {_duration(budget)})"
-    )
-    rp.set_phase("Running", REPLACING_GENERATION, message)
-    rp.requeue_at(since + timedelta(seconds=budget))
-    rp.requeue_at(rp.now + timedelta(seconds=60))  # the elapsed minutes in the message
-    return True
+    report_waiting(rp, job, observed, expected, present)
 
 
 def _attempt_of(job: Job, pod_name: str) -> int | None:
@@ -412,7 +329,7 @@ def _wait_for_volume(rp: ReconcilePass, job: Job, observed: Observed, claim: dic
     rp.condition(SCHEDULED, "False", "WaitingForVolume", message)
     rp.condition(RUNNING, "False", "Pending", message)
     rp.set_phase("Pending", "WaitingForVolume", message)
-    _not_suspended(rp)
+    mark_not_suspended(rp)
     if not expired:
         return True
     restart_or_fail(
@@ -444,222 +361,6 @@ def _wait_for_earlier_pods(rp: ReconcilePass, names: list[str]) -> None:
     rp.condition(RUNNING, "False", "Restarting", message)
 
 
-def _waiting(
-    rp: ReconcilePass, job: Job, observed: Observed, expected: list[str], present: list[PodView]
-) -> None:
-    """Pods exist (or are being created) but not all run: Pending, Initializing or Restarting."""
-    attempt = rp.attempt
-    blocked = next(((p, p.unschedulable()) for p in present if p.unschedulable() is not None), None)
-    refused = _refusal(observed, expected, present)
-    if refused is not None:
-        # The ChildRejected event with the same words comes from the write that was refused.
-        rp.condition(SCHEDULED, "False", "ChildRejected", refused)
-        rp.condition(RUNNING, "False", "Pending", refused)
-        rp.set_phase("Pending", "ChildRejected", refused)
-    elif blocked is not None:
-        pod, (why, detail) = blocked[0], blocked[1]  # type: ignore[misc]
-        if why == "SchedulingGated":
-            wait = event_reasons.WAITING_FOR_ADMISSION
-            message = f"pod {pod.name} is not yet admitted by its queue: {detail}"
-            group = pod.labels.get(KUEUE_GROUP_LABEL)
-            kueue_says = observed.kueue_wait(group) if group else None
-            if kueue_says:
-                message = f"Kueue has not admitted workload {group}: {kueue_says}"
-            if rp.new.get("reason") == PREEMPTED.reason and rp.old_phase in ("Restarting", "Pending"):
-                # Keep saying why the job left Running until Kueue admits it again.
-                wait = event_reasons.PREEMPTED
-                message = f"preempted by Kueue; waiting to be admitted again. {message}"
-        else:
-            wait = event_reasons.UNSCHEDULABLE
-            message = f"pod {pod.name} cannot be scheduled: {detail}"
-        rp.condition(SCHEDULED, "False", wait.reason, message)
-        rp.condition(RUNNING, "False", "Pending", message)
-        if rp.new.get("reason") != wait.reason or rp.old_phase != "Pending":
-            rp.event(wait, message)
-        rp.set_phase("Pending", wait.reason, message)
-    else:
-        all_scheduled = len(present) == len(expected) and all(p.scheduled for p in present)
-        if all_scheduled:
-            rp.condition(SCHEDULED, "True", "AllPodsScheduled", f"all {len(expected)} pods are scheduled")
-        else:
-            rp.condition(SCHEDULED, "False", "Scheduling", _SCHEDULING)
-        waiting = next(((p, p.waiting()) for p in present if p.waiting() is not None), None)
-        if rp.old_phase == "Restarting":
-            phase, reason = "Restarting", str(rp.new.get("reason") or "Restarting")
-            message = f"gang attempt {attempt} replaces the previous one ({reason}); its pods are starting"
-        elif all_scheduled:
-            phase, reason = "Initializing", "ContainersStarting"
-            message = f"all pods of gang attempt {attempt} are scheduled; containers are starting"
-            generation = _starting_generation(present)
-            if generation is not None:
-                reason = "WaitingForGeneration"
-                message = _generation_wait(rp, job, generation)
-            if waiting is not None:
-                pod, (why, detail) = waiting[0], waiting[1]  # type: ignore[misc]
-                reason = why
-                blocked_on = f"pod {pod.name} is waiting: {why}{': ' + detail if detail else ''}"
-                message = f"{message}; {blocked_on}" if generation is not None else blocked_on
-        else:
-            phase, reason = "Pending", "Scheduling"
-            message = f"gang attempt {attempt}: waiting for {len(expected)} pods to be created and scheduled"
-        rp.condition(RUNNING, "False", phase, message)
-        rp.set_phase(phase, reason, message)
-    _not_suspended(rp)
-    _startup_deadline(rp, job, observed, present)
-
-
-def _refusal(observed: Observed, expected: list[str], present: list[PodView]) -> str | None:
-    """Why children are missing when the API server refused them (quota, Pod Security, admission
-    policies), in the refusal's own words; None when nothing was refused. A refused pod of this attempt
-    comes first: it is what keeps the gang from running."""
-    missing = set(expected) - {p.name for p in present}
-    # Sorted: concurrent writes are refused in any order, and the message must not change with it.
-    ordered = sorted(observed.refusals, key=lambda r: (r.kind, r.name))
-    pods = [r for r in ordered if r.kind == "Pod" and r.name in missing]
-    refusals = pods or [r for r in ordered if r.kind != "Pod"]
-    if not refusals:
-        return None
-    first = refusals[0]
-    more = f" ({len(refusals) - 1} more refused)" if len(refusals) > 1 else ""
-    return (
-        f"the API server refused {first.kind} {first.name}{more}: {first.message.rstrip('. ')}. "
-        "The namespace's ResourceQuota, Pod Security level or an admission policy does not admit it; "
-        "the operator retries until it does"
-    )
-
-
-def _not_suspended(rp: ReconcilePass) -> None:
-    suspended = get_condition(list(rp.new.get("conditions") or []), SUSPENDED)
-    if suspended is not None and suspended.get("status") == "True":
-        rp.condition(SUSPENDED, "False", "Resumed", "the job was resumed")
-
-
-def _starting_generation(present: list[PodView]) -> PodView | None:
-    """The attempt's vLLM pod while it has started (kubelet accepted it) but is not Ready yet."""
-    return next(
-        (p for p in present if p.role == "generation" and p.started is not None and not p.ready), None
-    )
-
-
-def _generation_wait(rp: ReconcilePass, job: Job, pod: PodView) -> str:
-    budget = job.spec.generation.startup_timeout_seconds
-    elapsed = (rp.now - pod.started).total_seconds() if pod.started is not None else 0.0
-    return (
-        f"waiting for vLLM pod {pod.name} to become Ready ({_duration(elapsed)} of {_duration(budget)}: "
-        "image pull, model download, CUDA graph capture)"
-    )
-
-
-def _duration(seconds: float) -> str:
-    """Whole minutes past the first one (the status is not rewritten more than once a minute)."""
-    seconds = max(0, int(seconds))
-    if seconds < 60:
-        return "<1m"
-    hours, minutes = divmod(seconds // 60, 60)
-    return f"{hours}h{minutes}m" if hours and minutes else f"{hours}h" if hours else f"{minutes}m"
-
-
-def _startup_deadline(rp: ReconcilePass, job: Job, observed: Observed, present: list[PodView]) -> None:
-    """Three clocks, so that a slow vLLM start-up never spends the startup deadline:
-
-    * while pods wait for the scheduler (or Kueue) and vLLM has not started: runPolicy.startupDeadlineSeconds
-      from the attempt's pods being created; on expiry the job fails;
-    * while vLLM starts (its pod accepted by a node, not Ready yet, every pod scheduled):
-      generation.startupTimeoutSeconds from the vLLM pod's start; on expiry a counted restart, as when the
-      trainers give up waiting for it;
-    * once vLLM is Ready: runPolicy.startupDeadlineSeconds from then, for the trainers to run.
-    """
-    created = [p.created for p in present if p.created is not None]
-    if not created:
-        return
-    limit = job.spec.run_policy.startup_deadline_seconds
-    generation = next((p for p in present if p.role == "generation"), None)
-    all_scheduled = all(p.scheduled for p in present)
-    ready_since = generation.ready_since if generation is not None else None
-    if ready_since is not None:
-        deadline = max(min(created), ready_since) + timedelta(seconds=limit)
-    elif generation is not None and generation.started is not None and all_scheduled:
-        budget = job.spec.generation.startup_timeout_seconds
-        deadline = generation.started + timedelta(seconds=budget)
-        if rp.now < deadline:
-            rp.requeue_at(deadline)
-            # The status shows the elapsed time in minutes: come back to update it.
-            rp.requeue_at(rp.now + timedelta(seconds=60))
-            return
-        rp.plan.events = [e for e in rp.plan.events if e.type == "Normal"]
-        restart_or_fail(
-            rp,
-            job,
-            observed,
-            GENERATION_STARTUP_TIMEOUT,
-            f"vLLM pod {generation.name} did not become Ready within spec.generation.startupTimeoutSeconds "
-            f"({budget}s) of starting: see its log (kubectl logs {generation.name}); raise "
-            "startupTimeoutSeconds if the download only needs longer",
-        )
-        return
-    else:
-        deadline = min(created) + timedelta(seconds=limit)
-    if rp.now < deadline:
-        rp.requeue_at(deadline)
-        return
-    why = str(rp.new.get("message") or "")
-    # The Failed event says it all; a Pending/Unschedulable event from this same reconcile would repeat it.
-    rp.plan.events = [e for e in rp.plan.events if e.type == "Normal"]
-    restart_or_fail(
-        rp,
-        job,
-        observed,
-        STARTUP_DEADLINE_EXCEEDED,
-        f"gang attempt {rp.attempt} was not running within spec.runPolicy.startupDeadlineSeconds "
-        f"({limit}s): {why}",
-    )
-
-
-def _stalled(rp: ReconcilePass, job: Job, observed: Observed, generation: PodView | None) -> bool:
-    """Running, but no step advance for runPolicy.progressDeadlineSeconds: a stall (counted restart). The
-    clock starts again when a replaced vLLM pod gets Ready: the trainers waited for it on its own clock."""
-    limit = job.spec.run_policy.progress_deadline_seconds
-    running = get_condition(list(rp.old.get("conditions") or []), RUNNING)
-    since = (
-        parse_time(running.get("lastTransitionTime"))
-        if running is not None and running.get("status") == "True" and rp.old_phase == "Running"
-        else None
-    )
-    if since is None:
-        since = rp.now  # the gang becomes Running with this reconcile: the clock starts now
-    if generation is not None and generation.ready_since is not None:
-        since = max(since, generation.ready_since)
-    last_step = parse_time((rp.old.get("progress") or {}).get("lastStepTime"))
-    base = max(since, last_step) if last_step is not None else since
-    if _waiting_for_client(rp, base):
-        # A client-rollout trainer waiting for the client's next groups is not stalled: the client decides
-        # when its rollouts are done (DSPy may be validating). Look again within the deadline.
-        rp.requeue_at(rp.now + timedelta(seconds=limit))
-        return False
-    deadline = base + timedelta(seconds=limit)
-    if rp.now < deadline:
-        rp.requeue_at(deadline)
-        return False
-    step_no = (rp.old.get("progress") or {}).get("step")
-    at = f" (last step {step_no})" if step_no is not None else " (no step completed yet)"
-    restart_or_fail(
-        rp,
-        job,
-        observed,
-        PROGRESS_DEADLINE_EXCEEDED,
-        f"no training step completed for {limit}s{at}: the gang is considered stalled",
-    )
-    return True
-
-
-def _waiting_for_client(rp: ReconcilePass, base: datetime) -> bool:
-    """Trainer rank 0 of the running gang reports (status.progress.waitingForClientSince) that it waits for
-    the client's groups: set since the gang runs and since its last step (an older value is stale: a
-    trainer that died waiting, or one that got its groups and did not clear it)."""
-    waiting = parse_time((rp.old.get("progress") or {}).get("waitingForClientSince"))
-    return waiting is not None and waiting >= base
-
-
 def _cancelled_message(rp: ReconcilePass, rule: RestartRule) -> str:
     steps = (rp.old.get("progress") or {}).get("step")
     at = f" after step {steps}" if steps is not None else ""
@@ -667,44 +368,3 @@ def _cancelled_message(rp: ReconcilePass, rule: RestartRule) -> str:
         f"exit code {rule.exit_code} means {rule.meaning} (Arbor's cancel route): trainer rank 0 stopped{at} "
         "without training further; the checkpoints written so far stay on the volume"
     )
-
-
-def restart_or_fail(rp: ReconcilePass, job: Job, observed: Observed, rule: RestartRule, message: str) -> None:
-    """What the restart policy says for ``rule``: fail the job at once, fail it because the counted
-    restarts are spent, or restart the gang."""
-    if rule.permanent:
-        fail(rp, job, observed, rule.reason, message)
-        return
-    limit = job.spec.run_policy.backoff_limit
-    if rule.counted and rp.restarts >= limit:
-        fail(
-            rp,
-            job,
-            observed,
-            BACKOFF_LIMIT_EXCEEDED.reason,
-            f"{message}; spec.runPolicy.backoffLimit ({limit}) is exhausted after {rp.restarts} restart(s)",
-        )
-        return
-    _restart(rp, job, observed, rule, message)
-
-
-def _restart(rp: ReconcilePass, job: Job, observed: Observed, rule: RestartRule, message: str) -> None:
-    """Replace the whole gang by a new attempt that resumes from the last verified checkpoint."""
-    attempt = rp.attempt + 1
-    restarts = rp.restarts + (1 if rule.counted else 0)
-    limit = job.spec.run_policy.backoff_limit
-    budget = f"restart {restarts}/{limit}" if rule.counted else "not counted against backoffLimit"
-    where = resume_point(rp)
-    rp.new["trainerAttempt"] = attempt
-    rp.new["restarts"] = restarts
-    full = f"{message}; restarting the gang as attempt {attempt} ({budget}), {where}"
-    rp.set_phase("Restarting", rule.reason, full)
-    rp.condition(RUNNING, "False", "Restarting", full)
-    # The new gang's pods exist once this plan is carried out, but nothing has placed them yet.
-    rp.condition(SCHEDULED, "False", "Scheduling", _SCHEDULING)
-    rp.event(event_reasons.RESTARTING, full)
-    if rp.checkpoint_path:
-        rp.event(event_reasons.RESUMED_FROM_CHECKPOINT, f"gang attempt {attempt} {where}")
-    rp.plan.restart = Restart(reason=rule.reason, counted=rule.counted, message=message)
-    # The new gang is created by a later reconcile, once every pod of this one is gone (see run_gang).
-    delete_pods(rp, observed, lambda pod: pod.role in GANG_ROLES)

@@ -44,7 +44,8 @@ from grpo_operator.reconcile.conditions import (
     truncate,
 )
 from grpo_operator.reconcile.finished import clean_up_finished, ttl
-from grpo_operator.reconcile.gang import restart_or_fail, run_gang
+from grpo_operator.reconcile.gang import run_gang
+from grpo_operator.reconcile.gang_restart import restart_or_fail
 from grpo_operator.reconcile.metric_readiness import (
     gateway_readiness,
     metric_readiness,

@@ -3,7 +3,8 @@ its pods did, in one table.
 
 Each row says what triggers the reason, whether a restart for it counts against
 spec.runPolicy.backoffLimit, and whether it fails the job at once instead of restarting. Reconcile reads
-the table (gang.py's failure, disruption and deadline handling, lifecycle.py's active deadline);
+the table (gang.py's failures and disruptions, gang_startup.py's clocks, generation_replacement.py,
+reconcile_job.py's active deadline);
 `make generate` renders it into docs/operations.md ("Failures and restarts"), and
 tests/unit/test_restart_policy.py drives reconcile through every row.
 
