@@ -1,9 +1,10 @@
 """The Grafana dashboard: generated, complete, and every metric it queries is one somebody exports.
 
 Exported names come from the code itself: the trainer's registry (grpo_trainer.prom) and the operator's
-(grpo_operator.observability), instantiated here; vLLM's names are the ones vLLM documents (shared
-reference §1.6), since vLLM cannot run without a GPU. tests/helm/test_monitoring_e2e.py then runs every
-query against a real Prometheus that scraped the operator and a CPU training run.
+(grpo_operator.observability), instantiated here; vLLM's names are listed below, and
+tests/trainer/test_vllm_weight_sync.py checks the dashboard's vLLM names against the /metrics of the real
+vLLM build the tests run. tests/helm/test_monitoring_e2e.py then runs every query against a real
+Prometheus that scraped the operator and a CPU training run.
 """
 
 from __future__ import annotations

@@ -19,6 +19,7 @@ import pytest
 from grpo_metric import MetricServer
 
 from tests.harness import vllm_server
+from tests.helm.chart import metric_names
 from tests.trainer.toy import free_port, read_jsonl, start_trainer, trainer_config
 
 pytestmark = [pytest.mark.trainer, pytest.mark.slow, pytest.mark.vllm]
@@ -125,6 +126,53 @@ def test_full_fine_tuning_serves_the_trained_weights_after_every_step(
     assert [p.name for p in (tmp_path / "volume" / "weight-sync").iterdir()] == ["v000003"]
     log = (tmp_path / "trainer.log").read_text()
     assert "served model matches the trained one" in log
+
+
+DASHBOARD = (
+    Path(__file__).resolve().parents[2]
+    / "helm"
+    / "grpo-operator"
+    / "files"
+    / "dashboards"
+    / "grpo-operator.json"
+)
+
+
+def exported_samples(text: str) -> dict[str, float]:
+    """Each sample name of a Prometheus text exposition with the sum of its values over label sets."""
+    samples: dict[str, float] = {}
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        name = line.split("{", 1)[0].split(" ", 1)[0]
+        samples[name] = samples.get(name, 0.0) + float(line.rsplit(" ", 1)[1])
+    return samples
+
+
+def test_the_dashboards_vllm_queries_read_what_this_vllm_exports(
+    served_tiny: vllm_server.VLLMProcess,
+) -> None:
+    """The Grafana dashboard's vLLM panels query vLLM's own metrics, which the Prometheus end-to-end test
+    cannot scrape (it runs no vLLM server): the names they use are checked here against the /metrics of
+    the vLLM build the tests run, after it served a request, so a metric renamed by a vLLM release shows
+    here rather than as an empty panel on a user's cluster."""
+    dashboard = json.loads(DASHBOARD.read_text())
+    wanted = {
+        name
+        for panel in dashboard["panels"]
+        for target in panel.get("targets", [])
+        for name in metric_names(target["expr"])
+        if name.startswith("vllm:")
+    }
+    assert len(wanted) >= 6, wanted
+    name = json.loads(_get(served_tiny.base_url + "/v1/models"))["data"][0]["id"]
+    served_tiny.post("/v1/completions", {"model": name, "prompt": "the", "max_tokens": 4})
+    samples = exported_samples(_get(served_tiny.base_url + "/metrics"))
+    assert not wanted - samples.keys(), f"not exported by this vLLM: {sorted(wanted - samples.keys())}"
+    # The request above is counted where the token and request panels read it.
+    assert samples["vllm:generation_tokens_total"] >= 4 and samples["vllm:request_success_total"] >= 1, (
+        samples
+    )
 
 
 def test_lora_serves_the_merged_adapter_after_every_step(
