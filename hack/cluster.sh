@@ -235,7 +235,32 @@ up() {
     down
   fi
   log "starting cluster '$NAME' (kube $K8S_VERSION, etcd $ETCD_VERSION, kwok $KWOK_VERSION)"
-  mkdir -p "$EXTRA"
+  mkdir -p "$EXTRA" "$KWOK_WORKDIR"
+  # kwokctl picks each component's port by finding a free one, then starts the component later: two clusters
+  # created at once (the test workers each start one) can pick the same port, and one cluster's kwokctl
+  # then talks to the other's API server (x509: certificate signed by unknown authority). Creations take
+  # turns, machine-wide; a creation that fails anyway is cleaned up and tried once more.
+  exec 8>"$KWOK_WORKDIR/create.lock"
+  flock 8
+  if ! create_cluster; then
+    log "creating cluster '$NAME' failed; removing what was made and trying once more"
+    down
+    mkdir -p "$EXTRA"
+    create_cluster
+  fi
+  flock -u 8
+  exec 8>&-
+  stages_id >"$EXTRA/stages.sha256"
+  nodes_yaml | kc apply -f - >/dev/null
+  kc apply -f "$HERE/cluster/storage.yaml" >/dev/null
+  start_provisioner
+  kc wait --for=condition=Ready node --all --timeout=60s >/dev/null
+  log "cluster '$NAME' up in $((SECONDS - t0))s: $GPU_NODES GPU node(s) x $GPUS_PER_NODE nvidia.com/gpu, $CPU_NODES CPU node(s)"
+  if [ "$WITH_KUEUE" = 1 ]; then kueue_up; fi
+  env_lines
+}
+
+create_cluster() {
   kwokctl create cluster --name "$NAME" --runtime binary \
     --kube-apiserver-binary "$K8S_BIN/kube-apiserver" \
     --kube-controller-manager-binary "$K8S_BIN/kube-controller-manager" \
@@ -246,14 +271,6 @@ up() {
     ${STAGES:+--config "$STAGES"} \
     --enable-crds "$KWOK_CRDS" \
     --wait 120s >&2
-  stages_id >"$EXTRA/stages.sha256"
-  nodes_yaml | kc apply -f - >/dev/null
-  kc apply -f "$HERE/cluster/storage.yaml" >/dev/null
-  start_provisioner
-  kc wait --for=condition=Ready node --all --timeout=60s >/dev/null
-  log "cluster '$NAME' up in $((SECONDS - t0))s: $GPU_NODES GPU node(s) x $GPUS_PER_NODE nvidia.com/gpu, $CPU_NODES CPU node(s)"
-  if [ "$WITH_KUEUE" = 1 ]; then kueue_up; fi
-  env_lines
 }
 
 down() {
