@@ -19,7 +19,7 @@ import pytest
 from grpo_metric import MetricServer
 
 from tests.harness import vllm_server
-from tests.helm.chart import metric_names
+from tests.helm.chart import CHART, metric_names
 from tests.trainer.toy import free_port, read_jsonl, start_trainer, trainer_config
 
 pytestmark = [pytest.mark.trainer, pytest.mark.slow, pytest.mark.vllm]
@@ -128,24 +128,14 @@ def test_full_fine_tuning_serves_the_trained_weights_after_every_step(
     assert "served model matches the trained one" in log
 
 
-DASHBOARD = (
-    Path(__file__).resolve().parents[2]
-    / "helm"
-    / "grpo-operator"
-    / "files"
-    / "dashboards"
-    / "grpo-operator.json"
-)
-
-
 def exported_samples(text: str) -> dict[str, float]:
     """Each sample name of a Prometheus text exposition with the sum of its values over label sets."""
+    from prometheus_client.parser import text_string_to_metric_families
+
     samples: dict[str, float] = {}
-    for line in text.splitlines():
-        if not line or line.startswith("#"):
-            continue
-        name = line.split("{", 1)[0].split(" ", 1)[0]
-        samples[name] = samples.get(name, 0.0) + float(line.rsplit(" ", 1)[1])
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            samples[sample.name] = samples.get(sample.name, 0.0) + sample.value
     return samples
 
 
@@ -156,7 +146,7 @@ def test_the_dashboards_vllm_queries_read_what_this_vllm_exports(
     cannot scrape (it runs no vLLM server): the names they use are checked here against the /metrics of
     the vLLM build the tests run, after it served a request, so a metric renamed by a vLLM release shows
     here rather than as an empty panel on a user's cluster."""
-    dashboard = json.loads(DASHBOARD.read_text())
+    dashboard = json.loads((CHART / "files" / "dashboards" / "grpo-operator.json").read_text())
     wanted = {
         name
         for panel in dashboard["panels"]
