@@ -229,6 +229,25 @@ ROWS: tuple[Row, ...] = (
                     ),
                 ),
             ),
+            Panel(
+                "Asynchronous generation (maxStaleness)",
+                "Staleness of the trained groups (mean, optimizer steps), the share of each step in which "
+                "vLLM sampled later groups while the trainer trained, and groups dropped per minute. Empty for "
+                "synchronous jobs.",
+                (
+                    Target(
+                        f"sum by ({BY}) (rate(grpo_rollout_staleness_steps_sum{{{JOB}}}[{RATE}]))\n/\n"
+                        f"sum by ({BY}) (rate(grpo_rollout_staleness_steps_count{{{JOB}}}[{RATE}]))",
+                        "staleness {{namespace}}/{{grpojob}}",
+                    ),
+                    Target(gauge("grpo_generation_overlap_ratio"), "overlap {{namespace}}/{{grpojob}}"),
+                    Target(
+                        f"sum by ({BY}) (rate(grpo_rollout_groups_dropped_total{{{JOB}}}[{RATE}])) * 60",
+                        "dropped/min {{namespace}}/{{grpojob}}",
+                    ),
+                ),
+                min=0,
+            ),
         ),
     ),
     Row(

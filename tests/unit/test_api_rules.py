@@ -43,6 +43,15 @@ RULE_BREAKERS: dict[CelRule, dict[str, Any]] = {
     },
     GRPOSpec.Rules.epsilon_high_at_least_epsilon: {"spec.grpo.epsilon": 0.2, "spec.grpo.epsilonHigh": 0.1},
     GRPOSpec.Rules.luspo_needs_sequence_level: {"spec.grpo.lossType": "luspo"},
+    GRPOSpec.Rules.async_not_with_several_iterations: {
+        "spec.grpo.maxStaleness": 1,
+        "spec.grpo.numIterations": 2,
+    },
+    GRPOSpec.Rules.async_not_with_dynamic_sampling: {"spec.grpo.maxStaleness": 1, "spec.grpo.preset": "dapo"},
+    GRPOSpec.Rules.async_keeps_the_correction: {
+        "spec.grpo.maxStaleness": 2,
+        "spec.grpo.vllmImportanceSamplingCorrection": False,
+    },
     GRPOSpec.Rules.chat_template_kwargs_not_reserved: {"spec.grpo.chatTemplateKwargs": {"tokenize": "false"}},
     EnvVarSource.Rules.exactly_one_source: {"spec.trainer.env": [{"name": "T", "valueFrom": {}}]},
     EnvVar.Rules.value_or_value_from: {
@@ -77,6 +86,7 @@ RULE_BREAKERS: dict[CelRule, dict[str, Any]] = {
     GRPOJobSpec.Rules.no_dynamic_sampling_with_client: {**CLIENT, "spec.grpo.dynamicSampling": True},
     GRPOJobSpec.Rules.no_validation_with_client: {**CLIENT, "spec.grpo.validation": {"everySteps": 5}},
     GRPOJobSpec.Rules.no_iterations_with_client: {**CLIENT, "spec.grpo.numIterations": 2},
+    GRPOJobSpec.Rules.no_async_with_client: {**CLIENT, "spec.grpo.maxStaleness": 1},
     GRPOJobSpec.Rules.no_sampling_knobs_with_client: {**CLIENT, "spec.grpo.topK": 20},
     GRPOJobSpec.Rules.vespo_needs_token_correction: {"spec.grpo.lossType": "vespo"},
     RolloutsSpec.Rules.client_only_for_client: {"spec.rollouts": {"source": "Metric", "client": {}}},

@@ -13,9 +13,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from grpo_operator.api.status import CheckpointStatus, ProgressStatus, RewardsStatus
+from grpo_operator.api.status import CheckpointStatus, ProgressStatus, RewardsStatus, StalenessStatus
 from transformers import TrainerCallback
 
+from grpo_trainer.async_generation import RolloutStep
 from grpo_trainer.client_rollouts import ClientReward
 from grpo_trainer.cost import CostLedger
 from grpo_trainer.metric_client import ErrorBudget
@@ -114,6 +115,9 @@ class ProgressCallback(TrainerCallback):  # type: ignore[misc]
     cost: CostLedger | None = None
     _step_metric_started: float = 0.0
     _last_metric_seconds: float = 0.0
+    # Asynchronous jobs: what the last step's groups were (async_generation.py).
+    _rollout_step: RolloutStep | None = None
+    _groups_dropped: int = 0
 
     # -- called from inside the generation round (every rank, global numbers) ----------------------------
 
@@ -145,6 +149,8 @@ class ProgressCallback(TrainerCallback):  # type: ignore[misc]
         self._last_metric_seconds = self.reward_seconds() - self._step_metric_started
         # Read before validation, which generates too but is not part of the step.
         self._last_generation_seconds = self.trainer.grpo_generation_seconds if self.trainer else 0.0
+        if self.is_main and self.trainer is not None and self.trainer.grpo_async is not None:
+            self._rollout_step = self.trainer.grpo_async.step_ended(self._step_started)
         if self._any_rank_stopping():
             log.info("SIGTERM received: saving a checkpoint at step %d and exiting", state.global_step)
             self.stopped_by_signal = True
@@ -201,6 +207,9 @@ class ProgressCallback(TrainerCallback):  # type: ignore[misc]
             "generation_seconds": round(self._last_generation_seconds, 4),
             "metric_seconds": round(self.reward_seconds(), 4),
         }
+        rollout = self._rollout_step if fresh else None
+        if rollout is not None:
+            record.update(self._rollout_fields(rollout))
         if torch.cuda.is_available():
             # Peak since the process started, on this rank's GPU: what a memory request must cover.
             record["gpu_memory_peak_bytes"] = int(torch.cuda.max_memory_allocated())
@@ -214,6 +223,8 @@ class ProgressCallback(TrainerCallback):  # type: ignore[misc]
             self._write_samples(step)
         if self.metrics is not None:
             self._export(stats, generated, logs, step)
+            if rollout is not None:
+                self._export_rollout(rollout)
             self.metrics.client_completions_unmatched.inc(int(origin.get("client_completions_unmatched", 0)))
             for name, mean in components.items():
                 self.metrics.set_component(name, mean)
@@ -228,6 +239,8 @@ class ProgressCallback(TrainerCallback):  # type: ignore[misc]
             body = self._status_body(stats, step, components)
             if self.cost is not None:
                 body.update(self.cost.status())
+            if rollout is not None:
+                body["staleness"] = self._staleness_status(rollout)
             self.status.update(body)
 
     def on_save(self, args: Any, state: Any, control: Any, **_: Any) -> None:
@@ -323,6 +336,46 @@ class ProgressCallback(TrainerCallback):  # type: ignore[misc]
             self._metric_seconds_counted = seconds
         if self.validation and self.validation.last_step == step and self.validation.last_mean is not None:
             m.validation_reward.set(self.validation.last_mean)
+
+    def _rollout_fields(self, rollout: RolloutStep) -> dict[str, Any]:
+        """metrics.jsonl fields of an asynchronous job's step (docs/metrics.md)."""
+        return {
+            "policy_version": rollout.policy_version,
+            "staleness": rollout.staleness,
+            "groups_dropped": rollout.groups if rollout.dropped else 0,
+            "dropped_reason": rollout.dropped,
+            "rollout_wait_seconds": round(rollout.waited_seconds, 4),
+            "generation_overlap_seconds": round(rollout.overlap_seconds, 4),
+            "generation_overlap_ratio": round(self._overlap_ratio(rollout), 4),
+        }
+
+    def _overlap_ratio(self, rollout: RolloutStep) -> float:
+        seconds = self._last_step_seconds
+        return min(1.0, rollout.overlap_seconds / seconds) if seconds > 0 else 0.0
+
+    def _staleness_status(self, rollout: RolloutStep) -> dict[str, Any]:
+        self._groups_dropped += rollout.groups if rollout.dropped else 0
+        pipeline = self.trainer.grpo_async if self.trainer is not None else None
+        model = StalenessStatus.model_validate(
+            {
+                "maxStaleness": pipeline.max_staleness if pipeline is not None else None,
+                "last": rollout.staleness,
+                "policyVersion": rollout.policy_version,
+                "overlapRatio": round(self._overlap_ratio(rollout), 4),
+                "groupsDropped": self._groups_dropped,
+            }
+        )
+        return model.model_dump(by_alias=True, exclude_none=True, mode="json")
+
+    def _export_rollout(self, rollout: RolloutStep) -> None:
+        m = self.metrics
+        assert m is not None
+        for _ in range(rollout.groups):
+            m.rollout_staleness.observe(rollout.staleness)
+        if rollout.dropped:
+            m.groups_dropped(rollout.dropped).inc(rollout.groups)
+        m.rollout_wait_seconds.inc(rollout.waited_seconds)
+        m.generation_overlap_ratio.set(self._overlap_ratio(rollout))
 
     def _write_samples(self, step: int) -> None:
         assert self.trainer is not None

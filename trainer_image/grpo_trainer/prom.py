@@ -13,6 +13,10 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, star
 from grpo_trainer.trl_adapter import LOG_KEYS, PROJECT_LOG_KEYS
 
 LABELS = ("grpojob", "namespace")
+# Staleness of trained groups, in optimizer steps (spec.grpo.maxStaleness is at most 8).
+STALENESS_BUCKETS = (0, 1, 2, 3, 4, 6, 8)
+# Why groups sampled ahead were dropped (label reason of grpo_rollout_groups_dropped_total).
+DROP_REASONS = ("stale", "request_failed", "other_prompts")
 STEP_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800)
 
 
@@ -54,9 +58,16 @@ class TrainerMetrics:
     importance_sampling_ratio_min: Gauge
     importance_sampling_ratio_max: Gauge
     importance_sampling_masked_ratio: Gauge
+    rollout_staleness: Histogram
+    rollout_groups_dropped: Counter
+    rollout_wait_seconds: Counter
+    generation_overlap_ratio: Gauge
     # Labelled by component as well: set through set_component().
     reward_component_mean: Gauge
     job_labels: dict[str, str]
+
+    def groups_dropped(self, reason: str) -> Counter:
+        return self.rollout_groups_dropped.labels(**self.job_labels, reason=reason)
 
     def set_component(self, name: str, mean: float) -> None:
         """One reward component's mean; the trainer passes at most MAX_REPORTED_COMPONENTS names a job."""
@@ -73,6 +84,15 @@ class TrainerMetrics:
         def counter(name: str, doc: str) -> Counter:
             return Counter(name, doc, LABELS, registry=reg).labels(**values)
 
+        dropped = Counter(
+            "grpo_rollout_groups_dropped_total",
+            "Groups sampled ahead and dropped, then sampled again for their step (label reason: stale, "
+            "request_failed, other_prompts); asynchronous jobs only.",
+            (*LABELS, "reason"),
+            registry=reg,
+        )
+        for reason in DROP_REASONS:
+            dropped.labels(**values, reason=reason)  # every reason reads 0 from the start, for rate()
         return TrainerMetrics(
             registry=reg,
             step=gauge("grpo_step", "Last completed optimizer step."),
@@ -184,6 +204,25 @@ class TrainerMetrics:
                 "grpo_importance_sampling_masked_ratio",
                 "Fraction of the last step's completion tokens whose importance weight was masked to 0 "
                 "(vLLM correction in a mask mode).",
+            ),
+            rollout_staleness=Histogram(
+                "grpo_rollout_staleness_steps",
+                "Staleness of each trained group: optimizer steps between the weights that sampled it and the "
+                "weights it trained (0 unless spec.grpo.maxStaleness > 0).",
+                LABELS,
+                registry=reg,
+                buckets=STALENESS_BUCKETS,
+            ).labels(**values),
+            rollout_groups_dropped=dropped,
+            rollout_wait_seconds=counter(
+                "grpo_rollout_wait_seconds_total",
+                "Seconds the trainer waited for groups sampled ahead, or for a request in flight before a "
+                "weight push (asynchronous jobs only).",
+            ),
+            generation_overlap_ratio=gauge(
+                "grpo_generation_overlap_ratio",
+                "Fraction of the last step's wall time in which vLLM sampled later steps' groups while the "
+                "trainer trained (asynchronous jobs only).",
             ),
             reward_component_mean=Gauge(
                 "grpo_reward_component_mean",

@@ -214,6 +214,15 @@ def build_trainer(
         extra["vllm_generation"] = generation_class(
             gen.weight_sync, gen.weight_sync_dir, ServedModelProbe(tokenizer), gen.startup_timeout_seconds
         )
+        if "rollout_func" not in extra:
+            # Client rollouts are refused an eta at apply time: the client samples, not the trainer.
+            extra["max_staleness"] = config.grpo.max_staleness or 0
+    elif config.grpo.max_staleness:
+        raise ConfigError(
+            "grpo.maxStaleness > 0 overlaps the vLLM server's sampling with training, and generation.backend is "
+            "transformers (in-process sampling, on the training process itself): use backend vllm-server, or "
+            "remove maxStaleness"
+        )
     trainer = ProjectGRPOTrainer(
         model=config.model.name,
         reward_funcs=[reward],

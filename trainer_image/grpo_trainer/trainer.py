@@ -35,6 +35,7 @@ from grpo_trainer.advantages import (
     ScaleRewards,
     compute_advantages,
 )
+from grpo_trainer.async_generation import AsyncGeneration
 from grpo_trainer.checkpoints import GRPO_STATE_FILE, Manifest, Owner, publish
 from grpo_trainer.errors import NonFiniteTraining
 from grpo_trainer.trl_adapter import PROJECT_LOG_KEYS, staged_checkpoint_dir, vllm_generation_class
@@ -186,6 +187,7 @@ class ProjectGRPOTrainer(GRPOTrainer):  # type: ignore[misc]
         on_scored: Callable[[StepStats], None] | None = None,
         pad_token_id: int = 0,
         vllm_generation: type[Any] | None = None,
+        max_staleness: int = 0,
         **kwargs: Any,
     ):
         # The vLLM helper with the job's weight transport and the served-model probe (weight_sync.py).
@@ -215,6 +217,10 @@ class ProjectGRPOTrainer(GRPOTrainer):  # type: ignore[misc]
         self.grpo_samples = LocalSamples()
         self.grpo_last_manifest: Manifest | None = None
         self.grpo_refill: RefillSource | None = None
+        # spec.grpo.maxStaleness > 0: generation of the next steps overlaps training (async_generation.py).
+        self.grpo_async: AsyncGeneration | None = None
+        if max_staleness > 0 and self.use_vllm and self.vllm_mode == "server":
+            self.grpo_async = AsyncGeneration(self, max_staleness)
         if dynamic_sampling and self.train_dataset is not None:
             size = len(self.train_dataset)  # type: ignore[arg-type]
             self.grpo_refill = RefillSource(size, self.args.seed, self.accelerator.process_index)
@@ -235,6 +241,27 @@ class ProjectGRPOTrainer(GRPOTrainer):  # type: ignore[misc]
             return super()._generate(prompts)
         finally:
             self.grpo_generation_seconds += time.monotonic() - started
+
+    def get_batch_samples(self, epoch_iterator: Any, num_batches: int, device: Any) -> tuple[list[Any], Any]:
+        if self.grpo_async is None or not getattr(self.model, "training", False):
+            return super().get_batch_samples(epoch_iterator, num_batches, device)  # type: ignore[no-any-return]
+        batch_samples = self.grpo_async.batch_samples(epoch_iterator, num_batches)
+        return batch_samples, self._get_num_items_in_batch(batch_samples, device)
+
+    def _generate_single_turn(
+        self,
+        prompt_ids: Any,
+        images: Any,
+        multimodal_fields: Any,
+        num_generations: Any,
+        *args: Any,
+        **kwargs: Any,
+    ) -> Any:
+        if self.grpo_async is None or not getattr(self.model, "training", False):
+            return super()._generate_single_turn(  # type: ignore[no-untyped-call]
+                prompt_ids, images, multimodal_fields, num_generations, *args, **kwargs
+            )
+        return self.grpo_async.generate_single_turn(prompt_ids, images, num_generations)
 
     def _score_round(self, inputs: list[dict[str, Any]]) -> tuple[dict[str, Any], AdvantageResult, list[int]]:
         """One generation round through TRL, with our advantages. Returns TRL's output dict (advantages

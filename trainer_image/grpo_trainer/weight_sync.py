@@ -489,6 +489,8 @@ def generation_class(
             # _push is the unwrapped update, which _recover itself uses.
             self._push = client.update_named_params
             self._reset_prefix_cache = client.reset_prefix_cache
+            # For the rollout producer of asynchronous jobs (async_generation.py), which must not recover.
+            self.raw_generate = client.generate
             client.generate = self._riding_out_replacements(client.generate)
             client.update_named_params = self._riding_out_replacements(client.update_named_params, True)
             client.reset_prefix_cache = self._riding_out_replacements(client.reset_prefix_cache, True)

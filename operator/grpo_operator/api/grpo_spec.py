@@ -106,6 +106,31 @@ class GRPOSpec(ApiModel):
             ".importanceSamplingLevel",
         )
 
+        async_not_with_several_iterations = CelRule(
+            f"!has(self.maxStaleness) || self.maxStaleness == 0 || {cel_effective('num_iterations', '1')} == 1",
+            "spec.grpo.maxStaleness > 0 overlaps sampling the next steps with training, and numIterations > 1 "
+            "trains several steps on one batch already (each reuse is off-policy by one more step): use one of "
+            "the two, remove numIterations or maxStaleness",
+            ".maxStaleness",
+        )
+
+        async_not_with_dynamic_sampling = CelRule(
+            f"!has(self.maxStaleness) || self.maxStaleness == 0 || !{cel_effective('dynamic_sampling', 'false')}",
+            "spec.grpo.maxStaleness > 0 is not supported with dynamicSampling (set by the spec or its preset): "
+            "refilling tied groups samples in the middle of a step, outside the bound on staleness. Set "
+            "dynamicSampling: false, or remove maxStaleness",
+            ".maxStaleness",
+        )
+
+        async_keeps_the_correction = CelRule(
+            "!has(self.maxStaleness) || self.maxStaleness == 0 || !has(self.vllmImportanceSamplingCorrection) || "
+            "self.vllmImportanceSamplingCorrection",
+            "spec.grpo.maxStaleness > 0 trains on groups sampled by older weights, and the vLLM importance-"
+            "sampling correction is what reweights them to the weights being trained: remove "
+            "vllmImportanceSamplingCorrection: false, or maxStaleness",
+            ".vllmImportanceSamplingCorrection",
+        )
+
         chat_template_kwargs_not_reserved = CelRule(
             f"!has(self.chatTemplateKwargs) || {_RESERVED_CEL}.all(k, !(k in self.chatTemplateKwargs))",
             "spec.grpo.chatTemplateKwargs must not name an argument the trainer passes to the chat template "
@@ -222,6 +247,15 @@ class GRPOSpec(ApiModel):
         "each reuse close to the policy that sampled. S steps then generate ceil(S / numIterations) batches. "
         "Not with client rollouts.",
     )
+    max_staleness: Annotated[int, Field(ge=0, le=8), INTEGRAL_FLOAT] | None = Field(
+        default=None,
+        description="Asynchronous GRPO, eta: vLLM samples the groups of the next steps while the trainer trains, "
+        "and no group is trained more than maxStaleness optimizer steps after the weights that sampled it "
+        "(the vLLM importance-sampling correction reweights it to the trained weights). Unset or 0: "
+        "synchronous, each step samples with the weights it trains. 1 overlaps one step of sampling with "
+        "each step of training; more only helps when one step's sampling takes longer than its training. "
+        "Not with client rollouts, numIterations > 1 or dynamicSampling.",
+    )
     mask_truncated_completions: bool | None = Field(
         default=None,
         description="Leave completions cut at maxCompletionLength out of the loss: an unfinished answer scored "
@@ -292,6 +326,13 @@ class GRPOSpec(ApiModel):
         epsilon_high = self.effective("epsilon_high")
         if epsilon_high is not None and epsilon_high < epsilon:
             raise self.Rules.epsilon_high_at_least_epsilon.violation()
+        if self.max_staleness:
+            if (self.effective("num_iterations") or 1) > 1:
+                raise self.Rules.async_not_with_several_iterations.violation()
+            if self.effective("dynamic_sampling"):
+                raise self.Rules.async_not_with_dynamic_sampling.violation()
+            if self.vllm_importance_sampling_correction is False:
+                raise self.Rules.async_keeps_the_correction.violation()
         if (
             self.effective("loss_type") == "luspo"
             and self.effective("importance_sampling_level") != "sequence"

@@ -245,6 +245,14 @@ class GRPOJobSpec(ApiModel):
             ".grpo.numIterations",
         )
 
+        no_async_with_client = CelRule(
+            f"!({CLIENT_MODE}) || !has(self.grpo.maxStaleness) || self.grpo.maxStaleness == 0",
+            "spec.grpo.maxStaleness > 0 is not supported when spec.rollouts.source is Client: the client samples "
+            "the groups itself, through the policy server, and waits for each step's weights before it samples "
+            "again, so there is nothing for the trainer to overlap. Remove maxStaleness",
+            ".grpo.maxStaleness",
+        )
+
         no_sampling_knobs_with_client = CelRule(
             f"!({CLIENT_MODE}) || !({' || '.join(f'has(self.grpo.{k})' for k in TRAINER_SAMPLING_KNOBS)})",
             "spec.grpo.topK, minP and repetitionPenalty shape how the trainer samples, and it does not when "
@@ -363,6 +371,8 @@ class GRPOJobSpec(ApiModel):
             raise rules.no_validation_with_client.violation()
         if client and (self.grpo.num_iterations or 1) > 1:
             raise rules.no_iterations_with_client.violation()
+        if client and self.grpo.max_staleness:
+            raise rules.no_async_with_client.violation()
         if client and any(self.grpo.is_set(name) for name in TRAINER_SAMPLING_FIELDS):
             raise rules.no_sampling_knobs_with_client.violation()
         if (

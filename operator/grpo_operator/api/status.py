@@ -120,7 +120,7 @@ class RewardsStatus(_StatusModel):
 
 # The status sections trainer rank 0 writes (its merge patches name nothing else); the operator reads them
 # and never writes them.
-TRAINER_STATUS_FIELDS = ("progress", "rewards", "checkpoint", "servedModel", "cost")
+TRAINER_STATUS_FIELDS = ("progress", "rewards", "checkpoint", "servedModel", "cost", "staleness")
 
 
 class CostStatus(_StatusModel):
@@ -188,6 +188,34 @@ class ServedModelStatus(_StatusModel):
     )
 
 
+class StalenessStatus(_StatusModel):
+    """Asynchronous jobs (spec.grpo.maxStaleness > 0): how stale the last step's groups were and how much
+    sampling overlapped training, written by trainer rank 0."""
+
+    max_staleness: int | None = Field(default=None, ge=0, description="spec.grpo.maxStaleness, eta.")
+    last: int | None = Field(
+        default=None,
+        ge=0,
+        description="Optimizer steps between the last step's sampling weights and its own.",
+    )
+    policy_version: int | None = Field(
+        default=None,
+        ge=0,
+        description="Optimizer steps the weights that sampled the last step's groups held.",
+    )
+    overlap_ratio: float | None = Field(
+        default=None,
+        ge=0,
+        le=1,
+        description="Fraction of the last step's wall time in which vLLM sampled later groups while it trained.",
+    )
+    groups_dropped: int | None = Field(
+        default=None,
+        ge=0,
+        description="Groups sampled ahead and dropped (then sampled again) since the start.",
+    )
+
+
 class GRPOJobStatus(_StatusModel):
     """Observed state of a GRPOJob."""
 
@@ -208,6 +236,9 @@ class GRPOJobStatus(_StatusModel):
     )
     cost: CostStatus | None = Field(
         default=None, description="Rollouts, metric calls and GPU-seconds used so far and planned (trainer)."
+    )
+    staleness: StalenessStatus | None = Field(
+        default=None, description="Asynchronous jobs: staleness of the groups and overlap (trainer)."
     )
     restarts: int | None = Field(
         default=None, ge=0, description="Trainer gang restarts counted against backoffLimit."

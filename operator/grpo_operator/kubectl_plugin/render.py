@@ -171,6 +171,13 @@ def status_text(report: dict[str, Any], now: datetime | None = None) -> str:
             )
         if report.get("trendUnavailable"):
             lines.append(f"{'':<16}(no trend: {report['trendUnavailable']})")
+    staleness = status.get("staleness") or {}
+    if staleness.get("last") is not None:
+        lines.append(
+            f"{'Staleness':<16}{staleness['last']} step(s) (maxStaleness {staleness.get('maxStaleness', '-')}), "
+            f"sampling overlapped {percent(staleness.get('overlapRatio'))} of the last step, "
+            f"{staleness.get('groupsDropped') or 0} group(s) dropped"
+        )
     if checkpoint.get("lastStep") is not None:
         lines.append(
             f"{'Checkpoint':<16}step {checkpoint['lastStep']}  {checkpoint.get('path', '')}  "
