@@ -3,6 +3,11 @@ and job: per step the generation seconds, the weight-sync seconds, completion to
 reward; for each run the peak memory of the trainer and (vLLM) of the server's processes.
 
     .venv/bin/python bench/generation.py [--steps 12] [--group 8] [--prompts 4] [--tokens 8]
+    .venv/bin/python bench/generation.py --staleness 1 [--steps 12] ...
+
+With --staleness N it compares instead synchronous generation with asynchronous GRPO (spec.grpo.maxStaleness
+N) on one vLLM server: step seconds, the seconds the trainer waited for sampled groups, the share of each step
+in which sampling overlapped training, and the importance-sampling figures that correct for the staleness.
 
 vLLM is PyPI's CPU build (hack/vllm-env.sh installs it), started with the args the operator renders for
 the job's generation pod; the weights reach it through a directory after every step (weightSync: Volume),
@@ -68,20 +73,32 @@ class PeakRss(threading.Thread):
                 self.peak[name] = max(self.peak[name], tree_rss_bytes(pid))
 
 
+def start_server(model: Path, work: Path) -> tuple[vllm_server.VLLMProcess, float]:
+    from tests.trainer.toy import free_port
+
+    container = vllm_server.rendered_container(str(model), weightSync="Volume")
+    env = {**vllm_server.container_env(container), "HF_HOME": str(work / "hf")}
+    server = vllm_server.start(container, env, free_port(), work / "vllm.log")
+    return server, server.wait_healthy(900)
+
+
 def run(
-    backend: str, model: Path, work: Path, metric: MetricServer, args: argparse.Namespace
+    backend: str,
+    model: Path,
+    work: Path,
+    metric: MetricServer,
+    args: argparse.Namespace,
+    shared: vllm_server.VLLMProcess | None = None,
+    max_staleness: int = 0,
 ) -> dict[str, Any]:
     work.mkdir(parents=True)
     server: vllm_server.VLLMProcess | None = None
     startup = 0.0
     extra: dict[str, Any] = {}
     if backend == "vllm":
-        container = vllm_server.rendered_container(str(model), weightSync="Volume")
-        env = {**vllm_server.container_env(container), "HF_HOME": str(work / "hf")}
-        from tests.trainer.toy import free_port
-
-        server = vllm_server.start(container, env, free_port(), work / "vllm.log")
-        startup = server.wait_healthy(900)
+        server = shared
+        if server is None:
+            server, startup = start_server(model, work)
         extra["generation"] = {
             "backend": "vllm-server",
             "serverHost": "127.0.0.1",
@@ -103,6 +120,8 @@ def run(
         )
         data = json.loads(config.read_text())
         data["grpo"]["seed"] = args.seed
+        if max_staleness:
+            data["grpo"]["maxStaleness"] = max_staleness
         config.write_text(json.dumps(data))
         trainer = start_trainer(config, work / "trainer.log")
         pids = {"trainer": trainer.pid, **({"vllm": server.popen.pid} if server else {})}
@@ -116,10 +135,10 @@ def run(
                 f"{backend}: trainer exited {code}:\n{(work / 'trainer.log').read_text()[-3000:]}"
             )
     finally:
-        if server is not None:
+        if server is not None and shared is None:
             server.stop()
     return {
-        "backend": backend,
+        "backend": backend if not max_staleness else f"{backend} maxStaleness {max_staleness}",
         "startup_seconds": startup,
         "rows": read_jsonl(work / "out" / "metrics.jsonl"),
         "syncs": read_jsonl(work / "out" / "weight_syncs.jsonl"),
@@ -159,6 +178,33 @@ def report(result: dict[str, Any], completions: int) -> dict[str, Any]:
         "reward_last3": statistics.mean(r["reward_mean"] for r in rows[-3:]),
         "peak_rss_mib": {k: round(v / 2**20) for k, v in result["peak_rss"].items()},
     }
+    if any("staleness" in r for r in rows):
+        # Asynchronous GRPO: the first step samples before anything can overlap it; medians over the rest.
+        later = rows[1:] or rows
+        summary.update(
+            step_seconds_median_after_step_1=statistics.median(r["step_seconds"] for r in later),
+            staleness_max=max(r["staleness"] for r in rows),
+            rollout_wait_seconds_median=statistics.median(r["rollout_wait_seconds"] for r in later),
+            generation_overlap_ratio_median=statistics.median(r["generation_overlap_ratio"] for r in later),
+            groups_dropped=sum(r["groups_dropped"] for r in rows),
+        )
+    else:
+        later = rows[1:] or rows
+        summary["step_seconds_median_after_step_1"] = statistics.median(r["step_seconds"] for r in later)
+    ratios = [
+        r["importance_sampling_ratio_mean"]
+        for r in rows
+        if r.get("importance_sampling_ratio_mean") is not None
+    ]
+    masked = [
+        r["importance_sampling_masked_ratio"]
+        for r in rows
+        if r.get("importance_sampling_masked_ratio") is not None
+    ]
+    if ratios:
+        summary["importance_sampling_ratio_mean_median"] = statistics.median(ratios)
+    if masked:
+        summary["importance_sampling_masked_ratio_median"] = statistics.median(masked)
     return summary
 
 
@@ -172,6 +218,12 @@ def main() -> int:
     parser.add_argument("--tokens", type=int, default=8)
     parser.add_argument("--seed", type=int, default=42)
     parser.add_argument("--json", type=Path, help="also write the summaries here")
+    parser.add_argument(
+        "--staleness",
+        type=int,
+        default=0,
+        help="compare synchronous vLLM generation with maxStaleness N on one server instead",
+    )
     args = parser.parse_args()
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     from grpo_trainer.tiny import build
@@ -182,9 +234,21 @@ def main() -> int:
     ):
         model = build(Path(tmp) / "model", seed=0)
         started = time.monotonic()
-        results = [
-            run(backend, model, Path(tmp) / backend, metric, args) for backend in ("vllm", "transformers")
-        ]
+        if args.staleness:
+            server, startup = start_server(model, Path(tmp) / "server")
+            try:
+                results = [
+                    run("vllm", model, Path(tmp) / f"eta{eta}", metric, args, server, eta)
+                    for eta in (0, args.staleness)
+                ]
+            finally:
+                server.stop()
+            for result in results:
+                result["startup_seconds"] = startup
+        else:
+            results = [
+                run(backend, model, Path(tmp) / backend, metric, args) for backend in ("vllm", "transformers")
+            ]
         summaries = [report(r, args.group * args.prompts) for r in results]
     print("\nsummary (medians over the steps)")
     for s in summaries:

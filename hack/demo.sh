@@ -105,7 +105,7 @@ GEN_LOG="$WORK/generation-pod-log.txt"
   mv "$GEN_LOG.part" "$GEN_LOG"
 ) &
 GEN_LOG_PID=$!
-python -m tests.harness.local_runner --namespace "$NS" --job "$JOB" --workdir "$WORK/runner" \
+python -m tests.harness.run_local_job --namespace "$NS" --job "$JOB" --workdir "$WORK/runner" \
   --metric "ghcr.io/grpo-operator/metric-tiny-demo:0.1.0=python examples/tiny/metric.py" --timeout 1500
 sleep 2
 kill "$WATCH_PID" "$GEN_LOG_PID" 2>/dev/null || true

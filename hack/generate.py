@@ -4,7 +4,7 @@
     python -m hack.generate --check    # exit 1 listing the stale files, write nothing
 
 The CRD (both copies) and docs/api.md come from the API models (``grpo_operator.api.generate``); the
-chart's Grafana dashboard from its panel list (``hack/helm/dashboard.py``); the restart-policy table of
+chart's Grafana dashboard from its panel list (``hack/helm/dashboard_panels.py``); the restart-policy table of
 docs/operations.md from ``reconcile/restart_policy.py`` (``hack/restart_table.py``), its event table and
 docs/trainer.md's exit-code table from the catalogs in ``api`` (``hack/catalog_tables.py``); the alert table of
 docs/runbooks/README.md from the chart's alert values (``hack/runbook_index.py``); the child-kinds table

@@ -45,13 +45,11 @@ run locally.
 
 from __future__ import annotations
 
-import argparse
 import base64
 import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -60,18 +58,24 @@ import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, BinaryIO, Literal
+from typing import Any, Literal
 
 import yaml
 from grpo_operator.builders.security import HOME_DIR
 
 from tests.harness import vllm_server
 from tests.harness.kube import PROCESS_FINALIZER, Cluster
+from tests.harness.local_process import (
+    Proc,
+    container_env,
+    container_exit_code,
+    free_port,
+    rewrite_paths,
+)
 from tests.harness.pod_logs import PodLog
 from tests.harness.readiness import mark_ready, unready
 
 REPO = Path(__file__).resolve().parents[2]
-WORKSPACE = "/workspace"
 TERMINAL = {"Succeeded", "Failed"}
 # A kubelet removes a deleted pod from the API only once its containers have stopped; kwok's pod-delete stage
 # removes it at once. The operator starts gang attempt n+1 only once attempt n's pods are gone (an old
@@ -82,67 +86,6 @@ TERMINAL = {"Succeeded", "Failed"}
 # The most a deleted pod's process gets between SIGTERM and SIGKILL here: the pod's
 # terminationGracePeriodSeconds (300 s for trainers) would let one hung process stall a test for minutes.
 MAX_GRACE_SECONDS = 60.0
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def rewrite_paths(value: Any, workspace: Path, mounts: dict[str, Path] | None = None) -> Any:
-    """Replaces the /workspace prefix (and each other mount path in ``mounts``) in every string of a JSON
-    document with the local directory that stands in for it."""
-    local = {WORKSPACE: workspace, **(mounts or {})}
-    if isinstance(value, dict):
-        return {k: rewrite_paths(v, workspace, mounts) for k, v in value.items()}
-    if isinstance(value, list):
-        return [rewrite_paths(v, workspace, mounts) for v in value]
-    if isinstance(value, str):
-        for mount, directory in local.items():
-            for prefix in (f"file://{mount}", mount):
-                if value == prefix or value.startswith(prefix + "/"):
-                    head = "file://" if prefix.startswith("file://") else ""
-                    return head + str(directory) + value[len(prefix) :]
-    return value
-
-
-def container_env(pod: dict[str, Any]) -> dict[str, str]:
-    env: dict[str, str] = {}
-    for var in pod["spec"]["containers"][0].get("env", []):
-        if "value" in var:
-            env[var["name"]] = str(var["value"])
-        elif "valueFrom" in var and "fieldRef" in var["valueFrom"]:
-            path = var["valueFrom"]["fieldRef"]["fieldPath"]
-            if path == "metadata.name":
-                env[var["name"]] = pod["metadata"]["name"]
-            elif path == "metadata.namespace":
-                env[var["name"]] = pod["metadata"]["namespace"]
-    return env
-
-
-def container_exit_code(returncode: int) -> int:
-    """The exit code a container runtime reports for a process: Popen's ``-N`` for a process killed by
-    signal N is reported as 128 + N (137 for SIGKILL), as a kubelet shows it in the pod's status."""
-    return 128 - returncode if returncode < 0 else returncode
-
-
-@dataclass
-class Proc:
-    pod: str
-    uid: str
-    popen: subprocess.Popen[bytes]
-    log: Path
-    handle: BinaryIO
-
-    # When the runner sent SIGTERM because the pod was deleted: the time to send SIGKILL.
-    kill_at: float | None = None
-
-    def finished(self) -> bool:
-        if self.popen.poll() is None:
-            return False
-        self.handle.close()
-        return True
 
 
 @dataclass
@@ -646,38 +589,3 @@ class LocalJobRunner:
             raise TimeoutError(f"job {self.namespace}/{self.job} did not finish within {timeout:.0f}s")
         finally:
             self.close()
-
-
-def parse_metric(values: list[str]) -> dict[str, list[str]]:
-    out: dict[str, list[str]] = {}
-    for value in values:
-        image, sep, command = value.partition("=")
-        if not sep:
-            raise SystemExit(f"--metric expects IMAGE=COMMAND, got {value!r}")
-        out[image] = command.split()
-    return out
-
-
-def main() -> int:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--namespace", required=True)
-    parser.add_argument("--job", required=True)
-    parser.add_argument("--metric", action="append", default=[], help="IMAGE=COMMAND (repeatable)")
-    parser.add_argument("--workdir", type=Path, required=True)
-    parser.add_argument("--timeout", type=float, default=1800)
-    args = parser.parse_args()
-    kubeconfig = os.environ.get("KUBECONFIG")
-    if not kubeconfig:
-        raise SystemExit("set KUBECONFIG to the cluster the job runs on")
-    runner = LocalJobRunner(
-        Cluster(Path(kubeconfig)), args.namespace, args.job, parse_metric(args.metric), args.workdir
-    )
-    phase = runner.run(args.timeout)
-    print(f"[local-runner] job {args.namespace}/{args.job} finished: {phase}")
-    return 0 if phase == "Succeeded" else 1
-
-
-if __name__ == "__main__":
-    sys.exit(main())

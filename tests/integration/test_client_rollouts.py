@@ -15,7 +15,7 @@ import requests
 
 from tests.harness.kube import Cluster, wait_for
 from tests.harness.local_runner import LocalJobRunner
-from tests.integration.test_operator import (
+from tests.integration.operator_helpers import (
     _condition,
     get_job,
     job_manifest,

@@ -17,12 +17,11 @@ from grpo_operator.settings import OperatorSettings
 
 from tests.harness.kube import Cluster, wait_for
 from tests.harness.operator_process import Operator
-from tests.integration.test_operator import (  # noqa: F401 (the operator fixture)
+from tests.integration.operator_helpers import (
     events_of,
     gang,
     get_job,
     job_manifest,
-    operator,
     status,
     wait_phase,
     wait_status,
@@ -49,7 +48,7 @@ def drifted_events(kube: Cluster, namespace: str, name: str) -> list[str]:
 def test_children_changed_by_a_tenant_are_put_back(
     kube: Cluster,
     namespace: str,
-    operator: Operator,  # noqa: F811 (the fixture imported above)
+    operator: Operator,
 ) -> None:
     kube.apply(job_manifest("drift"), namespace)
     wait_phase(kube, namespace, "drift", "Running")

@@ -18,7 +18,8 @@ from typing import Any
 import pytest
 
 from tests.harness.kube import Cluster, kubectl_binary
-from tests.harness.local_runner import LocalJobRunner, free_port
+from tests.harness.local_process import free_port
+from tests.harness.local_runner import LocalJobRunner
 from tests.integration.test_e2e_training import run_tiny_job, tiny_job, train_to_succeeded
 
 pytestmark = [pytest.mark.trainer, pytest.mark.slow, pytest.mark.vllm]

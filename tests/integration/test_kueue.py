@@ -25,7 +25,7 @@ import pytest
 from tests.harness.kube import HACK, Cluster, exited_status, wait_for
 from tests.harness.operator_process import Operator
 from tests.harness.readiness import generation_ready
-from tests.integration.test_operator import (
+from tests.integration.operator_helpers import (
     env_of,
     events_of,
     gang,

@@ -9,10 +9,9 @@ import pytest
 
 from tests.harness.kube import Cluster
 from tests.harness.operator_process import Operator
-from tests.integration.test_operator import operator, run_job, terminate_pod, wait_phase
+from tests.integration.operator_helpers import run_job, terminate_pod, wait_phase
 
 pytestmark = pytest.mark.slow
-__all__ = ["operator"]  # the fixture, imported for pytest
 
 OOM = (
     "the trainer ran out of GPU memory (CUDA out of memory: Tried to allocate 2.00 GiB. GPU 0 has a total "

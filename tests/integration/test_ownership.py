@@ -12,10 +12,9 @@ from kubernetes.client.exceptions import ApiException
 
 from tests.harness.kube import Cluster, wait_for
 from tests.harness.operator_process import Operator
-from tests.integration.test_operator import (  # noqa: F401 (the operator fixture)
+from tests.integration.operator_helpers import (
     events_of,
     job_manifest,
-    operator,
     pods,
     status,
     wait_condition,
@@ -30,7 +29,7 @@ CONFIGMAPS = Resource("", "v1", "configmaps", "ConfigMap")
 def test_pre_existing_children_are_not_taken_over_used_or_deleted(
     kube: Cluster,
     namespace: str,
-    operator: Operator,  # noqa: F811 (the fixture imported above)
+    operator: Operator,
 ) -> None:
     theirs: list[dict[str, Any]] = [
         {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "own-trainer"}},

@@ -14,7 +14,7 @@ import pytest
 
 from tests.harness.kube import Cluster, wait_for
 from tests.harness.operator_process import Operator
-from tests.integration.test_operator import events_of, job_manifest, pods, running_operator, wait_condition
+from tests.integration.operator_helpers import events_of, job_manifest, pods, running_operator, wait_condition
 
 pytestmark = pytest.mark.slow
 

@@ -18,7 +18,7 @@ import pytest
 from tests.harness.kube import Cluster, wait_for
 from tests.harness.operator_process import Operator
 from tests.harness.readiness import generation_ready
-from tests.integration.test_operator import (
+from tests.integration.operator_helpers import (
     _condition,
     events_of,
     job_manifest,

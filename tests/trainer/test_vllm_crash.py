@@ -22,7 +22,7 @@ from grpo_operator.builders.common import LABEL_ROLE
 from grpo_operator.reconcile.observed import PodView
 
 from tests.harness import vllm_server
-from tests.harness.local_runner import container_exit_code
+from tests.harness.local_process import container_exit_code
 from tests.trainer.toy import free_port
 
 pytestmark = [pytest.mark.trainer, pytest.mark.slow, pytest.mark.vllm]

@@ -11,6 +11,10 @@ weights, so a run never samples what the previous one trained); the tied model n
 from __future__ import annotations
 
 import json
+import signal
+import subprocess
+import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -20,7 +24,7 @@ from grpo_metric import MetricServer
 
 from tests.harness import vllm_server
 from tests.helm.chart import CHART, metric_names
-from tests.trainer.toy import free_port, read_jsonl, start_trainer, trainer_config
+from tests.trainer.toy import REPO, free_port, read_jsonl, start_trainer, trainer_config, trainer_env
 
 pytestmark = [pytest.mark.trainer, pytest.mark.slow, pytest.mark.vllm]
 
@@ -81,16 +85,20 @@ def mean_diff(a: list[float], b: list[float]) -> float:
 PROBE_IDS = list(range(3, 40))
 
 
-def run_trainer(
+def vllm_config(
     tmp_path: Path,
     model: Path,
     metric: MetricServer,
     server: vllm_server.VLLMProcess,
     steps: int = 3,
+    every_steps: int = 1,
     **grpo: Any,
 ) -> Path:
+    """trainer.json of a run that generates through ``server`` and syncs weights through the volume."""
     port = int(server.base_url.rsplit(":", 1)[1])
-    config = trainer_config(tmp_path, model, metric.url, steps=steps, every_steps=1, keep_last=steps + 2)
+    config = trainer_config(
+        tmp_path, model, metric.url, steps=steps, every_steps=every_steps, keep_last=steps + 2
+    )
     data = json.loads(config.read_text())
     data["generation"] = {
         "backend": "vllm-server",
@@ -102,6 +110,18 @@ def run_trainer(
     }
     data["grpo"].update(grpo)
     config.write_text(json.dumps(data))
+    return config
+
+
+def run_trainer(
+    tmp_path: Path,
+    model: Path,
+    metric: MetricServer,
+    server: vllm_server.VLLMProcess,
+    steps: int = 3,
+    **grpo: Any,
+) -> Path:
+    config = vllm_config(tmp_path, model, metric, server, steps, **grpo)
     process = start_trainer(config, tmp_path / "trainer.log")
     assert process.wait(timeout=900) == 0, (tmp_path / "trainer.log").read_text()[-4000:]
     return tmp_path
@@ -169,6 +189,90 @@ def test_asynchronous_grpo_trains_on_groups_one_step_stale_stamped_with_their_we
 
     log = (tmp_path / "trainer.log").read_text()
     assert "sampled ahead were dropped" not in log, log[-3000:]
+
+
+def check_async_rows(rows: list[dict[str, Any]], eta: int) -> None:
+    """Each step's groups within the bound and stamped consistently: version + staleness = step - 1."""
+    for row in rows:
+        assert 0 <= row["staleness"] <= eta, row
+        assert row["policy_version"] + row["staleness"] == row["step"] - 1, row
+        assert row["groups_dropped"] == 0, row
+
+
+def test_asynchronous_grpo_under_torchrun_two_steps_ahead(
+    tmp_path: Path, tiny_model: Path, toy_metric: MetricServer, served_tiny: vllm_server.VLLMProcess
+) -> None:
+    """Two trainer processes (the launch of a 2-GPU trainer pod): every rank reads ahead and gathers its
+    prompts to rank 0, whose thread samples them; each step's groups are broadcast and sliced, and
+    validation (which samples in between) leaves the sampled-ahead groups alone."""
+    steps = 4
+    config = vllm_config(
+        tmp_path, tiny_model, toy_metric, served_tiny, steps, every_steps=4, maxStaleness=2, promptsPerStep=4
+    )
+    body = json.loads(config.read_text())
+    body["trainer"].update(perDeviceBatchSize=4, gpusPerNode=2)
+    body["grpo"]["validation"] = {"everySteps": 2, "maxPrompts": 4}
+    config.write_text(json.dumps(body))
+    torchrun = Path(sys.executable).with_name("torchrun")
+    command = [
+        str(torchrun), "--nnodes=1", "--nproc-per-node=2", "--node-rank=0", "--master-addr=127.0.0.1",
+        f"--master-port={free_port()}", "-m", "grpo_trainer",
+    ]  # fmt: skip
+    result = subprocess.run(
+        command, cwd=REPO, env=trainer_env(config), capture_output=True, text=True, timeout=600
+    )
+    assert result.returncode == 0, result.stderr[-4000:]
+    rows = read_jsonl(tmp_path / "out" / "metrics.jsonl")
+    assert [r["step"] for r in rows] == list(range(1, steps + 1))
+    assert all(r["rollouts"] == 4 * 8 and r["groups"] == 4 for r in rows), rows
+    check_async_rows(rows, eta=2)
+    assert rows[0]["staleness"] == 0 and max(r["staleness"] for r in rows) >= 1, rows
+    assert "validation_mean" in rows[1] and "validation_mean" in rows[3], rows
+    # One push per step, and validation's at the last step (the weights of step 4), each between requests.
+    syncs = read_jsonl(tmp_path / "out" / "weight_syncs.jsonl")
+    assert [s["step"] for s in syncs] == list(range(steps + 1)) and all(s["in_sync"] for s in syncs), syncs
+
+
+def test_asynchronous_grpo_killed_with_groups_in_flight_resumes_on_the_same_prompts(
+    tmp_path: Path, tiny_model: Path, toy_metric: MetricServer, served_tiny: vllm_server.VLLMProcess
+) -> None:
+    """SIGKILL while groups of later steps are sampled ahead: the resumed trainer starts from the checkpoint,
+    samples the lost steps again and trains each step once, on the prompts an uninterrupted run trains."""
+    straight, killed = tmp_path / "straight", tmp_path / "killed"
+    for workdir in (straight, killed):
+        workdir.mkdir()
+    steps = 10
+    run_trainer(straight, tiny_model, toy_metric, served_tiny, steps=steps, maxStaleness=1)
+
+    config = vllm_config(killed, tiny_model, toy_metric, served_tiny, steps, every_steps=3, maxStaleness=1)
+    process = start_trainer(config, killed / "killed.log")
+    deadline = time.monotonic() + 600
+    while len(read_jsonl(killed / "out" / "metrics.jsonl")) < 4 and process.poll() is None:
+        assert time.monotonic() < deadline, "step 4 never came"
+        time.sleep(0.02)
+    process.send_signal(signal.SIGKILL)
+    process.wait(timeout=60)
+    trained_before = len(read_jsonl(killed / "out" / "metrics.jsonl"))
+    checkpoint = json.loads((killed / "ckpt" / "latest.json").read_text())["step"]
+    assert checkpoint < trained_before < steps, (checkpoint, trained_before)
+
+    resumed = start_trainer(config, killed / "resumed.log")
+    assert resumed.wait(timeout=600) == 0, (killed / "resumed.log").read_text()[-4000:]
+    rows = read_jsonl(killed / "out" / "metrics.jsonl")
+    assert [r["step"] for r in rows] == list(range(1, steps + 1)), rows  # each step once
+    check_async_rows(rows, eta=1)
+    # The resumed attempt's first step sampled with the checkpoint's weights, the ones it trains.
+    first = rows[checkpoint]
+    assert (first["policy_version"], first["staleness"]) == (checkpoint, 0), first
+    assert train_prompts(killed) == train_prompts(straight)
+
+
+def train_prompts(workdir: Path) -> dict[int, list[str]]:
+    by_step: dict[int, list[str]] = {}
+    for sample in read_jsonl(workdir / "out" / "samples.jsonl"):
+        if sample["split"] == "train":
+            by_step.setdefault(sample["step"], []).append(sample["prompt"])
+    return by_step
 
 
 def exported_samples(text: str) -> dict[str, float]:

@@ -564,3 +564,13 @@ def test_status_text_shows_what_the_job_used_of_its_plan() -> None:
     # Before the trainer reports, the operator's planned R alone; a malformed cost is not shown.
     early = render.status_text({"name": "j", "namespace": "ns", "status": {"rollouts": 96, "cost": "x"}})
     assert "Rollouts        96 (R)" in early and "Metric calls" not in early
+
+
+def test_status_text_shows_the_staleness_of_an_asynchronous_job() -> None:
+    staleness = {"maxStaleness": 2, "last": 1, "policyVersion": 40, "overlapRatio": 0.62, "groupsDropped": 4}
+    text = render.status_text({"name": "j", "namespace": "ns", "status": {"staleness": staleness}})
+    line = "Staleness       1 step(s) (maxStaleness 2), sampling overlapped 62.0% of the last step, 4 group(s) dropped"
+    assert line in text
+    # A synchronous job has no such line, and a malformed one is not shown.
+    for status in ({}, {"staleness": "x"}):
+        assert "Staleness" not in render.status_text({"name": "j", "namespace": "ns", "status": status})

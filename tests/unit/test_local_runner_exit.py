@@ -8,7 +8,7 @@ import signal
 import subprocess
 import sys
 
-from tests.harness.local_runner import container_exit_code
+from tests.harness.local_process import container_exit_code
 
 
 def test_a_sigkilled_trainer_is_reported_with_exit_code_137() -> None:

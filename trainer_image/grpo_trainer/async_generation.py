@@ -157,15 +157,7 @@ class AsyncGeneration:
         main = t.accelerator.is_main_process
         step = t.state.global_step + 1
         started = time.monotonic()
-        if t.state.global_step != t._last_loaded_step:
-            with self.producer().pushing() if main else nullcontext():
-                waited_push = time.monotonic() - started
-                t.vllm_generation.sync_weights()
-            if main:
-                self.producer().served(t.state.global_step)
-            t._last_loaded_step = t.state.global_step
-        else:
-            waited_push = 0.0
+        waited_push = self.push_if_due()
         everyone = gather_object(prompt_ids)
         decision: list[Any] = [None]
         if main:
@@ -195,6 +187,24 @@ class AsyncGeneration:
         if logprobs is None:
             return completion_ids, None
         return completion_ids, [[lp[0] for lp in seq] for seq in logprobs]
+
+    def push_if_due(self) -> float:
+        """TRL's weight push when the trainer's step moved since the last one, between two of the producer's
+        requests; returns the seconds spent waiting for the request in flight. Every rank calls it (the
+        push gathers sharded weights). Validation samples through here too: its push is the next step's."""
+        t = self.trainer
+        if t.state.global_step == t._last_loaded_step:
+            return 0.0
+        main = t.accelerator.is_main_process
+        started = time.monotonic()
+        waited = 0.0
+        with self.producer().pushing() if main else nullcontext():
+            waited = time.monotonic() - started
+            t.vllm_generation.sync_weights()
+        if main:
+            self.producer().served(t.state.global_step)
+        t._last_loaded_step = t.state.global_step
+        return waited
 
     def _describe(self, step: int, taken: Taken) -> RolloutStep:
         rollout = taken.rollout

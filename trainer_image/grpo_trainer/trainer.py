@@ -257,6 +257,9 @@ class ProjectGRPOTrainer(GRPOTrainer):  # type: ignore[misc]
         *args: Any,
         **kwargs: Any,
     ) -> Any:
+        if self.grpo_async is not None and not getattr(self.model, "training", False):
+            # Validation: its weight push, if one is due, must not land during a request sampled ahead.
+            self.grpo_async.push_if_due()
         if self.grpo_async is None or not getattr(self.model, "training", False):
             return super()._generate_single_turn(  # type: ignore[no-untyped-call]
                 prompt_ids, images, multimodal_fields, num_generations, *args, **kwargs

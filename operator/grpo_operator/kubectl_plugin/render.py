@@ -171,8 +171,8 @@ def status_text(report: dict[str, Any], now: datetime | None = None) -> str:
             )
         if report.get("trendUnavailable"):
             lines.append(f"{'':<16}(no trend: {report['trendUnavailable']})")
-    staleness = status.get("staleness") or {}
-    if staleness.get("last") is not None:
+    staleness = status.get("staleness")
+    if isinstance(staleness, dict) and staleness.get("last") is not None:
         lines.append(
             f"{'Staleness':<16}{staleness['last']} step(s) (maxStaleness {staleness.get('maxStaleness', '-')}), "
             f"sampling overlapped {percent(staleness.get('overlapRatio'))} of the last step, "

@@ -1,0 +1,73 @@
+"""TEST HARNESS — the process side of the local runner (tests/harness/local_runner.py): a pod's process,
+its environment and paths, and the exit code a container runtime would report for it."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, BinaryIO
+
+WORKSPACE = "/workspace"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def rewrite_paths(value: Any, workspace: Path, mounts: dict[str, Path] | None = None) -> Any:
+    """Replaces the /workspace prefix (and each other mount path in ``mounts``) in every string of a JSON
+    document with the local directory that stands in for it."""
+    local = {WORKSPACE: workspace, **(mounts or {})}
+    if isinstance(value, dict):
+        return {k: rewrite_paths(v, workspace, mounts) for k, v in value.items()}
+    if isinstance(value, list):
+        return [rewrite_paths(v, workspace, mounts) for v in value]
+    if isinstance(value, str):
+        for mount, directory in local.items():
+            for prefix in (f"file://{mount}", mount):
+                if value == prefix or value.startswith(prefix + "/"):
+                    head = "file://" if prefix.startswith("file://") else ""
+                    return head + str(directory) + value[len(prefix) :]
+    return value
+
+
+def container_env(pod: dict[str, Any]) -> dict[str, str]:
+    env: dict[str, str] = {}
+    for var in pod["spec"]["containers"][0].get("env", []):
+        if "value" in var:
+            env[var["name"]] = str(var["value"])
+        elif "valueFrom" in var and "fieldRef" in var["valueFrom"]:
+            path = var["valueFrom"]["fieldRef"]["fieldPath"]
+            if path == "metadata.name":
+                env[var["name"]] = pod["metadata"]["name"]
+            elif path == "metadata.namespace":
+                env[var["name"]] = pod["metadata"]["namespace"]
+    return env
+
+
+def container_exit_code(returncode: int) -> int:
+    """The exit code a container runtime reports for a process: Popen's ``-N`` for a process killed by
+    signal N is reported as 128 + N (137 for SIGKILL), as a kubelet shows it in the pod's status."""
+    return 128 - returncode if returncode < 0 else returncode
+
+
+@dataclass
+class Proc:
+    pod: str
+    uid: str
+    popen: subprocess.Popen[bytes]
+    log: Path
+    handle: BinaryIO
+
+    # When the runner sent SIGTERM because the pod was deleted: the time to send SIGKILL.
+    kill_at: float | None = None
+
+    def finished(self) -> bool:
+        if self.popen.poll() is None:
+            return False
+        self.handle.close()
+        return True
