@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -19,8 +20,10 @@ import pytest
 import yaml
 
 from tests.harness.kube import REPO, Cluster, wait_for
+from tests.harness.local_process import free_port
 from tests.harness.local_runner import LocalJobRunner
 from tests.harness.operator_process import Operator
+from tests.harness.status_watch import StatusWatch
 
 pytestmark = [pytest.mark.trainer, pytest.mark.slow, pytest.mark.vllm]
 
@@ -134,15 +137,70 @@ class VLLMKiller:
             self.killed_at = time.monotonic()
 
 
-def test_a_job_trains_through_vllm_to_succeeded_through_a_vllm_crash(
-    kube: Cluster, namespace: str, tmp_path: Path
+class Rendered:
+    """A runner hook: the rendered pods and trainer.json of the first attempt, before the finished job's are
+    removed, and `kubectl grpo logs --role generation` once vLLM has served a completion."""
+
+    def __init__(self, kube: Cluster, namespace: str, tmp_path: Path) -> None:
+        self.kube, self.namespace, self.tmp_path = kube, namespace, tmp_path
+        self.seen: dict[str, Any] = {}
+
+    def __call__(self, runner: LocalJobRunner) -> None:
+        seen = self.seen
+        for role in ("generation", "trainer"):
+            pods = runner.pods(role) if role not in seen else []
+            if pods:
+                seen[role] = pods[0]
+        if "trainer" in seen and "trainer.json" not in seen:
+            config = self.kube.get("configmap", "tiny-config", self.namespace)
+            assert config is not None
+            seen["trainer.json"] = json.loads(config["data"]["trainer.json"])
+        served = self.tmp_path / "run" / "tiny-gen-1-0.log"
+        if (
+            "logs" not in seen
+            and served.exists()
+            and "POST /v1/completions" in served.read_text(errors="replace")
+        ):
+            seen["logs"] = subprocess.run(
+                [sys.executable, "-m", "grpo_operator.kubectl_plugin", "logs", "tiny", "-n", self.namespace,
+                 "--role", "generation", "--tail", "400"],
+                env=self.kube.env(), capture_output=True, text=True, timeout=60,
+            )  # fmt: skip
+
+
+def test_a_job_on_non_default_ports_trains_through_vllm_to_succeeded_through_a_vllm_crash(
+    kube: Cluster, namespace: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The vLLM server dies mid-run: the operator replaces its pod alone (GenerationReplaced, not counted),
     the trainer process keeps running, waits for the new server, pushes its current weights into it before
-    it generates again, and the job finishes as if nothing had happened, except for the event."""
+    it generates again, and the job finishes as if nothing had happened, except for the event.
+
+    The same job runs with the operator's vllm_port and weight_sync_port settings (GRPO_OPERATOR_VLLM_PORT,
+    GRPO_OPERATOR_WEIGHT_SYNC_PORT) away from their defaults: the pods, the Services and trainer.json carry
+    them, and both vLLM servers serve on that port. There is no cluster DNS or Service proxy here, so the
+    runner stands in for the vLLM Service with a local port: the test gives it the port the Service
+    publishes, so vLLM listens on the rendered port and the trainer, pointed at the Service's port, reaches
+    it there (only the host is rewritten, to 127.0.0.1). The tiny job syncs its weights through the volume
+    (no NCCL on a CPU), so the weight-sync port is checked where it is rendered, not used by this run."""
+    vllm_port, weight_sync_port = free_port(), free_port()
+    assert len({vllm_port, weight_sync_port, 8000, 51216, 29500, 9090}) == 6, "the defaults; pick again"
+    monkeypatch.setenv("GRPO_OPERATOR_VLLM_PORT", str(vllm_port))
+    monkeypatch.setenv("GRPO_OPERATOR_WEIGHT_SYNC_PORT", str(weight_sync_port))
     killer = VLLMKiller()
-    volume = train_to_succeeded(kube, namespace, tiny_job(), tmp_path, hooks=[killer])
+    rendered = Rendered(kube, namespace, tmp_path)
+    watch = StatusWatch(kube, namespace, "tiny")
+    try:
+        volume = train_to_succeeded(
+            kube, namespace, tiny_job(), tmp_path, hooks=[rendered, killer], vllm_port=vllm_port
+        )
+    finally:
+        seen = watch.stop()
     assert killer.killed_after is not None and killer.killed_after < STEPS
+    check_ports(kube, namespace, rendered.seen, vllm_port, weight_sync_port)
+    # The job was Running only once vLLM answered: first it waited for the vLLM pod to become Ready.
+    reasons = [reason for _, reason, _ in seen]
+    assert "WaitingForGeneration" in reasons, seen
+    assert reasons.index("WaitingForGeneration") < reasons.index("AllPodsRunning"), seen
 
     # One trainer process from the first step to the last; the second vLLM pod of attempt 1 started once the
     # first had exited.
@@ -228,6 +286,41 @@ def test_a_job_trains_through_vllm_to_succeeded_through_a_vllm_crash(
     second_log = (tmp_path / "run" / "tiny-gen-1-1.log").read_text(errors="replace")
     for vllm_log in (first_log, second_log):
         assert "vllm.entrypoints.openai.api_server --model" in vllm_log
+        assert f"--port {vllm_port}" in vllm_log
         assert vllm_log.count('"POST /v1/completions HTTP/1.1" 200') >= 2
     reloads = second_log.count('"POST /collective_rpc HTTP/1.1" 200')
     assert len(syncs) - at - 1 <= reloads <= len(syncs) - at, (reloads, len(syncs), at)
+
+
+def check_ports(
+    kube: Cluster, namespace: str, rendered: dict[str, Any], vllm_port: int, weight_sync_port: int
+) -> None:
+    """The operator's ports where the job's pods, Services and trainer.json carry them, and both vLLM servers
+    served on the vLLM port."""
+    # The vLLM pod listens on the operator's port; its Service publishes it.
+    vllm = rendered["generation"]["spec"]["containers"][0]
+    args = vllm["args"]
+    assert args[args.index("--port") + 1] == str(vllm_port)
+    assert vllm["ports"] == [{"name": "http", "containerPort": vllm_port, "protocol": "TCP"}]
+    service = kube.get("service", "tiny-gen", namespace)
+    assert service is not None
+    assert [(p["port"], p["targetPort"]) for p in service["spec"]["ports"]] == [(vllm_port, "http")]
+    # The trainer is pointed at the Service's port and binds the weight-sync port, which its Service
+    # publishes for vLLM's workers (NCCL weight sync).
+    generation = rendered["trainer.json"]["generation"]
+    assert (generation["serverPort"], generation["weightSyncPort"]) == (vllm_port, weight_sync_port)
+    assert generation["serverHost"].startswith(f"tiny-gen.{namespace}.svc")
+    trainer_ports = {
+        p["name"]: p["containerPort"] for p in rendered["trainer"]["spec"]["containers"][0]["ports"]
+    }
+    assert trainer_ports["weight-sync"] == weight_sync_port
+    trainer_service = kube.get("service", "tiny-trainer", namespace)
+    assert trainer_service is not None
+    published = {p["name"]: p["port"] for p in trainer_service["spec"]["ports"]}
+    assert published["weight-sync"] == weight_sync_port
+
+    # `kubectl grpo logs --role generation` shows the vLLM pod's own log, as on a real cluster.
+    logs = rendered["logs"]
+    assert logs.returncode == 0, logs.stderr
+    assert "# pod tiny-gen-1-0, container vllm" in logs.stderr
+    assert '"POST /v1/completions HTTP/1.1" 200' in logs.stdout, logs.stdout[-2000:]

@@ -139,6 +139,9 @@ def test_full_fine_tuning_serves_the_trained_weights_after_every_step(
     assert [s["step"] for s in syncs] == [0, 1, 2], syncs
     assert all(s["transport"] == "volume" and s["in_sync"] for s in syncs), syncs
     assert all(s["logprob_diff"] < SAME for s in syncs), syncs
+    # maxStaleness unset: the synchronous path, with no sampling thread and no staleness record.
+    rows = read_jsonl(tmp_path / "out" / "metrics.jsonl")
+    assert len(rows) == 3 and not any("staleness" in r for r in rows), rows
 
     # Checked independently: vLLM now serves the weights of step 2 (synced before step 3's generation),
     # which differ from the base model's.
