@@ -15,7 +15,7 @@ import pytest
 import torch
 from grpo_metric import MetricServer
 
-from tests.trainer.toy import read_jsonl, start_trainer, trainer_config
+from tests.trainer.toy import read_jsonl, start_trainer, train_prompts, trainer_config
 
 pytestmark = pytest.mark.trainer
 
@@ -58,14 +58,6 @@ def manifest(workdir: Path) -> dict[str, Any] | None:
 def run_to_end(workdir: Path, config: Path, **env: str) -> None:
     process = start_trainer(config, workdir / f"trainer-{time.monotonic_ns()}.log", **env)
     assert process.wait(timeout=600) == 0
-
-
-def train_prompts(workdir: Path) -> dict[int, list[str]]:
-    by_step: dict[int, list[str]] = {}
-    for sample in read_jsonl(workdir / "out" / "samples.jsonl"):
-        if sample["split"] == "train":
-            by_step.setdefault(sample["step"], []).append(sample["prompt"])
-    return by_step
 
 
 def test_kill_after_checkpoint_then_resume_continues_exactly(

@@ -24,7 +24,15 @@ from grpo_metric import MetricServer
 
 from tests.harness import vllm_server
 from tests.helm.chart import CHART, metric_names
-from tests.trainer.toy import REPO, free_port, read_jsonl, start_trainer, trainer_config, trainer_env
+from tests.trainer.toy import (
+    REPO,
+    free_port,
+    read_jsonl,
+    start_trainer,
+    train_prompts,
+    trainer_config,
+    trainer_env,
+)
 
 pytestmark = [pytest.mark.trainer, pytest.mark.slow, pytest.mark.vllm]
 
@@ -268,14 +276,6 @@ def test_asynchronous_grpo_killed_with_groups_in_flight_resumes_on_the_same_prom
     first = rows[checkpoint]
     assert (first["policy_version"], first["staleness"]) == (checkpoint, 0), first
     assert train_prompts(killed) == train_prompts(straight)
-
-
-def train_prompts(workdir: Path) -> dict[int, list[str]]:
-    by_step: dict[int, list[str]] = {}
-    for sample in read_jsonl(workdir / "out" / "samples.jsonl"):
-        if sample["split"] == "train":
-            by_step.setdefault(sample["step"], []).append(sample["prompt"])
-    return by_step
 
 
 def exported_samples(text: str) -> dict[str, float]:

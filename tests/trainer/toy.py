@@ -137,3 +137,12 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
     if not path.is_file():
         return []
     return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+def train_prompts(workdir: Path) -> dict[int, list[str]]:
+    """Each step's training prompts as samples.jsonl records them (the first groups rank 0 trained on)."""
+    by_step: dict[int, list[str]] = {}
+    for sample in read_jsonl(workdir / "out" / "samples.jsonl"):
+        if sample["split"] == "train":
+            by_step.setdefault(sample["step"], []).append(sample["prompt"])
+    return by_step
