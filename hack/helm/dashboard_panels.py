@@ -212,8 +212,8 @@ ROWS: tuple[Row, ...] = (
             Panel(
                 "Asynchronous generation (maxStaleness)",
                 "Staleness of the trained groups (mean, optimizer steps), the share of each step in which "
-                "vLLM sampled later groups while the trainer trained, and groups dropped per minute. Empty for "
-                "synchronous jobs.",
+                "vLLM sampled later groups while the trainer trained, and groups dropped per minute. Staleness "
+                "and overlap stay 0 in synchronous jobs.",
                 (
                     Target(
                         f"sum by ({BY}) (rate(grpo_rollout_staleness_steps_sum{{{JOB}}}[{RATE}]))\n/\n"

@@ -225,6 +225,11 @@ class ProgressCallback(TrainerCallback):  # type: ignore[misc]
             self._export(stats, generated, logs, step)
             if rollout is not None:
                 self._export_rollout(rollout)
+            else:
+                # Sampled by the weights being trained (or by the client through the policy server, which
+                # serves them): staleness 0 for every group the step generated.
+                for _group in range(generated.groups):
+                    self.metrics.rollout_staleness.observe(0)
             self.metrics.client_completions_unmatched.inc(int(origin.get("client_completions_unmatched", 0)))
             for name, mean in components.items():
                 self.metrics.set_component(name, mean)

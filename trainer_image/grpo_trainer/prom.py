@@ -208,7 +208,7 @@ class TrainerMetrics:
             rollout_staleness=Histogram(
                 "grpo_rollout_staleness_steps",
                 "Staleness of each trained group: optimizer steps between the weights that sampled it and the "
-                "weights it trained (0 unless spec.grpo.maxStaleness > 0).",
+                "weights it trained (0 in synchronous jobs, at most spec.grpo.maxStaleness).",
                 LABELS,
                 registry=reg,
                 buckets=STALENESS_BUCKETS,
