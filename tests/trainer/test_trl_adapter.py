@@ -84,6 +84,25 @@ def test_grpo_trainer_still_sets_the_attributes_the_trainer_reads() -> None:
         )
 
 
+def test_vllm_generation_still_samples_with_the_parameters_sampled_ahead() -> None:
+    """async_generation.sampling_params rebuilds the request VLLMGeneration.generate sends in server mode: each
+    attribute it reads must still be set by VLLMGeneration and sent by generate, and no other one sent."""
+    from trl.generation.vllm_generation import VLLMGeneration
+
+    init, generate = _source(VLLMGeneration.__init__), _source(VLLMGeneration.generate)
+    for attribute in trl_adapter.VLLM_SAMPLING_ATTRIBUTES:
+        assert f"self.{attribute} =" in init and attribute in generate, (
+            f"VLLMGeneration no longer samples with self.{attribute}: {UPGRADE}"
+        )
+    server = generate.split('if self.mode == "server":', 1)[1].split("with profiler:", 1)[0]
+    sent = server.split("sampling_params = {", 1)[1].split("}", 1)[0]
+    keys = {line.split(":", 1)[0].strip().strip('"') for line in sent.splitlines() if ":" in line}
+    assert keys == {"n", "repetition_penalty", "temperature", "top_p", "top_k", "min_p", "max_tokens",
+                    "logprobs", "structured_outputs_regex", "generation_kwargs"}, (
+        f"VLLMGeneration.generate now sends {sorted(keys)}: {UPGRADE}"
+    )  # fmt: skip
+
+
 def test_generation_output_still_has_the_keys_the_trainer_replaces_and_pads() -> None:
     source = _source(GRPOTrainer._generate_and_score_completions)
     missing = [key for key in trl_adapter.GENERATION_OUTPUT_KEYS if f'"{key}"' not in source]

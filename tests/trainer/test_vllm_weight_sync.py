@@ -11,6 +11,7 @@ weights, so a run never samples what the previous one trained); the tied model n
 from __future__ import annotations
 
 import json
+import math
 import signal
 import subprocess
 import sys
@@ -200,6 +201,69 @@ def test_asynchronous_grpo_trains_on_groups_one_step_stale_stamped_with_their_we
 
     log = (tmp_path / "trainer.log").read_text()
     assert "sampled ahead were dropped" not in log, log[-3000:]
+
+
+def sequence_logprobs(model_dir: Path, samples: list[dict[str, Any]], temperature: float) -> list[float]:
+    """Each sample's completion log-probability under the weights in ``model_dir``: the sum over its tokens,
+    at the sampling temperature, as TRL and vLLM compute it."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    out = []
+    with torch.no_grad():
+        for sample in samples:
+            prompt, completion = sample["promptIds"], sample["completionIds"]
+            logits = model(input_ids=torch.tensor([prompt + completion])).logits[0].float() / temperature
+            logprobs = torch.log_softmax(logits[len(prompt) - 1 : -1], dim=-1)
+            out.append(float(logprobs.gather(1, torch.tensor(completion)[:, None]).sum()))
+    return out
+
+
+def test_the_importance_ratio_that_reaches_the_loss_is_trained_over_sampling_policy(
+    tmp_path: Path, tiny_model: Path, toy_metric: MetricServer, served_tiny: vllm_server.VLLMProcess
+) -> None:
+    """The correction of asynchronous GRPO, exactly: for every step, the per-answer importance ratio TRL
+    applied equals exp(log p_trained - log p_sampling), recomputed here from the checkpoints of the version
+    the step's groups were stamped with (sampling) and of the step before (trained). A wrong stamp, or
+    groups sampled with other weights than stamped, gives other ratios. B = 2 so that samples.jsonl holds
+    every answer of a step; sequence_truncate with a cap of 1000 leaves every ratio as it is."""
+    from grpo_operator.api.grpo_spec import GRPOSpec
+
+    steps = 4
+    run_trainer(
+        tmp_path, tiny_model, toy_metric, served_tiny, steps=steps, maxStaleness=1, promptsPerStep=2,
+        vllmImportanceSamplingMode="sequence_truncate", vllmImportanceSamplingCap=1000.0,
+    )  # fmt: skip
+    rows = read_jsonl(tmp_path / "out" / "metrics.jsonl")
+    check_async_rows(rows, eta=1)
+    samples = [s for s in read_jsonl(tmp_path / "out" / "samples.jsonl") if s["split"] == "train"]
+    temperature = float(GRPOSpec.model_fields["temperature"].default)
+
+    def weights(version: int) -> Path:
+        return tiny_model if version == 0 else tmp_path / "ckpt" / f"step-{version}"
+
+    for row in rows:
+        step = row["step"]
+        answers = [s for s in samples if s["step"] == step]
+        assert len(answers) == 2 * 8 and all(s["completionIds"] for s in answers), answers
+        trained = sequence_logprobs(weights(step - 1), answers, temperature)
+        sampled = sequence_logprobs(weights(row["policy_version"]), answers, temperature)
+        ratios = [math.exp(t - s) for t, s in zip(trained, sampled, strict=True)]
+        expected = (min(ratios), sum(ratios) / len(ratios), max(ratios))
+        logged = (
+            row["importance_sampling_ratio_min"],
+            row["importance_sampling_ratio_mean"],
+            row["importance_sampling_ratio_max"],
+        )
+        print(
+            f"step {step} (version {row['policy_version']}): logged {logged}, from the checkpoints {expected}"
+        )
+        assert logged == pytest.approx(expected, rel=2e-3, abs=1e-4), (step, logged, expected)
+    # The later steps were a version behind, and the ratios show it.
+    assert (
+        max(r["importance_sampling_ratio_max"] - r["importance_sampling_ratio_min"] for r in rows[1:]) > 0.05
+    )
 
 
 def check_async_rows(rows: list[dict[str, Any]], eta: int) -> None:

@@ -395,6 +395,8 @@ class ProgressCallback(TrainerCallback):  # type: ignore[misc]
                 "reward": finite(s.rewards[i]) if i < len(s.rewards) else None,
                 "advantage": s.advantages[i] if i < len(s.advantages) else None,
                 "formatFailure": s.format_failure[i] if i < len(s.format_failure) else False,
+                **({"promptIds": s.prompt_ids[i]} if i < len(s.prompt_ids) else {}),
+                **({"completionIds": s.completion_ids[i]} if i < len(s.completion_ids) else {}),
             }
             for i in range(min(limit, len(s.prompts)))
         ]

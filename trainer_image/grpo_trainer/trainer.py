@@ -126,6 +126,9 @@ class LocalSamples:
     rewards: list[float] = field(default_factory=list)
     advantages: list[float] = field(default_factory=list)
     format_failure: list[bool] = field(default_factory=list)
+    # The token ids trained on: the prompt's, and the completion's up to and including its end token.
+    prompt_ids: list[list[int]] = field(default_factory=list)
+    completion_ids: list[list[int]] = field(default_factory=list)
 
 
 class RefillSource:
@@ -158,6 +161,11 @@ class RefillSource:
     def restore(self, state: dict[str, int]) -> None:
         self.epoch, self.cursor = int(state["epoch"]), int(state["cursor"])
         self._order = self._permutation()
+
+
+def _unpadded(ids: torch.Tensor, mask: torch.Tensor) -> list[list[int]]:
+    """Each row's ids where ``mask`` is set (TRL pads prompts on the left and completions on the right)."""
+    return [[int(t) for t in row[keep.bool()].tolist()] for row, keep in zip(ids, mask, strict=True)]
 
 
 def _pad_cat(a: torch.Tensor, b: torch.Tensor, left: bool, value: float) -> torch.Tensor:
@@ -333,6 +341,8 @@ class ProjectGRPOTrainer(GRPOTrainer):  # type: ignore[misc]
             rewards=rewards,
             advantages=output["advantages"].tolist(),
             format_failure=[r.kind == "format_failure" for r in scored.results],
+            prompt_ids=_unpadded(output["prompt_ids"], output["prompt_mask"]),
+            completion_ids=_unpadded(output["completion_ids"], output["completion_mask"]),
         )
 
     def _generate_and_score_completions(self, inputs: list[dict[str, Any]]) -> dict[str, Any]:

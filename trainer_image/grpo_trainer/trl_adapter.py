@@ -69,6 +69,20 @@ OVERRIDDEN: tuple[Internal, ...] = (
         ("model", "trial"),
         "writes into <output_dir>/checkpoint-<step> (STAGED_CHECKPOINT_PREFIX), then the trainer publishes it",
     ),
+    Internal(
+        "get_batch_samples",
+        ("epoch_iterator", "num_batches", "device"),
+        "transformers' Trainer reads each optimizer step's batches through it: asynchronous jobs read up to "
+        "maxStaleness steps ahead from the same iterator (async_generation.py), and count the step's items "
+        "with _get_num_items_in_batch as the original does",
+    ),
+    Internal(
+        "_generate_single_turn",
+        ("prompt_ids", "images", "multimodal_fields", "num_generations"),
+        "syncs the weights to vLLM when the step moved (self._last_loaded_step) and samples through "
+        "vllm_generation.generate: asynchronous jobs push between the sampling thread's requests and take the "
+        "step's groups from it; it returns (completion_ids, logprobs with the sampled token's only)",
+    ),
 )
 
 # Methods called from outside the class (validation, resume); only through the functions below.
@@ -79,6 +93,17 @@ CALLED: tuple[Internal, ...] = (
         "validation generates through TRL's configured backend (vLLM server or transformers); element "
         "GENERATE_COMPLETIONS_INDEX of the returned tuple is the completion texts, element "
         "GENERATE_COMPLETION_IDS_INDEX their token ids",
+    ),
+    Internal(
+        "_tokenize_prompts",
+        ("prompts",),
+        "asynchronous jobs tokenize the prompts of the steps ahead as _generate does for the step itself; "
+        "element 0 of the result is the prompt token ids",
+    ),
+    Internal(
+        "_get_num_items_in_batch",
+        ("batch_samples", "device"),
+        "what get_batch_samples returns beside the batches, kept for the batches read ahead",
     ),
     Internal(
         "_load_from_checkpoint",
@@ -97,7 +122,15 @@ CALLED: tuple[Internal, ...] = (
 # Attributes GRPOTrainer.__init__ sets that the trainer reads: G, the reward functions, per-mode logs,
 # (client rollouts, vLLM server backend) the vLLM generation helper whose client the policy server samples
 # with, and the end-of-sequence ids TRL tells a truncated completion by (the metric's finishReason).
-INSTANCE_ATTRIBUTES = ("num_generations", "reward_funcs", "_metrics", "vllm_generation", "eos_token_ids")
+INSTANCE_ATTRIBUTES = (
+    "num_generations",
+    "reward_funcs",
+    "_metrics",
+    "vllm_generation",
+    "eos_token_ids",
+    # Asynchronous jobs: the step whose weights vLLM was last given (set to -1 in __init__).
+    "_last_loaded_step",
+)
 # Attribute of TRL's VLLMGeneration (server mode, rank 0) holding its VLLMClient.
 VLLM_CLIENT_ATTRIBUTE = "vllm_client"
 # GRPOTrainer.__init__ builds its vLLM helper from this name of its module (trl.trainer.grpo_trainer), with
@@ -106,6 +139,19 @@ VLLM_CLIENT_ATTRIBUTE = "vllm_client"
 VLLM_GENERATION_MODULE = "trl.trainer.grpo_trainer"
 VLLM_GENERATION_NAME = "VLLMGeneration"
 VLLM_GENERATION_OVERRIDDEN = ("_init_vllm", "sync_weights")
+# VLLMGeneration.generate's sampling parameters in server mode, read by async_generation.sampling_params so
+# that groups sampled ahead are sampled as the step itself would be.
+VLLM_SAMPLING_ATTRIBUTES = (
+    "repetition_penalty",
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "max_completion_length",
+    "logprobs",
+    "structured_outputs_regex",
+    "generation_kwargs",
+)
 VLLM_GENERATION_ATTRIBUTES = (
     "mode",
     "model",
