@@ -68,7 +68,6 @@ class AsyncGeneration:
         self._submitted_upto = 0
         self._producer: RolloutProducer | None = None
         self.last: RolloutStep | None = None
-        self._push_wait = 0.0
 
     # -- the data -------------------------------------------------------------------------------------------
 
