@@ -35,7 +35,6 @@ class RolloutStep:
     # Why the groups sampled ahead were dropped (prom.DROP_REASONS), and in words; None: not dropped.
     dropped: str | None
     detail: str
-    step_started: float
     overlap_seconds: float = 0.0
 
 
@@ -141,10 +140,6 @@ class AsyncGeneration:
             self._producer = RolloutProducer(generate, self.max_staleness)
         return self._producer
 
-    def close(self) -> None:
-        if self._producer is not None:
-            self._producer.close()
-
     # -- the step -------------------------------------------------------------------------------------------
 
     def generate_single_turn(self, prompt_ids: list[list[int]], images: Any, num_generations: int) -> Any:
@@ -155,7 +150,6 @@ class AsyncGeneration:
         t = self.trainer
         main = t.accelerator.is_main_process
         step = t.state.global_step + 1
-        started = time.monotonic()
         waited_push = self.push_if_due()
         everyone = gather_object(prompt_ids)
         decision: list[Any] = [None]
@@ -180,7 +174,6 @@ class AsyncGeneration:
             completion_ids = all_completion_ids[local]
             logprobs = all_logprobs[local] if all_logprobs is not None else None
         record.waited_seconds += waited_push
-        record.step_started = started
         record.groups = len(everyone) // num_generations
         self.last = record
         if logprobs is None:
@@ -207,17 +200,14 @@ class AsyncGeneration:
 
     def _describe(self, step: int, taken: Taken) -> RolloutStep:
         rollout = taken.rollout
-        version = rollout.version if rollout is not None else step - 1
-        groups = len(rollout.prompts) if rollout is not None else 0
         return RolloutStep(
             step=step,
-            policy_version=version,
+            policy_version=rollout.version if rollout is not None else step - 1,
             staleness=taken.staleness if rollout is not None else 0,
-            groups=groups,
+            groups=0,  # every group of the step, counted by the caller once the prompts are gathered
             waited_seconds=taken.waited_seconds,
             dropped=taken.dropped,
             detail=taken.detail,
-            step_started=0.0,
         )
 
     def step_ended(self, step_started: float) -> RolloutStep | None:
