@@ -9,6 +9,11 @@ With --staleness N it compares instead synchronous generation with asynchronous 
 N) on one vLLM server: step seconds, the seconds the trainer waited for sampled groups, the share of each step
 in which sampling overlapped training, and the importance-sampling figures that correct for the staleness.
 
+With --replicas N it compares one vLLM server with N (spec.generation.replicas N): generation seconds per
+step, and the requests and prompts each replica served.
+
+    .venv/bin/python bench/generation.py --replicas 2 [--steps 12] ...
+
 vLLM is PyPI's CPU build (hack/vllm-env.sh installs it), started with the args the operator renders for
 the job's generation pod; the weights reach it through a directory after every step (weightSync: Volume),
 and the trainer checks after each sync that vLLM serves them. The trainer is ``python -m grpo_trainer`` both
@@ -82,30 +87,53 @@ def start_server(model: Path, work: Path) -> tuple[vllm_server.VLLMProcess, floa
     return server, server.wait_healthy(900)
 
 
+def start_servers(model: Path, work: Path, count: int) -> tuple[list[vllm_server.VLLMProcess], float]:
+    """``count`` servers started together; the seconds until the last answered /health."""
+    from tests.trainer.toy import free_port
+
+    container = vllm_server.rendered_container(str(model), weightSync="Volume")
+    servers = []
+    for i in range(count):
+        env = {**vllm_server.container_env(container), "HF_HOME": str(work / f"server{i}" / "hf")}
+        servers.append(vllm_server.start(container, env, free_port(), work / f"server{i}" / "vllm.log"))
+    started = time.monotonic()
+    try:
+        for server in servers:
+            server.wait_healthy(1800)
+    except BaseException:
+        for server in servers:
+            server.stop()
+        raise
+    return servers, time.monotonic() - started
+
+
 def run(
     backend: str,
     model: Path,
     work: Path,
     metric: MetricServer,
     args: argparse.Namespace,
-    shared: vllm_server.VLLMProcess | None = None,
+    shared: list[vllm_server.VLLMProcess] | None = None,
     max_staleness: int = 0,
 ) -> dict[str, Any]:
     work.mkdir(parents=True)
-    server: vllm_server.VLLMProcess | None = None
+    servers: list[vllm_server.VLLMProcess] = []
     startup = 0.0
     extra: dict[str, Any] = {}
     if backend == "vllm":
-        server = shared
-        if server is None:
+        servers = list(shared or [])
+        if not servers:
             server, startup = start_server(model, work)
+            servers = [server]
         extra["generation"] = {
             "backend": "vllm-server",
             "serverHost": "127.0.0.1",
-            "serverPort": server.port,
+            "serverPort": servers[0].port,
             "weightSync": "volume",
             "weightSyncDir": str(work / "weight-sync"),
         }
+        if len(servers) > 1:
+            extra["generation"]["serverUrls"] = [s.base_url for s in servers]
     try:
         config = trainer_config(
             work,
@@ -124,7 +152,7 @@ def run(
             data["grpo"]["maxStaleness"] = max_staleness
         config.write_text(json.dumps(data))
         trainer = start_trainer(config, work / "trainer.log")
-        pids = {"trainer": trainer.pid, **({"vllm": server.popen.pid} if server else {})}
+        pids = {"trainer": trainer.pid, **{f"vllm-{i}": s.popen.pid for i, s in enumerate(servers)}}
         sampler = PeakRss(pids)
         sampler.start()
         code = trainer.wait(timeout=3600)
@@ -135,10 +163,12 @@ def run(
                 f"{backend}: trainer exited {code}:\n{(work / 'trainer.log').read_text()[-3000:]}"
             )
     finally:
-        if server is not None and shared is None:
-            server.stop()
+        if not shared:
+            for server in servers:
+                server.stop()
+    label = backend if len(servers) < 2 else f"{backend} {len(servers)} replicas"
     return {
-        "backend": backend if not max_staleness else f"{backend} maxStaleness {max_staleness}",
+        "backend": label if not max_staleness else f"{label} maxStaleness {max_staleness}",
         "startup_seconds": startup,
         "rows": read_jsonl(work / "out" / "metrics.jsonl"),
         "syncs": read_jsonl(work / "out" / "weight_syncs.jsonl"),
@@ -178,6 +208,9 @@ def report(result: dict[str, Any], completions: int) -> dict[str, Any]:
         "reward_last3": statistics.mean(r["reward_mean"] for r in rows[-3:]),
         "peak_rss_mib": {k: round(v / 2**20) for k, v in result["peak_rss"].items()},
     }
+    replicas = (result["syncs"][-1] if result["syncs"] else {}).get("replicas")
+    if replicas is not None:
+        summary.update(requests_per_replica=replicas["requests"], prompts_per_replica=replicas["prompts"])
     if any("staleness" in r for r in rows):
         # Asynchronous GRPO: the first step samples before anything can overlap it; medians over the rest.
         later = rows[1:] or rows
@@ -224,6 +257,12 @@ def main() -> int:
         default=0,
         help="compare synchronous vLLM generation with maxStaleness N on one server instead",
     )
+    parser.add_argument(
+        "--replicas",
+        type=int,
+        default=0,
+        help="compare one vLLM server with N replicas (spec.generation.replicas) instead",
+    )
     args = parser.parse_args()
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     from grpo_trainer.tiny import build
@@ -238,11 +277,23 @@ def main() -> int:
             server, startup = start_server(model, Path(tmp) / "server")
             try:
                 results = [
-                    run("vllm", model, Path(tmp) / f"eta{eta}", metric, args, server, eta)
+                    run("vllm", model, Path(tmp) / f"eta{eta}", metric, args, [server], eta)
                     for eta in (0, args.staleness)
                 ]
             finally:
                 server.stop()
+            for result in results:
+                result["startup_seconds"] = startup
+        elif args.replicas:
+            servers, startup = start_servers(model, Path(tmp), args.replicas)
+            try:
+                results = [
+                    run("vllm", model, Path(tmp) / f"replicas{n}", metric, args, servers[:n])
+                    for n in (1, args.replicas)
+                ]
+            finally:
+                for server in servers:
+                    server.stop()
             for result in results:
                 result["startup_seconds"] = startup
         else:

@@ -171,7 +171,8 @@ class OperatorSettings:
     # (empty: any claim of its namespace).
     allow_existing_claims: bool = True
     allowed_existing_claims: tuple[str, ...] = ()
-    # GPUs one job may request in all (0: no limit): generation.gpus + trainer.nodes * trainer.gpusPerNode,
+    # GPUs one job may request in all (0: no limit): generation.replicas * generation.gpus
+    # + trainer.nodes * trainer.gpusPerNode,
     # plus every GPU-class resource any of its pods requests in spec.*.resources, times that role's pods.
     max_gpus_per_job: int = 0
     # Resource names that are GPUs for max_gpus_per_job: exact names, or prefixes written with a

@@ -21,8 +21,9 @@ GRPOJob's pods, and only for them:
   generation pod in the API (a finalizer of its own) until the process has exited, so the operator's
   fencing of gang attempts (the next one starts once the previous one's pods are gone) is what a test sees.
 
-- for the job's Running generation pod it starts the real vLLM server: PyPI's CPU build of vLLM with the
-  container's own args and environment, under the operator's supervisor as in the pod
+- for each Running generation pod (one per vLLM replica) it starts the real vLLM server, on its replica's
+  local port: PyPI's CPU build of vLLM with the container's own args and environment, under the
+  operator's supervisor as in the pod
   (tests/harness/vllm_server.py says what it changes for the CPU, and why); when it exits, the pod's
   status says so as a kubelet's would: Failed for a non-zero exit, Succeeded for exit 0, with the
   termination message the supervisor wrote, or else, for a non-zero exit, the log's tail (the pod's
@@ -64,6 +65,7 @@ import yaml
 from grpo_operator.builders.security import HOME_DIR
 
 from tests.harness import vllm_server
+from tests.harness.generation_ports import replica_of, rewrite_generation
 from tests.harness.kube import PROCESS_FINALIZER, Cluster
 from tests.harness.local_process import (
     Proc,
@@ -110,9 +112,12 @@ class LocalJobRunner:
     # "vllm": the generation pod runs as a real vLLM server; "in-process-transformers": none runs and the
     # trainer generates in its own process (see the module's docstring).
     generation: Literal["vllm", "in-process-transformers"] = "vllm"
-    # The local stand-in for the <job>-gen Service: one port, whichever vLLM process is behind it.
+    # The local stand-ins for the vLLM Services (tests/harness/generation_ports.py): a port per replica,
+    # whichever vLLM process of the replica is behind it; vllm_port is replica 0's (<job>-gen).
     vllm_port: int = 0
+    replica_ports: dict[str, int] = field(default_factory=dict)
     vllm: dict[str, vllm_server.VLLMProcess] = field(default_factory=dict)
+    vllm_replica: dict[str, str] = field(default_factory=dict)  # pod name -> its replica
     vllm_exited: set[str] = field(default_factory=set)
     # Generation pods whose server answered /health (and so finished compiling).
     vllm_ready: set[str] = field(default_factory=set)
@@ -317,9 +322,11 @@ class LocalJobRunner:
         return {**env, "HOME": str(home)}
 
     # --- vLLM server (the generation pod) ---------------------------------------------------------
-    def service_port(self) -> int:
-        self.vllm_port = self.vllm_port or free_port()
-        return self.vllm_port
+    def service_port(self, replica: str = "0") -> int:
+        if replica == "0":
+            self.vllm_port = self.vllm_port or free_port()
+            return self.vllm_port
+        return self.replica_ports.setdefault(replica, free_port())
 
     def ensure_generation(self) -> None:
         """Starts vLLM for each Running generation pod, stops it when the operator deletes the pod, and
@@ -349,8 +356,11 @@ class LocalJobRunner:
                 continue
             if pod["status"].get("phase") != "Running":
                 continue
-            if any(proc.popen.poll() is None for proc in self.vllm.values()):
-                continue  # the previous attempt's server still holds the port; it stops on its pod's deletion
+            replica = replica_of(pod)
+            if any(
+                p.popen.poll() is None and self.vllm_replica.get(n) == replica for n, p in self.vllm.items()
+            ):
+                continue  # the replica's previous server still holds the port; it stops on its pod's deletion
             workspace = self.workspace()
             mounts = self.input_mounts(pod)
             local = rewrite_paths(pod["spec"]["containers"][0], workspace, mounts)
@@ -361,9 +371,9 @@ class LocalJobRunner:
             log = self.workdir / f"{name}.log"
             if not self.hold(pod):
                 continue
-            proc = vllm_server.start(local, env, self.service_port(), log, uid=pod["metadata"]["uid"])
+            proc = vllm_server.start(local, env, self.service_port(replica), log, uid=pod["metadata"]["uid"])
             self.timeline.append((time.monotonic(), "started", name))
-            self.vllm[name] = proc
+            self.vllm[name], self.vllm_replica[name] = proc, replica
             self.serve_log(pod, log)
             print(f"[local-runner] started vLLM for pod {name} on {proc.base_url}; log {log}")
         self.report_generation_ready(pods)
@@ -436,8 +446,7 @@ class LocalJobRunner:
             config["rollouts"]["gatewayUrl"] = f"http://127.0.0.1:{self.gateway_internal_port}"
             config["rollouts"]["policyPort"] = self.policy_port
         if self.generation == "vllm":
-            config["generation"]["serverHost"] = "127.0.0.1"
-            config["generation"]["serverPort"] = self.service_port()
+            rewrite_generation(config["generation"], self.service_port)
         else:
             config["generation"]["backend"] = "transformers"
         config["metricsPort"] = free_port()

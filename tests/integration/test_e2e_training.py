@@ -324,3 +324,87 @@ def check_ports(
     assert logs.returncode == 0, logs.stderr
     assert "# pod tiny-gen-1-0, container vllm" in logs.stderr
     assert '"POST /v1/completions HTTP/1.1" 200' in logs.stdout, logs.stdout[-2000:]
+
+
+# Replica 1 is killed once this step is trained; replica 0 serves on alone.
+KILL_REPLICA_AFTER_STEP = 3
+
+
+class ReplicaKiller:
+    """A runner hook: SIGKILLs replica 1's vLLM server once KILL_REPLICA_AFTER_STEP is trained."""
+
+    def __init__(self) -> None:
+        self.killed_after: int | None = None
+        self.runner: LocalJobRunner | None = None
+
+    def __call__(self, runner: LocalJobRunner) -> None:
+        self.runner = runner
+        if self.killed_after is not None:
+            return
+        try:
+            metrics = runner.workspace() / "output" / "metrics.jsonl"
+        except RuntimeError:
+            return
+        lines = metrics.read_text().splitlines() if metrics.exists() else []
+        step = json.loads(lines[-1])["step"] if lines else 0
+        if step >= KILL_REPLICA_AFTER_STEP and "tiny-gen-r1-1-0" in runner.vllm:
+            os.killpg(runner.vllm["tiny-gen-r1-1-0"].popen.pid, signal.SIGKILL)
+            self.killed_after = step
+
+
+def test_two_vllm_replicas_share_a_job_and_one_killed_mid_run_costs_no_restart(
+    kube: Cluster, namespace: str, tmp_path: Path
+) -> None:
+    """spec.generation.replicas: 2. Both vLLM pods sample and hold the trained weights after every sync; when
+    replica 1's server is SIGKILLed mid-run the operator replaces that pod alone (GenerationReplaced, not
+    counted), the one trainer process goes on with replica 0, and the job Succeeds."""
+    job = tiny_job()
+    job["spec"]["generation"]["replicas"] = 2
+    killer = ReplicaKiller()
+    volume = train_to_succeeded(kube, namespace, job, tmp_path, hooks=[killer])
+    assert killer.killed_after is not None and killer.killed_after < STEPS
+    assert killer.runner is not None
+
+    # Two Services, one per replica, each selecting its replica's pods.
+    for name, replica in (("tiny-gen", "0"), ("tiny-gen-r1", "1")):
+        service = kube.get("service", name, namespace)
+        assert service is not None
+        assert service["spec"]["selector"]["grpo.dev/generation-replica"] == replica
+
+    # One trainer process all along; replica 1's replacement started once the killed server had exited;
+    # replica 0 was never replaced.
+    starts = [pod for _, event, pod in killer.runner.timeline if event == "started"]
+    assert starts.count("tiny-trainer-1-0") == 1 and not any(p.startswith("tiny-trainer-2") for p in starts)
+    assert "tiny-gen-r1-1-1" in starts and "tiny-gen-1-1" not in starts, starts
+    job_now = kube.get("grpojob", "tiny", namespace)
+    assert job_now is not None
+    status = job_now["status"]
+    assert status["progress"]["step"] == STEPS
+    assert status.get("restarts", 0) == 0 and status["trainerAttempt"] == 1
+    uid = job_now["metadata"]["uid"]
+    listed = kube.kubectl(
+        "get", "events", "-n", namespace, "--field-selector", f"involvedObject.uid={uid}", "-o", "json"
+    )
+    events = json.loads(listed.stdout)["items"]
+    replaced = [e["message"] for e in events if e["reason"] == "GenerationReplaced"]
+    assert len(replaced) == 1 and "vLLM replica 1" in replaced[0], replaced
+    assert "replaced by vLLM pod tiny-gen-r1-1-1" in replaced[0], replaced
+    assert not [e for e in events if e["reason"] in ("Restarting", "ResumedFromCheckpoint")]
+
+    # Before the kill both replicas served the trained weights after every sync and both sampled; after it,
+    # replica 0 alone, and every step was trained once.
+    syncs = [json.loads(line) for line in (volume / "output" / "weight_syncs.jsonl").read_text().splitlines()]
+    both = [s for s in syncs if s["replicas"]["serving"] == [0, 1]]
+    alone = [s for s in syncs if s["replicas"]["serving"] == [0]]
+    assert both and alone and len(both) + len(alone) == len(syncs), syncs
+    assert syncs.index(alone[0]) == len(both), "replica 1 left the pool once, and stayed out"
+    assert all(n > 0 for n in both[-1]["replicas"]["requests"]), both[-1]
+    for sync in both:
+        assert max(sync["replicas"]["logprob_diff"].values()) < 0.05, sync
+    assert all(s["in_sync"] for s in syncs), syncs
+    rows = [json.loads(line) for line in (volume / "output" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == list(range(1, STEPS + 1))
+    for pod in ("tiny-gen-1-0", "tiny-gen-r1-1-0"):
+        served = (tmp_path / "run" / f"{pod}.log").read_text(errors="replace")
+        assert served.count('"POST /v1/completions HTTP/1.1" 200') >= 2, pod
+        assert served.count('"POST /collective_rpc HTTP/1.1" 200') >= 2, pod

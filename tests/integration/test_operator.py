@@ -170,6 +170,44 @@ def test_a_failed_vllm_pod_is_replaced_alone_and_the_trainers_keep_running(
     )
 
 
+def test_two_vllm_replicas_run_and_a_failed_one_is_replaced_alone(
+    kube: Cluster, namespace: str, operator: Operator
+) -> None:
+    run_job(kube, namespace, "math", generation={"replicas": 2, "weightSync": "Volume"})
+    started = gang(kube, namespace, "math")
+    assert {"math-gen-1-0", "math-gen-r1-1-0"} <= set(started)
+    for replica, service in enumerate(["math-gen", "math-gen-r1"]):
+        svc = kube.get("service", service, namespace)
+        assert svc is not None
+        assert svc["spec"]["selector"]["grpo.dev/generation-replica"] == str(replica)
+    cm = kube.get("configmap", "math-config", namespace)
+    assert cm is not None
+    urls = json.loads(cm["data"]["trainer.json"])["generation"]["serverUrls"]
+    assert urls == [f"http://math-gen.{namespace}.svc:8000", f"http://math-gen-r1.{namespace}.svc:8000"]
+    keep = {n: p["metadata"]["uid"] for n, p in started.items() if n != "math-gen-r1-1-0"}
+    terminate_pod(kube, namespace, "math-gen-r1-1-0", 1, "RuntimeError: Engine core initialization failed")
+
+    replaced = wait_event(kube, namespace, "math", "GenerationReplaced")
+    assert replaced["message"].startswith("vLLM replica 1: generation pod math-gen-r1-1-0 failed")
+    assert "replaced by vLLM pod math-gen-r1-1-1" in replaced["message"]
+    s = wait_status(
+        kube,
+        namespace,
+        "math",
+        "Running again",
+        lambda s: (
+            s.get("reason") == "AllPodsRunning"
+            and "vLLM replica 1 pod math-gen-r1-1-1 replaced a failed one" in str(s.get("message"))
+        ),
+    )
+    assert s.get("restarts", 0) == 0 and s["trainerAttempt"] == 1
+    now = gang(kube, namespace, "math")
+    # Replica 0 and the trainers are the very same pods; the failed replica is kept for its log.
+    assert {n: now[n]["metadata"]["uid"] for n in keep} == keep
+    assert now["math-gen-r1-1-0"]["status"]["phase"] == "Failed"
+    assert now["math-gen-r1-1-1"]["metadata"]["labels"]["grpo.dev/generation-replica"] == "1"
+
+
 def test_exhausting_the_backoff_limit_fails_the_job(
     kube: Cluster, namespace: str, operator: Operator
 ) -> None:

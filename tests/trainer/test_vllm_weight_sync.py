@@ -417,3 +417,77 @@ def test_a_served_model_that_misses_the_update_is_reported_as_drifted(
     assert not syncs[-1]["in_sync"] and syncs[-1]["logprob_diff"] > 0.2, syncs
     log = (tmp_path / "run" / "trainer.log").read_text()
     assert "vLLM is not serving the weights being trained" in log
+
+
+def test_two_replicas_share_the_sampling_and_a_lost_one_rejoins_with_the_current_weights(
+    tmp_path: Path, tiny_model: Path, toy_metric: MetricServer, served_tiny: vllm_server.VLLMProcess
+) -> None:
+    """spec.generation.replicas: 2 through two real vLLM servers (the module's as replica 0, one of its own as
+    replica 1). Both sample every step and serve the trained weights after every sync; replica 1 SIGKILLed
+    mid-run leaves the trainer process running on replica 0, and its replacement on the same address
+    reloads the current weights before it is sent any work."""
+    container = vllm_server.rendered_container(str(tiny_model), weightSync="Volume")
+    env = {**vllm_server.container_env(container), "HF_HOME": str(tmp_path / "hf")}
+    second = serve(tiny_model, tmp_path / "replica-1")
+    replacement: vllm_server.VLLMProcess | None = None
+    config = vllm_config(tmp_path, tiny_model, toy_metric, served_tiny, steps=2000, every_steps=1000)
+    data = json.loads(config.read_text())
+    data["generation"]["serverUrls"] = [served_tiny.base_url, second.base_url]
+    port = int(second.base_url.rsplit(":", 1)[1])
+    config.write_text(json.dumps(data))
+    trainer = start_trainer(config, tmp_path / "trainer.log")
+    sync_log = tmp_path / "out" / "weight_syncs.jsonl"
+
+    def syncs_until(done: Any, timeout: float) -> list[dict[str, Any]]:
+        deadline = time.monotonic() + timeout
+        while True:
+            text = sync_log.read_text() if sync_log.exists() else ""
+            # Complete lines only: the trainer may be writing the next one.
+            records = [json.loads(line) for line in text[: text.rfind("\n") + 1].splitlines()]
+            if done(records):
+                return records
+            assert trainer.poll() is None, (tmp_path / "trainer.log").read_text()[-4000:]
+            assert time.monotonic() < deadline, records[-3:]
+            time.sleep(0.2)
+
+    try:
+        before = syncs_until(lambda r: len(r) >= 3, 600)
+        second.stop(grace=0)  # SIGKILL: its in-flight request, if any, fails as a lost connection
+        killed_at = len(before)
+        replacement = vllm_server.start(container, env, port, tmp_path / "replica-1b" / "vllm.log")
+        records = syncs_until(lambda r: any(1 in s["replicas"]["rejoined"] for s in r), 900)
+        rejoined_at = next(i for i, s in enumerate(records) if 1 in s["replicas"]["rejoined"])
+        records = syncs_until(lambda r: len(r) >= rejoined_at + 3, 300)
+        trainer.send_signal(signal.SIGTERM)
+        assert trainer.wait(timeout=300) == 0, (tmp_path / "trainer.log").read_text()[-4000:]
+    finally:
+        if trainer.poll() is None:
+            trainer.kill()
+        second.stop()
+        if replacement is not None:
+            replacement.stop()
+    records = read_jsonl(sync_log)
+    # Before the kill both replicas served, both sampled, and both held the trained weights at every sync.
+    for record in records[:killed_at]:
+        assert record["replicas"]["serving"] == [0, 1], record
+        assert set(record["replicas"]["logprob_diff"]) == {"0", "1"}, record
+        assert max(record["replicas"]["logprob_diff"].values()) < SAME, record
+    assert all(n > 0 for n in records[killed_at - 1]["replicas"]["requests"]), records[killed_at - 1]
+    # While replica 1 was away the steps went on with replica 0 alone, in the same trainer process.
+    away = records[killed_at:rejoined_at]
+    assert away and all(r["replicas"]["serving"] == [0] for r in away), away
+    rows = read_jsonl(tmp_path / "out" / "metrics.jsonl")
+    assert [r["step"] for r in rows] == list(range(1, len(rows) + 1)), rows
+    assert len(rows) >= len(records) - 1
+    assert (tmp_path / "trainer.log").read_text().count("Traceback") == 0
+    # Back: the rejoined replica held the trained weights from its first sync on, and sampled again.
+    for record in records[rejoined_at:]:
+        assert record["replicas"]["serving"] == [0, 1], record
+        assert max(record["replicas"]["logprob_diff"].values()) < SAME, record
+    assert records[-1]["replicas"]["requests"][1] > records[rejoined_at]["replicas"]["requests"][1]
+    # The replacement was sent no completion before its first reload of the trainer's weights.
+    assert replacement is not None
+    log = replacement.log.read_text(errors="replace")
+    first_reload = log.find('"POST /collective_rpc HTTP/1.1" 200')
+    first_completion = log.find('"POST /v1/completions HTTP/1.1"')
+    assert 0 <= first_reload < first_completion, log[-3000:]

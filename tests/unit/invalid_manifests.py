@@ -102,6 +102,16 @@ INVALID_CASES: list[Case] = [
     case("generation-gpus-0", "spec.generation.gpus", {"spec.generation.gpus": 0}),
     case("generation-gpus-above-node", "spec.generation.gpus", {"spec.generation.gpus": 9}),
     case(
+        "generation-replicas-0",
+        "spec.generation.replicas",
+        {"spec.generation": {"replicas": 0, "weightSync": "Volume"}},
+    ),
+    case(
+        "generation-replicas-above-16",
+        "spec.generation.replicas",
+        {"spec.generation": {"replicas": 17, "weightSync": "Volume"}},
+    ),
+    case(
         "tensor-parallel-not-dividing",
         "spec.generation.tensorParallelSize",
         {"spec.generation": {"gpus": 3, "tensorParallelSize": 2}},

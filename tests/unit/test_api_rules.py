@@ -62,6 +62,7 @@ RULE_BREAKERS: dict[CelRule, dict[str, Any]] = {
     GenerationSpec.Rules.no_gpus_in_resources: {
         "spec.generation.resources": {"limits": {"nvidia.com/mig-1g.10gb": 1}}
     },
+    GenerationSpec.Rules.several_replicas_need_volume_sync: {"spec.generation.replicas": 2},
     TrainerSpec.Rules.no_gpus_in_resources: {"spec.trainer.resources": {"requests": {"nvidia.com/gpu": 8}}},
     Toleration.Rules.exists_without_value: {
         "spec.scheduling.tolerations": [{"key": "k", "operator": "Exists", "value": "v"}]

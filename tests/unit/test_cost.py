@@ -73,6 +73,16 @@ def test_in_process_generation_runs_on_the_trainer_gpus() -> None:
     assert ledger.generation_gpus == 3
 
 
+def test_every_vllm_replica_counts_its_gpus_for_generation() -> None:
+    job = {"spec": {"generation": {"gpus": 2, "replicas": 3}}}
+    ledger = CostLedger.plan(config_for(CHANGES), 1, 0, job)
+    ledger.add_step(32, 32, 1.5, 1.0)
+    assert ledger.generation_gpus == 6
+    assert ledger.status()["cost"]["generationGpuSeconds"] == 9.0
+    malformed = {"spec": {"generation": {"gpus": 2, "replicas": "two"}}}
+    assert CostLedger.plan(config_for(CHANGES), 1, 0, malformed).generation_gpus == 2
+
+
 @pytest.mark.parametrize(
     "previous",
     [

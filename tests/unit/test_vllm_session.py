@@ -51,7 +51,8 @@ def test_a_trainer_that_rides_out_replacements_sees_a_lost_connection_at_once(st
     """With lost connections left to the caller, a refused connection fails in well under TRL's minute of
     backoff, and is recognised as a lost server; an HTTP answer (the request's own error) is not."""
     import requests
-    from grpo_trainer.weight_sync import WeightSyncError, lost_server
+    from grpo_trainer.vllm_wait import lost_server
+    from grpo_trainer.weight_sync import WeightSyncError
 
     session = vllm_session(retry_lost_connections=False)
     started = time.monotonic()

@@ -9,6 +9,14 @@ VALID_CASES: list[Case] = [
     case("client-rollouts-minimal", "", CLIENT),
     case("metric-rollouts-explicit", "", {"spec.rollouts": {"source": "Metric"}}),
     case(
+        "several-vllm-replicas",
+        "",
+        {
+            "spec.generation": {"replicas": 4, "weightSync": "Volume", "gpus": 2, "tensorParallelSize": 2},
+            "spec.checkpoints": {"volume": {"accessMode": "ReadWriteMany"}},
+        },
+    ),
+    case(
         "client-rollouts-peers-and-token",
         "",
         {

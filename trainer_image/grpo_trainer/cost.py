@@ -2,7 +2,7 @@
 
 "So far" spans gang attempts: a new attempt reads the totals the previous one reported (the job's status)
 and adds to them, so work a restart redid is counted, as it was paid for. The GPU counts come from the job
-itself: the trainer's from its world size, generation's from spec.generation.gpus (read with the status;
+itself: the trainer's from its world size, generation's from spec.generation.gpus times its replicas (read with the status;
 trainer.json does not carry it)."""
 
 from __future__ import annotations
@@ -83,10 +83,13 @@ class CostLedger:
 
 
 def _generation_gpus(job: dict[str, Any] | None) -> int:
-    gpus = ((job or {}).get("spec") or {}).get("generation", {}).get("gpus", 1)
-    if isinstance(gpus, bool) or not isinstance(gpus, int) or gpus < 1:
-        return 1
-    return gpus
+    """spec.generation.gpus times spec.generation.replicas: every replica generates the whole time."""
+    generation = ((job or {}).get("spec") or {}).get("generation") or {}
+    return _positive(generation.get("gpus")) * _positive(generation.get("replicas"))
+
+
+def _positive(value: Any) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 1 else 1
 
 
 def _count(value: Any) -> int:

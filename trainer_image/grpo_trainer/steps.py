@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -157,7 +158,9 @@ def grpo_args(config: TrainerConfig, plan: BatchPlan, env: RuntimeEnv, **overrid
     if config.generation.backend == "vllm-server":
         # Before GRPOConfig (which joins the process group) and TRL's client (whose own timeout then
         # only covers a server that already answers): vLLM may still be loading the model.
-        wait_for_vllm(kwargs["vllm_server_base_url"], config.generation.startup_timeout_seconds)
+        deadline = time.monotonic() + config.generation.startup_timeout_seconds
+        for url in config.generation.server_urls or [kwargs["vllm_server_base_url"]]:
+            wait_for_vllm(url, max(1.0, deadline - time.monotonic()))
     revision = model_revision(config)
     if revision:
         kwargs["model_init_kwargs"]["revision"] = revision
@@ -212,7 +215,11 @@ def build_trainer(
 
         gen = config.generation
         extra["vllm_generation"] = generation_class(
-            gen.weight_sync, gen.weight_sync_dir, ServedModelProbe(tokenizer), gen.startup_timeout_seconds
+            gen.weight_sync,
+            gen.weight_sync_dir,
+            ServedModelProbe(tokenizer),
+            gen.startup_timeout_seconds,
+            gen.server_urls,
         )
         if "rollout_func" not in extra:
             # Client rollouts are refused an eta at apply time: the client samples, not the trainer.
@@ -292,6 +299,8 @@ class SyncReporter:
         record = {"step": step, "transport": self.transport, "seconds": round(report.seconds, 4)}
         if report.after_replacement:
             record["after_replacement"] = True
+        if report.replicas is not None:
+            record["replicas"] = report.replicas
         if probe is not None:
             record.update(
                 logprob_diff=probe.mean_abs_diff, max_logprob_diff=probe.max_abs_diff, in_sync=probe.in_sync

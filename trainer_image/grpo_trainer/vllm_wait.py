@@ -25,6 +25,21 @@ class GenerationUnavailable(RuntimeError):
     """The vLLM server did not answer GET /health with 200 within the start-up budget."""
 
 
+def lost_server(exc: BaseException) -> bool:
+    """Whether ``exc`` (or what it was raised from) is a connection to vLLM refused, broken, timed out or
+    answered 500/502/503 past the retries: what a dead or replaced server gives."""
+    import requests
+
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, requests.RequestException | ConnectionError | TimeoutError):
+            return True
+        current = current.__cause__ or current.__context__
+    return False
+
+
 def vllm_healthy(base_url: str, timeout_seconds: float = 5.0) -> bool:
     try:
         with urllib.request.urlopen(base_url + HEALTH_PATH, timeout=timeout_seconds) as response:

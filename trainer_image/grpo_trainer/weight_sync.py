@@ -26,6 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from grpo_trainer.vllm_wait import lost_server
+
 log = logging.getLogger("grpo_trainer.weight_sync")
 
 # Largest safetensors shard written at once: the trainer holds at most one shard of copied weights in
@@ -157,35 +159,9 @@ def volume_sync_client_class() -> type[Any]:
             self, metadata: list[tuple[str, str, list[int]]], named_params: Iterator[tuple[str, Any]]
         ) -> None:
             started = time.monotonic()
-            self.syncs += 1
-            final = self.sync_dir / f"{SYNC_PREFIX}{self.syncs:06d}"
-            incoming = self.sync_dir / f"{INCOMING_PREFIX}{self.syncs:06d}"
-            shutil.rmtree(incoming, ignore_errors=True)
-            self.last_sync_bytes = write_shards(named_params, incoming)
-            shutil.rmtree(final, ignore_errors=True)
-            incoming.rename(final)
-            import requests
-
-            lost: requests.RequestException | None = None
-            try:
-                response = self.session.post(
-                    f"{self.base_url}/collective_rpc",
-                    json={"method": "reload_weights", "kwargs": {"weights_path": str(final)}},
-                    timeout=600,
-                )
-                answer = f"HTTP {response.status_code}: {response.text[:500]}"
-            except requests.RequestException as exc:
-                response, answer, lost = None, f"{type(exc).__name__}: {exc}", exc
-            if response is None or response.status_code != 200:
-                raise WeightSyncError(
-                    f"the vLLM server at {self.base_url} did not reload the weights from {final} ({answer}). "
-                    "Weight sync through the volume needs vLLM in dev mode (VLLM_SERVER_DEV_MODE=1, set by the "
-                    "operator) and the job's volume mounted at the same path in the vLLM pod (accessMode "
-                    "ReadWriteMany)"
-                ) from lost
-            for entry in self.sync_dir.iterdir():
-                if entry.name.startswith(SYNC_PREFIX) and entry != final:
-                    shutil.rmtree(entry, ignore_errors=True)
+            final = self.write_version(named_params)
+            self.reload(final)
+            self.prune(final)
             self.last_sync_seconds = time.monotonic() - started
             log.info(
                 "weights synced through %s: %.1f MB in %.2fs",
@@ -193,6 +169,47 @@ def volume_sync_client_class() -> type[Any]:
                 self.last_sync_bytes / 1e6,
                 self.last_sync_seconds,
             )
+
+        def write_version(self, named_params: Iterator[tuple[str, Any]]) -> Path:
+            """The weights as the sync directory's next version: written aside, then renamed into place, so
+            a server never reads a half-written version."""
+            self.syncs += 1
+            final = self.sync_dir / f"{SYNC_PREFIX}{self.syncs:06d}"
+            incoming = self.sync_dir / f"{INCOMING_PREFIX}{self.syncs:06d}"
+            shutil.rmtree(incoming, ignore_errors=True)
+            self.last_sync_bytes = write_shards(named_params, incoming)
+            shutil.rmtree(final, ignore_errors=True)
+            incoming.rename(final)
+            return final
+
+        def reload(self, version: Path) -> None:
+            """This client's server loads ``version``; WeightSyncError (raised from the request's error
+            where the server was not reached) when it did not."""
+            import requests
+
+            lost: requests.RequestException | None = None
+            try:
+                response = self.session.post(
+                    f"{self.base_url}/collective_rpc",
+                    json={"method": "reload_weights", "kwargs": {"weights_path": str(version)}},
+                    timeout=600,
+                )
+                answer = f"HTTP {response.status_code}: {response.text[:500]}"
+            except requests.RequestException as exc:
+                response, answer, lost = None, f"{type(exc).__name__}: {exc}", exc
+            if response is None or response.status_code != 200:
+                raise WeightSyncError(
+                    f"the vLLM server at {self.base_url} did not reload the weights from {version} ({answer}). "
+                    "Weight sync through the volume needs vLLM in dev mode (VLLM_SERVER_DEV_MODE=1, set by the "
+                    "operator) and the job's volume mounted at the same path in the vLLM pod (accessMode "
+                    "ReadWriteMany)"
+                ) from lost
+
+        def prune(self, keep: Path) -> None:
+            """Drops every version but ``keep``, which a server that joins later reloads."""
+            for entry in self.sync_dir.iterdir():
+                if entry.name.startswith(SYNC_PREFIX) and entry != keep:
+                    shutil.rmtree(entry, ignore_errors=True)
 
     return VolumeSyncClient
 
@@ -319,26 +336,54 @@ class SyncReport:
     seconds: float
     probe: ProbeResult | None
     after_replacement: bool = False
-
-
-def lost_server(exc: BaseException) -> bool:
-    """Whether ``exc`` (or what it was raised from) is a connection to vLLM refused, broken, timed out or
-    answered 500/502/503 past the retries: what a dead or replaced server gives."""
-    import requests
-
-    seen: set[int] = set()
-    current: BaseException | None = exc
-    while current is not None and id(current) not in seen:
-        seen.add(id(current))
-        if isinstance(current, requests.RequestException | ConnectionError | TimeoutError):
-            return True
-        current = current.__cause__ or current.__context__
-    return False
+    # With several vLLM replicas: ReplicaPool.report() after the sync (who serves, who rejoined, the load).
+    replicas: dict[str, Any] | None = None
 
 
 # A request that fails this many times in a row, each time with the server gone and back, is not a
 # replacement to ride out: the error is raised.
 MAX_RECOVERIES_PER_REQUEST = 3
+
+
+def _probe_served(probe: ServedModelProbe, trained: list[float], client: Any) -> ProbeResult:
+    """The probe against the served model; with several replicas against each serving one, and the result
+    of the one furthest from the trainer (a replica that is lost meanwhile leaves the pool)."""
+    from grpo_trainer.vllm_replicas import ReplicaPool
+
+    if not isinstance(client, ReplicaPool):
+        return probe.compare(trained, probe.served_logprobs(client))
+    results: list[ProbeResult] = []
+    client.probe_diffs = {}
+    for replica in client.serving():
+        try:
+            results.append(probe.compare(trained, probe.served_logprobs(replica.client)))
+            client.probe_diffs[replica.index] = results[-1].mean_abs_diff
+        except Exception as exc:
+            if not lost_server(exc):
+                raise
+            client.leave(replica, exc)
+    if not results:
+        raise ConnectionError(f"no vLLM replica answered the served-model probe: {client.describe()}")
+    return max(results, key=lambda r: r.mean_abs_diff if math.isfinite(r.mean_abs_diff) else math.inf)
+
+
+def _replicas_report(client: Any) -> dict[str, Any] | None:
+    report = getattr(client, "report", None)
+    return report() if callable(report) else None
+
+
+def _wait_for_any(pool: Any, budget_seconds: float) -> None:
+    """Until one of the pool's replicas answers /health, within the replacement budget."""
+    from grpo_trainer.vllm_wait import GenerationUnavailable
+
+    deadline = time.monotonic() + budget_seconds
+    while not pool.any_answering():
+        if time.monotonic() >= deadline:
+            raise GenerationUnavailable(
+                f"no vLLM replica answered within spec.generation.startupTimeoutSeconds ({budget_seconds:.0f}s) "
+                f"after all were lost: {pool.describe()}"
+            )
+        _sleep_unless_stopping(2.0)
 
 
 def _sleep_unless_stopping(seconds: float) -> None:
@@ -363,6 +408,7 @@ def generation_class(
     sync_dir: str | None,
     probe: ServedModelProbe | None,
     replacement_budget_seconds: float = 0.0,
+    server_urls: list[str] | None = None,
 ) -> type[Any]:
     """TRL's VLLMGeneration (server mode) with the job's weight transport, the served-model probe, and the
     ride-out of a replaced vLLM server.
@@ -376,9 +422,13 @@ def generation_class(
     it, and repeats the request. The new server starts from the base model, so nothing is generated before
     that push. Only rank 0 talks to vLLM and the trainers are data-parallel (each rank holds the whole
     model), so the push needs no other rank; the others wait in the step's broadcast of the completions
-    meanwhile, whose timeout is the process group's (TrainingArguments.ddp_timeout, 1800 s)."""
+    meanwhile, whose timeout is the process group's (TrainingArguments.ddp_timeout, 1800 s).
+
+    With several ``server_urls`` (spec.generation.replicas) the client is a ReplicaPool: a replica that is
+    lost leaves the pool and the others serve; the wait above happens only when none is left."""
     from trl.generation.vllm_generation import VLLMGeneration
 
+    from grpo_trainer.vllm_replicas import ReplicaPool
     from grpo_trainer.vllm_wait import GenerationUnavailable, vllm_healthy, wait_for_vllm
 
     class ProjectVLLMGeneration(VLLMGeneration):  # type: ignore[misc, valid-type]
@@ -426,10 +476,12 @@ def generation_class(
                 str(exc)[:300],
                 replacement_budget_seconds,
             )
-            if not vllm_healthy(base_url):
+            client = self.vllm_client
+            if isinstance(client, ReplicaPool):
+                _wait_for_any(client, replacement_budget_seconds)
+            elif not vllm_healthy(base_url):
                 wait_for_vllm(base_url, replacement_budget_seconds, sleep=_sleep_unless_stopping)
             started = time.monotonic()
-            client = self.vllm_client
             client.close_communicator()  # type: ignore[no-untyped-call]
             if weight_sync == "volume":
                 client.init_communicator()
@@ -448,7 +500,7 @@ def generation_class(
             if probe is not None:
                 # The unwrapped model: a forward of the DDP wrapper on rank 0 alone would wait for the others.
                 model = self.accelerator.unwrap_model(self.model)
-                result = probe.compare(probe.trained_logprobs(model), probe.served_logprobs(client))
+                result = _probe_served(probe, probe.trained_logprobs(model), client)
             seconds = time.monotonic() - started
             log.warning(
                 "the replaced vLLM server at %s answers again; the current weights were pushed into it in %.2fs%s",
@@ -457,7 +509,7 @@ def generation_class(
                 "" if result is None else f" ({'in sync' if result.in_sync else result.describe()})",
             )
             if self.on_sync is not None:
-                self.on_sync(SyncReport(seconds, result, after_replacement=True))
+                self.on_sync(SyncReport(seconds, result, True, _replicas_report(client)))
             return True
 
         def _init_vllm(self) -> None:
@@ -472,13 +524,17 @@ def generation_class(
             if not sync_dir:
                 raise ValueError("weightSync volume needs generation.weightSyncDir in trainer.json")
             if self.accelerator.is_main_process:
-                base_url = self.server_base_url or f"http://{self.server_host}:{self.server_port}"
-                client = volume_sync_client_class()(
-                    base_url, sync_dir, connection_timeout=self.server_timeout
-                )
-                client.init_communicator()
-                client.session = vllm_session(retry_lost_connections=replacement_budget_seconds <= 0)
-                self.vllm_client = client
+                urls = server_urls or [
+                    self.server_base_url or f"http://{self.server_host}:{self.server_port}"
+                ]
+                clients: list[Any] = []
+                for url in urls:
+                    client = volume_sync_client_class()(url, sync_dir, connection_timeout=self.server_timeout)
+                    client.session = vllm_session(retry_lost_connections=replacement_budget_seconds <= 0)
+                    clients.append(client)
+                pool: Any = clients[0] if len(clients) == 1 else ReplicaPool(clients, vllm_healthy)
+                self.vllm_client = pool
+                self.vllm_client.init_communicator()
             self._wrap_client()
 
         def _wrap_client(self) -> None:
@@ -503,11 +559,10 @@ def generation_class(
             if probe is not None and self.mode == "server" and probe.due():
                 trained = probe.trained_logprobs(self.model)
                 if self.accelerator.is_main_process:
-                    served = self._riding_out_replacements(probe.served_logprobs)(self.vllm_client)
-                    result = probe.compare(trained, served)
+                    result = self._riding_out_replacements(_probe_served)(probe, trained, self.vllm_client)
             if self.accelerator.is_main_process and self.on_sync is not None:
                 # A replacement during this sync has its own record (the push _recover made); this one is the
                 # step's regular sync, whichever server answered it.
-                self.on_sync(SyncReport(seconds, result))
+                self.on_sync(SyncReport(seconds, result, replicas=_replicas_report(self.vllm_client)))
 
     return ProjectVLLMGeneration

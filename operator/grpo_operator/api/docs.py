@@ -219,7 +219,7 @@ rewards all tie are dropped and refilled, so the real number of rollouts is high
 
 While the job runs, trainer rank 0 keeps `status.cost`: rollouts and metric calls so far beside the
 planned ones, and the GPU-seconds spent generating (the time the trainer waited for completions times
-`generation.gpus`) and training (the rest of each step times the trainer gang's GPUs). "So far" adds up
+`generation.gpus` x `generation.replicas`) and training (the rest of each step times the trainer gang's GPUs). "So far" adds up
 every gang attempt, so work a restart redid is counted: it is what was used. `kubectl grpo status JOB`
 prints it.
 
@@ -259,7 +259,10 @@ the field and the fix:
   template itself (`tokenize`, `add_generation_prompt`, `messages`, ...);
 - `generation.tensorParallelSize` equals `generation.gpus`: one vLLM server shards the model over all
   its GPUs. Data parallelism inside the vLLM server (`gpus` > `tensorParallelSize`) fails for dense
-  models with TRL's server mode, so it is refused until multi-server generation is supported;
+  models with TRL's server mode, so it is refused: run several vLLM servers with `generation.replicas`
+  instead;
+- `generation.replicas > 1` needs `generation.weightSync: Volume`: trainer rank 0 writes the weights to the
+  volume once and every replica reloads them (NCCL weight sync to several servers is not supported yet);
 - B * G is divisible by `trainer.nodes * trainer.gpusPerNode * trainer.perDeviceBatchSize`: each
   optimisation step splits the B * G completions evenly over the data-parallel processes
   (the trainer accumulates gradients over (B * G) / (that product) micro-steps);
@@ -300,7 +303,7 @@ Clients that send `fieldValidation=Ignore` get the field silently dropped (prune
 **Integers.** `8` and `8.0` are the same integer: kubectl sends YAML or JSON `8.0` as `8`, and the
 models accept it. A client that puts `8.0` on the wire itself gets a CEL type error
 ("expected int, got float64") for the integer fields that cross-field rules read (`grpo.groupSize`,
-`grpo.promptsPerStep`, `grpo.validation.everySteps`, `generation.gpus`,
+`grpo.promptsPerStep`, `grpo.validation.everySteps`, `generation.gpus`, `generation.replicas`,
 `generation.tensorParallelSize`, `trainer.nodes`, `trainer.gpusPerNode`, `trainer.perDeviceBatchSize`):
 send integers.
 

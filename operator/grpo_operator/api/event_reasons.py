@@ -59,8 +59,9 @@ RESTARTING = EventReason(
 GENERATION_REPLACED = EventReason(
     "GenerationReplaced",
     "Warning",
-    "The vLLM pod failed or was stopped while the trainers ran, and only it is replaced (not counted against "
-    "`backoffLimit`); the message names the failed pod, vLLM's last words and the new pod.",
+    "A vLLM pod failed or was stopped while the trainers ran, and only it is replaced (not counted against "
+    "`backoffLimit`); the message names the failed pod (and its replica, with several), vLLM's last words "
+    "and the new pod.",
     restart_or_failure=True,
 )
 RESUMED_FROM_CHECKPOINT = EventReason(

@@ -149,8 +149,8 @@ class CostStatus(_StatusModel):
         default=None,
         ge=0,
         description="GPU-seconds of generation for training and validation: the time the trainer waited for "
-        "completions times the GPUs that generated them (spec.generation.gpus; the trainer's own GPUs "
-        "when it generates in process, and for client-rollout jobs, where it is the time spent waiting for "
+        "completions times the GPUs that generated them (spec.generation.gpus x replicas; the trainer's own "
+        "GPUs when it generates in process, and for client-rollout jobs, where it is the time spent waiting for "
         "the client's groups, which the client samples from the trainer's policy server).",
     )
     training_gpu_seconds: float | None = Field(

@@ -8,8 +8,9 @@ reaches the trainer without a second definition. Load with ``TrainerConfig.load(
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import ConfigDict, Field, model_validator
 
@@ -77,6 +78,14 @@ class GenerationConfig(_ConfigModel):
         default=None, description="vLLM server host, e.g. <job>-gen.<namespace>.svc."
     )
     server_port: int = Field(default=VLLM_SERVER_PORT, ge=1, le=65535, description="vLLM HTTP port.")
+    server_urls: list[Annotated[str, Field(min_length=1)]] | None = Field(
+        default=None,
+        min_length=2,
+        description="With several vLLM servers (spec.generation.replicas > 1): the base URL of every "
+        "replica's Service, in replica order, e.g. http://<job>-gen.<namespace>.svc:8000 then "
+        "http://<job>-gen-r1.<namespace>.svc:8000; their number is the replica count. Unset with one "
+        "server, which serverHost and serverPort name (they name replica 0 either way).",
+    )
     weight_sync_port: int = Field(
         default=WEIGHT_SYNC_PORT, ge=1, le=65535, description="NCCL weight-sync port on trainer rank 0."
     )
@@ -221,6 +230,7 @@ class TrainerConfig(_ConfigModel):
         *,
         metric_url: str | None,
         generation_host: str | None,
+        generation_replica_hosts: Sequence[str] = (),
         backend: Literal["vllm-server", "transformers"] = "vllm-server",
         vllm_port: int = VLLM_SERVER_PORT,
         weight_sync_port: int = WEIGHT_SYNC_PORT,
@@ -231,9 +241,21 @@ class TrainerConfig(_ConfigModel):
     ) -> TrainerConfig:
         """Render the trainer config for a job (pure: same inputs, same config). The ports are the
         operator's settings, the same values it puts on the pods and Services. A job whose rollouts come
-        from a client (spec.rollouts.source: Client) needs ``gateway_url``, any other ``metric_url``."""
+        from a client (spec.rollouts.source: Client) needs ``gateway_url``, any other ``metric_url``. A job
+        with several vLLM servers (spec.generation.replicas > 1) needs ``generation_replica_hosts``: every
+        replica's Service host in replica order, ``generation_host`` first."""
         if backend == "vllm-server" and not generation_host:
             raise ValueError("backend vllm-server needs generation_host (the <job>-gen Service's DNS name)")
+        replicas = spec.generation.replica_count()
+        server_urls: list[str] | None = None
+        if backend == "vllm-server" and replicas > 1:
+            hosts = list(generation_replica_hosts)
+            if len(hosts) != replicas or hosts[0] != generation_host:
+                raise ValueError(
+                    f"spec.generation.replicas is {replicas}: generation_replica_hosts must name the Service "
+                    f"host of each replica in order, generation_host first (got {hosts})"
+                )
+            server_urls = [f"http://{host}:{vllm_port}" for host in hosts]
         metric: MetricClientConfig | None = None
         rollouts: ClientRolloutsConfig | None = None
         if spec.metric is not None:
@@ -273,6 +295,7 @@ class TrainerConfig(_ConfigModel):
                 backend=backend,
                 server_host=generation_host,
                 server_port=vllm_port,
+                server_urls=server_urls,
                 weight_sync_port=weight_sync_port,
                 startup_timeout_seconds=float(spec.generation.startup_timeout_seconds),
                 weight_sync="volume" if volume_sync else None,

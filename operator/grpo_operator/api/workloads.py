@@ -48,6 +48,9 @@ def _gpus_in(resources: ResourceRequirements) -> bool:
     return any(is_gpu_resource_name(name) for name in (*resources.requests, *resources.limits))
 
 
+# vLLM servers one job may run (spec.generation.replicas).
+MAX_GENERATION_REPLICAS = 16
+
 DEFAULT_VLLM_IMAGE = "vllm/vllm-openai:v0.31.0"
 DEFAULT_TRAINER_IMAGE = "ghcr.io/grpo-operator/trainer:0.1.0"
 
@@ -138,7 +141,8 @@ class MetricSpec(ApiModel):
 
 
 class GenerationSpec(ApiModel):
-    """The vLLM server that samples completions (server mode; weights synced from trainer rank 0)."""
+    """The vLLM servers that sample completions (server mode; weights synced from trainer rank 0): one, or
+    ``replicas`` of them."""
 
     class Rules(CelRules):
         tp_equals_gpus = CelRule(
@@ -151,8 +155,28 @@ class GenerationSpec(ApiModel):
 
         no_gpus_in_resources = _no_gpus_in_resources("generation", "gpus", "the vLLM pod")
 
+        several_replicas_need_volume_sync = CelRule(
+            "!has(self.replicas) || self.replicas == 1 || (has(self.weightSync) && self.weightSync == 'Volume')",
+            "spec.generation.replicas > 1 needs spec.generation.weightSync: Volume: several vLLM servers are "
+            "served by the Volume transport (trainer rank 0 writes the weights once, every replica reloads "
+            "them); NCCL weight sync to several servers is not supported yet. Set weightSync: Volume (it needs "
+            "spec.checkpoints.volume.accessMode: ReadWriteMany), or set replicas to 1",
+            ".replicas",
+        )
+
     gpus: K8sInt = Field(
-        default=1, ge=1, le=MAX_GPUS_PER_NODE, description="GPUs for vLLM (one pod, one node)."
+        default=1,
+        ge=1,
+        le=MAX_GPUS_PER_NODE,
+        description="GPUs of each vLLM pod (one pod, one node); the job's generation GPUs are gpus x replicas.",
+    )
+    replicas: Annotated[int, Field(ge=1, le=MAX_GENERATION_REPLICAS), INTEGRAL_FLOAT] | None = Field(
+        default=None,
+        description="vLLM servers (unset: 1). Each is a pod of its own with gpus GPUs (= tensorParallelSize) "
+        "and a Service of its own (<job>-gen for the first, <job>-gen-r<r> for replica r); the trainer "
+        "spreads each step's rollouts over the replicas that are ready and pushes the weights to every "
+        "replica after each step. More than 1 needs weightSync: Volume. Each replica fails, is replaced "
+        "and counts its replacements on its own.",
     )
     tensor_parallel_size: K8sInt = Field(
         default=1,
@@ -198,7 +222,8 @@ class GenerationSpec(ApiModel):
         "both sides and a pod-to-pod path on spec.generation's weight-sync port. Volume: rank 0 writes the "
         "weights as safetensors to the job's volume and vLLM reloads them from there; works without CUDA "
         "and without any port between the pods, costs a write and a read of the full weights per step, "
-        "and needs spec.checkpoints.volume.accessMode: ReadWriteMany (both pods mount the volume).",
+        "and needs spec.checkpoints.volume.accessMode: ReadWriteMany (both pods mount the volume). Several "
+        "replicas need Volume: rank 0 writes the weights once and every replica reloads them.",
     )
 
     @model_validator(mode="after")
@@ -207,7 +232,13 @@ class GenerationSpec(ApiModel):
             raise self.Rules.tp_equals_gpus.violation()
         if _gpus_in(self.resources):
             raise self.Rules.no_gpus_in_resources.violation()
+        if self.replica_count() > 1 and self.weight_sync != "Volume":
+            raise self.Rules.several_replicas_need_volume_sync.violation()
         return self
+
+    def replica_count(self) -> int:
+        """The vLLM servers the job runs (replicas, 1 when unset)."""
+        return self.replicas or 1
 
 
 class TrainerSpec(ApiModel):

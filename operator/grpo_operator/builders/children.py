@@ -6,7 +6,7 @@ from typing import Any
 
 from grpo_operator.api.spec import GRPOJobSpec
 from grpo_operator.builders.common import Job, Manifest, client_rollouts
-from grpo_operator.builders.gang import generation_service, trainer_service
+from grpo_operator.builders.gang import generation_services, trainer_service
 from grpo_operator.builders.metric import metric_deployment, metric_service
 from grpo_operator.builders.network import (
     generation_network_policy,
@@ -57,7 +57,7 @@ def infrastructure(job: Job, settings: OperatorSettings) -> list[Manifest]:
         trainer_role(job),
         trainer_role_binding(job),
         trainer_service(job, settings),
-        generation_service(job, settings),
+        *generation_services(job, settings),
         *rollouts,
         generation_network_policy(job, settings),
         *policies,

@@ -33,6 +33,8 @@ LABEL_JOB = f"{GROUP}/job"
 LABEL_ROLE = f"{GROUP}/role"
 LABEL_ATTEMPT = f"{GROUP}/attempt"
 LABEL_NODE_RANK = f"{GROUP}/node-rank"
+# Which of the job's vLLM servers (spec.generation.replicas) a generation pod is: "0", "1", ...
+LABEL_GENERATION_REPLICA = f"{GROUP}/generation-replica"
 
 # Hash of the manifest the operator meant to create; a child whose hash differs from the current
 # desired one has drifted from the spec (the spec changed) and is updated or, for pods, replaced.
@@ -99,11 +101,16 @@ def metric_name(job: Job) -> str:
     return f"{job.name}-metric"
 
 
-def generation_service_name(job: Job) -> str:
+def generation_replicas(job: Job) -> range:
+    """The job's vLLM servers by replica number: 0, 1, ... spec.generation.replicas - 1."""
+    return range(job.spec.generation.replica_count())
+
+
+def generation_service_name(job: Job, replica: int = 0) -> str:
     # Never "vllm": Kubernetes would inject VLLM_PORT=tcp://... into every pod of the namespace and
     # vLLM reads VLLM_PORT as its own port setting and refuses to start with a URI there.
-    # enableServiceLinks=false guards too.
-    return f"{job.name}-gen"
+    # enableServiceLinks=false guards too. Replica 0 keeps the name a job with one server has always had.
+    return f"{job.name}-gen" if replica == 0 else f"{job.name}-gen-r{replica}"
 
 
 def trainer_service_name(job: Job) -> str:
@@ -130,8 +137,10 @@ def trainer_pod_name(job: Job, attempt: int, rank: int) -> str:
     return f"{job.name}-trainer-{attempt}-{rank}"
 
 
-def generation_pod_name(job: Job, attempt: int, index: int) -> str:
-    return f"{job.name}-gen-{attempt}-{index}"
+def generation_pod_name(job: Job, attempt: int, index: int, replica: int = 0) -> str:
+    """``<job>-gen-<attempt>-<n>`` for replica 0 (the name a job with one server has always had),
+    ``<job>-gen-r<r>-<attempt>-<n>`` for replica r; n counts the replica's replacements in the attempt."""
+    return f"{generation_service_name(job, replica)}-{attempt}-{index}"
 
 
 def rollouts_name(job: Job) -> str:
@@ -172,8 +181,8 @@ def policy_url(job: Job) -> str:
     return f"http://{policy_service_name(job)}.{job.namespace}.svc:{POLICY_PORT}"
 
 
-def generation_host(job: Job) -> str:
-    return f"{generation_service_name(job)}.{job.namespace}.svc"
+def generation_host(job: Job, replica: int = 0) -> str:
+    return f"{generation_service_name(job, replica)}.{job.namespace}.svc"
 
 
 def master_addr(job: Job, attempt: int) -> str:

@@ -1,4 +1,5 @@
-"""The gang: vLLM generation pod + Service `<job>-gen`, trainer pods + headless Service `<job>-trainer`.
+"""The gang: vLLM generation pods (one per spec.generation.replicas) + a Service each (`<job>-gen`,
+`<job>-gen-r<r>`), trainer pods + headless Service `<job>-trainer`.
 
 Pods are managed directly (not through Deployments or Jobs) so the operator decides what a failure
 means: any failure restarts the whole gang — vLLM and trainers — under a new attempt number, because
@@ -24,7 +25,10 @@ from grpo_operator.builders.common import (
     CONFIG_FILE,
     HF_CACHE,
     LABEL_ATTEMPT,
+    LABEL_GENERATION_REPLICA,
+    LABEL_JOB,
     LABEL_NODE_RANK,
+    LABEL_ROLE,
     WORKSPACE,
     Job,
     Manifest,
@@ -35,6 +39,7 @@ from grpo_operator.builders.common import (
     content_hash,
     generation_host,
     generation_pod_name,
+    generation_replicas,
     generation_service_name,
     master_addr,
     metadata,
@@ -143,6 +148,9 @@ def gang_hash_input(job: Job) -> dict[str, Any]:
     # when there are any): their defaults appear in every stored spec after an upgrade, and hashing them
     # would restart every running job.
     drop_later_defaults(spec)
+    # One vLLM server, said or not, is the same gang: writing replicas: 1 into a running job restarts nothing.
+    if spec.get("generation", {}).get("replicas") == 1:
+        del spec["generation"]["replicas"]
     # spec.rollouts is left out: its source never changes, and its client part (who may reach the
     # gateway, the gateway's token) shapes only the gateway and its NetworkPolicy.
     keys = ("model", "dataset", "grpo", "generation", "trainer", "scheduling")
@@ -227,8 +235,11 @@ def volume_shared_with_generation(job: Job) -> bool:
     return job.spec.checkpoints.volume.access_mode == "ReadWriteMany"
 
 
-def generation_pod(job: Job, settings: OperatorSettings, attempt: int, index: int = 0) -> Manifest:
-    """The vLLM server, started the way TRL 1.16 needs it in server mode.
+def generation_pod(
+    job: Job, settings: OperatorSettings, attempt: int, index: int = 0, replica: int = 0
+) -> Manifest:
+    """A vLLM server (replica ``replica``, its ``index``-th pod in the attempt), started the way TRL 1.16
+    needs it in server mode.
 
     TRL's own `trl vllm-serve` only exec's `vllm serve` with these additions (TRL 1.16
     scripts/vllm_serve.py:266-293): `--weight-transfer-config '{"backend":"nccl"}'` (else
@@ -349,19 +360,39 @@ def generation_pod(job: Job, settings: OperatorSettings, attempt: int, index: in
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": _pod_metadata(
-            job, settings, generation_pod_name(job, attempt, index), "generation", attempt, {}, {}
+            job,
+            settings,
+            generation_pod_name(job, attempt, index, replica),
+            "generation",
+            attempt,
+            {LABEL_GENERATION_REPLICA: str(replica)},
+            {},
         ),
         "spec": secure_pod_spec(pod_spec, settings),
     }
 
 
-def generation_service(job: Job, settings: OperatorSettings) -> Manifest:
-    # Selects by role only, not by attempt: the Service stays put while the pod behind it changes.
+def generation_service(job: Job, settings: OperatorSettings, replica: int = 0) -> Manifest:
+    # Selects by role (and replica), not by attempt: the Service stays put while the pod behind it changes.
     # The weight-sync port is not here on purpose: trainer rank 0 binds it and vLLM connects to it
     # when TRL forms the NCCL group, so it is published on the trainer Service.
+    # With one server the selector is the job and role alone, as before replicas existed (its pods from an
+    # older operator have no replica label); with several, each Service selects its replica's pods.
+    selector = None
+    if job.spec.generation.replica_count() > 1:
+        selector = {LABEL_JOB: job.name, LABEL_ROLE: "generation", LABEL_GENERATION_REPLICA: str(replica)}
     return cluster_ip_service(
-        job, generation_service_name(job), "generation", [("http", settings.vllm_port, "http")]
+        job,
+        generation_service_name(job, replica),
+        "generation",
+        [("http", settings.vllm_port, "http")],
+        selector,
     )
+
+
+def generation_services(job: Job, settings: OperatorSettings) -> list[Manifest]:
+    """One Service per vLLM server, in replica order."""
+    return [generation_service(job, settings, replica) for replica in generation_replicas(job)]
 
 
 def trainer_env(
@@ -511,10 +542,19 @@ def trainer_service(job: Job, settings: OperatorSettings) -> Manifest:
 
 
 def gang_pods(
-    job: Job, settings: OperatorSettings, attempt: int, resume_from: str, generation_index: int = 0
+    job: Job,
+    settings: OperatorSettings,
+    attempt: int,
+    resume_from: str,
+    generation_indices: Mapping[int, int] | None = None,
 ) -> list[Manifest]:
-    """Every pod of one gang incarnation: the vLLM server first, then trainer ranks 0..nodes-1.
-    ``generation_index`` counts the attempt's replacements of its vLLM pod (0: the first one)."""
-    pods = [generation_pod(job, settings, attempt, generation_index)]
+    """Every pod of one gang incarnation: the vLLM servers first (in replica order), then trainer ranks
+    0..nodes-1. ``generation_indices`` counts, per replica, the attempt's replacements of its vLLM pod
+    (absent: 0, the first one)."""
+    indices = generation_indices or {}
+    pods = [
+        generation_pod(job, settings, attempt, indices.get(replica, 0), replica)
+        for replica in generation_replicas(job)
+    ]
     pods += [trainer_pod(job, settings, attempt, rank, resume_from) for rank in range(job.spec.trainer.nodes)]
     return pods

@@ -13,6 +13,7 @@ from grpo_operator.builders.common import (
     content_hash,
     gateway_url,
     generation_host,
+    generation_replicas,
     metadata,
     metric_url,
     policy_url,
@@ -22,7 +23,8 @@ from grpo_operator.settings import OperatorSettings
 
 
 def trainer_config(job: Job, settings: OperatorSettings) -> TrainerConfig:
-    """The config the trainer reads; the vLLM server is the job's `<job>-gen` Service. Every port comes
+    """The config the trainer reads; the vLLM server is the job's `<job>-gen` Service (and with several
+    replicas, every replica's Service, in serverUrls). Every port comes
     from ``settings``, the same values the pods and Services are built with."""
     return TrainerConfig.from_spec(
         job.namespace,
@@ -32,6 +34,7 @@ def trainer_config(job: Job, settings: OperatorSettings) -> TrainerConfig:
         metric_url=metric_url(job),
         gateway_url=gateway_url(job) if client_rollouts(job) else None,
         generation_host=generation_host(job),
+        generation_replica_hosts=[generation_host(job, r) for r in generation_replicas(job)],
         backend="vllm-server",
         vllm_port=settings.vllm_port,
         weight_sync_port=settings.weight_sync_port,

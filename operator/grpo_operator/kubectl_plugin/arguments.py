@@ -144,7 +144,8 @@ def parser() -> argparse.ArgumentParser:
     p = sub(
         "logs",
         "Logs of one of the job's pods (default: trainer rank 0 of the current attempt).",
-        f"  {PROG} logs qwen-gsm8k -f\n  {PROG} logs qwen-gsm8k --role generation\n  {PROG} logs qwen-gsm8k --rank 1 --tail 100",
+        f"  {PROG} logs qwen-gsm8k -f\n  {PROG} logs qwen-gsm8k --role generation\n"
+        f"  {PROG} logs qwen-gsm8k --role generation --replica 1\n  {PROG} logs qwen-gsm8k --rank 1 --tail 100",
     )
     p.add_argument("--role", choices=("trainer", "generation", "metric", "rollouts"), default="trainer")
     p.add_argument(
@@ -153,6 +154,12 @@ def parser() -> argparse.ArgumentParser:
         default=0,
         help="trainer node rank; for generation, 0 is the vLLM pod in use and 1, 2, ... the failed ones it "
         "replaced in this attempt; for metric, the pod's index by name",
+    )
+    p.add_argument(
+        "--replica",
+        type=int,
+        default=0,
+        help="for generation: which vLLM server of spec.generation.replicas (0, 1, ...)",
     )
     p.add_argument("-f", "--follow", action="store_true", help="stream new lines")
     p.add_argument("--tail", type=int, help="only the last N lines")

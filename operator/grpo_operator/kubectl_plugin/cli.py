@@ -19,7 +19,13 @@ import urllib3
 
 from grpo_operator.api.event_reasons import RESTART_OR_FAILURE_REASONS
 from grpo_operator.api.status import TERMINAL_PHASES
-from grpo_operator.builders.common import LABEL_ATTEMPT, LABEL_JOB, LABEL_NODE_RANK, LABEL_ROLE
+from grpo_operator.builders.common import (
+    LABEL_ATTEMPT,
+    LABEL_GENERATION_REPLICA,
+    LABEL_JOB,
+    LABEL_NODE_RANK,
+    LABEL_ROLE,
+)
 from grpo_operator.kubectl_plugin import data, render
 from grpo_operator.kubectl_plugin.arguments import PROG, parser
 from grpo_operator.kubectl_plugin.cluster_access import LOGS, PATCH_JOB, READER, Kube
@@ -269,16 +275,24 @@ def cmd_export(kube: Kube, args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def pick_pod(pods: list[dict[str, Any]], role: str, rank: int) -> dict[str, Any] | None:
+def pick_pod(pods: list[dict[str, Any]], role: str, rank: int, replica: int = 0) -> dict[str, Any] | None:
     live = [p for p in pods if not p["metadata"].get("deletionTimestamp")]
+    if role == "generation":
+        # One vLLM server per spec.generation.replicas; a pod without the label is replica 0's (an older
+        # operator made it).
+        live = [
+            p
+            for p in live
+            if p["metadata"].get("labels", {}).get(LABEL_GENERATION_REPLICA, "0") == str(replica)
+        ]
     if role in ("trainer", "generation") and live:
         newest = max(int(p["metadata"].get("labels", {}).get(LABEL_ATTEMPT, "0")) for p in live)
         live = [p for p in live if int(p["metadata"].get("labels", {}).get(LABEL_ATTEMPT, "0")) == newest]
     if role == "trainer":
         return next((p for p in live if p["metadata"]["labels"].get(LABEL_NODE_RANK, "0") == str(rank)), None)
     if role == "generation":
-        # <job>-gen-<attempt>-<n>, n counting the attempt's replacements of a failed vLLM pod: index 0 is the
-        # newest (the server in use), 1 the one it replaced, and so on.
+        # <job>-gen[-r<r>]-<attempt>-<n>, n counting the attempt's replacements of a failed vLLM pod of the
+        # replica: index 0 is the newest (the server in use), 1 the one it replaced, and so on.
         live.sort(key=lambda p: -_trailing_number(p["metadata"]["name"]))
     else:
         live.sort(key=lambda p: p["metadata"]["name"])
@@ -294,9 +308,11 @@ def cmd_logs(kube: Kube, args: argparse.Namespace) -> int:
     kube.require(LOGS)
     job = kube.job(args.job)
     pods = kube.pods(f"{LABEL_JOB}={args.job},{LABEL_ROLE}={args.role}")
-    pod = pick_pod(pods, args.role, args.rank)
+    pod = pick_pod(pods, args.role, args.rank, args.replica)
     if pod is None:
         which = f"rank {args.rank}" if args.role == "trainer" else f"index {args.rank}"
+        if args.role == "generation" and args.replica:
+            which += f" of replica {args.replica}"
         raise NotFound(
             f"no {args.role} pod ({which}) of job {args.job} exists now ({where(job)}). Kubernetes keeps logs "
             f"only while a pod exists; what the trainer recorded stays on the volume: "

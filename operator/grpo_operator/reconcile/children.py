@@ -16,12 +16,14 @@ from grpo_operator.builders.common import (
     KUEUE_GROUP_LABEL,
     KUEUE_RETRIABLE_ANNOTATION,
     LABEL_ATTEMPT,
+    LABEL_GENERATION_REPLICA,
     LABEL_JOB,
     LABEL_MANAGED_BY,
     LABEL_NODE_RANK,
     LABEL_ROLE,
     PART_OF,
     generation_pod_name,
+    generation_replicas,
     metric_name,
     rollouts_name,
     trainer_pod_name,
@@ -98,7 +100,7 @@ def check_conflicts(rp: ReconcilePass, job: Job, desired: list[Manifest]) -> Non
     wanted = [(m["kind"], m["metadata"]["name"]) for m in desired]
     if not job.spec.suspend:
         attempt = max(rp.attempt, 1)
-        wanted.append(("Pod", generation_pod_name(job, attempt, 0)))
+        wanted += [("Pod", generation_pod_name(job, attempt, 0, r)) for r in generation_replicas(job)]
         wanted += [("Pod", trainer_pod_name(job, attempt, rank)) for rank in range(job.spec.trainer.nodes)]
     found = [rp.foreign[key] for key in wanted if key in rp.foreign]
     previous = get_condition(list(rp.old.get("conditions") or []), CONFLICT)
@@ -163,18 +165,41 @@ def _uid(obj: dict[str, Any]) -> str | None:
 
 def gang_pod_labels(job_name: str, pod_name: str) -> dict[str, str] | None:
     """The labels the operator gives the gang pod named ``pod_name`` (the name says its role, attempt and
-    rank), or None when the name is not one of a gang pod of the job."""
+    rank, or its replica), or None when the name is not one of a gang pod of the job."""
     match = _GANG_NAME.match(pod_name[len(job_name) :]) if pod_name.startswith(job_name) else None
     if match is None:
         return None
-    role = "trainer" if match.group(1) == "trainer" else "generation"
-    out = {LABEL_MANAGED_BY: PART_OF, LABEL_JOB: job_name, LABEL_ROLE: role, LABEL_ATTEMPT: match.group(2)}
-    if role == "trainer":
-        out[LABEL_NODE_RANK] = match.group(3)
+    trainer, replica, attempt, number = match.groups()
+    role = "trainer" if trainer else "generation"
+    out = {LABEL_MANAGED_BY: PART_OF, LABEL_JOB: job_name, LABEL_ROLE: role, LABEL_ATTEMPT: attempt}
+    if trainer:
+        out[LABEL_NODE_RANK] = number
+    else:
+        out[LABEL_GENERATION_REPLICA] = replica or "0"
     return out
 
 
-_GANG_NAME = re.compile(r"^-(trainer|gen)-([0-9]+)-([0-9]+)$")
+def generation_pod_position(job_name: str, pod_name: str) -> tuple[int, int, int] | None:
+    """(replica, attempt, n) of the vLLM pod named ``pod_name`` (``<job>-gen-<attempt>-<n>`` for replica 0,
+    ``<job>-gen-r<r>-<attempt>-<n>`` for replica r), or None when the name is not one of the job's vLLM pods."""
+    match = _GANG_NAME.match(pod_name[len(job_name) :]) if pod_name.startswith(job_name) else None
+    if match is None or match.group(1):
+        return None
+    return int(match.group(2) or 0), int(match.group(3)), int(match.group(4))
+
+
+# -trainer-<attempt>-<rank>, -gen-<attempt>-<n> (replica 0) or -gen-r<r>-<attempt>-<n> (replica r >= 1).
+_GANG_NAME = re.compile(r"^-(?:(trainer)|gen(?:-r([1-9][0-9]*))?)-([0-9]+)-([0-9]+)$")
+
+
+def _wrong_labels(want: dict[str, str], labels: dict[str, str]) -> list[str]:
+    """The labels of ``want`` that ``labels`` holds otherwise. A vLLM pod of replica 0 made by an operator
+    from before spec.generation.replicas has no replica label: that is not a changed label."""
+    return sorted(
+        k
+        for k, v in want.items()
+        if labels.get(k) != v and not (k == LABEL_GENERATION_REPLICA and v == "0" and k not in labels)
+    )
 
 
 def split_strays(observed: Observed, job_meta: dict[str, Any]) -> tuple[Observed, list[tuple[PodView, str]]]:
@@ -195,7 +220,7 @@ def split_strays(observed: Observed, job_meta: dict[str, Any]) -> tuple[Observed
         if want is None:
             strays.append((pod, "its name is not one the operator gives pods"))
             continue
-        wrong = sorted(k for k, v in want.items() if pod.labels.get(k) != v)
+        wrong = _wrong_labels(want, pod.labels)
         if wrong:
             strays.append((pod, f"its label{'s' if len(wrong) > 1 else ''} {', '.join(wrong)} changed"))
         else:

@@ -1,6 +1,6 @@
-"""The gang of the current attempt: creating it, its success, failures, disruptions and drift. Its start-up
-clocks and stalls are in gang_startup, a replaced vLLM pod in generation_replacement, and the restart
-itself in gang_restart."""
+"""The gang of the current attempt (every vLLM replica's live pod, then the trainers): creating it, its
+success, failures, disruptions and drift. Its start-up clocks and stalls are in gang_startup, a replaced
+vLLM pod in generation_replacement, and the restart itself in gang_restart."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from grpo_operator.builders.common import (
     LABEL_ATTEMPT,
     created_pvc_name,
     generation_pod_name,
+    generation_replicas,
     trainer_pod_name,
 )
 from grpo_operator.reconcile.children import delete_pods, gang_pod_labels
@@ -25,8 +26,9 @@ from grpo_operator.reconcile.gang_startup import mark_not_suspended, report_wait
 from grpo_operator.reconcile.generation_replacement import (
     REPLACING_GENERATION,
     awaiting_replacement,
-    generation_index,
+    generation_indices,
     replace_generation,
+    replica_text,
 )
 from grpo_operator.reconcile.observed import Observed, PodView, parse_time
 from grpo_operator.reconcile.reconcile_pass import GANG_ROLES, ReconcilePass
@@ -71,10 +73,11 @@ def run_gang(rp: ReconcilePass, job: Job, observed: Observed) -> None:
     nodes = observed.nodes
     gang = [p for p in observed.pods() if p.role in GANG_ROLES]
     current = {p.name: p for p in gang if p.attempt == attempt}
-    live_generation = generation_index(current)
-    expected = [generation_pod_name(job, attempt, live_generation)] + [
-        trainer_pod_name(job, attempt, rank) for rank in range(job.spec.trainer.nodes)
-    ]
+    # The live vLLM pod of each replica, then the trainers.
+    live_generation = generation_indices(job, current)
+    generation_names = [generation_pod_name(job, attempt, n, r) for r, n in sorted(live_generation.items())]
+    trainer_names = [trainer_pod_name(job, attempt, rank) for rank in range(job.spec.trainer.nodes)]
+    expected = generation_names + trainer_names
     was_running = rp.old_phase == "Running"
 
     rank0 = current.get(trainer_pod_name(job, attempt, 0))
@@ -92,7 +95,8 @@ def run_gang(rp: ReconcilePass, job: Job, observed: Observed) -> None:
 
     failures: list[PodView] = []
     disruptions: list[tuple[RestartRule, str]] = []
-    disrupted: list[PodView] = []
+    # Each pod that failed or was stopped from outside, with what happened to it.
+    stopped: list[tuple[PodView, str]] = []
     for name in expected:
         pod = current.get(name)
         if pod is None:
@@ -106,26 +110,17 @@ def run_gang(rp: ReconcilePass, job: Job, observed: Observed) -> None:
         if why is not None:
             message = f"{pod.role} pod {name} was stopped from outside the job ({why})"
             disruptions.append((disruption(why), message))
-            disrupted.append(pod)
+            stopped.append((pod, message))
         elif pod.phase == "Failed" or (pod.phase == "Succeeded" and pod.role == "generation"):
             failures.append(pod)
+            stopped.append((pod, pod.failure_summary()))
 
-    stopped = failures + disrupted
     if (
         was_running
-        and len(stopped) == 1
-        and stopped[0].role == "generation"
-        and len(failures) + len(disruptions) == 1
-        and replace_generation(
-            rp,
-            job,
-            observed,
-            current,
-            expected,
-            stopped[0],
-            disruptions[0][1] if disruptions else stopped[0].failure_summary(),
-            live_generation,
-        )
+        and stopped
+        and len(stopped) == len(failures) + len(disruptions)
+        and all(pod.role == "generation" for pod, _ in stopped)
+        and replace_generation(rp, job, observed, current, trainer_names, stopped, live_generation)
     ):
         return
     if failures:
@@ -193,7 +188,7 @@ def run_gang(rp: ReconcilePass, job: Job, observed: Observed) -> None:
             # Before a new gang starts, the previous one must be gone, and a pod of it that lost its labels
             # is not in the watch: look its names up (fencing, see _wait_for_earlier_pods).
             seen = {p.name for p in gang} | {pod.name for pod, _ in rp.strays}
-            previous = [generation_pod_name(job, attempt - 1, 0)] + [
+            previous = [generation_pod_name(job, attempt - 1, 0, r) for r in generation_replicas(job)] + [
                 trainer_pod_name(job, attempt - 1, rank) for rank in range(job.spec.trainer.nodes)
             ]
             rp.plan.verify += [("Pod", name) for name in previous if name not in seen]
@@ -215,25 +210,42 @@ def run_gang(rp: ReconcilePass, job: Job, observed: Observed) -> None:
         # else the claim is new: reported as pods still to be created (which they are) for a few seconds
 
     present = [current[name] for name in expected if name in current]
-    if was_running and live_generation > 0 and awaiting_replacement(rp, job, observed, current, expected):
+    if (
+        was_running
+        and any(live_generation.values())
+        and awaiting_replacement(rp, job, observed, current, live_generation)
+    ):
         return
     all_running = len(present) == len(expected) and all(p.phase == "Running" for p in present)
     if not was_running:
-        # A new gang runs only once vLLM answers /health: until then the trainers merely wait for it, and
-        # neither the Running phase nor the progress clock may start.
+        # A new gang runs only once vLLM answers /health (every replica's): until then the trainers merely
+        # wait for it, and neither the Running phase nor the progress clock may start.
         all_running = all_running and all(p.ready for p in present if p.role == "generation")
     if all_running:
-        if stalled(rp, job, observed, current.get(expected[0])):
+        # The progress clock starts again when a replaced vLLM pod gets Ready: the newest Ready one counts.
+        generation = max(
+            (current[name] for name in generation_names if current[name].ready_since is not None),
+            key=lambda p: p.ready_since or rp.now,
+            default=current.get(generation_names[0]),
+        )
+        if stalled(rp, job, observed, generation):
             return
         rp.condition(SCHEDULED, "True", "AllPodsScheduled", f"all {len(expected)} pods are scheduled")
         rp.condition(RUNNING, "True", "AllPodsRunning", f"all {len(expected)} pods of attempt {attempt} run")
         mark_not_suspended(rp)
         if rp.old_phase != "Running" or rp.new.get("reason") == REPLACING_GENERATION:
+            servers = len(generation_names)
             message = (
-                f"gang attempt {attempt} is running: 1 vLLM pod and {job.spec.trainer.nodes} trainer pod(s)"
+                f"gang attempt {attempt} is running: {servers} vLLM pod{'s' if servers > 1 else ''} and "
+                f"{job.spec.trainer.nodes} trainer pod(s)"
             )
-            if live_generation > 0:
-                message += f" (vLLM pod {expected[0]} replaced a failed one)"
+            replaced = [
+                f"{replica_text(job, r)} pod {generation_pod_name(job, attempt, n, r)}"
+                for r, n in sorted(live_generation.items())
+                if n > 0
+            ]
+            if replaced:
+                message += f" ({', '.join(replaced)} replaced a failed one)"
             rp.set_phase("Running", "AllPodsRunning", message)
             rp.event(event_reasons.RUNNING, message)
         return

@@ -141,19 +141,26 @@ def _startup_deadline(rp: ReconcilePass, job: Job, observed: Observed, present: 
     * while pods wait for the scheduler (or Kueue) and vLLM has not started: runPolicy.startupDeadlineSeconds
       from the attempt's pods being created; on expiry the job fails;
     * while vLLM starts (its pod accepted by a node, not Ready yet, every pod scheduled):
-      generation.startupTimeoutSeconds from the vLLM pod's start; on expiry a counted restart, as when the
-      trainers give up waiting for it;
-    * once vLLM is Ready: runPolicy.startupDeadlineSeconds from then, for the trainers to run.
+      generation.startupTimeoutSeconds from the vLLM pod's start (each replica's); on expiry a counted
+      restart, as when the trainers give up waiting for it;
+    * once vLLM is Ready (every replica): runPolicy.startupDeadlineSeconds from then, for the trainers to
+      run.
     """
     created = [p.created for p in present if p.created is not None]
     if not created:
         return
     limit = job.spec.run_policy.startup_deadline_seconds
-    generation = next((p for p in present if p.role == "generation"), None)
+    generations = [p for p in present if p.role == "generation"]
     all_scheduled = all(p.scheduled for p in present)
-    ready_since = generation.ready_since if generation is not None else None
-    if ready_since is not None:
-        deadline = max(min(created), ready_since) + timedelta(seconds=limit)
+    ready = [p.ready_since for p in generations if p.ready_since is not None]
+    # With several vLLM replicas, the one that started first and is not Ready yet has the nearest deadline.
+    starting = sorted(
+        (p for p in generations if p.ready_since is None and p.started is not None),
+        key=lambda p: p.started or rp.now,
+    )
+    generation = starting[0] if starting else None
+    if generations and len(ready) == len(generations):
+        deadline = max(min(created), *ready) + timedelta(seconds=limit)
     elif generation is not None and generation.started is not None and all_scheduled:
         budget = job.spec.generation.startup_timeout_seconds
         deadline = generation.started + timedelta(seconds=budget)

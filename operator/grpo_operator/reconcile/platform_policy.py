@@ -208,31 +208,33 @@ def resource_gpus(resources: ResourceRequirements, settings: OperatorSettings, s
 class GpuCount:
     """The GPUs one job holds while it runs, by where they come from."""
 
-    generation: int  # spec.generation.gpus
+    generation: int  # spec.generation.gpus, per vLLM pod
     nodes: int  # spec.trainer.nodes
     per_node: int  # spec.trainer.gpusPerNode
     generation_resources: int  # GPU resources in spec.generation.resources
     trainer_resources: int  # GPU resources in spec.trainer.resources, per trainer pod
     metric_replicas: int
     metric_resources: int  # GPU resources in spec.metric.resources, per metric pod
+    generation_replicas: int = 1  # spec.generation.replicas: vLLM pods
 
     @property
     def total(self) -> int:
         return (
-            self.generation
-            + self.generation_resources
+            self.generation_replicas * (self.generation + self.generation_resources)
             + self.nodes * (self.per_node + self.trainer_resources)
             + self.metric_replicas * self.metric_resources
         )
 
     def breakdown(self) -> str:
         """Where the total comes from, in the words the chart's admission policy uses too."""
+        several = self.generation_replicas > 1
+        replicas = f"spec.generation.replicas {self.generation_replicas} x " if several else ""
         out = (
-            f"spec.generation.gpus {self.generation} + spec.trainer.nodes {self.nodes} x "
+            f"{replicas}spec.generation.gpus {self.generation} + spec.trainer.nodes {self.nodes} x "
             f"spec.trainer.gpusPerNode {self.per_node}"
         )
         if self.generation_resources:
-            out += f" + {self.generation_resources} in spec.generation.resources"
+            out += f" + {replicas}{self.generation_resources} in spec.generation.resources"
         if self.trainer_resources:
             out += f" + spec.trainer.nodes {self.nodes} x {self.trainer_resources} in spec.trainer.resources"
         if self.metric_resources:
@@ -245,6 +247,7 @@ def gpu_count(spec: GRPOJobSpec, settings: OperatorSettings) -> GpuCount:
     metric = spec.metric
     return GpuCount(
         generation=spec.generation.gpus,
+        generation_replicas=spec.generation.replica_count(),
         nodes=spec.trainer.nodes,
         per_node=spec.trainer.gpus_per_node,
         generation_resources=resource_gpus(spec.generation.resources, settings, skip=settings.gpu_resource),
@@ -255,7 +258,7 @@ def gpu_count(spec: GRPOJobSpec, settings: OperatorSettings) -> GpuCount:
 
 
 def total_gpus(spec: GRPOJobSpec, settings: OperatorSettings | None = None) -> int:
-    """GPUs one job holds while it runs: the vLLM pod's, every trainer pod's and every metric pod's."""
+    """GPUs one job holds while it runs: every vLLM pod's, every trainer pod's and every metric pod's."""
     return gpu_count(spec, settings or OperatorSettings()).total
 
 

@@ -141,28 +141,29 @@ OOM_KILLED = RestartRule(
     meaning="host memory, not GPU memory: raise the pod's memory request and limit",
     event=event_reasons.OOM_KILLED,
 )
-# How many times one gang attempt may replace its vLLM pod alone (GenerationReplaced) before a vLLM failure
-# restarts the gang (GenerationFailed): a server that keeps dying is not a hiccup.
+# How many times one gang attempt may replace the vLLM pod of one replica alone (GenerationReplaced) before a
+# failure of that replica restarts the gang (GenerationFailed): a server that keeps dying is not a hiccup.
 GENERATION_REPLACEMENTS_PER_ATTEMPT = 3
 GENERATION_REPLACED = RestartRule(
     event_reasons.GENERATION_REPLACED.reason,
     Trigger.POD_FAILURE,
-    "The vLLM pod fails, exits or is stopped from outside while every trainer pod runs, the gang is not "
-    f"queued by Kueue, and the attempt has replaced it fewer than {GENERATION_REPLACEMENTS_PER_ATTEMPT} "
-    "times",
+    "A vLLM pod fails, exits or is stopped from outside while every trainer pod runs, the gang is not "
+    f"queued by Kueue, and the attempt has replaced that replica's pod fewer than "
+    f"{GENERATION_REPLACEMENTS_PER_ATTEMPT} times (counted per replica of `generation.replicas`)",
     counted=False,
     permanent=False,
-    meaning="only the vLLM pod is replaced (`<job>-gen-<attempt>-<n>`, n counting up); the trainers keep "
-    "running, wait for it within `generation.startupTimeoutSeconds`, and push their current weights into it "
-    "before they generate again. The failed pod is kept, for its log, until the attempt ends",
+    meaning="only that vLLM pod is replaced (`<job>-gen-<attempt>-<n>`, `<job>-gen-r<r>-<attempt>-<n>` for "
+    "replica r, n counting up); the trainers keep running, wait for it within "
+    "`generation.startupTimeoutSeconds`, and push their current weights into it before they generate on it "
+    "again. The failed pod is kept, for its log, until the attempt ends",
     event=event_reasons.GENERATION_REPLACED,
     replaces_gang=False,
 )
 GENERATION_FAILED = RestartRule(
     "GenerationFailed",
     Trigger.POD_FAILURE,
-    "The vLLM pod fails or exits before the gang runs, under Kueue, while a trainer pod is not running, or "
-    f"after {GENERATION_REPLACEMENTS_PER_ATTEMPT} replacements in one attempt",
+    "A vLLM pod fails or exits before the gang runs, under Kueue, while a trainer pod is not running, or "
+    f"after {GENERATION_REPLACEMENTS_PER_ATTEMPT} replacements of its replica in one attempt",
     counted=True,
     permanent=False,
     meaning="the vLLM server stopped and replacing it alone is not the answer; the gang restarts",
@@ -253,7 +254,7 @@ CHILD_DRIFTED = RestartRule(
 GENERATION_STARTUP_TIMEOUT = RestartRule(
     "GenerationStartupTimeout",
     Trigger.OPERATOR,
-    "The vLLM pod is not Ready within `generation.startupTimeoutSeconds` of starting",
+    "A vLLM pod (any replica) is not Ready within `generation.startupTimeoutSeconds` of starting",
     counted=True,
     permanent=False,
     meaning="see the vLLM pod's log; raise startupTimeoutSeconds if the download only needs longer",
