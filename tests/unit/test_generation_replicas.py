@@ -67,6 +67,16 @@ def test_each_replica_has_its_pod_and_service_and_replica_zero_keeps_todays_name
         assert names(selected) == [names(pods)[replica]]
 
 
+def test_each_replica_samples_with_a_seed_of_its_own() -> None:
+    pods = gang_pods(job(replicas=3, weightSync="Volume"), SETTINGS, 1, "", {})
+    seeds = []
+    for pod in pods[:3]:
+        args = pod["spec"]["containers"][0]["args"]
+        seeds.append(int(args[args.index("--seed") + 1]))
+    # Replica 0 keeps the job's seed (spec.grpo.seed, 42 unless set), the others follow it.
+    assert seeds == [42, 43, 44]
+
+
 def test_one_server_builds_exactly_what_it_built_before_replicas() -> None:
     unset, one = job(), job(replicas=1)
     assert infrastructure(unset, SETTINGS) == infrastructure(one, SETTINGS)

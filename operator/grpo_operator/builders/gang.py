@@ -264,7 +264,9 @@ def generation_pod(
         "--dtype",
         spec.model.dtype,
         "--seed",
-        str(spec.grpo.seed),
+        # Each replica its own sampling seed: same-seeded servers would draw the same random numbers for
+        # the different prompts they are sent, correlating groups that should be independent.
+        str(spec.grpo.seed + replica),
         "--logprobs-mode",
         "processed_logprobs",
         "--max-logprobs",
