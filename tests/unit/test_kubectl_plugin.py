@@ -574,3 +574,17 @@ def test_status_text_shows_the_staleness_of_an_asynchronous_job() -> None:
     # A synchronous job has no such line, and a malformed one is not shown.
     for status in ({}, {"staleness": "x"}):
         assert "Staleness" not in render.status_text({"name": "j", "namespace": "ns", "status": status})
+
+
+def test_status_text_says_how_many_vllm_replicas_serve() -> None:
+    served = {"weightSync": "volume", "inSync": True, "replicas": 2, "replicasServing": 1}
+    text = render.status_text({"name": "j", "namespace": "ns", "status": {"servedModel": served}})
+    assert "vLLM replicas   1 of 2 serving the trained weights" in text
+    # One server (no replica counts), or counts that are not counts: no line.
+    for model in (
+        {"inSync": True},
+        {"replicas": True, "replicasServing": 1},
+        {"replicas": 2, "replicasServing": -1},
+    ):
+        status = {"servedModel": model}
+        assert "vLLM replicas" not in render.status_text({"name": "j", "namespace": "ns", "status": status})

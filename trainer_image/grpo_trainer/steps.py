@@ -301,6 +301,9 @@ class SyncReporter:
             record["after_replacement"] = True
         if report.replicas is not None:
             record["replicas"] = report.replicas
+            body.update(
+                replicas=len(report.replicas["requests"]), replicasServing=len(report.replicas["serving"])
+            )
         if probe is not None:
             record.update(
                 logprob_diff=probe.mean_abs_diff, max_logprob_diff=probe.max_abs_diff, in_sync=probe.in_sync

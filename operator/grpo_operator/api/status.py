@@ -186,6 +186,16 @@ class ServedModelStatus(_StatusModel):
         pattern=NO_CONTROL_PATTERN,
         description="What differs and what it means, when not in sync.",
     )
+    replicas: int | None = Field(
+        default=None, ge=1, le=16, description="With several vLLM servers: spec.generation.replicas."
+    )
+    replicas_serving: int | None = Field(
+        default=None,
+        ge=0,
+        le=16,
+        description="With several vLLM servers: how many took the last sync and are sent work (the others "
+        "were lost and rejoin once they answer again).",
+    )
 
 
 class StalenessStatus(_StatusModel):

@@ -171,6 +171,11 @@ def status_text(report: dict[str, Any], now: datetime | None = None) -> str:
             )
         if report.get("trendUnavailable"):
             lines.append(f"{'':<16}(no trend: {report['trendUnavailable']})")
+    served = status.get("servedModel")
+    replicas = _count(served.get("replicas")) if isinstance(served, dict) else None
+    serving = _count(served.get("replicasServing")) if isinstance(served, dict) else None
+    if replicas and serving is not None:
+        lines.append(f"{'vLLM replicas':<16}{serving} of {replicas} serving the trained weights")
     staleness = status.get("staleness")
     if isinstance(staleness, dict) and staleness.get("last") is not None:
         lines.append(
@@ -316,3 +321,8 @@ def checkpoints_text(items: Sequence[dict[str, Any]], model: str | None) -> str:
     text = table(["STEP", "LATEST", "PATH"], rows) if rows else "No checkpoints published yet."
     final = f"Final model: {model}" if model else "Final model: not written yet (training has not finished)"
     return f"{text}\n{final}"
+
+
+def _count(value: object) -> int | None:
+    """A count from the status (written by the trainer, so checked): a non-negative int, else None."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
