@@ -106,6 +106,16 @@ def train_to_succeeded(
     return volume
 
 
+def job_events(kube: Cluster, namespace: str, job: dict[str, Any]) -> list[dict[str, Any]]:
+    """The Events posted about ``job`` (by its uid: not a namesake's)."""
+    uid = job["metadata"]["uid"]
+    listed = kube.kubectl(
+        "get", "events", "-n", namespace, "--field-selector", f"involvedObject.uid={uid}", "-o", "json"
+    )
+    items: list[dict[str, Any]] = json.loads(listed.stdout)["items"]
+    return items
+
+
 # vLLM is killed once this step is trained; the trainer goes on with the replacement.
 KILL_VLLM_AFTER_STEP = 6
 
@@ -222,11 +232,7 @@ def test_a_job_on_non_default_ports_trains_through_vllm_to_succeeded_through_a_v
 
     # The replacement is an event naming the failed pod in vLLM's own words (its log tail: the termination
     # message falls back to the log) and the new pod; there was no gang restart and no resume.
-    uid = job["metadata"]["uid"]
-    listed = kube.kubectl(
-        "get", "events", "-n", namespace, "--field-selector", f"involvedObject.uid={uid}", "-o", "json"
-    )
-    events = json.loads(listed.stdout)["items"]
+    events = job_events(kube, namespace, job)
     replaced = [e["message"] for e in events if e["reason"] == "GenerationReplaced"]
     assert len(replaced) == 1, replaced
     assert "generation pod tiny-gen-1-0 failed: exit code 137" in replaced[0], replaced
@@ -381,11 +387,7 @@ def test_two_vllm_replicas_share_a_job_and_one_killed_mid_run_costs_no_restart(
     status = job_now["status"]
     assert status["progress"]["step"] == STEPS
     assert status.get("restarts", 0) == 0 and status["trainerAttempt"] == 1
-    uid = job_now["metadata"]["uid"]
-    listed = kube.kubectl(
-        "get", "events", "-n", namespace, "--field-selector", f"involvedObject.uid={uid}", "-o", "json"
-    )
-    events = json.loads(listed.stdout)["items"]
+    events = job_events(kube, namespace, job_now)
     replaced = [e["message"] for e in events if e["reason"] == "GenerationReplaced"]
     assert len(replaced) == 1 and "vLLM replica 1" in replaced[0], replaced
     assert "replaced by vLLM pod tiny-gen-r1-1-1" in replaced[0], replaced
