@@ -169,19 +169,22 @@ def test_asynchronous_grpo_trains_on_groups_one_step_stale_stamped_with_their_we
     tmp_path: Path, tiny_model: Path, toy_metric: MetricServer, served_tiny: vllm_server.VLLMProcess
 ) -> None:
     """spec.grpo.maxStaleness 1 through the real vLLM server: vLLM samples step s+1's groups while the trainer
-    trains step s. Step 1 samples with the weights it trains (nothing was trained before it); every later
-    step trains on groups sampled one step earlier, stamped with that version, and the importance-sampling
-    correction sees the difference between the two policies."""
+    trains step s. Step 1 samples with the weights it trains (nothing was trained before it); later steps
+    train on groups sampled up to one step earlier, each stamped with its sampling version, and the
+    importance-sampling correction sees the difference between the two policies."""
     steps = 5
     run_trainer(tmp_path, tiny_model, toy_metric, served_tiny, steps=steps, maxStaleness=1)
 
     rows = read_jsonl(tmp_path / "out" / "metrics.jsonl")
     assert [r["step"] for r in rows] == list(range(1, steps + 1))
-    # The version is the number of optimizer steps the sampling weights held.
-    assert [(r["policy_version"], r["staleness"]) for r in rows] == [(0, 0)] + [
-        (s - 2, 1) for s in range(2, steps + 1)
-    ], rows
-    assert all(r["groups_dropped"] == 0 and r["dropped_reason"] is None for r in rows), rows
+    # The version is the number of optimizer steps the sampling weights held. A later step's groups are
+    # requested as soon as the look-ahead sees its prompts, while the step before trains; on a loaded
+    # machine a request can still start only after that step's push, and is then stamped fresh (staleness
+    # 0), which the bound allows. Sampling ahead must happen, though.
+    assert (rows[0]["policy_version"], rows[0]["staleness"]) == (0, 0), rows
+    check_async_rows(rows, eta=1)
+    assert any(r["staleness"] == 1 for r in rows[1:]), rows
+    assert all(r["dropped_reason"] is None for r in rows), rows
     assert all(0.0 <= r["generation_overlap_ratio"] <= 1.0 for r in rows), rows
     # Later steps' groups were sampled while earlier steps trained.
     assert sum(r["generation_overlap_seconds"] for r in rows[:-1]) > 0, rows
