@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import ipaddress
 import json
 import logging
 import math
@@ -46,6 +47,9 @@ COMPLETION_KWARGS = ("completion_tokens", "finish_reason")
 DEFAULT_PORT = 8080
 # The operator sets this in the metric container to spec.metric.port; an explicit port= argument wins.
 PORT_ENV = "GRPO_METRIC_PORT"
+# The address serve() listens on when its caller names none: all interfaces, so the pod's Service reaches it.
+HOST_ENV = "GRPO_METRIC_HOST"
+DEFAULT_HOST = "0.0.0.0"
 
 
 class FormatFailure(Exception):
@@ -174,21 +178,42 @@ def _resolve_port(port: int | None) -> int:
         ) from None
 
 
+def _resolve_host(host: str | None) -> str:
+    if host is not None:
+        return host
+    raw = os.environ.get(HOST_ENV, "").strip()
+    if not raw:
+        return DEFAULT_HOST
+    try:
+        return str(ipaddress.ip_address(raw))
+    except ValueError:
+        raise SystemExit(
+            f"{HOST_ENV}={raw!r} is not an IP address; set it to the address to listen on, such as 127.0.0.1 "
+            f"(this pod only), :: or 0.0.0.0 (all interfaces, the default)"
+        ) from None
+
+
 def serve(
     metric: MetricFn,
     port: int | None = None,
-    host: str = "0.0.0.0",
+    host: str | None = None,
     *,
     max_workers: int = 4,
     validation: MetricFn | None = None,
 ) -> None:
-    """Serve ``metric`` until SIGTERM/SIGINT. ``port`` defaults to $GRPO_METRIC_PORT, else 8080.
+    """Serve ``metric`` until SIGTERM/SIGINT. ``port`` defaults to $GRPO_METRIC_PORT, else 8080; ``host``
+    (the address to listen on) to $GRPO_METRIC_HOST, else 0.0.0.0, all interfaces, which a pod needs for
+    its Service to reach it; 127.0.0.1 keeps it to the machine, e.g. behind a sidecar that forwards to it.
     ``validation``: a second reward on POST /validate, for spec.grpo.validation.scorePath: /validate."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     resolved = _resolve_port(port)
-    log.info("serving metric %s on %s:%d", getattr(metric, "__name__", metric), host, resolved)
+    address = _resolve_host(host)
+    log.info("serving metric %s on %s:%d", getattr(metric, "__name__", metric), address, resolved)
     web.run_app(
-        make_app(metric, max_workers=max_workers, validation=validation), host=host, port=resolved, print=None
+        make_app(metric, max_workers=max_workers, validation=validation),
+        host=address,
+        port=resolved,
+        print=None,
     )
 
 
