@@ -164,6 +164,19 @@ def apply_job(
         ),
         ({"inputs": [{"name": "data", "claim": "someone-elses-data"}]}, None),
         ({"trainer": {"nodes": 1, "gpusPerNode": 8, "image": "registry.example.com/grpo/trainer:0.1"}}, None),
+        (
+            {
+                "generation": {
+                    "image": "registry.example.com/vllm/vllm-openai:v0.31.0",
+                    "replicas": 4,
+                    "gpus": 2,
+                    "tensorParallelSize": 2,
+                    "weightSync": "Volume",
+                },
+                "checkpoints": {"volume": {"accessMode": "ReadWriteMany"}},
+            },
+            None,
+        ),
         ({"scheduling": {"queueName": "team-a", "priorityClassName": "system-cluster-critical"}}, None),
         ({"checkpoints": {"volume": {"existingClaim": "someone-elses-data"}}}, None),
         ({"scheduling": {"queueName": "not-ours"}}, None),
@@ -187,6 +200,7 @@ def apply_job(
         "metric-mig",
         "input-claim",
         "gpus",
+        "replica-gpus",
         "priority-class",
         "claim",
         "queue",
