@@ -4,6 +4,7 @@ the gang waits for every replica, and a failed replica is replaced (and counted)
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pydantic
@@ -104,6 +105,14 @@ def test_trainer_json_names_every_replicas_service_in_order() -> None:
     ]
     assert (config.generation.server_host, config.generation.server_port) == ("math-gen.ns.svc", 8000)
     assert '"serverUrls"' in trainer_config_text(job(**TWO), SETTINGS)
+    # A hand-written trainer.json with several servers and NCCL is refused, not served by one server alone.
+    body = json.loads(trainer_config_text(job(**TWO), SETTINGS))
+    body["generation"].pop("weightSync")
+    with pytest.raises(
+        pydantic.ValidationError,
+        match=r"serverUrls \(several vLLM servers\) needs generation\.weightSync: volume",
+    ):
+        TrainerConfig.model_validate(body)
 
 
 def test_kueue_admits_every_vllm_pod_with_the_trainers() -> None:

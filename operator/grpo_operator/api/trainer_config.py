@@ -111,6 +111,15 @@ class GenerationConfig(_ConfigModel):
         description="Directory on the volume both the trainer and vLLM mount (weightSync: volume).",
     )
 
+    @model_validator(mode="after")
+    def _replicas_reload_from_the_volume(self) -> GenerationConfig:
+        if self.server_urls is not None and self.weight_sync != "volume":
+            raise ValueError(
+                "generation.serverUrls (several vLLM servers) needs generation.weightSync: volume: the weights "
+                "are written once and every server reloads them; NCCL to several servers is not supported"
+            )
+        return self
+
 
 class MetricClientConfig(_ConfigModel):
     """How the trainer calls the metric service."""
