@@ -122,6 +122,12 @@ def awaiting_replacement(
     replica's replacement has a clock of its own."""
     budget = job.spec.generation.startup_timeout_seconds
     messages = []
+    # The replacement's own message (what failed, the new pod, not counted) stays for the first minute, so
+    # the pass right after the replacement changes nothing; then the minutes waited take its place.
+    replaced_message = (
+        str(rp.old.get("message") or "") if rp.old.get("reason") == REPLACING_GENERATION else ""
+    )
+    keep = bool(replaced_message)
     for replica, index in sorted(indices.items()):
         pod = current.get(generation_pod_name(job, rp.attempt, index, replica)) if index > 0 else None
         if pod is None or pod.ready:
@@ -138,6 +144,7 @@ def awaiting_replacement(
                 f"within spec.generation.startupTimeoutSeconds ({budget}s): see its log (kubectl logs {pod.name})",
             )
             return True
+        keep = keep and elapsed < 60 and f"replaced by vLLM pod {pod.name}" in replaced_message
         failed = current.get(generation_pod_name(job, rp.attempt, index - 1, replica))
         cause = (
             f" after {failed.failure_summary()}" if failed is not None and failed.phase == "Failed" else ""
@@ -154,6 +161,6 @@ def awaiting_replacement(
         rp.requeue_at(since + timedelta(seconds=budget))
     if not messages:
         return False
-    rp.set_phase("Running", REPLACING_GENERATION, "; ".join(messages))
+    rp.set_phase("Running", REPLACING_GENERATION, replaced_message if keep else "; ".join(messages))
     rp.requeue_at(rp.now + timedelta(seconds=60))  # the elapsed minutes in the message
     return True
