@@ -28,9 +28,11 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from grpo_trainer.vllm_wait import lost_server
+
+T = TypeVar("T")
 
 log = logging.getLogger("grpo_trainer.vllm_replicas")
 
@@ -298,12 +300,19 @@ class ReplicaPool:
         return any(self._healthy(r.base_url) for r in self.replicas)
 
     def reset_prefix_cache(self) -> None:
+        self.each_serving(lambda client: client.reset_prefix_cache())
+
+    def each_serving(self, call: Callable[[Any], T]) -> dict[int, T]:
+        """``call(client)`` on every serving replica, by replica index. A replica that is lost meanwhile
+        leaves the pool; NoReplicaServing when none answered."""
+        out: dict[int, T] = {}
         for replica in self.serving():
             try:
-                replica.client.reset_prefix_cache()
+                out[replica.index] = call(replica.client)
             except Exception as exc:
                 if not lost_server(exc):
                     raise
                 self.leave(replica, exc)
-        if not self.serving():
+        if not out:
             raise NoReplicaServing(f"no vLLM replica answers: {self.describe()}")
+        return out

@@ -352,38 +352,16 @@ def _probe_served(probe: ServedModelProbe, trained: list[float], client: Any) ->
 
     if not isinstance(client, ReplicaPool):
         return probe.compare(trained, probe.served_logprobs(client))
-    results: list[ProbeResult] = []
-    client.probe_diffs = {}
-    for replica in client.serving():
-        try:
-            results.append(probe.compare(trained, probe.served_logprobs(replica.client)))
-            client.probe_diffs[replica.index] = results[-1].mean_abs_diff
-        except Exception as exc:
-            if not lost_server(exc):
-                raise
-            client.leave(replica, exc)
-    if not results:
-        raise ConnectionError(f"no vLLM replica answered the served-model probe: {client.describe()}")
-    return max(results, key=lambda r: r.mean_abs_diff if math.isfinite(r.mean_abs_diff) else math.inf)
+    results = client.each_serving(lambda served: probe.compare(trained, probe.served_logprobs(served)))
+    client.probe_diffs = {index: result.mean_abs_diff for index, result in results.items()}
+    return max(
+        results.values(), key=lambda r: r.mean_abs_diff if math.isfinite(r.mean_abs_diff) else math.inf
+    )
 
 
 def _replicas_report(client: Any) -> dict[str, Any] | None:
     report = getattr(client, "report", None)
     return report() if callable(report) else None
-
-
-def _wait_for_any(pool: Any, budget_seconds: float) -> None:
-    """Until one of the pool's replicas answers /health, within the replacement budget."""
-    from grpo_trainer.vllm_wait import GenerationUnavailable
-
-    deadline = time.monotonic() + budget_seconds
-    while not pool.any_answering():
-        if time.monotonic() >= deadline:
-            raise GenerationUnavailable(
-                f"no vLLM replica answered within spec.generation.startupTimeoutSeconds ({budget_seconds:.0f}s) "
-                f"after all were lost: {pool.describe()}"
-            )
-        _sleep_unless_stopping(2.0)
 
 
 def _sleep_unless_stopping(seconds: float) -> None:
@@ -476,11 +454,15 @@ def generation_class(
                 str(exc)[:300],
                 replacement_budget_seconds,
             )
-            client = self.vllm_client
-            if isinstance(client, ReplicaPool):
-                _wait_for_any(client, replacement_budget_seconds)
-            elif not vllm_healthy(base_url):
-                wait_for_vllm(base_url, replacement_budget_seconds, sleep=_sleep_unless_stopping)
+            client: Any = self.vllm_client
+            # With several replicas, any one that answers again ends the wait (the others rejoin later).
+            pool = isinstance(client, ReplicaPool)
+            healthy: Callable[[str], bool] = (lambda _: client.any_answering()) if pool else vllm_healthy
+            where = ", ".join(r.base_url for r in client.replicas) if pool else base_url
+            if not healthy(where):
+                wait_for_vllm(
+                    where, replacement_budget_seconds, healthy=healthy, sleep=_sleep_unless_stopping
+                )
             started = time.monotonic()
             client.close_communicator()  # type: ignore[no-untyped-call]
             if weight_sync == "volume":
