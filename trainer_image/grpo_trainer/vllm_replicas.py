@@ -48,7 +48,6 @@ class Replica:
     in_flight: int = 0
     requests: int = 0
     prompts: int = 0
-    losses: int = 0
 
     @property
     def base_url(self) -> str:
@@ -78,18 +77,6 @@ class ReplicaPool:
     @property
     def base_url(self) -> str:
         return self.replicas[0].base_url
-
-    @property
-    def model(self) -> str:
-        return str(self.replicas[0].client.model)
-
-    @property
-    def session(self) -> Any:
-        return self.replicas[0].client.session
-
-    @property
-    def last_sync_bytes(self) -> int:
-        return int(getattr(self.replicas[0].client, "last_sync_bytes", 0))
 
     def get_server_info(self) -> dict[str, Any]:
         """Replica 0's: every replica runs the pod the operator renders from one spec."""
@@ -126,7 +113,6 @@ class ReplicaPool:
         with self._lock:
             was = replica.serving
             replica.serving = False
-            replica.losses += 1
         if was:
             log.warning(
                 "vLLM replica %d at %s stopped answering (%s: %s); the other replicas take its work until it "
