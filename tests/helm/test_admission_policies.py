@@ -177,6 +177,16 @@ def apply_job(
             },
             None,
         ),
+        # Colocated generation adds no GPUs, but the trainers' own are still limited: 2 x 8 = 16 > 8.
+        (
+            {
+                "generation": {"mode": "Colocate"},
+                "grpo": {"groupSize": 8, "promptsPerStep": 2, "steps": 10},
+                "trainer": {"nodes": 2, "gpusPerNode": 8, "image": "registry.example.com/grpo/trainer:0.1"},
+                "checkpoints": {"volume": {"accessMode": "ReadWriteMany"}},
+            },
+            None,
+        ),
         ({"scheduling": {"queueName": "team-a", "priorityClassName": "system-cluster-critical"}}, None),
         ({"checkpoints": {"volume": {"existingClaim": "someone-elses-data"}}}, None),
         ({"scheduling": {"queueName": "not-ours"}}, None),
@@ -201,6 +211,7 @@ def apply_job(
         "input-claim",
         "gpus",
         "replica-gpus",
+        "colocate-gpus",
         "priority-class",
         "claim",
         "queue",
@@ -248,6 +259,22 @@ def test_a_client_rollout_job_without_a_metric_image_is_judged_on_its_other_imag
     job["spec"]["trainer"]["image"] = "docker.io/evil/trainer:1"
     refused = apply_job(kube, job, installed.namespace, dry_run=True)
     assert refused.returncode != 0 and "spec.trainer.image" in refused.stderr, refused.stderr
+
+
+def test_a_colocated_job_counts_the_trainer_gpus_alone_and_runs_no_vllm_image(
+    kube: Cluster, installed: Installed
+) -> None:
+    # 8 trainer GPUs: with a vLLM pod of 1 GPU it would be 9, over the limit of 8. Its generation image
+    # (outside the allowed registries) is never run, so it is not judged.
+    job = grpojob(
+        "colocated",
+        generation={"mode": "Colocate", "image": "docker.io/vllm/vllm-openai:v0.31.0"},
+        trainer={"nodes": 1, "gpusPerNode": 8, "image": "registry.example.com/grpo/trainer:0.1"},
+    )
+    proc = apply_job(kube, job, installed.namespace, dry_run=True)
+    assert proc.returncode == 0, proc.stderr
+    local = {**job, "metadata": {"name": "colocated", "namespace": installed.namespace, "uid": "u"}}
+    assert platform_violations(job_from_object(local).spec, installed.settings) == []
 
 
 # --- the trainer's identity -------------------------------------------------------------------------------

@@ -24,6 +24,7 @@ from grpo_operator.api.spec import (
     ModelSpec,
     Toleration,
 )
+from grpo_operator.api.workloads import GENERATION_MODE_IMMUTABLE
 
 ROOT = repo_root()
 
@@ -198,6 +199,7 @@ def test_every_model_rule_is_in_the_crd() -> None:
     assert rules(_schema()) == [r.rule for r in NameRules]
     assert "self.metadata.name.size() <= 40" in rules(_schema())
     assert ROLLOUTS_SOURCE_IMMUTABLE.rule in rules(spec)
+    assert GENERATION_MODE_IMMUTABLE.rule in rules(spec)
     assert first_on(props["rollouts"], RolloutsSpec)
 
 

@@ -27,6 +27,8 @@ IMMUTABLE_UPDATES: list[tuple[str, dict[str, Any]]] = [
     ("spec.trainer.perDeviceBatchSize", {"spec.trainer.perDeviceBatchSize": 2}),
     # A job that trained from its metric service cannot continue from a client.
     ("spec.rollouts.source", CLIENT),
+    # vLLM pods of its own or none: a different set of children and another trainer loop.
+    ("spec.generation.mode", {"spec.generation": {"mode": "Colocate"}}),
 ]
 
 MUTABLE_UPDATES: list[dict[str, Any]] = [

@@ -63,6 +63,10 @@ RULE_BREAKERS: dict[CelRule, dict[str, Any]] = {
         "spec.generation.resources": {"limits": {"nvidia.com/mig-1g.10gb": 1}}
     },
     GenerationSpec.Rules.several_replicas_need_volume_sync: {"spec.generation.replicas": 2},
+    GenerationSpec.Rules.colocate_is_in_process: {
+        "spec.generation": {"mode": "Colocate", "gpus": 2, "tensorParallelSize": 2}
+    },
+    GenerationSpec.Rules.memory_share_is_colocate: {"spec.generation.colocateMemoryShare": 0.4},
     TrainerSpec.Rules.no_gpus_in_resources: {"spec.trainer.resources": {"requests": {"nvidia.com/gpu": 8}}},
     Toleration.Rules.exists_without_value: {
         "spec.scheduling.tolerations": [{"key": "k", "operator": "Exists", "value": "v"}]
@@ -88,6 +92,11 @@ RULE_BREAKERS: dict[CelRule, dict[str, Any]] = {
     GRPOJobSpec.Rules.no_validation_with_client: {**CLIENT, "spec.grpo.validation": {"everySteps": 5}},
     GRPOJobSpec.Rules.no_iterations_with_client: {**CLIENT, "spec.grpo.numIterations": 2},
     GRPOJobSpec.Rules.no_async_with_client: {**CLIENT, "spec.grpo.maxStaleness": 1},
+    GRPOJobSpec.Rules.colocate_not_with_client: {**CLIENT, "spec.generation.mode": "Colocate"},
+    GRPOJobSpec.Rules.colocate_not_asynchronous: {
+        "spec.generation.mode": "Colocate",
+        "spec.grpo.maxStaleness": 1,
+    },
     GRPOJobSpec.Rules.no_sampling_knobs_with_client: {**CLIENT, "spec.grpo.topK": 20},
     GRPOJobSpec.Rules.vespo_needs_token_correction: {"spec.grpo.lossType": "vespo"},
     RolloutsSpec.Rules.client_only_for_client: {"spec.rollouts": {"source": "Metric", "client": {}}},

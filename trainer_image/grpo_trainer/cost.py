@@ -42,7 +42,9 @@ class CostLedger:
         metric_calls = (
             rollouts + planned_validation_calls(config.grpo, validation_prompts) if config.metric else 0
         )
-        in_process = config.generation.backend == "transformers" or config.rollouts is not None
+        in_process = (
+            config.generation.backend in ("transformers", "vllm-colocate") or config.rollouts is not None
+        )
         generation_gpus = world_size if in_process else _generation_gpus(job)
         ledger = CostLedger(world_size, generation_gpus, rollouts, metric_calls)
         ledger.resume((job or {}).get("status", {}).get("cost"))

@@ -54,8 +54,10 @@ from grpo_operator.api.storage import (
     VolumeSpec,
 )
 from grpo_operator.api.workloads import (
+    COLOCATED,
     DEFAULT_TRAINER_IMAGE,
     DEFAULT_VLLM_IMAGE,
+    GENERATION_MODE_IMMUTABLE,
     MAX_GPUS_PER_NODE,
     GenerationSpec,
     MetricSpec,
@@ -161,7 +163,7 @@ class GRPOJobSpec(ApiModel):
 
         model_on_volume_needs_rwx = CelRule(
             f"!self.model.name.startsWith('{VOLUME_MOUNT_PATH}/') || "
-            "self.checkpoints.volume.accessMode == 'ReadWriteMany'",
+            f"self.checkpoints.volume.accessMode == 'ReadWriteMany' || ({COLOCATED})",
             f"spec.model.name is a path on the job's volume ({VOLUME_MOUNT_PATH}/...), which the vLLM pod can "
             "mount only when it is ReadWriteMany (vLLM usually runs on another node than the trainers): set "
             "spec.checkpoints.volume.accessMode: ReadWriteMany (with an existingClaim, only if the claim is "
@@ -273,6 +275,22 @@ class GRPOJobSpec(ApiModel):
             ".grpo.vllmImportanceSamplingMode",
         )
 
+        colocate_not_with_client = CelRule(
+            f"!({CLIENT_MODE}) || !({COLOCATED})",
+            "spec.generation.mode: Colocate is not supported when spec.rollouts.source is Client: the client's "
+            "completions are served by the job's vLLM server through the rollout gateway. Remove "
+            "spec.generation.mode, or use source: Metric",
+            ".generation.mode",
+        )
+
+        colocate_not_asynchronous = CelRule(
+            f"!({COLOCATED}) || !has(self.grpo.maxStaleness) || self.grpo.maxStaleness == 0",
+            "spec.grpo.maxStaleness > 0 overlaps sampling on the vLLM servers with training on the trainer "
+            "GPUs, and spec.generation.mode: Colocate samples on the trainer GPUs themselves, between steps. "
+            "Remove maxStaleness, or use mode: Server",
+            ".grpo.maxStaleness",
+        )
+
     model: ModelSpec = Field(
         description="The model to fine-tune. Immutable, except tokenSecretRef.",
         json_schema_extra={"x-kubernetes-validations": [MODEL_IMMUTABLE.to_schema()]},
@@ -341,7 +359,11 @@ class GRPOJobSpec(ApiModel):
         self._client_mode_rules()
         if self.grpo.validation.every_steps > 0 and self.dataset and self.dataset.validation is None:
             raise self.Rules.validation_needs_dataset.violation()
-        if self.model_on_volume() and self.checkpoints.volume.access_mode != "ReadWriteMany":
+        if (
+            self.model_on_volume()
+            and self.checkpoints.volume.access_mode != "ReadWriteMany"
+            and not self.generation.colocated()
+        ):
             raise self.Rules.model_on_volume_needs_rwx.violation()
         if self.generation.weight_sync == "Volume" and self.checkpoints.volume.access_mode != "ReadWriteMany":
             raise self.Rules.volume_weight_sync_needs_rwx.violation()
@@ -351,6 +373,10 @@ class GRPOJobSpec(ApiModel):
             and self.checkpoints.volume.access_mode != "ReadWriteMany"
         ):
             raise self.Rules.multi_node_needs_rwx.violation()
+        if self.generation.colocated() and rollouts_source(self) == "Client":
+            raise self.Rules.colocate_not_with_client.violation()
+        if self.generation.colocated() and self.grpo.max_staleness:
+            raise self.Rules.colocate_not_asynchronous.violation()
         return self
 
     def _client_mode_rules(self) -> None:
@@ -441,6 +467,8 @@ def check_immutable(old: GRPOJobSpec, new: GRPOJobSpec) -> list[str]:
         errors.append(MODEL_IMMUTABLE.message)
     if rollouts_source(old) != rollouts_source(new):
         errors.append(ROLLOUTS_SOURCE_IMMUTABLE.message)
+    if old.generation.colocated() != new.generation.colocated():
+        errors.append(GENERATION_MODE_IMMUTABLE.message)
     old_d, new_d = old.to_dict(), new.to_dict()
     for obj, names in IMMUTABLE_FIELDS.items():
         for name in names:

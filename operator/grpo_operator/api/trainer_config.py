@@ -18,6 +18,7 @@ from grpo_operator.api.base import ApiModel
 from grpo_operator.api.compat import later_defaults_exclude
 from grpo_operator.api.spec import VOLUME_MOUNT_PATH as VOLUME_MOUNT_PATH
 from grpo_operator.api.spec import DatasetSpec, GRPOJobSpec, GRPOSpec, ModelSpec
+from grpo_operator.api.workloads import DEFAULT_COLOCATE_MEMORY_SHARE
 
 CONFIG_MAP_KEY = "trainer.json"
 CONFIG_MOUNT_DIR = "/etc/grpo"
@@ -70,9 +71,23 @@ class TrainerTopology(_ConfigModel):
 class GenerationConfig(_ConfigModel):
     """How completions are generated."""
 
-    backend: Literal["vllm-server", "transformers"] = Field(
+    backend: Literal["vllm-server", "vllm-colocate", "transformers"] = Field(
         default="vllm-server",
-        description="vllm-server: the job's vLLM server (cluster); transformers: in-process (CPU, tests).",
+        description="vllm-server: the job's vLLM servers (spec.generation.mode: Server); vllm-colocate: a "
+        "vLLM engine inside every training process (spec.generation.mode: Colocate); transformers: "
+        "in-process generate() (CPU tests).",
+    )
+    colocate_memory_share: float | None = Field(
+        default=None,
+        gt=0.0,
+        lt=1.0,
+        description="vllm-colocate: fraction of each device's memory the colocated engine takes (unset: "
+        "TRL's default, 0.3).",
+    )
+    max_model_len: int | None = Field(
+        default=None,
+        ge=1,
+        description="vllm-colocate: the colocated engine's context length (unset: the model's).",
     )
     server_host: str | None = Field(
         default=None, description="vLLM server host, e.g. <job>-gen.<namespace>.svc."
@@ -117,6 +132,13 @@ class GenerationConfig(_ConfigModel):
             raise ValueError(
                 "generation.serverUrls (several vLLM servers) needs generation.weightSync: volume: the weights "
                 "are written once and every server reloads them; NCCL to several servers is not supported"
+            )
+        if self.backend != "vllm-colocate" and (
+            self.colocate_memory_share is not None or self.max_model_len is not None
+        ):
+            raise ValueError(
+                "generation.colocateMemoryShare and generation.maxModelLen configure the colocated vLLM "
+                "engine: they need generation.backend: vllm-colocate"
             )
         return self
 
@@ -253,11 +275,16 @@ class TrainerConfig(_ConfigModel):
         from a client (spec.rollouts.source: Client) needs ``gateway_url``, any other ``metric_url``. A job
         with several vLLM servers (spec.generation.replicas > 1) needs ``generation_replica_hosts``: every
         replica's Service host in replica order, ``generation_host`` first."""
-        if backend == "vllm-server" and not generation_host:
+        colocated = spec.generation.colocated()
+        engine: Literal["vllm-server", "vllm-colocate", "transformers"] = backend
+        if colocated and backend == "vllm-server":
+            # No vLLM server exists: the engine runs inside the training processes.
+            engine, generation_host = "vllm-colocate", None
+        if backend == "vllm-server" and not generation_host and not colocated:
             raise ValueError("backend vllm-server needs generation_host (the <job>-gen Service's DNS name)")
         replicas = spec.generation.replica_count()
         server_urls: list[str] | None = None
-        if backend == "vllm-server" and replicas > 1:
+        if engine == "vllm-server" and replicas > 1:
             hosts = list(generation_replica_hosts)
             if len(hosts) != replicas or hosts[0] != generation_host:
                 raise ValueError(
@@ -301,7 +328,7 @@ class TrainerConfig(_ConfigModel):
                 per_device_batch_size=spec.trainer.per_device_batch_size,
             ),
             generation=GenerationConfig(
-                backend=backend,
+                backend=engine,
                 server_host=generation_host,
                 server_port=vllm_port,
                 server_urls=server_urls,
@@ -309,6 +336,12 @@ class TrainerConfig(_ConfigModel):
                 startup_timeout_seconds=float(spec.generation.startup_timeout_seconds),
                 weight_sync="volume" if volume_sync else None,
                 weight_sync_dir=f"{VOLUME_MOUNT_PATH}/{WEIGHT_SYNC_SUBDIR}" if volume_sync else None,
+                colocate_memory_share=(
+                    spec.generation.colocate_memory_share or DEFAULT_COLOCATE_MEMORY_SHARE
+                    if colocated
+                    else None
+                ),
+                max_model_len=spec.generation.max_model_len if colocated else None,
             ),
             metric=metric,
             rollouts=rollouts,

@@ -140,9 +140,27 @@ class MetricSpec(ApiModel):
         return value
 
 
+# Where generation runs decides the job's children (vLLM pods and Services or none) and the trainer's
+# loop: a running job keeps it. On the spec, like the rollouts source, because spec.generation may be
+# absent (mode Server).
+_MODE_OF = "(has({0}.generation) && has({0}.generation.mode) ? {0}.generation.mode : 'Server')"
+GENERATION_MODE_IMMUTABLE = CelRule(
+    f"{_MODE_OF.format('self')} == {_MODE_OF.format('oldSelf')}",
+    "spec.generation.mode is immutable while the job exists: delete the job and create a new one to "
+    "move generation between vLLM pods of its own and the trainer processes",
+    ".generation.mode",
+)
+
+COLOCATED = "has(self.generation) && has(self.generation.mode) && self.generation.mode == 'Colocate'"
+
+# TRL 1.16's default share of each GPU's memory for a vLLM engine colocated with training.
+DEFAULT_COLOCATE_MEMORY_SHARE = 0.3
+
+
 class GenerationSpec(ApiModel):
-    """The vLLM servers that sample completions (server mode; weights synced from trainer rank 0): one, or
-    ``replicas`` of them."""
+    """How completions are sampled: by vLLM servers of their own (mode Server, the default; weights
+    synced from trainer rank 0), one or ``replicas`` of them, or by a vLLM engine inside every trainer
+    process, on the trainer's GPUs (mode Colocate)."""
 
     class Rules(CelRules):
         tp_equals_gpus = CelRule(
@@ -164,6 +182,38 @@ class GenerationSpec(ApiModel):
             ".replicas",
         )
 
+        colocate_is_in_process = CelRule(
+            "!has(self.mode) || self.mode != 'Colocate' || ((!has(self.replicas) || self.replicas == 1) && "
+            "!has(self.weightSync) && (!has(self.tensorParallelSize) || self.tensorParallelSize == 1))",
+            "spec.generation.mode: Colocate runs one vLLM engine inside each trainer process, on that "
+            "process's GPU, and hands it the weights in memory: replicas, weightSync and a "
+            "tensorParallelSize other than 1 (with gpus other than 1) belong to vLLM servers of their own. "
+            "Remove them, or use mode: Server",
+            ".mode",
+        )
+
+        memory_share_is_colocate = CelRule(
+            "!has(self.colocateMemoryShare) || (has(self.mode) && self.mode == 'Colocate')",
+            "spec.generation.colocateMemoryShare is the share of each trainer GPU's memory that a colocated "
+            "vLLM engine takes, so it needs spec.generation.mode: Colocate; a vLLM server's share is "
+            "spec.generation.gpuMemoryUtilization",
+            ".colocateMemoryShare",
+        )
+
+    mode: Literal["Server", "Colocate"] | None = Field(
+        default=None,
+        description="Server (unset): vLLM runs in pods of its own (replicas of them, gpus GPUs each) and "
+        "trainer rank 0 sends it the weights after every step. Colocate: every trainer process runs a vLLM "
+        "engine on its own GPU, sharing it with training (colocateMemoryShare of its memory), and the "
+        "weights reach it in memory; the job has no vLLM pod, Service or generation GPUs, and the trainer "
+        "image must carry vLLM. Colocate pays off for small jobs on one or two GPUs; see docs/trainer.md.",
+    )
+    colocate_memory_share: Annotated[float, Field(gt=0.0, lt=1.0)] | None = Field(
+        default=None,
+        description="Mode Colocate: fraction of each trainer GPU's memory the colocated vLLM engine takes "
+        "for its weights and KV cache (TRL's vllm_gpu_memory_utilization); the rest is training's. "
+        f"Unset: {DEFAULT_COLOCATE_MEMORY_SHARE}.",
+    )
     gpus: K8sInt = Field(
         default=1,
         ge=1,
@@ -234,11 +284,29 @@ class GenerationSpec(ApiModel):
             raise self.Rules.no_gpus_in_resources.violation()
         if self.replica_count() > 1 and self.weight_sync != "Volume":
             raise self.Rules.several_replicas_need_volume_sync.violation()
+        if self.colocated() and (
+            self.replica_count() > 1 or self.weight_sync is not None or self.tensor_parallel_size != 1
+        ):
+            raise self.Rules.colocate_is_in_process.violation()
+        if self.colocate_memory_share is not None and not self.colocated():
+            raise self.Rules.memory_share_is_colocate.violation()
         return self
+
+    def colocated(self) -> bool:
+        """Whether vLLM runs inside the trainer processes (mode Colocate) instead of in pods of its own."""
+        return self.mode == "Colocate"
 
     def replica_count(self) -> int:
         """The vLLM servers the job runs (replicas, 1 when unset)."""
         return self.replicas or 1
+
+    def server_count(self) -> int:
+        """The vLLM pods each gang attempt runs: none when colocated."""
+        return 0 if self.colocated() else self.replica_count()
+
+    def pod_gpus(self) -> int:
+        """GPUs the job's vLLM pods take together (gpus x replicas; none when colocated)."""
+        return self.gpus * self.server_count()
 
 
 class TrainerSpec(ApiModel):

@@ -59,7 +59,8 @@ def infrastructure(job: Job, settings: OperatorSettings) -> list[Manifest]:
         trainer_service(job, settings),
         *generation_services(job, settings),
         *rollouts,
-        generation_network_policy(job, settings),
+        # A colocated job has no vLLM pod for a policy to select.
+        *([] if job.spec.generation.colocated() else [generation_network_policy(job, settings)]),
         *policies,
         trainer_network_policy(job, settings),
     ]

@@ -102,8 +102,8 @@ def metric_name(job: Job) -> str:
 
 
 def generation_replicas(job: Job) -> range:
-    """The job's vLLM servers by replica number: 0, 1, ... spec.generation.replicas - 1."""
-    return range(job.spec.generation.replica_count())
+    """The job's vLLM servers by replica number: 0, 1, ... spec.generation.replicas - 1 (none when colocated)."""
+    return range(job.spec.generation.server_count())
 
 
 def generation_service_name(job: Job, replica: int = 0) -> str:

@@ -81,15 +81,12 @@ def metric_network_policy(job: Job) -> Manifest:
 def trainer_network_policy(job: Job, settings: OperatorSettings) -> Manifest:
     # The job's vLLM and trainer pods on all ports: vLLM workers connect to rank 0's weight-sync store
     # and then open NCCL connections on ephemeral ports; trainer ranks rendezvous with rank 0 and then
-    # talk NCCL among themselves. Nothing else gets in, except the scrapers on the metrics port.
-    ingress: list[dict[str, Any]] = [
-        {
-            "from": [
-                {"podSelector": {"matchLabels": selector_labels(job, "generation")}},
-                {"podSelector": {"matchLabels": selector_labels(job, "trainer")}},
-            ]
-        }
-    ]
+    # talk NCCL among themselves. Nothing else gets in, except the scrapers on the metrics port. A
+    # colocated job has trainer pods alone.
+    peers = [{"podSelector": {"matchLabels": selector_labels(job, "trainer")}}]
+    if not job.spec.generation.colocated():
+        peers.insert(0, {"podSelector": {"matchLabels": selector_labels(job, "generation")}})
+    ingress: list[dict[str, Any]] = [{"from": peers}]
     if client_rollouts(job):
         # The rollout gateway forwards the client's completion requests to rank 0's policy server.
         ingress.append(

@@ -56,8 +56,8 @@ def image_pull_secrets(job: Job, settings: OperatorSettings) -> dict[str, Any]:
 
 
 def gang_size(job: Job) -> int:
-    """Pods Kueue must admit together: every trainer pod plus every vLLM server."""
-    return job.spec.trainer.nodes + job.spec.generation.replica_count()
+    """Pods Kueue must admit together: every trainer pod plus every vLLM server (none when colocated)."""
+    return job.spec.trainer.nodes + job.spec.generation.server_count()
 
 
 def kueue_group_name(job: Job, attempt: int) -> str:

@@ -226,7 +226,8 @@ def run_gang(rp: ReconcilePass, job: Job, observed: Observed) -> None:
         generation = max(
             (current[name] for name in generation_names if current[name].ready_since is not None),
             key=lambda p: p.ready_since or rp.now,
-            default=current.get(generation_names[0]),
+            # A colocated job has no vLLM pod: the clock runs from the trainers alone.
+            default=current.get(generation_names[0]) if generation_names else None,
         )
         if stalled(rp, job, observed, generation):
             return
@@ -235,9 +236,11 @@ def run_gang(rp: ReconcilePass, job: Job, observed: Observed) -> None:
         mark_not_suspended(rp)
         if rp.old_phase != "Running" or rp.new.get("reason") == REPLACING_GENERATION:
             servers = len(generation_names)
+            trainers = f"{job.spec.trainer.nodes} trainer pod(s)"
             message = (
-                f"gang attempt {attempt} is running: {servers} vLLM pod{'s' if servers > 1 else ''} and "
-                f"{job.spec.trainer.nodes} trainer pod(s)"
+                f"gang attempt {attempt} is running: {servers} vLLM pod{'s' if servers > 1 else ''} and {trainers}"
+                if servers
+                else f"gang attempt {attempt} is running: {trainers}, generating with vLLM colocated in them"
             )
             replaced = [
                 f"{replica_text(job, r)} pod {generation_pod_name(job, attempt, n, r)}"

@@ -45,7 +45,8 @@ def _image_violations(spec: GRPOJobSpec, prefixes: tuple[str, ...]) -> list[str]
     images = (
         *([("spec.metric.image", spec.metric.image)] if spec.metric is not None else []),
         ("spec.trainer.image", spec.trainer.image),
-        ("spec.generation.image", spec.generation.image),
+        # A colocated job runs no vLLM image: its engine is in the trainer image.
+        *([] if spec.generation.colocated() else [("spec.generation.image", spec.generation.image)]),
     )
     return [
         f"{field} {image!r} is not from an allowed registry (platform limit "
@@ -215,7 +216,7 @@ class GpuCount:
     trainer_resources: int  # GPU resources in spec.trainer.resources, per trainer pod
     metric_replicas: int
     metric_resources: int  # GPU resources in spec.metric.resources, per metric pod
-    generation_replicas: int = 1  # spec.generation.replicas: vLLM pods
+    generation_replicas: int = 1  # spec.generation.replicas: vLLM pods (0 when colocated)
 
     @property
     def total(self) -> int:
@@ -229,11 +230,13 @@ class GpuCount:
         """Where the total comes from, in the words the chart's admission policy uses too."""
         several = self.generation_replicas > 1
         replicas = f"spec.generation.replicas {self.generation_replicas} x " if several else ""
-        out = (
-            f"{replicas}spec.generation.gpus {self.generation} + spec.trainer.nodes {self.nodes} x "
-            f"spec.trainer.gpusPerNode {self.per_node}"
-        )
-        if self.generation_resources:
+        trainers = f"spec.trainer.nodes {self.nodes} x spec.trainer.gpusPerNode {self.per_node}"
+        if self.generation_replicas == 0:
+            # Colocated generation runs on the trainers' GPUs: it adds none.
+            out = f"{trainers} (spec.generation.mode: Colocate, no vLLM pod)"
+        else:
+            out = f"{replicas}spec.generation.gpus {self.generation} + {trainers}"
+        if self.generation_resources and self.generation_replicas:
             out += f" + {replicas}{self.generation_resources} in spec.generation.resources"
         if self.trainer_resources:
             out += f" + spec.trainer.nodes {self.nodes} x {self.trainer_resources} in spec.trainer.resources"
@@ -247,7 +250,7 @@ def gpu_count(spec: GRPOJobSpec, settings: OperatorSettings) -> GpuCount:
     metric = spec.metric
     return GpuCount(
         generation=spec.generation.gpus,
-        generation_replicas=spec.generation.replica_count(),
+        generation_replicas=spec.generation.server_count(),
         nodes=spec.trainer.nodes,
         per_node=spec.trainer.gpus_per_node,
         generation_resources=resource_gpus(spec.generation.resources, settings, skip=settings.gpu_resource),

@@ -199,12 +199,13 @@ def start(rp: ReconcilePass, job: Job) -> None:
     rp.new["startTime"] = format_time(rp.now)
     trainers = job.spec.trainer.nodes
     rp.set_phase("Pending", "Creating", "creating the job's children and its first gang of pods")
-    servers = job.spec.generation.replica_count()
-    vllm = (
-        f"1 vLLM pod ({job.spec.generation.gpus} GPU)"
-        if servers == 1
-        else f"{servers} vLLM pods ({job.spec.generation.gpus} GPU each)"
-    )
+    servers = job.spec.generation.server_count()
+    if servers == 0:
+        vllm = "no vLLM pod (generation colocated in the trainer processes)"
+    elif servers == 1:
+        vllm = f"1 vLLM pod ({job.spec.generation.gpus} GPU)"
+    else:
+        vllm = f"{servers} vLLM pods ({job.spec.generation.gpus} GPU each)"
     message = (
         f"created the job's children and gang attempt 1: {vllm} and "
         f"{trainers} trainer pod{'s' if trainers > 1 else ''} ({job.spec.trainer.gpus_per_node} GPU each)"
