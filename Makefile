@@ -43,8 +43,10 @@ $(STAMP): pyproject.toml
 
 # PyPI's CPU build of vLLM in a venv of its own (~/.cache/grpo-vllm): the local cluster runs a job's generation
 # pod with it (tests/harness/vllm_server.py). Kept out of .venv: TRL imports vllm eagerly when it is installed.
+# The overlay beside it adds the trainer's packages, for trainers with vLLM inside (generation mode Colocate).
 vllm: venv
 	bash hack/vllm-env.sh
+	bash hack/vllm-colocate-env.sh
 
 # Control-plane binaries built from Go modules, cached in ~/.cache/grpo-testbins (see docs/development.md).
 testbins:

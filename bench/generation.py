@@ -14,7 +14,14 @@ step, and the requests and prompts each replica served.
 
     .venv/bin/python bench/generation.py --replicas 2 [--steps 12] ...
 
-vLLM is PyPI's CPU build (hack/vllm-env.sh installs it), started with the args the operator renders for
+With --colocate it compares one vLLM server with a vLLM engine inside the trainer process (spec.generation.mode
+Colocate, generation.backend vllm-colocate): generation and weight-sync seconds per step, the engine's
+start-up, and the peak memory of the trainer (which then holds the engine) against trainer plus server.
+
+    .venv/bin/python bench/generation.py --colocate [--steps 12] ...
+
+vLLM is PyPI's CPU build (hack/vllm-env.sh installs it; the colocated trainer runs with the python of
+hack/vllm-colocate-env.sh, which adds the trainer's packages to it), started with the args the operator renders for
 the job's generation pod; the weights reach it through a directory after every step (weightSync: Volume),
 and the trainer checks after each sync that vLLM serves them. The trainer is ``python -m grpo_trainer`` both
 times, the reward served over HTTP by the metric SDK. On 2 CPU cores and a 78k-parameter model the
@@ -27,6 +34,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -43,7 +51,13 @@ if str(REPO) not in sys.path:  # run by path: `python bench/generation.py`
 from grpo_metric import MetricServer  # noqa: E402
 
 from tests.harness import vllm_server  # noqa: E402
-from tests.trainer.toy import fraction_of_target, read_jsonl, start_trainer, trainer_config  # noqa: E402
+from tests.trainer.toy import (  # noqa: E402
+    fraction_of_target,
+    read_jsonl,
+    start_trainer,
+    trainer_config,
+    trainer_env,
+)
 
 
 def tree_rss_bytes(pid: int) -> int:
@@ -120,6 +134,8 @@ def run(
     servers: list[vllm_server.VLLMProcess] = []
     startup = 0.0
     extra: dict[str, Any] = {}
+    if backend == "colocate":
+        extra["generation"] = {"backend": "vllm-colocate"}
     if backend == "vllm":
         servers = list(shared or [])
         if not servers:
@@ -151,7 +167,14 @@ def run(
         if max_staleness:
             data["grpo"]["maxStaleness"] = max_staleness
         config.write_text(json.dumps(data))
-        trainer = start_trainer(config, work / "trainer.log")
+        if backend == "colocate":
+            python, env = vllm_server.colocated_trainer(sys.executable, trainer_env(config))
+            with (work / "trainer.log").open("wb") as log:
+                trainer = subprocess.Popen(
+                    [python, "-m", "grpo_trainer"], cwd=REPO, env=env, stdout=log, stderr=log
+                )
+        else:
+            trainer = start_trainer(config, work / "trainer.log")
         pids = {"trainer": trainer.pid, **{f"vllm-{i}": s.popen.pid for i, s in enumerate(servers)}}
         sampler = PeakRss(pids)
         sampler.start()
@@ -166,11 +189,21 @@ def run(
         if not shared:
             for server in servers:
                 server.stop()
+    if backend == "colocate":
+        # The engine's start inside the trainer (logged by grpo_trainer.colocate), not counting imports.
+        found = re.search(r"colocated vLLM engine started in ([0-9.]+)s", (work / "trainer.log").read_text())
+        startup = float(found.group(1)) if found else 0.0
+    rows = read_jsonl(work / "out" / "metrics.jsonl")
+    if len(rows) != args.steps:
+        # A trainer stopped early (SIGTERM: exit 0 after its checkpoint) is no figure of the whole run.
+        raise SystemExit(
+            f"{backend}: {len(rows)} of {args.steps} steps trained:\n{(work / 'trainer.log').read_text()[-3000:]}"
+        )
     label = backend if len(servers) < 2 else f"{backend} {len(servers)} replicas"
     return {
         "backend": label if not max_staleness else f"{label} maxStaleness {max_staleness}",
         "startup_seconds": startup,
-        "rows": read_jsonl(work / "out" / "metrics.jsonl"),
+        "rows": rows,
         "syncs": read_jsonl(work / "out" / "weight_syncs.jsonl"),
         "peak_rss": sampler.peak,
     }
@@ -263,6 +296,11 @@ def main() -> int:
         default=0,
         help="compare one vLLM server with N replicas (spec.generation.replicas) instead",
     )
+    parser.add_argument(
+        "--colocate",
+        action="store_true",
+        help="compare one vLLM server with a vLLM engine inside the trainer (spec.generation.mode Colocate)",
+    )
     args = parser.parse_args()
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     from grpo_trainer.tiny import build
@@ -297,9 +335,8 @@ def main() -> int:
             for result in results:
                 result["startup_seconds"] = startup
         else:
-            results = [
-                run(backend, model, Path(tmp) / backend, metric, args) for backend in ("vllm", "transformers")
-            ]
+            backends = ("vllm", "colocate") if args.colocate else ("vllm", "transformers")
+            results = [run(backend, model, Path(tmp) / backend, metric, args) for backend in backends]
         summaries = [report(r, args.group * args.prompts) for r in results]
     print("\nsummary (medians over the steps)")
     for s in summaries:

@@ -4,12 +4,11 @@ The local cluster's nodes are simulated by kwok: pods get scheduled and reported
 container ever starts. For the demo and the end-to-end tests, this runner plays the kubelet for one
 GRPOJob's pods, and only for them:
 
-- for the job's Running metric pod it starts the metric server the image would run (a local
-  command given per image), with the container's environment;
+- for the job's Running metric pod it starts the metric server the image would run (a local command given
+  per image), with the container's environment;
 - for a client-rollout job's Running rollout gateway pod it starts ``python -m grpo_gateway`` with the
-  gateway.json the operator rendered, on ``gateway_port`` (the client's port; free if 0) and free local
-  ports for the internal and policy ports, and keeps it up for ``linger_seconds`` after the job ends
-  (the client calls terminate after its last step);
+  gateway.json the operator rendered, on ``gateway_port`` (the client's port; free if 0) and free local ports
+  for the internal and policy ports, up for ``linger_seconds`` after the job ends (the client terminates);
 - for the job's Running trainer pod it starts ``python -m grpo_trainer`` with the pod's environment,
   the trainer config the operator rendered (read from the job's ConfigMap), the job's volume (the
   claim's directory from the local provisioner stands in for ``/workspace``), and a kubeconfig holding
@@ -20,14 +19,12 @@ GRPOJob's pods, and only for them:
   pod's grace period (at most a minute here). As a kubelet does, the runner keeps a deleted trainer or
   generation pod in the API (a finalizer of its own) until the process has exited, so the operator's
   fencing of gang attempts (the next one starts once the previous one's pods are gone) is what a test sees.
-
 - for each Running generation pod (one per vLLM replica) it starts the real vLLM server, on its replica's
-  local port: PyPI's CPU build of vLLM with the container's own args and environment, under the
-  operator's supervisor as in the pod
-  (tests/harness/vllm_server.py says what it changes for the CPU, and why); when it exits, the pod's
-  status says so as a kubelet's would: Failed for a non-zero exit, Succeeded for exit 0, with the
-  termination message the supervisor wrote, or else, for a non-zero exit, the log's tail (the pod's
-  terminationMessagePolicy, FallbackToLogsOnError).
+  local port: PyPI's CPU build of vLLM with the container's own args and environment, under the operator's
+  supervisor as in the pod (tests/harness/vllm_server.py says what it changes for the CPU, and why; a
+  colocate job's trainer runs with vLLM's python instead, vllm_server.colocated_trainer); when it exits,
+  the pod's status says so as a kubelet would: Failed for a non-zero exit, Succeeded for exit 0, with the
+  supervisor's termination message, or else, for a non-zero exit, the log's tail (FallbackToLogsOnError).
 - it reports the generation pod Ready once its vLLM server answers /health, as the kubelet does when the
   pod's readiness probe passes: the local cluster starts generation pods without making them Ready
   (hack/cluster/kwok-stages.yaml), so the operator waits for vLLM's start-up as on a real cluster
@@ -35,9 +32,9 @@ GRPOJob's pods, and only for them:
   Ready as soon as it started: there is no server to wait for.
 
 What differs from a real pod, and why: there is no cluster DNS here, so the metric URL's host (and the
-gateway's, vLLM's and the trainer's addresses of each other) is rewritten to 127.0.0.1 and a local port;
-paths under /workspace are rewritten to the claim's directory, and the pod's emptyDir home directory
-(HOME) to a directory of the runner's. Nothing else in the rendered config is changed, except where a
+gateway's, vLLM's and the trainer's addresses of each other, its rendezvous among them) is rewritten to
+127.0.0.1 and a local port; paths under /workspace to the claim's directory, and the pod's emptyDir home
+directory (HOME) to a directory of the runner's. Nothing else in the rendered config is changed, except where a
 test asks for ``generation="in-process-transformers"``: then no vLLM server is started and the trainer
 samples in its own process (``generation.backend: transformers``), for tests about other things than
 generation that cannot afford vLLM's start-up. Only single-process trainer gangs (1 node x 1 GPU) are
@@ -445,10 +442,10 @@ class LocalJobRunner:
         if "rollouts" in config:
             config["rollouts"]["gatewayUrl"] = f"http://127.0.0.1:{self.gateway_internal_port}"
             config["rollouts"]["policyPort"] = self.policy_port
-        if self.generation == "vllm":
-            rewrite_generation(config["generation"], self.service_port)
-        else:
+        if self.generation == "in-process-transformers":
             config["generation"]["backend"] = "transformers"
+        elif config["generation"].get("backend") != "vllm-colocate":  # colocate: no server to point at
+            rewrite_generation(config["generation"], self.service_port)
         config["metricsPort"] = free_port()
         path = self.workdir / "trainer.json"
         path.write_text(json.dumps(config, indent=2))
@@ -471,17 +468,20 @@ class LocalJobRunner:
             PYTHONUNBUFFERED="1",
         )
         env.pop("KUBERNETES_SERVICE_HOST", None)
+        # A pod's own network namespace: two local trainers must not meet on its port (vLLM colocated forms a group).
+        env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
         return env
 
     def start_trainer(self, pod: dict[str, Any]) -> None:
         env = self.trainer_env(pod)
+        python, env = vllm_server.colocated_trainer(self.python, env, self.vllm_compile_cache)
         name = pod["metadata"]["name"]
         if not self.hold(pod):
             return
         log = self.workdir / f"{name}.log"
         handle = log.open("ab")
         popen = subprocess.Popen(
-            [self.python, "-m", "grpo_trainer"],
+            [python, "-m", "grpo_trainer"],
             env={**os.environ, **env},
             stdout=handle,
             stderr=subprocess.STDOUT,

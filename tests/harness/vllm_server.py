@@ -230,3 +230,38 @@ def rendered_container(model: str, **generation: Any) -> dict[str, Any]:
 def container_env(container: dict[str, Any]) -> dict[str, str]:
     """The container's plain variables (what the kubelet gives a container with no fieldRefs)."""
     return {v["name"]: str(v["value"]) for v in container.get("env", []) if "value" in v}
+
+
+# --- vLLM inside the trainer (generation.backend vllm-colocate) ------------------------------------------
+
+
+def colocate_python() -> str:
+    """The python of a venv holding both vLLM's CPU build and the trainer (hack/vllm-colocate-env.sh, an
+    overlay of the vLLM venv; installed on first use): it stands in for a trainer image that carries vLLM."""
+    out = subprocess.run(
+        ["bash", str(REPO / "hack" / "vllm-colocate-env.sh")], check=True, capture_output=True, text=True
+    )
+    return out.stdout.strip().splitlines()[-1]
+
+
+def colocated_trainer(
+    python: str, env: dict[str, str], compile_cache: Path = COMPILE_CACHE
+) -> tuple[str, dict[str, str]]:
+    """The python and environment that run a trainer process (``python -m grpo_trainer`` from the repository
+    root): unchanged unless its trainer.json ($GRPO_CONFIG) says generation.backend vllm-colocate; then the
+    colocate venv's python, the repository's packages on PYTHONPATH (the venv serves every checkout), and
+    what vLLM's CPU build needs beside the trainer, each only where ``env`` (the pod's) does not set it: a
+    KV cache of KV_CACHE_GIB (colocateMemoryShare is a share of GPU memory, which the CPU build replaces by
+    this), OpenMP threads left unpinned (the trainer's own threads share the cores), and torch.compile's
+    artifacts in ``compile_cache``. (The engine forms a one-process torch.distributed group at
+    MASTER_ADDR:MASTER_PORT: the local runner replaces the pod's, a cluster DNS name, by a local address.)"""
+    config = json.loads(Path(env["GRPO_CONFIG"]).read_text(encoding="utf-8"))
+    if config.get("generation", {}).get("backend") != "vllm-colocate":
+        return python, env
+    local = dict(env)
+    local.setdefault("VLLM_CPU_KVCACHE_SPACE", KV_CACHE_GIB)
+    local.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+    local.setdefault("VLLM_CACHE_ROOT", str(compile_cache))
+    paths = [str(REPO / "operator"), str(REPO / "trainer_image"), env.get("PYTHONPATH", "")]
+    local["PYTHONPATH"] = os.pathsep.join(p for p in paths if p)
+    return colocate_python(), local

@@ -419,3 +419,46 @@ def test_two_vllm_replicas_share_a_job_and_one_killed_mid_run_costs_no_restart(
         served = (tmp_path / "run" / f"{pod}.log").read_text(errors="replace")
         assert served.count('"POST /v1/completions HTTP/1.1" 200') >= 2, pod
         assert served.count('"POST /collective_rpc HTTP/1.1" 200') >= 2, pod
+
+
+def test_a_colocated_job_trains_with_vllm_inside_the_trainer_to_succeeded(
+    kube: Cluster, namespace: str, tmp_path: Path
+) -> None:
+    """spec.generation.mode: Colocate. The operator creates no vLLM pod, Service or NetworkPolicy; the one
+    trainer process starts vLLM's engine itself (the runner gives it a python with vLLM, as the trainer image
+    has), samples every step through it, hands it the trained weights in memory after every step, and the
+    job Succeeds with the engine serving the trained weights."""
+    job = tiny_job()
+    job["spec"]["generation"] = {"mode": "Colocate", "maxModelLen": 64}
+    # Without a vLLM pod on another node, the model on the job's volume needs no ReadWriteMany claim.
+    job["spec"]["checkpoints"]["volume"]["accessMode"] = "ReadWriteOnce"
+    rendered = Rendered(kube, namespace, tmp_path)
+    volume = train_to_succeeded(kube, namespace, job, tmp_path, hooks=[rendered])
+    assert "generation" not in rendered.seen, "a colocated job created a vLLM pod"
+    assert rendered.seen["trainer.json"]["generation"]["backend"] == "vllm-colocate"
+    for kind, name in (("service", "tiny-gen"), ("networkpolicy", "tiny-gen")):
+        assert kube.get(kind, name, namespace) is None, f"{kind} {name} exists"
+
+    job_now = kube.get("grpojob", "tiny", namespace)
+    assert job_now is not None
+    status = job_now["status"]
+    assert status["progress"]["step"] == STEPS
+    assert status.get("restarts", 0) == 0 and status["trainerAttempt"] == 1
+    served = status["servedModel"]
+    assert served["weightSync"] == "colocate" and served["inSync"] is True, served
+    events = job_events(kube, namespace, job_now)
+    (created,) = [e["message"] for e in events if e["reason"] == "Created"]
+    assert "no vLLM pod (generation colocated in the trainer processes)" in created
+
+    # The weights reached the engine before the first step (the model as loaded) and after every step, and
+    # each time it served them.
+    syncs = [json.loads(line) for line in (volume / "output" / "weight_syncs.jsonl").read_text().splitlines()]
+    assert [s["step"] for s in syncs] == list(range(STEPS + 1)), syncs
+    assert all(s["transport"] == "colocate" and s["in_sync"] for s in syncs), syncs
+    rows = [json.loads(line) for line in (volume / "output" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == list(range(1, STEPS + 1))
+    log = (tmp_path / "run" / "tiny-trainer-1-0.log").read_text(errors="replace")
+    # vLLM's engine ran inside the trainer process, with trainer.json's context length.
+    assert "colocated vLLM engine started in" in log and "max_model_len 64, memory share 0.3" in log, log[
+        -3000:
+    ]

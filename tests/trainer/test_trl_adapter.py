@@ -5,6 +5,7 @@ one fails here naming it, instead of as a wrong advantage or a lost checkpoint i
 from __future__ import annotations
 
 import ast
+import importlib
 import inspect
 import textwrap
 from collections.abc import Callable
@@ -174,3 +175,64 @@ def test_vllm_generation_still_holds_its_client_where_the_policy_server_reads_it
     assert f"self.{trl_adapter.VLLM_CLIENT_ATTRIBUTE} = VLLMClient(" in source, (
         f"VLLMGeneration no longer sets self.{trl_adapter.VLLM_CLIENT_ATTRIBUTE}: {UPGRADE}"
     )
+
+
+def _vllm_generation_subclasses() -> dict[str, type[Any]]:
+    from grpo_trainer import colocate, weight_sync
+
+    return {
+        "server (weight_sync.generation_class)": weight_sync.generation_class(None, None, None),
+        "colocate (colocate.generation_class)": colocate.generation_class(None),
+    }
+
+
+def test_every_vllm_generation_method_the_trainer_overrides_or_calls_is_recorded() -> None:
+    """Both subclasses of TRL's VLLMGeneration override exactly the recorded methods, each still in TRL with
+    the signature the override has, and the methods they call are still there."""
+    from trl.generation.vllm_generation import VLLMGeneration
+
+    recorded = set(trl_adapter.VLLM_GENERATION_OVERRIDDEN)
+    for mode, cls in _vllm_generation_subclasses().items():
+        overridden = {
+            name
+            for name, value in vars(cls).items()
+            if callable(value) and not name.startswith("__") and hasattr(VLLMGeneration, name)
+        }
+        assert overridden == recorded, (
+            f"the {mode} VLLMGeneration overrides {sorted(overridden - recorded)} without a record in "
+            f"trl_adapter.VLLM_GENERATION_OVERRIDDEN, or the record names {sorted(recorded - overridden)}"
+        )
+    for name in (*trl_adapter.VLLM_GENERATION_OVERRIDDEN, *trl_adapter.VLLM_GENERATION_CALLED):
+        method = getattr(VLLMGeneration, name, None)
+        assert callable(method), f"VLLMGeneration.{name} is gone: {UPGRADE}"
+        assert _parameters(method) == (), f"VLLMGeneration.{name} now takes {_parameters(method)}: {UPGRADE}"
+    init = _source(VLLMGeneration.__init__)
+    for attribute in trl_adapter.VLLM_GENERATION_ATTRIBUTES:
+        assert f"self.{attribute} =" in init, (
+            f"VLLMGeneration.__init__ no longer sets self.{attribute}: {UPGRADE}"
+        )
+
+
+def test_vllm_generation_still_builds_and_syncs_the_colocated_engine_as_recorded() -> None:
+    """colocate.generation_class reads the engine TRL builds and replaces TRL's colocate weight sync with a
+    reload through the same model runner: the attributes, the path and TRL's own sync must be as recorded."""
+    from trl.generation.vllm_generation import VLLMGeneration
+
+    source = inspect.getsource(VLLMGeneration)
+    for attribute in trl_adapter.VLLM_COLOCATE_ATTRIBUTES:
+        assert f"self.{attribute} =" in source, f"VLLMGeneration no longer sets self.{attribute}: {UPGRADE}"
+    sync = _source(VLLMGeneration.sync_weights)
+    colocated = sync.split('elif self.mode == "colocate":', 1)[-1]
+    missing = [fragment for fragment in trl_adapter.VLLM_COLOCATE_SYNC_CONTRACT if fragment not in colocated]
+    assert not missing, f"VLLMGeneration.sync_weights (colocate) no longer contains {missing}: {UPGRADE}"
+    init_vllm = _source(VLLMGeneration._init_vllm)
+    assert f"self.llm = {trl_adapter.VLLM_ENGINE_NAME}(" in init_vllm, (
+        f"VLLMGeneration._init_vllm no longer builds its engine with {trl_adapter.VLLM_ENGINE_NAME}(: {UPGRADE}"
+    )
+    assert "dtype=" not in init_vllm, (
+        f"VLLMGeneration._init_vllm now passes the engine a dtype itself: {UPGRADE}"
+    )
+    module = importlib.import_module(trl_adapter.VLLM_ENGINE_MODULE)
+    assert module is inspect.getmodule(VLLMGeneration), f"VLLMGeneration moved: {UPGRADE}"
+    path = ".".join(trl_adapter.VLLM_COLOCATE_RUNNER_PATH)
+    assert f"self.llm.{path}." in colocated, f"TRL no longer reaches vLLM's model runner as {path}: {UPGRADE}"

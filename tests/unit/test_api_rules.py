@@ -93,6 +93,7 @@ RULE_BREAKERS: dict[CelRule, dict[str, Any]] = {
     GRPOJobSpec.Rules.no_iterations_with_client: {**CLIENT, "spec.grpo.numIterations": 2},
     GRPOJobSpec.Rules.no_async_with_client: {**CLIENT, "spec.grpo.maxStaleness": 1},
     GRPOJobSpec.Rules.colocate_not_with_client: {**CLIENT, "spec.generation.mode": "Colocate"},
+    GRPOJobSpec.Rules.colocate_context_fits: {"spec.generation": {"mode": "Colocate", "maxModelLen": 64}},
     GRPOJobSpec.Rules.colocate_not_asynchronous: {
         "spec.generation.mode": "Colocate",
         "spec.grpo.maxStaleness": 1,

@@ -96,6 +96,61 @@ def test_vllm_backend_without_host_is_a_config_error() -> None:
         grpo_config_kwargs(c, plan_batches(64, 8, 8, 8), cuda=False)
 
 
+def colocated(generation: dict[str, Any] | None = None, **grpo: Any) -> TrainerConfig:
+    body = spec(**grpo).to_dict()
+    body["generation"] = {"mode": "Colocate", **(generation or {})}
+    return TrainerConfig.from_spec(
+        "team",
+        "math",
+        None,
+        GRPOJobSpec.model_validate(body),
+        metric_url="http://math-metric:8080",
+        generation_host="math-gen.team.svc",
+    )
+
+
+@pytest.mark.trainer
+def test_colocate_mode_mapping_is_accepted_by_trl() -> None:
+    """spec.generation.mode Colocate: TRL's colocate mode, one engine per process, the memory share and the
+    context length from trainer.json, sleep mode off, no server to reach."""
+    grpo_config = pytest.importorskip("trl.trainer.grpo_config", reason="needs the [trainer] extra (TRL)")
+
+    c = colocated({"colocateMemoryShare": 0.45, "maxModelLen": 4096})
+    assert c.generation.backend == "vllm-colocate" and c.generation.server_host is None
+    kwargs = grpo_config_kwargs(c, plan_batches(64, 8, 8, 8), cuda=True)
+    colocate = {key: value for key, value in kwargs.items() if key.startswith("vllm_") or key == "use_vllm"}
+    assert colocate == {
+        "use_vllm": True,
+        "vllm_mode": "colocate",
+        "vllm_tensor_parallel_size": 1,
+        "vllm_enable_sleep_mode": False,
+        "vllm_gpu_memory_utilization": 0.45,
+        "vllm_max_model_length": 4096,
+    }
+    args = grpo_config.GRPOConfig(**{**kwargs, "bf16": False, "fp16": False, "use_cpu": True})
+    assert (args.vllm_mode, args.vllm_gpu_memory_utilization, args.vllm_max_model_length) == (
+        "colocate",
+        0.45,
+        4096,
+    )
+    # Unset in the spec: the operator's default share, and the model's own context length.
+    kwargs = grpo_config_kwargs(colocated(), plan_batches(64, 8, 8, 8), cuda=True)
+    assert kwargs["vllm_gpu_memory_utilization"] == 0.3 and "vllm_max_model_length" not in kwargs
+
+
+def test_colocate_mode_refuses_what_the_engine_cannot_do() -> None:
+    """maxStaleness and a context length shorter than a prompt and its answer (the API refuses both too: a
+    hand-written trainer.json gets here), each with the fix."""
+    c = colocated()
+    stale = c.model_copy(update={"grpo": c.grpo.model_copy(update={"max_staleness": 1})})
+    with pytest.raises(ConfigError, match=r"maxStaleness > 0 .* vllm-colocate.*remove maxStaleness"):
+        grpo_config_kwargs(stale, plan_batches(64, 8, 8, 8), cuda=True)
+    short = c.model_copy(update={"generation": c.generation.model_copy(update={"max_model_len": 64})})
+    needed = short.grpo.max_prompt_length + short.grpo.max_completion_length
+    with pytest.raises(ConfigError, match=rf"maxModelLen 64 is shorter .* at least {needed}"):
+        grpo_config_kwargs(short, plan_batches(64, 8, 8, 8), cuda=True)
+
+
 def test_load_config_errors_name_the_file_and_field(tmp_path: Path) -> None:
     bad = tmp_path / "trainer.json"
     bad.write_text('{"job": {"namespace": "a", "name": "b"}}')

@@ -97,7 +97,9 @@ def test_server_settings_are_refused_in_colocate_mode(generation: dict[str, Any]
 
 
 def test_the_memory_share_needs_colocate_and_is_a_fraction() -> None:
-    with pytest.raises(pydantic.ValidationError, match=r"colocateMemoryShare .* needs spec\.generation\.mode"):
+    with pytest.raises(
+        pydantic.ValidationError, match=r"colocateMemoryShare .* needs spec\.generation\.mode"
+    ):
         GRPOJob.model_validate(with_changes({"spec.generation.colocateMemoryShare": 0.4}))
     for share in (0.0, 1.0):
         with pytest.raises(pydantic.ValidationError):

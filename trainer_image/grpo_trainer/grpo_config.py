@@ -163,7 +163,8 @@ def grpo_config_kwargs(
     config: TrainerConfig, plan: BatchPlan, *, cuda: bool, attempt: int = 0
 ) -> dict[str, Any]:
     """Keyword arguments for trl.GRPOConfig. Generation goes through the job's vLLM server in server mode
-    (``generation.backend: vllm-server``) or through transformers in-process (``transformers``)."""
+    (``generation.backend: vllm-server``), through a vLLM engine inside each training process in colocate
+    mode (``vllm-colocate``), or through transformers in-process (``transformers``)."""
     g = config.grpo
     mixed = precision(config.model.dtype, lora=g.lora.enabled, cuda=cuda)
     kwargs: dict[str, Any] = {
@@ -233,6 +234,51 @@ def grpo_config_kwargs(
             vllm_server_timeout=gen.request_timeout_seconds,
             vllm_group_port=gen.weight_sync_port,
         )
+    elif gen.backend == "vllm-colocate":
+        kwargs.update(colocate_kwargs(config))
     else:
         kwargs["use_vllm"] = False
     return kwargs
+
+
+def colocate_kwargs(config: TrainerConfig) -> dict[str, Any]:
+    """GRPOConfig's colocate-mode settings: one engine per training process (no tensor parallelism across
+    the trainers), taking generation.colocateMemoryShare of its device's memory (on vLLM's CPU build the KV
+    cache is VLLM_CPU_KVCACHE_SPACE instead), with generation.maxModelLen as its context length. Sleep mode
+    stays off: it frees the engine's memory during the optimizer step only by discarding its weights, and
+    vLLM's CPU build refuses it."""
+    check_colocate(config)
+    gen = config.generation
+    kwargs: dict[str, Any] = {
+        "use_vllm": True,
+        "vllm_mode": "colocate",
+        "vllm_tensor_parallel_size": 1,
+        "vllm_enable_sleep_mode": False,
+    }
+    if gen.colocate_memory_share is not None:
+        kwargs["vllm_gpu_memory_utilization"] = gen.colocate_memory_share
+    if gen.max_model_len is not None:
+        needed = config.grpo.max_prompt_length + config.grpo.max_completion_length
+        if gen.max_model_len < needed:
+            raise ConfigError(
+                f"generation.maxModelLen {gen.max_model_len} is shorter than grpo.maxPromptLength + "
+                f"grpo.maxCompletionLength = {needed}: the colocated engine could not hold a prompt and its "
+                f"answer; raise spec.generation.maxModelLen to at least {needed}, or unset it"
+            )
+        kwargs["vllm_max_model_length"] = gen.max_model_len
+    return kwargs
+
+
+def check_colocate(config: TrainerConfig) -> None:
+    """What the colocated engine cannot do, refused with the fix (the API refuses both at apply time)."""
+    if config.grpo.max_staleness:
+        raise ConfigError(
+            "grpo.maxStaleness > 0 overlaps sampling on vLLM servers with training, and generation.backend is "
+            "vllm-colocate (the engine samples on the training process itself, between steps): remove "
+            "maxStaleness, or use spec.generation.mode: Server"
+        )
+    if config.rollouts is not None:
+        raise ConfigError(
+            "generation.backend vllm-colocate does not serve a client's rollouts (the rollout gateway samples "
+            "through the job's vLLM server): use spec.generation.mode: Server with spec.rollouts.source: Client"
+        )

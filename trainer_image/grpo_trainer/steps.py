@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from grpo_operator.api.trainer_config import TrainerConfig
 
 from grpo_trainer.errors import ConfigError, ExitCode
-from grpo_trainer.grpo_config import BatchPlan, RuntimeEnv, grpo_config_kwargs, plan_batches
+from grpo_trainer.grpo_config import BatchPlan, RuntimeEnv, check_colocate, grpo_config_kwargs, plan_batches
 from grpo_trainer.trl_adapter import load_checkpoint_weights
 from grpo_trainer.vllm_wait import wait_for_vllm
 
@@ -155,6 +155,8 @@ def grpo_args(config: TrainerConfig, plan: BatchPlan, env: RuntimeEnv, **overrid
         knobs = ", ".join(f"{key}={kwargs[key]}" for key in ALGORITHM_KWARGS if key in kwargs)
         preset = f"preset {config.grpo.preset}: " if config.grpo.preset else ""
         log.info("GRPO %s%s, dynamic_sampling=%s", preset, knobs, config.grpo.dynamic_sampling)
+    if config.generation.backend == "vllm-colocate":
+        require_vllm()
     if config.generation.backend == "vllm-server":
         # Before GRPOConfig (which joins the process group) and TRL's client (whose own timeout then
         # only covers a server that already answers): vLLM may still be loading the model.
@@ -165,6 +167,19 @@ def grpo_args(config: TrainerConfig, plan: BatchPlan, env: RuntimeEnv, **overrid
     if revision:
         kwargs["model_init_kwargs"]["revision"] = revision
     return GRPOConfig(**kwargs)
+
+
+def require_vllm() -> None:
+    """The colocated engine runs in this process: a trainer image without the vllm package cannot serve
+    generation.backend vllm-colocate (TRL would fail later, after loading the model)."""
+    import importlib.util
+
+    if importlib.util.find_spec("vllm") is None:
+        raise ConfigError(
+            "generation.backend is vllm-colocate (spec.generation.mode: Colocate) but this trainer image has no "
+            "vllm package: the engine runs inside the training process. Use a trainer image built with "
+            "trainer_image/requirements-vllm.txt (spec.trainer.image), or spec.generation.mode: Server"
+        )
 
 
 def peft_config(config: TrainerConfig) -> Any:
@@ -210,7 +225,14 @@ def build_trainer(
     from grpo_trainer.trainer import ProjectGRPOTrainer
 
     served = config.generation.backend == "vllm-server"
-    if served:
+    colocated = config.generation.backend == "vllm-colocate"
+    if colocated:
+        from grpo_trainer import colocate
+
+        check_colocate(config)
+        probe = colocate.EngineProbe(tokenizer)
+        extra["vllm_generation"] = colocate.generation_class(probe, config.model.dtype)
+    elif served:
         from grpo_trainer.weight_sync import ServedModelProbe, generation_class
 
         gen = config.generation
@@ -252,9 +274,10 @@ def build_trainer(
     metrics = reporting.metrics
     if metrics is not None:
         trainer.grpo_on_non_finite = lambda _: metrics.non_finite_steps.inc()
-    if served and trainer.accelerator.is_main_process:
+    if (served or colocated) and trainer.accelerator.is_main_process:
+        transport = colocate.TRANSPORT if colocated else config.generation.weight_sync or "nccl"
         trainer.vllm_generation.on_sync = SyncReporter(  # type: ignore[attr-defined]
-            trainer, reporting, config.generation.weight_sync or "nccl", workspace.output_dir / SYNC_LOG
+            trainer, reporting, transport, workspace.output_dir / SYNC_LOG
         )
     return trainer
 
@@ -279,7 +302,9 @@ class SyncReporter:
         metrics = self.reporting.metrics
         if metrics is not None:
             metrics.weight_sync_seconds.set(report.seconds)
-        body: dict[str, Any] = {"weightSync": self.transport, "lastSyncSeconds": round(report.seconds, 3)}
+        body: dict[str, Any] = {"lastSyncSeconds": round(report.seconds, 3)}
+        if self.transport in _status_transports():
+            body["weightSync"] = self.transport
         probe = report.probe
         if probe is not None:
             if metrics is not None:
@@ -313,6 +338,19 @@ class SyncReporter:
             handle.write(json.dumps(record) + "\n")
         if self.reporting.status is not None:
             self.reporting.status.update({"servedModel": body})
+
+
+def _status_transports() -> tuple[str, ...]:
+    """The transports status.servedModel.weightSync accepts (the API's enum): a transport the API does not
+    name (yet) leaves the field out rather than have the whole status patch refused."""
+    from typing import get_args
+
+    from grpo_operator.api.status import ServedModelStatus
+
+    values: list[str] = []
+    for arg in get_args(ServedModelStatus.model_fields["weight_sync"].annotation):
+        values += [v for v in get_args(arg) if isinstance(v, str)]
+    return tuple(values)
 
 
 def reward_bound(config: TrainerConfig) -> float:

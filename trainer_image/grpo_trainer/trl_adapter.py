@@ -90,7 +90,7 @@ CALLED: tuple[Internal, ...] = (
     Internal(
         "_generate",
         ("prompts",),
-        "validation generates through TRL's configured backend (vLLM server or transformers); element "
+        "validation generates through TRL's configured backend (vLLM server, colocated engine or transformers); element "
         "GENERATE_COMPLETIONS_INDEX of the returned tuple is the completion texts, element "
         "GENERATE_COMPLETION_IDS_INDEX their token ids",
     ),
@@ -138,7 +138,12 @@ VLLM_CLIENT_ATTRIBUTE = "vllm_client"
 # these methods and reading these attributes TRL's own constructor sets.
 VLLM_GENERATION_MODULE = "trl.trainer.grpo_trainer"
 VLLM_GENERATION_NAME = "VLLMGeneration"
+# Both subclasses (weight_sync.generation_class for server mode, colocate.generation_class for colocate mode)
+# override these, calling the original in _init_vllm; the colocate sync replaces TRL's (see below).
 VLLM_GENERATION_OVERRIDDEN = ("_init_vllm", "sync_weights")
+# VLLMGeneration methods the subclasses call: the (name, tensor) pairs in vLLM's names, PEFT adapters merged
+# while the iteration runs and unmerged in place once it ends, gathered under FSDP / ZeRO-3 (collective).
+VLLM_GENERATION_CALLED = ("_iter_named_params",)
 # VLLMGeneration.generate's sampling parameters in server mode, read by async_generation.sampling_params so
 # that groups sampled ahead are sampled as the step itself would be.
 VLLM_SAMPLING_ATTRIBUTES = (
@@ -160,6 +165,23 @@ VLLM_GENERATION_ATTRIBUTES = (
     "server_host",
     "server_port",
     "server_timeout",
+)
+# Colocate mode (generation.backend vllm-colocate): VLLMGeneration attributes colocate.generation_class reads.
+# ``llm`` is the vllm.LLM engine _init_vllm builds in the training process.
+VLLM_COLOCATE_ATTRIBUTES = ("llm", "enable_sleep_mode", "gpu_memory_utilization")
+# VLLMGeneration._init_vllm builds the colocated engine by calling this name of this module (vllm.LLM) with
+# no dtype (vLLM's "auto" serves a float32 checkpoint in 16 bits); colocate.engine_dtype rebinds it for the
+# call so that the engine serves trainer.json's model.dtype, as a vLLM server started with --dtype does.
+VLLM_ENGINE_MODULE = "trl.generation.vllm_generation"
+VLLM_ENGINE_NAME = "LLM"
+# TRL's colocate sync_weights loads each tensor through this path from the engine to vLLM's model runner and
+# then into ``model.load_weights``, which vLLM's CPU build refuses after the first load; the override takes
+# the same path to the runner and calls its ``reload_weights`` (checkpoint format) instead, then the engine's
+# reset_prefix_cache as TRL does.
+VLLM_COLOCATE_RUNNER_PATH = ("llm_engine", "model_executor", "driver_worker", "model_runner")
+VLLM_COLOCATE_SYNC_CONTRACT = (
+    "self.llm.llm_engine.model_executor.driver_worker.model_runner.model.load_weights(",
+    "self.llm.reset_prefix_cache()",
 )
 # VLLMClient attributes and methods the volume transport's client sets up or relies on (its constructor
 # is not run: it refuses to start without the vllm package).

@@ -283,6 +283,15 @@ class GRPOJobSpec(ApiModel):
             ".generation.mode",
         )
 
+        colocate_context_fits = CelRule(
+            f"!({COLOCATED}) || !has(self.generation.maxModelLen) || "
+            "self.generation.maxModelLen >= self.grpo.maxPromptLength + self.grpo.maxCompletionLength",
+            "spec.generation.maxModelLen is shorter than spec.grpo.maxPromptLength + maxCompletionLength: the "
+            "colocated vLLM engine could not hold a whole prompt and its answer. Raise maxModelLen to at "
+            "least their sum, or leave it unset (the model's own context length)",
+            ".generation.maxModelLen",
+        )
+
         colocate_not_asynchronous = CelRule(
             f"!({COLOCATED}) || !has(self.grpo.maxStaleness) || self.grpo.maxStaleness == 0",
             "spec.grpo.maxStaleness > 0 overlaps sampling on the vLLM servers with training on the trainer "
@@ -375,6 +384,12 @@ class GRPOJobSpec(ApiModel):
             raise self.Rules.multi_node_needs_rwx.violation()
         if self.generation.colocated() and rollouts_source(self) == "Client":
             raise self.Rules.colocate_not_with_client.violation()
+        if (
+            self.generation.colocated()
+            and self.generation.max_model_len is not None
+            and self.generation.max_model_len < self.grpo.max_prompt_length + self.grpo.max_completion_length
+        ):
+            raise self.Rules.colocate_context_fits.violation()
         if self.generation.colocated() and self.grpo.max_staleness:
             raise self.Rules.colocate_not_asynchronous.violation()
         return self

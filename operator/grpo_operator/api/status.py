@@ -174,7 +174,8 @@ class ServedModelStatus(_StatusModel):
     mean difference of their log-probabilities of a fixed probe text."""
 
     weight_sync: Literal["nccl", "volume", "colocate"] | None = Field(
-        default=None, description="The weight transport (colocate: in memory, to the engine inside the trainer)."
+        default=None,
+        description="The weight transport (colocate: in memory, to the engine inside the trainer).",
     )
     last_sync_seconds: float | None = Field(default=None, ge=0, description="Duration of the last sync.")
     checked_step: int | None = Field(default=None, ge=0, description="Step of the last probe.")
