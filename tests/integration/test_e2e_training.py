@@ -275,7 +275,9 @@ def test_a_job_on_non_default_ports_trains_through_vllm_to_succeeded_through_a_v
     recovered = [i for i, s in enumerate(syncs) if s.get("after_replacement")]
     assert len(recovered) == 1, syncs
     at = recovered[0]
-    assert syncs[at]["step"] in (KILL_VLLM_AFTER_STEP, KILL_VLLM_AFTER_STEP + 1), syncs
+    # The hook kills at the first runner pass that sees KILL_VLLM_AFTER_STEP trained; under load the trainer
+    # may be a step further by then (killed_after is the step it saw).
+    assert syncs[at]["step"] in (killer.killed_after, killer.killed_after + 1), syncs
     regular = [s["step"] for i, s in enumerate(syncs) if i != at]
     assert regular == list(range(STEPS + 1)), syncs
     assert all(s["transport"] == "volume" and s["in_sync"] and s["logprob_diff"] < 0.05 for s in syncs), syncs
