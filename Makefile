@@ -20,7 +20,7 @@ STAMP := $(VENV)/.installed-$(DEPS_KEY)
 # the repository; installs then run offline from them.
 WHEELHOUSE ?= $(HOME)/.cache/grpo-wheels/$(DEPS_KEY)
 
-.PHONY: venv vllm prometheus testbins cluster-up cluster-down generate lint check test test-unit demo gpu-check images smoke clean
+.PHONY: venv vllm prometheus testbins cluster-up cluster-down generate lint check test test-unit demo gpu-check images images-engine test-images smoke clean
 
 venv: $(STAMP)
 $(STAMP): pyproject.toml
@@ -91,7 +91,7 @@ check: venv lint
 # the other, so no two servers compete for the two cores. Each cluster-tier worker starts a local cluster
 # of its own (tests/harness/kube.py): most of those tests wait on the API server and the operator rather
 # than compute, so two overlap well.
-test: check testbins prometheus vllm
+test: check testbins prometheus vllm test-images
 	$(PYTEST) -n 2 --dist loadgroup -m "$(TIER_TRAINER)" $(PYTEST_ARGS)
 	$(PYTEST) -n 2 --dist loadgroup -m "$(TIER_CLUSTER)" $(PYTEST_ARGS)
 
@@ -110,10 +110,23 @@ demo: venv
 gpu-check: venv
 	$(BIN)/python -m bench.gpu_check $(GPU_CHECK_ARGS)
 
-# Every container image (operator, trainer, example metrics), tagged with the package's version, built with
+# The container images (operator, trainer, example metrics), tagged with the package's version, built with
 # docker, podman or buildah (CONTAINER_ENGINE picks one); fails saying what is missing where none is installed.
+# IMAGES="operator metric-tiny" builds a subset; where a registry base is unreachable the Python images are
+# built FROM a base made from Debian's packages (hack/images.py; IMAGE_BASE=registry|debian decides).
+IMAGES ?=
 images:
-	$(PY) hack/images.py build
+	$(PY) hack/images.py build --only "$(IMAGES)"
+
+# Podman, Buildah, runc and mmdebstrap from the system's packages (apt-get), where they are missing.
+images-engine:
+	$(PY) hack/images.py install-engine
+
+# The images the cluster tier runs in containers (tests/helm/test_operator_container.py): the engine is
+# installed when missing; Podman's layer cache and the Debian base's tarball make a rebuild take seconds.
+TEST_IMAGES := operator metric-tiny
+test-images: images-engine
+	$(PY) hack/images.py build --only "$(TEST_IMAGES)"
 
 # Validate a real GPU cluster (the current kubectl context): examples/smoke/smoke.sh, see docs/quickstart.md.
 smoke:

@@ -4,8 +4,8 @@ The local cluster's nodes are simulated by kwok: pods get scheduled and reported
 container ever starts. For the demo and the end-to-end tests, this runner plays the kubelet for one
 GRPOJob's pods, and only for them:
 
-- for the job's Running metric pod it starts the metric server the image would run (a local command given
-  per image), with the container's environment;
+- for the job's Running metric pod it starts the metric server: a local command given per image, with the
+  container's environment, or the image itself in a container (tests/harness/pod_container.py);
 - for a client-rollout job's Running rollout gateway pod it starts ``python -m grpo_gateway`` with the
   gateway.json the operator rendered, on ``gateway_port`` (the client's port; free if 0) and free local ports
   for the internal and policy ports, up for ``linger_seconds`` after the job ends (the client terminates);
@@ -37,8 +37,7 @@ gateway's, vLLM's and the trainer's addresses of each other, its rendezvous amon
 directory (HOME) to a directory of the runner's. Nothing else in the rendered config is changed, except where a
 test asks for ``generation="in-process-transformers"``: then no vLLM server is started and the trainer
 samples in its own process (``generation.backend: transformers``), for tests about other things than
-generation that cannot afford vLLM's start-up. Only single-process trainer gangs (1 node x 1 GPU) are
-run locally.
+generation that cannot afford vLLM's start-up. Only single-process trainer gangs (1 node x 1 GPU) run here.
 """
 
 from __future__ import annotations
@@ -53,7 +52,7 @@ import sys
 import time
 import urllib.parse
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -78,10 +77,8 @@ REPO = Path(__file__).resolve().parents[2]
 TERMINAL = {"Succeeded", "Failed"}
 # A kubelet removes a deleted pod from the API only once its containers have stopped; kwok's pod-delete stage
 # removes it at once. The operator starts gang attempt n+1 only once attempt n's pods are gone (an old
-# trainer may still write its SIGTERM checkpoint, an old trainer's retries must not reach the new vLLM
-# server), so while a local process runs for a trainer or generation pod the runner holds the pod with this
-# finalizer (PROCESS_FINALIZER), and releases it once the process has exited: the pod leaves the API when a
-# kubelet's would.
+# trainer may still write its SIGTERM checkpoint, its retries must not reach the new vLLM server), so the
+# runner holds a trainer or generation pod with this finalizer (PROCESS_FINALIZER) until its process exited.
 # The most a deleted pod's process gets between SIGTERM and SIGKILL here: the pod's
 # terminationGracePeriodSeconds (300 s for trainers) would let one hung process stall a test for minutes.
 MAX_GRACE_SECONDS = 60.0
@@ -92,7 +89,8 @@ class LocalJobRunner:
     kube: Cluster
     namespace: str
     job: str
-    metric_commands: dict[str, list[str]]
+    # image -> the local command that serves it, or a function of (pod, port) that gives one
+    metric_commands: Mapping[str, list[str] | Callable[[dict[str, Any], int], list[str]]]
     workdir: Path
     python: str = sys.executable
     metric: Proc | None = None
@@ -230,6 +228,8 @@ class LocalJobRunner:
                 f"no local command for metric image {container['image']!r}; pass --metric IMAGE=COMMAND"
             )
         self.metric_port = free_port()
+        if callable(command):  # the pod's container itself (tests/harness/pod_container.py)
+            command = command(pod, self.metric_port)
         env = {**os.environ, **self.local_home(container_env(pod)), "GRPO_METRIC_PORT": str(self.metric_port)}
         log = self.workdir / "metric.log"
         handle = log.open("ab")

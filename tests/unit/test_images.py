@@ -3,8 +3,10 @@ examples and the docs name, from one version; every Dockerfile runs as a numeric
 
 from __future__ import annotations
 
+import importlib
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -25,7 +27,7 @@ def make_images_list() -> dict[str, str]:
     out = subprocess.run(
         [sys.executable, "hack/images.py", "list"], cwd=ROOT, capture_output=True, text=True, check=True
     ).stdout
-    return dict(line.split("\t") for line in out.splitlines())
+    return dict(line.split("\t")[:2] for line in out.splitlines())
 
 
 def test_one_version_for_package_chart_and_images() -> None:
@@ -138,15 +140,78 @@ def test_make_images_without_an_engine_fails_saying_what_is_missing(tmp_path: Pa
         assert tag in proc.stderr
 
 
+def dry_run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "hack/images.py", "build", "--dry-run", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=False,
+        env=env,
+    )
+
+
+def commands(proc: subprocess.CompletedProcess[str]) -> list[list[str]]:
+    assert proc.returncode == 0, proc.stderr
+    return [shlex.split(line[2:]) for line in proc.stdout.splitlines() if line.startswith("+ ")]
+
+
 def test_build_commands_use_the_repository_root_as_context() -> None:
     for engine, verb in (("docker", "build"), ("podman", "build"), ("buildah", "bud")):
-        proc = subprocess.run(
-            [sys.executable, "hack/images.py", "build", "--dry-run", "--engine", engine],
-            cwd=ROOT,
-            capture_output=True,
-            text=True,
-            check=True,
-        )
-        commands = [line[2:] for line in proc.stdout.splitlines() if line.startswith("+ ")]
-        expected = [f"{engine} {verb} -f {df} -t {tag} ." for tag, df in make_images_list().items()]
-        assert commands == expected
+        built = commands(dry_run("--engine", engine))
+        expected = [[engine, verb, "-f", df, "-t", tag] for tag, df in make_images_list().items()]
+        assert [command[:6] for command in built] == expected
+        assert all(command[-1] == "." for command in built)
+
+
+def test_the_host_ca_bundle_is_mounted_into_podman_builds_and_never_copied(tmp_path: Path) -> None:
+    bundle = tmp_path / "corporate-ca.pem"
+    bundle.write_text("-----BEGIN CERTIFICATE-----\n")
+    env = {**os.environ, "GRPO_IMAGE_CACHE": str(tmp_path / "cache")}
+    built = commands(dry_run("--engine", "podman", "--only", "operator", "--ca-bundle", str(bundle), env=env))
+    assert len(built) == 1
+    mounts = [built[0][i + 1] for i, arg in enumerate(built[0]) if arg == "-v"]
+    assert f"{bundle}:/etc/ssl/certs/ca-certificates.crt:ro" in mounts
+    pip_conf = tmp_path / "cache" / "pip.conf"
+    assert f"{pip_conf}:/etc/pip.conf:ro" in mounts
+    assert "cert = /etc/ssl/certs/ca-certificates.crt" in pip_conf.read_text()
+    # Docker's build takes no bind mounts: the bundle is not passed rather than copied in.
+    docker = commands(
+        dry_run("--engine", "docker", "--only", "operator", "--ca-bundle", str(bundle), env=env)
+    )
+    assert "-v" not in docker[0]
+    # No Dockerfile copies a CA bundle or a pip.conf into an image.
+    for name in dockerfiles():
+        text = (ROOT / name).read_text()
+        assert "ca-certificates.crt" not in text and "pip.conf" not in text, name
+
+
+def test_a_subset_builds_in_build_order_and_an_unknown_key_names_the_keys() -> None:
+    built = commands(dry_run("--engine", "podman", "--only", "metric-tiny operator"))
+    assert [command[5] for command in built] == [
+        f"ghcr.io/grpo-operator/grpo-operator:{__version__}",
+        f"ghcr.io/grpo-operator/metric-tiny-demo:{__version__}",
+    ]
+    proc = dry_run("--engine", "podman", "--only", "operator,metrc-tiny")
+    assert proc.returncode != 0
+    assert "no image called metrc-tiny" in proc.stderr and "metric-tiny" in proc.stderr
+
+
+def test_the_debian_base_stands_in_for_python_images_and_refuses_the_others() -> None:
+    built = commands(dry_run("--engine", "podman", "--base", "debian", "--only", "operator metric-math"))
+    for command in built:
+        arg = command[command.index("--build-arg") + 1]
+        assert re.fullmatch(r"BASE_IMAGE=localhost/grpo-base/python:3\.11-bookworm-[0-9a-f]{8}", arg), arg
+    for key, why in (("trainer", "CUDA"), ("trainer-cpu", "download.pytorch.org")):
+        proc = dry_run("--engine", "podman", "--base", "debian", "--only", key)
+        assert proc.returncode != 0 and f"{key} cannot be built with --base debian" in proc.stderr
+        assert why in proc.stderr
+
+
+def test_the_engine_settings_file_names_the_runtime_and_ulimits_this_host_allows() -> None:
+    conf = tomllib.loads((ROOT / "hack" / "containers.conf").read_text())
+    assert conf["engine"]["runtime"] == "runc"
+    limits = dict(item.split("=", 1) for item in conf["containers"]["default_ulimits"])
+    assert set(limits) == {"nofile", "nproc"}
+    images = importlib.import_module("hack.images")
+    assert images.check_ulimits() == [], "the host's hard limits are below hack/containers.conf's ulimits"
