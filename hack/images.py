@@ -61,6 +61,8 @@ DEBIAN_ENV = (
     "LANG=C.UTF-8",
 )
 DEBIAN_BASE_REPO = "localhost/grpo-base/python"
+# Where Debian's ca-certificates (in python:3.11-slim and in the Debian-made base alike) keeps the bundle.
+BASE_CA_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
 
 
 @dataclass(frozen=True)
@@ -187,14 +189,16 @@ def ca_bundle(requested: str | None) -> Path | None:
 
 
 def ca_mounts(engine: str, bundle: Path | None) -> list[str]:
-    """Bind mounts for the build's RUN steps: the bundle, and a pip.conf that makes pip use it (pip reads
-    its own bundle otherwise). Only Podman and Buildah mount volumes into a build."""
+    """The build's view of the host's CA bundle: bind-mounted over the base's own bundle (a file every base
+    has, so no mount point is left in a layer) for the RUN steps only, and pip told to use it through the
+    Dockerfiles' ``ARG PIP_CERT`` (pip reads its own bundle otherwise). Only Podman and Buildah mount
+    volumes into a build."""
     if bundle is None or engine == "docker":
         return []
-    CACHE.mkdir(parents=True, exist_ok=True)
-    pip_conf = CACHE / "pip.conf"
-    pip_conf.write_text("[global]\ncert = /etc/ssl/certs/ca-certificates.crt\n")
-    return ["-v", f"{bundle}:/etc/ssl/certs/ca-certificates.crt:ro", "-v", f"{pip_conf}:/etc/pip.conf:ro"]
+    return [
+        "-v", f"{bundle}:{BASE_CA_BUNDLE}:ro",
+        "--build-arg", f"PIP_CERT={BASE_CA_BUNDLE}",
+    ]  # fmt: skip
 
 
 def build_command(engine: str, tag: str, dockerfile: str, extra: list[str]) -> list[str]:
@@ -408,9 +412,17 @@ def main(argv: list[str] | None = None) -> int:
     extra = shlex.split(args.build_args)
     v = version()
     built: list[tuple[str, str, float]] = []
+    # An image that cannot be built does not stop the others: the summary names each failure and why.
+    failed: list[str] = []
     for image in images:
         tag = image.tag(args.registry, v)
-        base_args, base_used = chooser.choose(image)
+        try:
+            base_args, base_used = chooser.choose(image)
+        except SystemExit as refused:
+            if args.dry_run:
+                raise
+            failed.append(str(refused.code).removeprefix("images: "))
+            continue
         command = build_command(engine, tag, image.dockerfile, [*base_args, *mounts, *extra])
         print("+ " + shlex.join(command), flush=True)
         if args.dry_run:
@@ -418,16 +430,19 @@ def main(argv: list[str] | None = None) -> int:
         started = time.monotonic()
         result = run(command, engine, cwd=REPO)
         if result.returncode != 0:
-            print(
-                f"images: building {tag} from {image.dockerfile} failed (exit {result.returncode})",
-                file=sys.stderr,
-            )
-            return result.returncode
+            failed.append(f"{image.key}: `{engine} build` of {image.dockerfile} exited {result.returncode}")
+            continue
         built.append((tag, base_used, time.monotonic() - started))
-    if not args.dry_run:
-        print(f"images: built {len(built)} image(s) with {engine}:")
-        for tag, base_used, seconds in built:
-            print(f"  {tag}  {image_size(engine, tag)}  {seconds:.0f} s  FROM {base_used}")
+    if args.dry_run:
+        return 0
+    print(f"images: built {len(built)} image(s) with {engine}:")
+    for tag, base_used, seconds in built:
+        print(f"  {tag}  {image_size(engine, tag)}  {seconds:.0f} s  FROM {base_used}")
+    if failed:
+        print(
+            f"images: {len(failed)} not built:\n" + "".join(f"  {why}\n" for why in failed), file=sys.stderr
+        )
+        return 1
     return 0
 
 
