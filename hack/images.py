@@ -14,7 +14,8 @@ default) an image is built from that tag when the engine has it or can pull it; 
 unreachable (an air-gapped cluster's build host, or this project's CI), the Python images are built
 from a base made here from Debian's own packages instead (``localhost/grpo-base/python:3.11-bookworm``:
 mmdebstrap's minbase of bookworm with python3 and a venv on PATH, which plays ``python:3.11-slim``).
-``--base registry`` never falls back; ``--base debian`` always uses the Debian-made base.
+``--base registry`` never falls back; ``--base debian`` always uses the Debian-made base;
+``--base-image KEY=IMAGE`` builds one image from exactly the base given (a mirror, a digest).
 
 CA bundle. Build steps that reach a package index get the host's CA bundle (``--ca-bundle``; default the
 first of $IMAGE_CA_BUNDLE, $PIP_CERT, $SSL_CERT_FILE, $REQUESTS_CA_BUNDLE that exists) bind-mounted for
@@ -34,7 +35,7 @@ import shutil
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -273,6 +274,7 @@ class BaseChooser:
     engine: str
     mode: str
     dry_run: bool = False
+    bases: dict[str, str] = field(default_factory=dict)  # image key -> base given for it alone
 
     def __post_init__(self) -> None:
         self.reachable: dict[str, str] = {}  # base tag -> "" (usable) or why not
@@ -292,6 +294,14 @@ class BaseChooser:
 
     def choose(self, image: Image) -> tuple[list[str], str]:
         """(build arguments, the base used); SystemExit naming the image when none is usable."""
+        chosen = self.bases.get(image.key)
+        if chosen:  # a base given for this image alone: exactly that one, or a failure saying why
+            why = "" if self.dry_run else self.registry_base(chosen)
+            if why:
+                raise SystemExit(
+                    f"images: {image.key}: the base given for it, {chosen}, could not be had ({why})"
+                )
+            return ["--build-arg", f"BASE_IMAGE={chosen}"], chosen
         base = dockerfile_base(image.dockerfile)
         if self.dry_run and self.mode != "debian":
             return [], base
@@ -366,6 +376,14 @@ def main(argv: list[str] | None = None) -> int:
     build.add_argument(
         "--base", default=os.environ.get("IMAGE_BASE", "auto"), choices=("auto", "registry", "debian")
     )
+    build.add_argument(
+        "--base-image",
+        action="append",
+        default=os.environ.get("IMAGE_BASES", "").split(),
+        metavar="KEY=IMAGE",
+        help="the base of one image (repeatable; env IMAGE_BASES, space-separated), e.g. "
+        "operator=mirror.example/python:3.11-slim-bookworm@sha256:...",
+    )
     build.add_argument("--ca-bundle", default=None, help="CA bundle for the build steps (see the docstring)")
     build.add_argument(
         "--build-args",
@@ -407,7 +425,14 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
     images = select(args.only)
-    chooser = BaseChooser(engine, args.base, dry_run=args.dry_run)
+    bases = dict(item.split("=", 1) for item in args.base_image if "=" in item)
+    if unknown := sorted(set(bases) - {image.key for image in IMAGES}) or [
+        i for i in args.base_image if "=" not in i
+    ]:
+        raise SystemExit(
+            f"images: --base-image takes KEY=IMAGE with a key of `list`; got {', '.join(unknown)}"
+        )
+    chooser = BaseChooser(engine, args.base, dry_run=args.dry_run, bases=bases)
     mounts = ca_mounts(engine, ca_bundle(args.ca_bundle))
     extra = shlex.split(args.build_args)
     v = version()

@@ -218,3 +218,16 @@ def test_the_engine_settings_file_names_the_runtime_and_ulimits_this_host_allows
     assert set(limits) == {"nofile", "nproc"}
     images = importlib.import_module("hack.images")
     assert images.check_ulimits() == [], "the host's hard limits are below hack/containers.conf's ulimits"
+
+
+def test_a_base_given_for_one_image_is_used_for_that_image_alone() -> None:
+    pinned = "mirror.example/python:3.11-slim-bookworm@sha256:" + "0" * 64
+    built = commands(
+        dry_run("--engine", "podman", "--only", "operator metric-tiny", "--base-image", f"operator={pinned}")
+    )
+    assert built[0][built[0].index("--build-arg") + 1] == f"BASE_IMAGE={pinned}"
+    assert not any(arg.startswith("BASE_IMAGE=") for arg in built[1])
+    proc = dry_run("--engine", "podman", "--base-image", "operater=x:1")
+    assert (
+        proc.returncode != 0 and "--base-image takes KEY=IMAGE" in proc.stderr and "operater" in proc.stderr
+    )
