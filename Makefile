@@ -122,11 +122,12 @@ images:
 images-engine:
 	$(PY) hack/images.py install-engine
 
-# The images the cluster tier runs in containers (tests/helm/test_operator_container.py): the engine is
-# installed when missing; Podman's layer cache and the Debian base's tarball make a rebuild take seconds.
+# The images the cluster tier runs in containers (tests/helm/test_operator_container.py), with Podman, which
+# those tests run them with (a Docker daemon's store is not Podman's); Podman is installed when missing, and
+# its layer cache and the Debian base's tarball make a rebuild take seconds.
 TEST_IMAGES := operator metric-tiny
 test-images: images-engine
-	$(PY) hack/images.py build --only "$(TEST_IMAGES)"
+	$(PY) hack/images.py build --engine podman --only "$(TEST_IMAGES)"
 
 # Validate a real GPU cluster (the current kubectl context): examples/smoke/smoke.sh, see docs/quickstart.md.
 smoke:
