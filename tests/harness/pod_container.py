@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import base64
 import json
-import os
 import re
 import shutil
 import subprocess
@@ -38,17 +37,15 @@ from typing import Any
 
 import yaml
 
+from hack import images
 from tests.harness.kube import Cluster
 
-REPO = Path(__file__).resolve().parents[2]
-ENGINE_CONFIG = REPO / "hack" / "containers.conf"
 TOKEN_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
 
 
 def engine_env() -> dict[str, str]:
-    env = dict(os.environ)
-    env.setdefault("CONTAINERS_CONF", str(ENGINE_CONFIG))
-    return env
+    # The settings `make images` builds with (hack/containers.conf), so the tests run what it built.
+    return images.engine_env("podman")
 
 
 def podman(*args: str, check: bool = True, timeout: float = 120) -> subprocess.CompletedProcess[str]:
