@@ -136,9 +136,44 @@ class Watcher(threading.Thread):
                     print(f"[acceptance] SIGKILL trainer {proc.pod} after step {rows[-1]['step']}")
 
 
-# Above the client's own 1000 s and the runner's 1200 s, so a slow run fails with the logs of every
-# process rather than pytest-timeout's thread dump.
-@pytest.mark.timeout(1500)
+# The client is given as long as it makes progress: it is stopped once no step has been trained for
+# STALL_SECONDS (more than a vLLM restart takes on a loaded 2-core machine, ~5 min) or after RUN_SECONDS in
+# all. A slow machine then still passes, and a hang fails in minutes with every process's log rather than
+# pytest-timeout's thread dump (the pytest timeout is above both).
+STALL_SECONDS = 600
+RUN_SECONDS = 2400
+
+
+def run_client(base: str, log: Path, volume: Path) -> tuple[int | None, str]:
+    """Runs DSPy's compile() to its end; (exit code or None when stopped, why it was stopped)."""
+    with log.open("wb") as handle:
+        client = subprocess.Popen(
+            [sys.executable, "-m", "tests.integration.dspy_grpo_client", base, MODEL, str(G), str(B), str(S)],
+            cwd=REPO,
+            stdout=handle,
+            stderr=subprocess.STDOUT,
+        )
+        started = progressed = time.monotonic()
+        trained = 0
+        try:
+            while client.poll() is None:
+                time.sleep(2)
+                now = time.monotonic()
+                rows = len(read_rows(volume / "output" / "metrics.jsonl"))
+                if rows != trained:
+                    trained, progressed = rows, now
+                if now - progressed > STALL_SECONDS:
+                    return None, f"no step trained for {STALL_SECONDS}s (last: {trained} metrics rows)"
+                if now - started > RUN_SECONDS:
+                    return None, f"compile() still running after {RUN_SECONDS}s ({trained} metrics rows)"
+            return client.returncode, ""
+        finally:
+            if client.poll() is None:
+                client.kill()
+                client.wait()
+
+
+@pytest.mark.timeout(RUN_SECONDS + 600)
 def test_dspy_grpo_trains_a_job_through_a_trainer_sigkill(
     kube: Cluster, namespace: str, tmp_path: Path
 ) -> None:
@@ -154,7 +189,7 @@ def test_dspy_grpo_trains_a_job_through_a_trainer_sigkill(
         volume = claim_dir(kube, namespace, f"{name}-ckpt")
         seed_chat_model(volume)
         runner_thread = threading.Thread(
-            target=lambda: outcome.update(phase=runner.run(timeout=1200)), daemon=True
+            target=lambda: outcome.update(phase=runner.run(timeout=RUN_SECONDS + 200)), daemon=True
         )
         runner_thread.start()
         watcher = Watcher(kube, namespace, name, runner, volume)
@@ -163,25 +198,7 @@ def test_dspy_grpo_trains_a_job_through_a_trainer_sigkill(
         base = f"http://127.0.0.1:{runner.gateway_port}/v1/"
         wait_for("the rollout gateway", lambda: runner.gateway is not None, timeout=120)
         client_log = tmp_path / "dspy.log"
-        with client_log.open("wb") as handle:
-            client = subprocess.run(
-                [
-                    sys.executable,
-                    "-m",
-                    "tests.integration.dspy_grpo_client",
-                    base,
-                    MODEL,
-                    str(G),
-                    str(B),
-                    str(S),
-                ],
-                cwd=REPO,
-                stdout=handle,
-                stderr=subprocess.STDOUT,
-                # Two vLLM start-ups (the first gang's and the restarted one's) of 1-3 minutes each.
-                timeout=1000,
-                check=False,
-            )
+        returncode, stopped = run_client(base, client_log, volume)
         compiled_at = time.monotonic()
         runner_thread.join(120)
         watcher.done.set()
@@ -190,7 +207,8 @@ def test_dspy_grpo_trains_a_job_through_a_trainer_sigkill(
             f"--- {p.name}\n" + p.read_text(errors="replace")[-3000:]
             for p in [client_log, *sorted((tmp_path / "run").glob("*.log"))]
         )
-        assert client.returncode == 0, f"DSPy's compile() failed:\n{logs}"
+        assert not stopped, f"DSPy's compile() was stopped: {stopped}\n{logs}"
+        assert returncode == 0, f"DSPy's compile() failed:\n{logs}"
         assert '"compiled": true' in client_log.read_text(), logs
         assert outcome.get("phase") == "Succeeded", f"job ended {outcome.get('phase')}:\n{logs}"
     finally:

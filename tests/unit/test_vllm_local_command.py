@@ -59,10 +59,18 @@ def test_the_local_vllm_runs_the_rendered_args_and_env_with_only_the_cpu_changes
     assert ("--weight-transfer-config" in local) == (weight_sync == "NCCL")
     assert local[local.index("--max-model-len") + 1] == "256"
 
-    # The container's environment unchanged, plus the CPU build's three settings.
+    # The container's environment unchanged, plus the CPU build's settings: the KV cache, the compile
+    # cache, unpinned OpenMP threads, and the one-GPU server's worker inside the engine core (the GPU
+    # image's process shape).
     added = {k: v for k, v in local_env.items() if k not in env}
     assert {k: local_env[k] for k in env} == env
-    assert set(added) == {"VLLM_CPU_KVCACHE_SPACE", "VLLM_CACHE_ROOT", "VLLM_CPU_OMP_THREADS_BIND"}
+    assert set(added) == {
+        "VLLM_CPU_KVCACHE_SPACE",
+        "VLLM_CACHE_ROOT",
+        "VLLM_CPU_OMP_THREADS_BIND",
+        "VLLM_ENABLE_V1_MULTIPROCESSING",
+    }
+    assert added["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
     assert env["VLLM_SERVER_DEV_MODE"] == "1"
 
 
