@@ -63,13 +63,7 @@ from grpo_operator.builders.security import HOME_DIR
 from tests.harness import vllm_server
 from tests.harness.generation_ports import replica_of, rewrite_generation
 from tests.harness.kube import PROCESS_FINALIZER, Cluster
-from tests.harness.local_process import (
-    Proc,
-    container_env,
-    container_exit_code,
-    free_port,
-    rewrite_paths,
-)
+from tests.harness.local_process import Proc, container_env, container_exit_code, free_port, rewrite_paths
 from tests.harness.pod_logs import PodLog
 from tests.harness.readiness import mark_ready, unready
 
@@ -116,6 +110,9 @@ class LocalJobRunner:
     vllm_exited: set[str] = field(default_factory=set)
     # Generation pods whose server answered /health (and so finished compiling).
     vllm_ready: set[str] = field(default_factory=set)
+    # Seconds from a generation pod's Running to its server's start (a slow image pull or model download).
+    vllm_start_delay: float = 0.0
+    vllm_running_since: dict[str, float] = field(default_factory=dict)  # pod uid -> first seen Running
     # Called after every pass of run()'s loop: what a test does to the job while it runs (kill a process).
     hooks: list[Callable[[LocalJobRunner], None]] = field(default_factory=list)
     # (time.monotonic(), "started" | "exited", pod name) of each trainer and vLLM process, in order.
@@ -352,6 +349,9 @@ class LocalJobRunner:
             if name in self.vllm or name in self.vllm_exited or pod["metadata"].get("deletionTimestamp"):
                 continue
             if pod["status"].get("phase") != "Running":
+                continue
+            running_since = self.vllm_running_since.setdefault(pod["metadata"]["uid"], time.monotonic())
+            if time.monotonic() - running_since < self.vllm_start_delay:
                 continue
             replica = replica_of(pod)
             if any(

@@ -60,11 +60,13 @@ def run_tiny_job(
     generation: Literal["vllm", "in-process-transformers"] = "vllm",
     hooks: list[Callable[[LocalJobRunner], None]] | None = None,
     vllm_port: int = 0,
+    vllm_start_delay: float = 0.0,
 ) -> tuple[str, Path]:
     """Applies the tiny demo's ``job`` with the operator running, seeds its claim as the demo does
     (examples/tiny/seed.py) and runs its pods locally until the job ends (``hooks`` run after every pass of
-    the runner; ``vllm_port``: the runner's local port for the job's vLLM Service, free if 0); returns the
-    job's final phase and the directory that backs the job's claim."""
+    the runner; ``vllm_port``: the runner's local port for the job's vLLM Service, free if 0;
+    ``vllm_start_delay``: LocalJobRunner's); returns the job's final phase and the directory that backs
+    the job's claim."""
     sys.path.insert(0, str(REPO / "examples" / "tiny"))
     from seed import seed  # the tiny model and the demo's prompts on the job's volume
 
@@ -83,6 +85,7 @@ def run_tiny_job(
             generation=generation,
             hooks=hooks or [],
             vllm_port=vllm_port,
+            vllm_start_delay=vllm_start_delay,
         )
         phase = runner.run(timeout=1200)
     finally:
