@@ -10,6 +10,7 @@ it makes says why, and tests/unit/test_vllm_local_command.py compares the two.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import signal
@@ -34,8 +35,10 @@ KV_CACHE_GIB = "1"
 API_SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 
 
+@functools.cache
 def vllm_python() -> str:
-    """The python of the vLLM CPU venv, installed on first use (hack/vllm-env.sh; ~1 GB, cached)."""
+    """The python of the vLLM CPU venv, installed on first use (hack/vllm-env.sh; ~1 GB, cached), looked up
+    once per process."""
     out = subprocess.run(
         ["bash", str(REPO / "hack" / "vllm-env.sh")], check=True, capture_output=True, text=True
     )
@@ -245,6 +248,7 @@ def container_env(container: dict[str, Any]) -> dict[str, str]:
 # --- vLLM inside the trainer (generation.backend vllm-colocate) ------------------------------------------
 
 
+@functools.cache
 def colocate_python() -> str:
     """The python of a venv holding both vLLM's CPU build and the trainer (hack/vllm-colocate-env.sh, an
     overlay of the vLLM venv; installed on first use): it stands in for a trainer image that carries vLLM."""

@@ -6,6 +6,7 @@ steps of its own rollout source; main.py only picks the loop and maps errors to 
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -18,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from grpo_operator.api.trainer_config import TrainerConfig
 
 from grpo_trainer.errors import ConfigError, ExitCode
-from grpo_trainer.grpo_config import BatchPlan, RuntimeEnv, check_colocate, grpo_config_kwargs, plan_batches
+from grpo_trainer.grpo_config import BatchPlan, RuntimeEnv, grpo_config_kwargs, plan_batches
 from grpo_trainer.trl_adapter import load_checkpoint_weights
 from grpo_trainer.vllm_wait import wait_for_vllm
 
@@ -229,7 +230,7 @@ def build_trainer(
     if colocated:
         from grpo_trainer import colocate
 
-        check_colocate(config)
+        # What the colocated engine cannot do was refused when ``args`` was built (grpo_args).
         probe = colocate.EngineProbe(tokenizer)
         extra["vllm_generation"] = colocate.generation_class(probe, config.model.dtype)
     elif served:
@@ -340,6 +341,7 @@ class SyncReporter:
             self.reporting.status.update({"servedModel": body})
 
 
+@functools.cache
 def _status_transports() -> tuple[str, ...]:
     """The transports status.servedModel.weightSync accepts (the API's enum): a transport the API does not
     name (yet) leaves the field out rather than have the whole status patch refused."""
