@@ -105,8 +105,8 @@ def log_times(log: Path, needle: str) -> list[datetime]:
 
 
 class Watcher(threading.Thread):
-    """Samples `kubectl get grpo` every 2 s while the job runs, and kills the trainer process with SIGKILL
-    once step KILL_AFTER_STEP is trained."""
+    """Samples `kubectl get grpo` every 2 s while the job runs, notes when metrics.jsonl last changed, and
+    kills the trainer process with SIGKILL once step KILL_AFTER_STEP is trained."""
 
     def __init__(self, kube: Cluster, namespace: str, name: str, runner: LocalJobRunner, volume: Path):
         super().__init__(daemon=True)
@@ -114,6 +114,8 @@ class Watcher(threading.Thread):
         self.samples: list[str] = []
         self.killed: tuple[float, int, int] | None = None  # (monotonic time, trained step, checkpoint step)
         self.killed_wall = 0.0
+        self.rows = 0  # metrics.jsonl's rows, and when their number last changed
+        self.progressed = time.monotonic()
         self.done = threading.Event()
 
     def run(self) -> None:
@@ -121,6 +123,8 @@ class Watcher(threading.Thread):
             out = self.kube.kubectl("get", "grpo", self.name, "-n", self.namespace, check=False).stdout
             self.samples.append(out)
             rows = read_rows(self.volume / "output" / "metrics.jsonl")
+            if len(rows) != self.rows:
+                self.rows, self.progressed = len(rows), time.monotonic()
             # Not right after a checkpoint step, so that some steps are replayed.
             if (
                 self.killed is None
@@ -144,8 +148,9 @@ STALL_SECONDS = 600
 RUN_SECONDS = 2400
 
 
-def run_client(base: str, log: Path, volume: Path) -> tuple[int | None, str]:
-    """Runs DSPy's compile() to its end; (exit code or None when stopped, why it was stopped)."""
+def run_client(base: str, log: Path, watcher: Watcher) -> tuple[int | None, str]:
+    """Runs DSPy's compile() to its end, or until ``watcher`` sees no progress for STALL_SECONDS; (exit code
+    or None when stopped, why it was stopped)."""
     with log.open("wb") as handle:
         client = subprocess.Popen(
             [sys.executable, "-m", "tests.integration.dspy_grpo_client", base, MODEL, str(G), str(B), str(S)],
@@ -153,19 +158,15 @@ def run_client(base: str, log: Path, volume: Path) -> tuple[int | None, str]:
             stdout=handle,
             stderr=subprocess.STDOUT,
         )
-        started = progressed = time.monotonic()
-        trained = 0
+        started = time.monotonic()
         try:
             while client.poll() is None:
                 time.sleep(2)
                 now = time.monotonic()
-                rows = len(read_rows(volume / "output" / "metrics.jsonl"))
-                if rows != trained:
-                    trained, progressed = rows, now
-                if now - progressed > STALL_SECONDS:
-                    return None, f"no step trained for {STALL_SECONDS}s (last: {trained} metrics rows)"
+                if now - watcher.progressed > STALL_SECONDS:
+                    return None, f"no step trained for {STALL_SECONDS}s (last: {watcher.rows} metrics rows)"
                 if now - started > RUN_SECONDS:
-                    return None, f"compile() still running after {RUN_SECONDS}s ({trained} metrics rows)"
+                    return None, f"compile() still running after {RUN_SECONDS}s ({watcher.rows} metrics rows)"
             return client.returncode, ""
         finally:
             if client.poll() is None:
@@ -198,7 +199,7 @@ def test_dspy_grpo_trains_a_job_through_a_trainer_sigkill(
         base = f"http://127.0.0.1:{runner.gateway_port}/v1/"
         wait_for("the rollout gateway", lambda: runner.gateway is not None, timeout=120)
         client_log = tmp_path / "dspy.log"
-        returncode, stopped = run_client(base, client_log, volume)
+        returncode, stopped = run_client(base, client_log, watcher)
         compiled_at = time.monotonic()
         runner_thread.join(120)
         watcher.done.set()
