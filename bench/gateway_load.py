@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -32,6 +31,8 @@ import requests
 from grpo_operator.builders import job_from_object
 from grpo_operator.builders.trainer_configmap import gateway_config
 
+from tests.harness.ports import free_port
+
 REPO = Path(__file__).resolve().parents[1]
 MIB = 1024 * 1024
 NEW_KEYS = {
@@ -42,12 +43,6 @@ NEW_KEYS = {
     "maxHeldCompletions",
     "maxHeldCompletionBytes",
 }
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def rss_mib(pid: int, field: str = "VmRSS") -> float:

@@ -93,7 +93,7 @@ class PeakRss(threading.Thread):
 
 
 def start_server(model: Path, work: Path) -> tuple[vllm_server.VLLMProcess, float]:
-    from tests.trainer.toy import free_port
+    from tests.harness.ports import free_port
 
     container = vllm_server.rendered_container(str(model), weightSync="Volume")
     env = {**vllm_server.container_env(container), "HF_HOME": str(work / "hf")}
@@ -103,7 +103,7 @@ def start_server(model: Path, work: Path) -> tuple[vllm_server.VLLMProcess, floa
 
 def start_servers(model: Path, work: Path, count: int) -> tuple[list[vllm_server.VLLMProcess], float]:
     """``count`` servers started together; the seconds until the last answered /health."""
-    from tests.trainer.toy import free_port
+    from tests.harness.ports import free_port
 
     container = vllm_server.rendered_container(str(model), weightSync="Volume")
     servers = []

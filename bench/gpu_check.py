@@ -48,10 +48,10 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.trainer_overhead import bare_trl
+from tests.harness.ports import free_port
 from tests.trainer.toy import (
     REPO,
     fraction_of_target,
-    free_port,
     read_jsonl,
     start_trainer,
     trainer_config,

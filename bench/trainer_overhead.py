@@ -25,6 +25,11 @@ from typing import Any
 from grpo_metric import FormatFailure, MetricServer
 
 REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:  # run by path: `python bench/trainer_overhead.py`
+    sys.path.insert(0, str(REPO))
+
+from tests.harness.ports import free_port  # noqa: E402
+
 GROUP, PROMPTS, COMPLETION_TOKENS, LR, SEED = 8, 4, 8, 0.02, 42
 
 
@@ -36,14 +41,6 @@ def reward_value(completion: str) -> float:
 
 def http_metric(example: dict[str, Any], completion: str) -> float:
     return reward_value(completion)
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def write_data(path: Path) -> None:

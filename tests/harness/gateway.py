@@ -9,7 +9,6 @@ Arbor's provider) on one side, the contract's trainer calls on the other.
 from __future__ import annotations
 
 import asyncio
-import socket
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -20,13 +19,9 @@ from grpo_gateway.app import Gateway, make_gateway, start
 from grpo_operator.api.gateway_config import GatewayConfig
 from grpo_operator.api.trainer_config import JobRef
 
+from tests.harness.ports import free_port
+
 MODEL = "Qwen/Qwen2.5-0.5B-Instruct"
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def gateway_config(**changes: Any) -> GatewayConfig:

@@ -3,19 +3,12 @@ its environment and paths, and the exit code a container runtime would report fo
 
 from __future__ import annotations
 
-import socket
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
 WORKSPACE = "/workspace"
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def rewrite_paths(value: Any, workspace: Path, mounts: dict[str, Path] | None = None) -> Any:

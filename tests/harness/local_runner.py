@@ -63,8 +63,9 @@ from grpo_operator.builders.security import HOME_DIR
 from tests.harness import vllm_server
 from tests.harness.generation_ports import replica_of, rewrite_generation
 from tests.harness.kube import PROCESS_FINALIZER, Cluster
-from tests.harness.local_process import Proc, container_env, container_exit_code, free_port, rewrite_paths
+from tests.harness.local_process import Proc, container_env, container_exit_code, rewrite_paths
 from tests.harness.pod_logs import PodLog
+from tests.harness.ports import free_port
 from tests.harness.readiness import mark_ready, unready
 
 REPO = Path(__file__).resolve().parents[2]
@@ -502,9 +503,9 @@ class LocalJobRunner:
         if not pod or pod["metadata"]["uid"] != proc.uid:
             return
         self.kube.terminate_pod(self.namespace, proc.pod, code, message)
-        print(
-            f"[local-runner] trainer pod {proc.pod} exited {code} -> pod {'Succeeded' if code == 0 else 'Failed'}"
-        )
+        # A failed trainer's last log line in the test's output: a CI failure names its cause without the log.
+        outcome = f"Failed: {message}" if code else "Succeeded"
+        print(f"[local-runner] trainer pod {proc.pod} exited {code} -> pod {outcome}")
 
     def step(self) -> None:
         client = self.client_rollouts()

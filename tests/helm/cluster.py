@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import urllib.request
@@ -26,13 +25,8 @@ import yaml
 
 from hack.helm import kube_schemas
 from tests.harness.kube import Cluster, wait_for
+from tests.harness.ports import free_port
 from tests.helm.chart import CHART, REPO, helm, run
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def apply_monitoring_crds(kube: Cluster) -> None:

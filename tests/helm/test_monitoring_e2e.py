@@ -40,8 +40,9 @@ import yaml
 
 from tests.harness.kube import Cluster, wait_for
 from tests.harness.local_runner import LocalJobRunner
+from tests.harness.ports import free_port
 from tests.helm.chart import REPO, metric_names, prometheus
-from tests.helm.cluster import apply_monitoring_crds, free_port, helm_cmd, helm_install, operator_as
+from tests.helm.cluster import apply_monitoring_crds, helm_cmd, helm_install, operator_as
 
 pytestmark = [pytest.mark.trainer, pytest.mark.slow]
 

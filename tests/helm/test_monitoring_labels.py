@@ -18,8 +18,8 @@ import pytest
 from prometheus_client import CollectorRegistry, Gauge, start_http_server
 
 from tests.harness.kube import wait_for
+from tests.harness.ports import free_port
 from tests.helm.chart import MONITORING_APIS, VALUES_DIR, find, render
-from tests.helm.cluster import free_port
 from tests.helm.test_monitoring_e2e import Prometheus, pod_monitor_job
 
 FORGED = {"namespace": "team-b", "grpojob": "victim", "pod": "victim-trainer-1-0", "job": "team-b/x"}

@@ -21,7 +21,6 @@ import pytest
 from grpo_operator import __version__
 
 from tests.harness.kube import REPO, Cluster, wait_for
-from tests.harness.local_process import free_port
 from tests.harness.local_runner import LocalJobRunner
 from tests.harness.pod_container import (
     PodContainer,
@@ -31,6 +30,7 @@ from tests.harness.pod_container import (
     probe_url,
     run_pod,
 )
+from tests.harness.ports import free_port
 from tests.helm.cluster import helm_cmd, helm_install
 from tests.integration.test_e2e_training import claim_dir, tiny_job
 

@@ -26,9 +26,9 @@ from typing import Any
 import pytest
 
 from tests.harness.kube import REPO, Cluster, wait_for
-from tests.harness.local_process import free_port
 from tests.harness.local_runner import LocalJobRunner
 from tests.harness.operator_process import Operator
+from tests.harness.ports import free_port
 from tests.integration.test_e2e_training import claim_dir
 
 pytest.importorskip("dspy", reason="the dspy extra is not installed")

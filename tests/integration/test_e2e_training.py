@@ -20,9 +20,9 @@ import pytest
 import yaml
 
 from tests.harness.kube import REPO, Cluster, wait_for
-from tests.harness.local_process import free_port
 from tests.harness.local_runner import LocalJobRunner
 from tests.harness.operator_process import Operator
+from tests.harness.ports import free_port
 from tests.harness.status_watch import StatusWatch
 
 pytestmark = [pytest.mark.trainer, pytest.mark.slow, pytest.mark.vllm]

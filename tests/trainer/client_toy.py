@@ -10,7 +10,8 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from tests.trainer.toy import fraction_of_target, free_port, start_trainer
+from tests.harness.ports import free_port
+from tests.trainer.toy import fraction_of_target, start_trainer
 
 # A minimal chat template in the tiny model's character vocabulary: turns on their own lines, then "=".
 CHAT_TEMPLATE = (

@@ -29,7 +29,8 @@ from grpo_trainer.checkpoints import (
 )
 from grpo_trainer.errors import CheckpointMismatch, ConfigError
 
-from tests.trainer.toy import free_port, start_trainer, trainer_config
+from tests.harness.ports import free_port
+from tests.trainer.toy import start_trainer, trainer_config
 
 pytestmark = pytest.mark.trainer
 

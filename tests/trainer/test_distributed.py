@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 from grpo_metric import MetricServer
 
-from tests.trainer.toy import REPO, free_port, read_jsonl, trainer_config, trainer_env
+from tests.harness.ports import free_port
+from tests.trainer.toy import REPO, read_jsonl, trainer_config, trainer_env
 
 pytestmark = pytest.mark.trainer
 

@@ -23,7 +23,7 @@ from grpo_operator.reconcile.observed import PodView
 
 from tests.harness import vllm_server
 from tests.harness.local_process import container_exit_code
-from tests.trainer.toy import free_port
+from tests.harness.ports import free_port
 
 pytestmark = [pytest.mark.trainer, pytest.mark.slow, pytest.mark.vllm]
 

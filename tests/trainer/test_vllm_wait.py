@@ -14,7 +14,8 @@ from grpo_operator.api import TrainerConfig
 from grpo_operator.api.spec import GRPOJobSpec
 from grpo_trainer.vllm_wait import GenerationUnavailable, vllm_healthy, wait_for_vllm
 
-from tests.trainer.toy import free_port, start_trainer, trainer_config
+from tests.harness.ports import free_port
+from tests.trainer.toy import start_trainer, trainer_config
 
 
 class _FakeClock:

@@ -24,10 +24,10 @@ import pytest
 from grpo_metric import MetricServer
 
 from tests.harness import vllm_server
+from tests.harness.ports import free_port
 from tests.helm.chart import CHART, metric_names
 from tests.trainer.toy import (
     REPO,
-    free_port,
     read_jsonl,
     start_trainer,
     train_prompts,

@@ -15,6 +15,8 @@ from typing import Any
 
 from grpo_metric import FormatFailure
 
+from tests.harness.ports import free_port
+
 REPO = Path(__file__).resolve().parents[2]
 TARGET = "a"
 
@@ -96,14 +98,6 @@ def trainer_config(
     path = workdir / "trainer.json"
     path.write_text(json.dumps(config, indent=2), encoding="utf-8")
     return path
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def trainer_env(config: Path, **extra: str) -> dict[str, str]:

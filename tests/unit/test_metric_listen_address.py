@@ -5,7 +5,6 @@ Service to reach it. Run as a metric image runs: a process calling ``serve(metri
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -16,13 +15,9 @@ from contextlib import contextmanager
 import pytest
 from grpo_metric.protocol import HEALTH_PATH
 
+from tests.harness.ports import free_port
+
 METRIC = "from grpo_metric import serve\nserve(lambda example, completion: 1.0)\n"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @contextmanager
