@@ -126,6 +126,28 @@ def floor(
     return t_create, t_running, requests
 
 
+def clean_up_jobs(
+    cluster: BenchCluster, op: OperatorProcess, namespaces: list[str], tag: str, kueue: bool, timeout: float
+) -> None:
+    """Deletes a phase's jobs and namespaces and waits until their pods and volumes are gone."""
+    log(f"[{tag}] operator: cleaning up")
+    # Jobs first: their children go with them (garbage collector), so the operator never sees a
+    # namespace deletion take pods from under a live job.
+    for namespace in namespaces:
+        cluster.kubectl("delete", "grpojobs", "--all", "-n", namespace, "--wait=false")
+    delete_namespaces(cluster, namespaces)
+
+    def pods_gone() -> bool:
+        if kueue:
+            stop_deleted_pods(cluster)
+        return bool(gpu_pods(cluster) == 0)
+
+    wait_for("the jobs' pods to be gone", pods_gone, timeout=timeout, interval=2)
+    op.stop()
+    waited = settle(cluster, namespaces)
+    log(f"[{tag}] operator: namespaces and volumes gone after {waited:.0f}s")
+
+
 def operator_run(
     cluster: BenchCluster,
     op_kubeconfig: Path,
@@ -138,6 +160,7 @@ def operator_run(
     source: Path | None,
     kueue: bool = False,
     program: list[str] | None = None,
+    clean_up: bool = True,
 ) -> dict[str, Any]:
     namespaces = sorted({m["metadata"]["namespace"] for m in manifests})
     create_namespaces(cluster, namespaces)
@@ -252,22 +275,11 @@ def operator_run(
     if kueue:
         pods_seen.stop()
     os.unlink(path)
-    log(f"[{tag}] operator: cleaning up")
-    # Jobs first: their children go with them (garbage collector), so the operator never sees a
-    # namespace deletion take pods from under a live job.
-    for namespace in namespaces:
-        cluster.kubectl("delete", "grpojobs", "--all", "-n", namespace, "--wait=false")
-    delete_namespaces(cluster, namespaces)
-
-    def pods_gone() -> bool:
-        if kueue:
-            stop_deleted_pods(cluster)
-        return bool(gpu_pods(cluster) == 0)
-
-    wait_for("the jobs' pods to be gone", pods_gone, timeout=600, interval=2)
-    op.stop()
-    waited = settle(cluster, namespaces)
-    log(f"[{tag}] operator: namespaces and volumes gone after {waited:.0f}s")
+    if not clean_up:
+        op.stop()
+        log(f"[{tag}] operator: stopped; the jobs are left in place (tear the cluster down)")
+    else:
+        clean_up_jobs(cluster, op, namespaces, tag, kueue, timeout)
     durations = ramp.durations()
     admission = [admitted[k] - ramp.started[k] for k in admitted if k in ramp.started]
     ramp_counts = after - before
@@ -311,6 +323,7 @@ def run_size(
     skip_floor: bool = False,
     kueue: bool = False,
     program: list[str] | None = None,
+    clean_up: bool = True,
 ) -> SizeResult:
     tag = f"{count} jobs"
     run = time.strftime("%H%M%S")
@@ -325,8 +338,9 @@ def run_size(
         (nan, nan, nan) if skip_floor else floor(cluster, manifests, tag, timeout)
     )
     res = operator_run(
-        cluster, op_kubeconfig, manifests, tag, idle, timeout, workdir, operator_args, source, kueue, program
-    )
+        cluster, op_kubeconfig, manifests, tag, idle, timeout, workdir, operator_args, source, kueue, program,
+        clean_up,
+    )  # fmt: skip
     durations = res["durations"]
     return SizeResult(
         jobs=count,
@@ -397,6 +411,12 @@ def main() -> int:
         "instead of the installed one, for before/after figures",
     )
     parser.add_argument(
+        "--leave-last",
+        action="store_true",
+        help="leave the last size's jobs in place instead of deleting them and waiting for their pods, "
+        "namespaces and volumes to go (at 3,000 jobs, many minutes); tear the cluster down afterwards",
+    )
+    parser.add_argument(
         "--skip-floor", action="store_true", help="measure only (b) (the floor does not change)"
     )
     parser.add_argument(
@@ -452,6 +472,7 @@ def main() -> int:
                 args.skip_floor or args.kueue,
                 args.kueue,
                 program,
+                clean_up=not (args.leave_last and count == sizes[-1]),
             )
         )
         print(report(results), flush=True)

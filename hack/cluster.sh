@@ -103,7 +103,8 @@ kueue_running() {
   [ -f "$EXTRA/kueue.pid" ] && kill -0 "$(cat "$EXTRA/kueue.pid")" 2>/dev/null
 }
 
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+# Below the kernel's ephemeral range, so no outgoing connection takes it before Kueue binds it (tests/harness/ports.py).
+free_port() { PYTHONPATH="$REPO" python3 -c 'from tests.harness.ports import free_port; print(free_port())'; }
 
 # Kueue's controller manager as a local process: its webhooks are served on 127.0.0.1 with a
 # self-signed certificate, and the API server calls them by URL (hack/cluster/kueue_manifests.py).
