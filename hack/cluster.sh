@@ -255,7 +255,9 @@ up() {
   nodes_yaml | kc apply -f - >/dev/null
   kc apply -f "$HERE/cluster/storage.yaml" >/dev/null
   start_provisioner
-  kc wait --for=condition=Ready node --all --timeout=60s >/dev/null
+  # kwok marks the nodes Ready one status update at a time: about 4 s per 1,000 nodes on a quiet machine,
+  # minutes on a busy one (1,036 nodes did not make 60 s).
+  kc wait --for=condition=Ready node --all --timeout="$((60 + (GPU_NODES + CPU_NODES) / 4))s" >/dev/null
   log "cluster '$NAME' up in $((SECONDS - t0))s: $GPU_NODES GPU node(s) x $GPUS_PER_NODE nvidia.com/gpu, $CPU_NODES CPU node(s)"
   if [ "$WITH_KUEUE" = 1 ]; then kueue_up; fi
   env_lines
