@@ -1,7 +1,8 @@
 """GRPOJobs queued by a real Kueue (v0.17, its controller manager and webhooks, started by
 `hack/cluster.sh kueue`) on the local control plane: admission of the whole gang as one pod group,
 queueing with Kueue's reason, the next job admitted when one finishes, priority preemption as an
-uncounted restart that resumes from the newest checkpoint, and a multi-node job admitted as one unit.
+uncounted restart that resumes from the newest checkpoint, a failed vLLM pod replaced inside its admitted
+pod group, and a multi-node job admitted as one unit.
 
 As in test_operator.py, kwok runs no containers: the tests play the trainer's part (exit codes, the
 checkpoint in the job's status) and one part of the kubelet that kwok leaves out: a deleted pod's
@@ -335,6 +336,71 @@ def test_a_higher_priority_job_preempts_one_that_checkpoints_and_resumes_when_re
     trainer = gang(kube, namespace, victim)[f"{victim}-trainer-2-0"]
     # The checkpoint root: the trainer resumes from the newest checkpoint its latest.json names (step 7).
     assert env_of(trainer)["RESUME_FROM"] == "/workspace/checkpoints"
+
+
+def condition(obj: dict[str, Any] | None, kind: str) -> str | None:
+    for c in ((obj or {}).get("status") or {}).get("conditions") or []:
+        if c.get("type") == kind:
+            return str(c.get("status"))
+    return None
+
+
+def test_a_failed_vllm_pod_is_replaced_inside_the_admitted_pod_group_within_its_quota(
+    kube: Cluster,
+    namespace: str,
+    queue: str,
+    operator: Operator,
+) -> None:
+    """Two jobs fill the 16-GPU queue. One's vLLM pod fails while its trainer runs: the operator replaces
+    that pod alone, in the same pod group, and Kueue ungates the replacement at once although the queue has
+    no free GPU: it took the failed pod's place in the quota the group holds. The Workload stays the same
+    and admitted, the job keeps its attempt and restart count, and the group ends when the job does."""
+    for job in ("solo", "full"):
+        kube.apply(queued(job), namespace)
+    for job in ("solo", "full"):
+        wait_phase(kube, namespace, job, "Running", timeout=120)
+    before = workload(kube, namespace, "solo-a1")
+    assert before is not None and condition(before, "Admitted") == "True"
+
+    terminate_pod(kube, namespace, "solo-gen-1-0", 1, "vLLM engine core died")
+
+    def replacement_running() -> bool:
+        pod = gang(kube, namespace, "solo").get("solo-gen-1-1")
+        return pod is not None and not gated(pod) and pod["status"].get("phase") == "Running"
+
+    wait_for(
+        "Kueue to admit the replacement vLLM pod and the scheduler to place it", replacement_running, 120
+    )
+    replacement = gang(kube, namespace, "solo")["solo-gen-1-1"]
+    assert replacement["metadata"]["labels"]["kueue.x-k8s.io/pod-group-name"] == "solo-a1"
+    s = wait_job(
+        kube, namespace, "solo", "the job Running with its replacement Ready",
+        lambda s: s.get("phase") == "Running" and s.get("reason") != "GenerationReplaced",
+    )  # fmt: skip
+    assert s.get("restarts", 0) == 0 and s["trainerAttempt"] == 1, s
+    replaced = [
+        e["message"] for e in events_of(kube, namespace, "solo") if e["reason"] == "GenerationReplaced"
+    ]
+    assert len(replaced) == 1 and "replaced by vLLM pod solo-gen-1-1" in replaced[0], replaced
+    assert not [e for e in events_of(kube, namespace, "solo") if e["reason"] == "Restarting"]
+    after = workload(kube, namespace, "solo-a1")
+    assert after is not None and after["metadata"]["uid"] == before["metadata"]["uid"]
+    assert condition(after, "Admitted") == "True" and condition(after, "Evicted") != "True", after["status"]
+    assert status(kube, namespace, "full")["phase"] == "Running", "the other job kept its pods"
+    assert_all_or_nothing(kube, namespace, ["full"])
+
+    # The job finishes: the group ends (every pod stopped) and Kueue releases its quota.
+    terminate_pod(kube, namespace, "solo-trainer-1-0", 0)
+    wait_phase(kube, namespace, "solo", "Succeeded")
+
+    def finished() -> bool:
+        stop_deleted_pods(kube, namespace)
+        current = workload(kube, namespace, "solo-a1")
+        return current is None or condition(current, "Finished") == "True"  # finished, or gone with its pods
+
+    wait_for("Kueue to finish the solo-a1 Workload", finished, timeout=120)
+    kube.apply(queued("next"), namespace)
+    wait_phase(kube, namespace, "next", "Running", timeout=120)
 
 
 def gpu_nodes(count: int, tag: str) -> list[dict[str, Any]]:

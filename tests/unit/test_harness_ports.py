@@ -16,7 +16,9 @@ pytestmark = pytest.mark.unit
 def test_ports_come_from_below_the_ephemeral_range_and_are_not_repeated() -> None:
     floor = ports.ephemeral_floor()
     if floor - ports.LOWEST < ports.MIN_SPAN:
-        pytest.fail(f"this machine's ephemeral range starts at {floor}: the harness would use the kernel's ports")
+        pytest.fail(
+            f"this machine's ephemeral range starts at {floor}: the harness would use the kernel's ports"
+        )
     handed = [ports.free_port() for _ in range(200)]
     assert all(ports.LOWEST <= p < floor for p in handed), handed
     assert len(set(handed)) == len(handed)

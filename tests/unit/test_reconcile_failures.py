@@ -222,7 +222,6 @@ def test_the_progress_clock_restarts_when_a_replacement_gets_ready() -> None:
     [
         ("trainer-failed-too", "GenerationFailed"),
         ("before-running", "GenerationFailed"),
-        ("kueue", "GenerationFailed"),
         ("oom", "OOMKilled"),
     ],
 )
@@ -234,12 +233,6 @@ def test_a_vllm_failure_restarts_the_gang_where_replacing_it_alone_is_not_the_an
         world.settle()
         world.schedule_all()
         world.step()
-    elif setup == "kueue":
-        world = World(job_object(scheduling={"queueName": "gpu-queue"}))
-        world.settle()
-        world.run_all()
-        world.settle()
-        assert world.status()["phase"] == "Running"
     else:
         world = running_world()
     world.terminate(
@@ -257,6 +250,28 @@ def test_a_vllm_failure_restarts_the_gang_where_replacing_it_alone_is_not_the_an
     assert status["restarts"] == 1 and plan.restart is not None
     assert "math-gen-1-1" not in [m["metadata"]["name"] for m in plan.creates]
     assert "math-trainer-1-0" in [r.name for r in plan.deletes]
+
+
+def test_under_kueue_a_failed_vllm_pod_is_replaced_inside_the_gangs_pod_group() -> None:
+    world = World(job_object(scheduling={"queueName": "gpu-queue"}))
+    world.settle()
+    world.run_all()
+    world.settle()
+    assert world.status()["phase"] == "Running"
+    failed = world.pod("math-gen-1-0")
+    world.terminate("math-gen-1-0", 1, "engine core died", phase="Failed", reason="Error")
+    plan = world.step()
+    status = world.status()
+    assert (status["phase"], status["reason"]) == ("Running", "GenerationReplaced"), status["message"]
+    assert status.get("restarts", 0) == 0 and status["trainerAttempt"] == 1 and plan.restart is None
+    assert not plan.deletes, "the trainer keeps running, and the failed pod is kept for its log"
+    [replacement] = [m for m in plan.creates if m["metadata"]["name"] == "math-gen-1-1"]
+    # The same pod group, size and retriable mark: Kueue admits it within the group's quota.
+    group = "kueue.x-k8s.io/pod-group-name"
+    assert replacement["metadata"]["labels"][group] == failed["metadata"]["labels"][group] == "math-a1"
+    assert replacement["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "gpu-queue"
+    for key in ("kueue.x-k8s.io/pod-group-total-count", "kueue.x-k8s.io/retriable-in-group"):
+        assert replacement["metadata"]["annotations"][key] == failed["metadata"]["annotations"][key]
 
 
 def test_exhausting_the_backoff_limit_fails_the_job_with_the_reason() -> None:

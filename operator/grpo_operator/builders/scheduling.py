@@ -72,10 +72,12 @@ def kueue_labels(job: Job, attempt: int, settings: OperatorSettings) -> tuple[di
     A job that names no queue goes to the platform's default queue, when there is one (read here, not
     folded into the spec, so a changed default reaches the next gang without restarting running ones).
 
-    The group is marked not retriable from the start: the operator never replaces a pod inside a group
-    (a restart is a new group), and otherwise Kueue keeps the quota and a finalizer on every pod of a
-    group whose pods were deleted without the operator (the GRPOJob deleted, its pods garbage
-    collected), waiting for replacements that never come."""
+    A gang restart is a new group. Inside a group the operator replaces only a failed vLLM pod while the
+    trainers run: Kueue counts the group's pods that have not failed, so the replacement takes the failed
+    pod's place in the quota the group already holds. The group is marked not retriable from the start,
+    which ends it once none of its pods is pending or running; otherwise Kueue keeps the quota and a
+    finalizer on every pod of a group whose pods were deleted without the operator (the GRPOJob deleted,
+    its pods garbage collected), waiting for replacements that never come."""
     queue = job.spec.scheduling.queue_name or settings.default_queue_name
     if not queue:
         return {}, {}

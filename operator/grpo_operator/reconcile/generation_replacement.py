@@ -8,7 +8,7 @@ from datetime import timedelta
 
 from grpo_operator.api import event_reasons
 from grpo_operator.builders import Job
-from grpo_operator.builders.common import KUEUE_GROUP_LABEL, generation_pod_name, generation_replicas
+from grpo_operator.builders.common import generation_pod_name, generation_replicas
 from grpo_operator.builders.gang import generation_pod
 from grpo_operator.reconcile.children import generation_pod_position
 from grpo_operator.reconcile.gang_restart import restart_or_fail
@@ -53,7 +53,9 @@ def replica_text(job: Job, replica: int) -> str:
 def _replaceable(
     rp: ReconcilePass, job: Job, observed: Observed, pod: PodView, replica: int, index: int
 ) -> bool:
-    if KUEUE_GROUP_LABEL in pod.labels or index >= GENERATION_REPLACEMENTS_PER_ATTEMPT:
+    # Under Kueue the replacement joins the gang's pod group: Kueue counts only the group's pods that have
+    # not failed, so it takes the failed pod's place in the quota the group holds and is ungated at once.
+    if index >= GENERATION_REPLACEMENTS_PER_ATTEMPT:
         return False
     term = pod.termination()
     if term is not None and term.reason == OOM_KILLED.reason:

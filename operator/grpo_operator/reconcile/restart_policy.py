@@ -147,9 +147,9 @@ GENERATION_REPLACEMENTS_PER_ATTEMPT = 3
 GENERATION_REPLACED = RestartRule(
     event_reasons.GENERATION_REPLACED.reason,
     Trigger.POD_FAILURE,
-    "A vLLM pod fails, exits or is stopped from outside while every trainer pod runs, the gang is not "
-    f"queued by Kueue, and the attempt has replaced that replica's pod fewer than "
-    f"{GENERATION_REPLACEMENTS_PER_ATTEMPT} times (counted per replica of `generation.replicas`)",
+    "A vLLM pod fails, exits or is stopped from outside while every trainer pod runs, and the attempt has "
+    f"replaced that replica's pod fewer than {GENERATION_REPLACEMENTS_PER_ATTEMPT} times (counted per replica "
+    "of `generation.replicas`); under Kueue the replacement joins the gang's pod group",
     counted=False,
     permanent=False,
     meaning="only that vLLM pod is replaced (`<job>-gen-<attempt>-<n>`, `<job>-gen-r<r>-<attempt>-<n>` for "
@@ -162,8 +162,8 @@ GENERATION_REPLACED = RestartRule(
 GENERATION_FAILED = RestartRule(
     "GenerationFailed",
     Trigger.POD_FAILURE,
-    "A vLLM pod fails or exits before the gang runs, under Kueue, while a trainer pod is not running, or "
-    f"after {GENERATION_REPLACEMENTS_PER_ATTEMPT} replacements of its replica in one attempt",
+    "A vLLM pod fails or exits before the gang runs, while a trainer pod is not running, or after "
+    f"{GENERATION_REPLACEMENTS_PER_ATTEMPT} replacements of its replica in one attempt",
     counted=True,
     permanent=False,
     meaning="the vLLM server stopped and replacing it alone is not the answer; the gang restarts",
