@@ -241,7 +241,8 @@ def operator_series(op: OperatorProcess, name: str) -> dict[str, float]:
     match = re.search(r"/readyz on http://[^:]+:(\d+)", op.log_tail())
     if not match:
         return {}
-    with urllib.request.urlopen(f"http://127.0.0.1:{match.group(1)}/metrics", timeout=10) as resp:
+    # 60 s: at 3,000 jobs on two busy cores one answer took 12 s, and a 10 s limit lost a 50-minute run.
+    with urllib.request.urlopen(f"http://127.0.0.1:{match.group(1)}/metrics", timeout=60) as resp:
         text = resp.read().decode()
     series: dict[str, float] = {}
     for line in text.splitlines():
