@@ -31,9 +31,12 @@ import requests
 from grpo_operator.builders import job_from_object
 from grpo_operator.builders.trainer_configmap import gateway_config
 
-from tests.harness.ports import free_port
-
 REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:  # run by path: `python bench/gateway_load.py`
+    sys.path.insert(0, str(REPO))
+
+from tests.harness.ports import free_port  # noqa: E402
+
 MIB = 1024 * 1024
 NEW_KEYS = {
     "maxAbsReward",
