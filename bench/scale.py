@@ -275,11 +275,11 @@ def operator_run(
     if kueue:
         pods_seen.stop()
     os.unlink(path)
-    if not clean_up:
+    if clean_up:
+        clean_up_jobs(cluster, op, namespaces, tag, kueue, timeout)
+    else:
         op.stop()
         log(f"[{tag}] operator: stopped; the jobs are left in place (tear the cluster down)")
-    else:
-        clean_up_jobs(cluster, op, namespaces, tag, kueue, timeout)
     durations = ramp.durations()
     admission = [admitted[k] - ramp.started[k] for k in admitted if k in ramp.started]
     ramp_counts = after - before

@@ -14,6 +14,7 @@ gone round its whole slice), and a port another process has bound is skipped."""
 
 from __future__ import annotations
 
+import functools
 import os
 import random
 import socket
@@ -30,8 +31,9 @@ _lock = threading.Lock()
 _next: int | None = None
 
 
+@functools.cache
 def ephemeral_floor() -> int:
-    """The lowest port the kernel hands out for port 0 (32768 where /proc does not say)."""
+    """The lowest port the kernel hands out for port 0 (32768 where /proc does not say); read once."""
     try:
         return int(EPHEMERAL_RANGE.read_text().split()[0])
     except (OSError, ValueError, IndexError):
