@@ -36,6 +36,8 @@ GPU_NODES="${GPU_NODES:-2}"
 GPUS_PER_NODE="${GPUS_PER_NODE:-8}"
 CPU_NODES="${CPU_NODES:-1}"
 STAGES="${GRPO_KWOK_STAGES-$HERE/cluster/kwok-stages.yaml}"
+# The control plane's own settings (kube-controller-manager's client rate): see the file.
+COMPONENTS="$HERE/cluster/components.yaml"
 # kwok's Logs objects, created at run time: whatever runs a pod's process locally (the test harness's
 # runner) names its log file in one, and kwok serves it to `kubectl logs` as a kubelet would.
 KWOK_CRDS="Logs"
@@ -54,10 +56,12 @@ wait_established() {
   kc wait --for=condition=Established crd --all --timeout=5s >/dev/null
 }
 
-# Which stages a cluster is created with: the stage file's hash, recorded in $EXTRA at creation.
+# Which stages and component settings a cluster is created with: the files' hashes, recorded in $EXTRA at
+# creation.
 stages_id() {
   if [ -n "$STAGES" ]; then sha256sum "$STAGES" | cut -d' ' -f1; else echo "kwok-defaults"; fi
   echo "crds: $KWOK_CRDS"
+  echo "components: $(sha256sum "$COMPONENTS" | cut -d' ' -f1)"
 }
 
 # The stages of the running cluster (kwok reads them only at creation). A cluster without the record was
@@ -221,7 +225,7 @@ up() {
     # A developer's cluster outlives test runs, and kwok reads its stages only when the cluster is created:
     # one made before the stage file last changed (or without it) would keep the old pod lifecycle, e.g.
     # generation pods Ready at once, which the tests of vLLM's start-up no longer expect.
-    log "cluster '$NAME' was created with other kwok stages than ${STAGES:-the default ones}; recreating it"
+    log "cluster '$NAME' was created with other kwok stages or component settings than ${STAGES:-the default ones} and $COMPONENTS; recreating it"
     down
   fi
   if answers; then
@@ -272,6 +276,7 @@ create_cluster() {
     --kwok-controller-binary "$KWOK_BIN/kwok" \
     --kubeconfig "$KUBECONFIG_OUT" \
     ${STAGES:+--config "$STAGES"} \
+    --config "$COMPONENTS" \
     --enable-crds "$KWOK_CRDS" \
     --wait 120s >&2
 }
