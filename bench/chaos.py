@@ -24,6 +24,7 @@ import signal
 import tempfile
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -197,14 +198,20 @@ class Scenario:
     # --- playing trainer and kubelet ----------------------------------------------------------------------
 
     def report_checkpoints(self, keys: list[tuple[str, str]]) -> None:
+        """As each job's trainer rank 0 would, all at once: one after the other, 1,000 reports on a busy
+        API server took minutes, and the ramp went on meanwhile."""
         assert self.api is not None
         custom = client.CustomObjectsApi(self.api)
-        for key in keys:
+
+        def report(key: tuple[str, str]) -> None:
             ckpt = checkpoint_of(key[1])
             custom.patch_namespaced_custom_object_status(
                 "grpo.dev", "v1alpha1", key[0], "grpojobs", key[1], {"status": {"checkpoint": ckpt}}
             )
             self.expect[key].checkpoint = ckpt
+
+        with ThreadPoolExecutor(max_workers=8) as pool:
+            list(pool.map(report, keys))
 
     def fail_pod(self, pod: Obj, exit_code: int = 1, message: str = "chaos: trainer crashed") -> None:
         """What the kubelet writes when the container exits non-zero (restartPolicy Never)."""
@@ -264,8 +271,8 @@ def kill_operator(s: Scenario, args: argparse.Namespace) -> bool:
     applier.start()
     wait_for(f"{target} jobs Running", lambda: len(s.running_jobs()) >= target, timeout=1800, interval=0.5)
     assert s.op is not None
-    running_at_kill = len(s.running_jobs())
     s.report_checkpoints(s.running_jobs())
+    running_at_kill = len(s.running_jobs())
     s.op.kill9()
     log(
         f"kill-operator: killed -9 at {time.monotonic() - t0:.1f}s with {running_at_kill}/{len(runnable)} Running"
