@@ -225,7 +225,7 @@ up() {
     # A developer's cluster outlives test runs, and kwok reads its stages only when the cluster is created:
     # one made before the stage file last changed (or without it) would keep the old pod lifecycle, e.g.
     # generation pods Ready at once, which the tests of vLLM's start-up no longer expect.
-    log "cluster '$NAME' was created with other kwok stages or component settings than ${STAGES:-the default ones} and $COMPONENTS; recreating it"
+    log "cluster '$NAME' was created with other kwok stages or component settings; recreating it"
     down
   fi
   if answers; then
