@@ -28,8 +28,9 @@ _METRIC_STUCK_REASONS = frozenset(
     }
 )
 
-# A new job's MetricReady is first said with its Running status, once the metric Deployment is this many seconds
-# old, or at once when the metric pods are stuck (see withhold_first_metric_report).
+# A new job's MetricReady is first said with its Running status, at once when the metric pods are stuck, or with
+# another change of the job's status once the metric Deployment is this many seconds old (see
+# withhold_first_metric_report).
 FIRST_METRIC_REPORT_AFTER_SECONDS = 30.0
 # The (phase, reason) of a job whose gang is on its way with nothing in the way: pods being created and
 # scheduled, containers starting, vLLM loading the model.
@@ -71,15 +72,19 @@ def metric_readiness(rp: ReconcilePass, job: Job, observed: Observed) -> None:
 
 
 def withhold_first_metric_report(rp: ReconcilePass, job: Job, observed: Observed) -> None:
-    """Leaves MetricReady out of a new job's status while its first gang is being brought up, until the job
-    is Running or the metric Deployment is FIRST_METRIC_REPORT_AFTER_SECONDS old.
+    """Leaves MetricReady out of a new job's status while its first gang is being brought up: it is first
+    written with the status that says Running, or with any other change to the status once the metric
+    Deployment is FIRST_METRIC_REPORT_AFTER_SECONDS old, never in a write of its own.
 
     The metric service usually comes up a few seconds before the gang, and a status write of its own to say
     so (after the write that said it was starting) was one of a new job's three status writes on its way to
-    Running: it now rides on the write that says Running. Until then the condition is absent (nothing said
-    yet rather than a state about to change). A job that waits for anything else (unschedulable, a queue, a
-    volume, a refusal, a stuck pod) and metric pods that are stuck are reported at once: that is when a
-    user reads the conditions to find out why. Once reported, every change is written as it happens."""
+    Running. On a busy cluster the bring-up takes minutes, and a write at a fixed age was still one patch
+    per job. While the gang is on its way the metric service holds nothing up (trainers wait for it only
+    once they run), so "not said yet" costs the user nothing; a slow bring-up still shows the condition with
+    its next phase change (containers starting, vLLM loading). A job that waits for anything else
+    (unschedulable, a queue, a volume, a refusal) and metric pods that are stuck (image pull, crash loop,
+    unschedulable, refused) are reported at once: that is when a user reads the conditions to find out why.
+    Once reported, every change is written as it happens."""
     if get_condition(list(rp.old.get("conditions") or []), METRIC_READY) is not None:
         return
     condition = get_condition(list(rp.new.get("conditions") or []), METRIC_READY)
@@ -89,9 +94,14 @@ def withhold_first_metric_report(rp: ReconcilePass, job: Job, observed: Observed
         return
     deployment = observed.get("Deployment", metric_name(job)) or {}
     created = parse_time((deployment.get("metadata") or {}).get("creationTimestamp"))
-    if created is not None and rp.due(created + timedelta(seconds=FIRST_METRIC_REPORT_AFTER_SECONDS)):
-        return
+    # No wake-up at that age: with nothing else to write, there is nothing to write then either.
+    old_enough = created is not None and rp.now >= created + timedelta(
+        seconds=FIRST_METRIC_REPORT_AFTER_SECONDS
+    )
+    with_it = rp.new.get("conditions")
     rp.drop_condition(METRIC_READY)
+    if old_enough and rp.status_changes():
+        rp.new["conditions"] = with_it
 
 
 def _metric_not_ready(job: Job, observed: Observed) -> tuple[str, str]:

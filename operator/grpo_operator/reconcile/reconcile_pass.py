@@ -113,9 +113,13 @@ class ReconcilePass:
             return False
         return True
 
+    def status_changes(self) -> dict[str, Any]:
+        """The status fields this pass writes: those that differ from the status as stored, so a field
+        someone else overwrote is written back."""
+        return {k: self.new.get(k) for k in OWNED_STATUS_FIELDS if self.new.get(k) != self.actual.get(k)}
+
     def finish(self) -> Plan:
-        # Compared with the status as stored, so a field someone else overwrote is written back.
-        patch = {k: self.new.get(k) for k in OWNED_STATUS_FIELDS if self.new.get(k) != self.actual.get(k)}
+        patch = self.status_changes()
         self.plan.status = patch or None
         record = trusted_fields(self.new)
         if record != self.record:
