@@ -46,10 +46,11 @@ def test_metric_ready_turns_true_when_the_deployment_has_an_available_pod() -> N
     assert (cond["status"], cond["reason"]) == ("False", "Starting"), "a Running job always says it"
     add_metric_pod(world, {"phase": "Running"})
     set_available(world, 1)
-    world.settle()
+    plan = world.step()
     cond = world.condition("MetricReady")
     assert (cond["status"], cond["reason"]) == ("True", "Available")
     assert "math-metric" in cond["message"]
+    assert plan.changed_conditions == ["MetricReady True (Available)"], "the operator's log says what changed"
 
 
 def test_a_new_jobs_metric_readiness_is_first_said_with_its_running_status() -> None:

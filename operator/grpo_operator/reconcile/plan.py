@@ -93,6 +93,9 @@ class Plan:
     requeue_after: float | None = None
     # The phase the job has after this plan (for the operator's jobs-by-phase gauge).
     phase: str | None = None
+    # The conditions ``status`` changes, as "Type Status (Reason)", for the operator's log of a status write
+    # that changes no phase or reason: every write then says in the log what it changed.
+    changed_conditions: list[str] = field(default_factory=list)
     restart: Restart | None = None
     # Children the decision took for gone that the runtime is to look up by name (kind, name): pods that
     # lost the labels the operator's watch selects on vanish from it while they still run. The runtime

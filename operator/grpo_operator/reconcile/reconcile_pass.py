@@ -121,6 +121,10 @@ class ReconcilePass:
     def finish(self) -> Plan:
         patch = self.status_changes()
         self.plan.status = patch or None
+        if "conditions" in patch:
+            self.plan.changed_conditions = changed_conditions(
+                self.actual.get("conditions"), patch["conditions"]
+            )
         record = trusted_fields(self.new)
         if record != self.record:
             self.plan.record = record
@@ -135,3 +139,20 @@ def resume_point(rp: ReconcilePass) -> str:
         at = f" (step {rp.checkpoint_step})" if rp.checkpoint_step is not None else ""
         return f"resuming from checkpoint {rp.checkpoint_path}{at}"
     return "starting from scratch (no checkpoint yet)"
+
+
+def changed_conditions(before: Any, after: Any) -> list[str]:
+    """The conditions whose status or reason differ between two lists, as "Type Status (Reason)"; one that
+    was dropped as "Type removed"."""
+
+    # ``before`` is the status as stored, which anyone allowed to write it may have filled with garbage.
+    def by_type(conditions: Any) -> dict[str, tuple[Any, Any]]:
+        if not isinstance(conditions, list):
+            return {}
+        return {
+            str(c.get("type")): (c.get("status"), c.get("reason")) for c in conditions if isinstance(c, dict)
+        }
+
+    old, new = by_type(before), by_type(after)
+    changed = [f"{t} {s} ({r})" for t, (s, r) in new.items() if old.get(t) != (s, r)]
+    return changed + [f"{t} removed" for t in old if t not in new]

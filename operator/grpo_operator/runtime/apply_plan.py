@@ -228,6 +228,12 @@ class PlanExecution(EventRecorder):
                     status.get("reason") or "",
                     status.get("message") or "",
                 )
+            elif status.get("reason"):
+                log.info(
+                    "%s/%s: reason %s: %s", namespace, name, status["reason"], status.get("message") or ""
+                )
+            elif plan.changed_conditions:
+                log.info("%s/%s: conditions %s", namespace, name, "; ".join(plan.changed_conditions))
 
     async def _write(
         self, verb: str, manifest: Obj, failures: list[Refusal], taken: list[tuple[str, str]]
