@@ -234,6 +234,8 @@ class PlanExecution(EventRecorder):
                 )
             elif plan.changed_conditions:
                 log.info("%s/%s: conditions %s", namespace, name, "; ".join(plan.changed_conditions))
+            elif status.get("message"):
+                log.info("%s/%s: message %s", namespace, name, status["message"])
 
     async def _write(
         self, verb: str, manifest: Obj, failures: list[Refusal], taken: list[tuple[str, str]]
