@@ -10,6 +10,7 @@ from typing import Any
 
 from grpo_operator.builders import gang_pods, job_from_object, metric_workload
 from grpo_operator.reconcile.metric_readiness import FIRST_METRIC_REPORT_AFTER_SECONDS
+from grpo_operator.reconcile.reconcile_pass import changed_conditions
 from grpo_operator.settings import OperatorSettings
 
 from tests.unit.reconcile_world import World, events, job_object
@@ -221,3 +222,19 @@ def test_gpu_node_selector_wins_over_the_operators_gpu_selector_for_the_same_key
     settings = OperatorSettings(gpu_node_selector={"nvidia.com/gpu.present": "true"})
     for pod in gang_pods(job, settings, 1, ""):
         assert pod["spec"]["nodeSelector"]["nvidia.com/gpu.present"] == "yes"
+
+
+def test_the_log_of_a_status_write_names_each_condition_it_changed() -> None:
+    before = [
+        {"type": "Scheduled", "status": "True", "reason": "AllPodsScheduled", "message": "a"},
+        {"type": "MetricReady", "status": "False", "reason": "Starting", "message": "b"},
+        {"type": "Suspended", "status": "False", "reason": "Resumed", "message": "c"},
+    ]
+    after = [
+        {"type": "Scheduled", "status": "True", "reason": "AllPodsScheduled", "message": "a, reworded"},
+        {"type": "MetricReady", "status": "True", "reason": "Available", "message": "b"},
+    ]
+    assert changed_conditions(before, after) == ["MetricReady True (Available)", "Suspended removed"]
+    # The stored status is the tenant's to write: garbage there names nothing and raises nothing.
+    assert changed_conditions("garbage", after[1:]) == ["MetricReady True (Available)"]
+    assert changed_conditions([1, None, {"type": "MetricReady"}], []) == ["MetricReady removed"]
