@@ -9,8 +9,8 @@ from __future__ import annotations
 from typing import Any
 
 from grpo_operator.builders import gang_pods, job_from_object, metric_workload
+from grpo_operator.reconcile.conditions import changed_conditions
 from grpo_operator.reconcile.metric_readiness import FIRST_METRIC_REPORT_AFTER_SECONDS
-from grpo_operator.reconcile.reconcile_pass import changed_conditions
 from grpo_operator.settings import OperatorSettings
 
 from tests.unit.reconcile_world import World, events, job_object

@@ -77,3 +77,20 @@ def set_condition(
 
 def get_condition(conditions: list[dict[str, Any]], type_: str) -> dict[str, Any] | None:
     return next((c for c in conditions if c.get("type") == type_), None)
+
+
+def changed_conditions(before: Any, after: Any) -> list[str]:
+    """The conditions whose status or reason differ between two lists, as "Type Status (Reason)"; one that
+    was dropped as "Type removed"."""
+
+    # ``before`` is the status as stored, which anyone allowed to write it may have filled with garbage.
+    def by_type(conditions: Any) -> dict[str, tuple[Any, Any]]:
+        if not isinstance(conditions, list):
+            return {}
+        return {
+            str(c.get("type")): (c.get("status"), c.get("reason")) for c in conditions if isinstance(c, dict)
+        }
+
+    old, new = by_type(before), by_type(after)
+    changed = [f"{t} {s} ({r})" for t, (s, r) in new.items() if old.get(t) != (s, r)]
+    return changed + [f"{t} removed" for t in old if t not in new]

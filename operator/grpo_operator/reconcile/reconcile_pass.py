@@ -9,7 +9,7 @@ from typing import Any
 
 from grpo_operator.api.event_reasons import EventReason
 from grpo_operator.api.status import GATEWAY_TOKEN_SECRET_FIELD
-from grpo_operator.reconcile.conditions import set_condition, truncate
+from grpo_operator.reconcile.conditions import changed_conditions, set_condition, truncate
 from grpo_operator.reconcile.plan import Event, Plan
 from grpo_operator.reconcile.record import trusted_fields
 from grpo_operator.settings import OperatorSettings
@@ -139,20 +139,3 @@ def resume_point(rp: ReconcilePass) -> str:
         at = f" (step {rp.checkpoint_step})" if rp.checkpoint_step is not None else ""
         return f"resuming from checkpoint {rp.checkpoint_path}{at}"
     return "starting from scratch (no checkpoint yet)"
-
-
-def changed_conditions(before: Any, after: Any) -> list[str]:
-    """The conditions whose status or reason differ between two lists, as "Type Status (Reason)"; one that
-    was dropped as "Type removed"."""
-
-    # ``before`` is the status as stored, which anyone allowed to write it may have filled with garbage.
-    def by_type(conditions: Any) -> dict[str, tuple[Any, Any]]:
-        if not isinstance(conditions, list):
-            return {}
-        return {
-            str(c.get("type")): (c.get("status"), c.get("reason")) for c in conditions if isinstance(c, dict)
-        }
-
-    old, new = by_type(before), by_type(after)
-    changed = [f"{t} {s} ({r})" for t, (s, r) in new.items() if old.get(t) != (s, r)]
-    return changed + [f"{t} removed" for t in old if t not in new]
