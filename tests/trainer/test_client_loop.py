@@ -55,7 +55,10 @@ def test_training_on_client_groups_learns_and_the_policy_server_follows(
             for b in range(prompts_per_step):
                 gateway.submit(sampled_group(port, PROMPTS[(step * prompts_per_step + b) % 10], group_size))
             gateway.wait_trained(step)
-        greedy_after = chat(port, "q1:", max_tokens=6, temperature=0)
+            if step == steps - 1:
+                # Before the last step: after it the trainer saves the final model and exits, closing the
+                # policy server.
+                greedy_after = chat(port, "q1:", max_tokens=6, temperature=0)
         assert process.wait(timeout=300) == 0, log.read_text()[-3000:]
 
     records = read_jsonl(tmp_path / "out" / "metrics.jsonl")

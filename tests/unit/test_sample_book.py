@@ -5,7 +5,11 @@ sampled, the text's tokens with NaN log-probabilities, counted)."""
 
 from __future__ import annotations
 
+import json
 import math
+import threading
+import time
+import urllib.request
 from types import SimpleNamespace
 from typing import Any
 
@@ -140,3 +144,40 @@ def test_the_vllm_sampler_keeps_log_probabilities_only_when_each_token_has_one(
     from grpo_trainer.policy_server import _sampled_logprobs
 
     assert _sampled_logprobs(per_token, 2) == expected
+
+
+def test_a_request_being_answered_when_the_trainer_ends_gets_its_answer(tokenizer: Any) -> None:
+    started, release = threading.Event(), threading.Event()
+    answer_ab = scripted(tokenizer, ["ab"])
+
+    def slow(ids: list[int], sampling: Sampling) -> list[Sample]:
+        started.set()
+        release.wait(10)
+        return list(answer_ab(ids, sampling))
+
+    policy = server(tokenizer, slow).start()
+    replies: list[Any] = []
+
+    def client() -> None:
+        body = json.dumps({"model": "tiny", "messages": CHAT}).encode()
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{policy.port}/v1/chat/completions", data=body, method="POST"
+        )
+        with urllib.request.urlopen(request, timeout=10) as response:
+            replies.append(json.loads(response.read()))
+
+    thread = threading.Thread(target=client)
+    thread.start()
+    assert started.wait(10)
+    closing = threading.Thread(target=policy.close)
+    closing.start()
+    time.sleep(1.5)  # past serve_forever's 0.5-s poll: the listener is closed by now
+    assert closing.is_alive()  # close() waits for the request it accepted
+    release.set()
+    closing.join(10)
+    thread.join(10)
+    assert not closing.is_alive()
+    assert replies and replies[0]["choices"][0]["message"]["content"] == "ab"
+    # Closed: a new connection is refused rather than accepted and dropped.
+    with pytest.raises(OSError):
+        urllib.request.urlopen(f"http://127.0.0.1:{policy.port}/healthz", timeout=2)

@@ -21,7 +21,8 @@ import math
 import threading
 import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -32,6 +33,9 @@ from grpo_trainer.sample_book import SampleBook, SampledTokens
 log = logging.getLogger("grpo_trainer.policy_server")
 
 MAX_BODY_BYTES = 16 * 1024 * 1024
+# How long a closing server waits for the requests it accepted: a few completions' worth of sampling, short
+# enough to stay well inside the pod's termination grace period after a SIGTERM checkpoint.
+DRAIN_SECONDS = 30.0
 
 
 class BadRequest(ValueError):
@@ -252,6 +256,10 @@ class PolicyServer:
         # Every answered sample, for training on exactly its tokens (client_rollouts.make_rollout_func).
         self.book = book if book is not None else SampleBook()
         self.requests = 0
+        # Requests being answered, so close() lets them finish: a client whose request was accepted gets an
+        # answer, never a dropped connection because the trainer exited under it.
+        self._in_flight = 0
+        self._idle = threading.Condition()
         server = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -289,6 +297,10 @@ class PolicyServer:
                 if handler is None:
                     self._answer(404, error_body(f"no route POST {path}", "not_found"))
                     return
+                with server.answering():
+                    self._post(handler)
+
+            def _post(self, handler: Callable[[dict[str, Any]], dict[str, Any]]) -> None:
                 try:
                     length = int(self.headers.get("Content-Length") or 0)
                     if length > MAX_BODY_BYTES:
@@ -302,7 +314,7 @@ class PolicyServer:
                 except (BadRequest, json.JSONDecodeError) as exc:
                     self._answer(400, error_body(str(exc), "invalid_request_error"))
                 except Exception as exc:  # a sampling failure must answer, not hang the client
-                    log.exception("policy server: %s failed", path)
+                    log.exception("policy server: %s failed", self.path)
                     self._answer(500, error_body(f"{type(exc).__name__}: {exc}", "server_error"))
 
         self._httpd = ThreadingHTTPServer((host, port), Handler)
@@ -315,9 +327,29 @@ class PolicyServer:
         log.info("policy server on port %d serving %s", self.port, self.served_model)
         return self
 
-    def close(self) -> None:
+    @contextmanager
+    def answering(self) -> Iterator[None]:
+        with self._idle:
+            self._in_flight += 1
+        try:
+            yield
+        finally:
+            with self._idle:
+                self._in_flight -= 1
+                self._idle.notify_all()
+
+    def close(self, drain_seconds: float = DRAIN_SECONDS) -> None:
+        """Stop accepting, then wait up to ``drain_seconds`` for the requests being answered."""
         self._httpd.shutdown()
         self._httpd.server_close()
+        with self._idle:
+            if not self._idle.wait_for(lambda: self._in_flight == 0, timeout=drain_seconds):
+                log.warning(
+                    "policy server: %d request(s) still being answered after %.0f s; the trainer exits "
+                    "without them",
+                    self._in_flight,
+                    drain_seconds,
+                )
 
     def model_entry(self) -> dict[str, Any]:
         return {"id": self.served_model, "object": "model", "created": 0, "owned_by": "grpo-operator"}
