@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -107,6 +108,17 @@ class OperatorProcess:
 
     def log_text(self) -> str:
         return self.log.read_text(errors="replace") if self.log.exists() else ""
+
+
+# The timestamp an operator log line starts with: its milliseconds can read "403".
+_LOG_TIME = re.compile(r"^\d{4}-\d\d-\d\d[ T]\d\d:\d\d:\d\d(?:[,.]\d+)?Z?\s*")
+
+
+def log_signs(log: str, signs: tuple[str, ...]) -> list[str]:
+    """Which of ``signs`` (words, or a status code such as "403") appear in the log's messages, each line's
+    timestamp left out."""
+    messages = "\n".join(_LOG_TIME.sub("", line) for line in log.splitlines())
+    return [sign for sign in signs if re.search(rf"(?<![\w.,]){re.escape(sign)}(?!\w)", messages)]
 
 
 def deployment_command(kube: Cluster, name: str, namespace: str) -> tuple[list[str], dict[str, str]]:

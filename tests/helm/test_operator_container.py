@@ -31,7 +31,7 @@ from tests.harness.pod_container import (
     run_pod,
 )
 from tests.harness.ports import free_port
-from tests.helm.cluster import helm_cmd, helm_install
+from tests.helm.cluster import helm_cmd, helm_install, log_signs
 from tests.integration.test_e2e_training import claim_dir, tiny_job
 
 pytestmark = [pytest.mark.slow]
@@ -219,8 +219,8 @@ def test_the_charts_operator_image_runs_confined_and_trains_a_job_with_its_metri
         )
         assert not [count for count in refused if float(count) > 0], refused
         log = operator.log_text()
-        for sign in ("Forbidden", "403", "Not enough permissions", "Traceback"):
-            assert sign not in log, f"{sign!r} in the operator container's log:\n{log[-4000:]}"
+        found = log_signs(log, ("Forbidden", "403", "Not enough permissions", "Traceback"))
+        assert not found, f"{found} in the operator container's log:\n{log[-4000:]}"
     finally:
         code = operator.stop()
         helm_cmd(kube, "uninstall", release, "--namespace", namespace)

@@ -12,9 +12,11 @@ import threading
 from typing import Any
 
 import pytest
+from grpo_operator.runtime import apply_plan
 from grpo_operator.runtime import events as events_module
 from grpo_operator.runtime.controller import Controller
 from grpo_operator.settings import OperatorSettings
+from kubernetes.client.exceptions import ApiException
 
 JOB = {"metadata": {"namespace": "team-a", "name": "math", "uid": "uid-1"}}
 
@@ -103,5 +105,50 @@ def test_an_event_that_cannot_be_posted_is_counted_and_never_raised() -> None:
             "grpo_operator_api_errors_total", {"verb": "create", "kind": "Event", "code": "0"}
         )
         assert errors == 1.0
+
+    asyncio.run(scenario())
+
+
+class RoleNotCachedYet:
+    """A RoleBinding create answers 404 ``misses`` times (the API server's cache of Roles behind), then
+    succeeds; every other create succeeds at once."""
+
+    def __init__(self, misses: int) -> None:
+        self.misses = misses
+        self.calls = 0
+
+    def count_requests(self, hook: Any) -> None:
+        pass
+
+    def create(self, manifest: dict[str, Any]) -> dict[str, Any]:
+        self.calls += 1
+        if manifest["kind"] == "RoleBinding" and self.calls <= self.misses:
+            raise ApiException(status=404, reason="Not Found")
+        return {**manifest, "metadata": {**manifest["metadata"], "resourceVersion": "1"}}
+
+    apply = create_for_apply = create
+
+
+BINDING = {
+    "apiVersion": "rbac.authorization.k8s.io/v1",
+    "kind": "RoleBinding",
+    "metadata": {"namespace": "team-a", "name": "math-trainer", "labels": {"grpo.dev/job": "math"}},
+}
+
+
+@pytest.mark.parametrize("misses, refused", [(2, False), (9, True)])
+def test_a_rolebinding_whose_role_the_server_has_not_cached_yet_is_tried_again_before_it_is_reported(
+    monkeypatch: pytest.MonkeyPatch, misses: int, refused: bool
+) -> None:
+    monkeypatch.setattr(apply_plan, "ROLE_CACHE_RETRY_SECONDS", (0.01, 0.01, 0.01))
+
+    async def scenario() -> None:
+        kube = RoleNotCachedYet(misses)
+        ctl = controller(kube)  # type: ignore[arg-type]
+        failures: list[Any] = []
+        await ctl._write("create-for-apply", BINDING, failures, [])
+        # A 404 the cache explains does not become a ChildRejected; one that persists still does.
+        assert [f.kind for f in failures] == (["RoleBinding"] if refused else [])
+        assert kube.calls == (4 if refused else 3)
 
     asyncio.run(scenario())

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import json
+from collections.abc import Callable
 from secrets import token_urlsafe
 
 from kubernetes.client.exceptions import ApiException
@@ -19,6 +20,10 @@ from grpo_operator.runtime.controller_state import log
 from grpo_operator.runtime.events import EventRecorder
 from grpo_operator.runtime.kube_client import GRPOJOB, Obj, resource_for
 from grpo_operator.runtime.wakeups import READ_ON_CHANGE_KINDS
+
+# Waits before trying a RoleBinding the API server answered 404 again (PlanExecution._write_once): 1.7 s in
+# all, well past the few milliseconds its cache of Roles lags behind a create.
+ROLE_CACHE_RETRY_SECONDS = (0.2, 0.5, 1.0)
 
 
 class StatusConflict(Exception):
@@ -250,7 +255,7 @@ class PlanExecution(EventRecorder):
             "create-for-apply": self.kube.create_for_apply,
         }[verb]
         try:
-            written = await self._call(fn, manifest)
+            written = await self._write_once(fn, manifest)
         except ApiException as exc:
             if exc.status == 409:
                 taken.append((manifest["kind"], meta["name"]))
@@ -274,6 +279,22 @@ class PlanExecution(EventRecorder):
         if verb != "apply":
             job = (meta.get("labels") or {}).get(LABEL_JOB, "?")
             log.info("%s/%s: created %s %s", meta["namespace"], job, manifest["kind"], meta["name"])
+
+    async def _write_once(self, fn: Callable[[Obj], Obj], manifest: Obj) -> Obj:
+        """One write; a RoleBinding refused with 404 is tried again a few times first.
+
+        Creating a RoleBinding makes the API server check that the creator holds every permission of the
+        Role it binds, and it looks the Role up in its own cache. A Role the same plan created a few
+        milliseconds earlier may not be there yet: the create answers 404 (seen with the operator running
+        as the chart's ServiceAccount). That is not a refusal to report to the user."""
+        for delay in (*ROLE_CACHE_RETRY_SECONDS, None):
+            try:
+                return await self._call(fn, manifest)
+            except ApiException as exc:
+                if exc.status != 404 or manifest.get("kind") != "RoleBinding" or delay is None:
+                    raise
+                await asyncio.sleep(delay)
+        raise AssertionError("unreachable")
 
 
 def _names(refs: list[tuple[str, str]]) -> str:
