@@ -21,7 +21,7 @@ from grpo_operator.runtime.events import EventRecorder
 from grpo_operator.runtime.kube_client import GRPOJOB, Obj, resource_for
 from grpo_operator.runtime.wakeups import READ_ON_CHANGE_KINDS
 
-# Waits before trying a RoleBinding the API server answered 404 again (PlanExecution._write_once): 1.7 s in
+# Waits before trying a RoleBinding the API server answered 404 again (PlanExecution._write_tolerating_role_cache): 1.7 s in
 # all, well past the few milliseconds its cache of Roles lags behind a create.
 ROLE_CACHE_RETRY_SECONDS = (0.2, 0.5, 1.0)
 
@@ -255,7 +255,7 @@ class PlanExecution(EventRecorder):
             "create-for-apply": self.kube.create_for_apply,
         }[verb]
         try:
-            written = await self._write_once(fn, manifest)
+            written = await self._write_tolerating_role_cache(fn, manifest)
         except ApiException as exc:
             if exc.status == 409:
                 taken.append((manifest["kind"], meta["name"]))
@@ -280,21 +280,21 @@ class PlanExecution(EventRecorder):
             job = (meta.get("labels") or {}).get(LABEL_JOB, "?")
             log.info("%s/%s: created %s %s", meta["namespace"], job, manifest["kind"], meta["name"])
 
-    async def _write_once(self, fn: Callable[[Obj], Obj], manifest: Obj) -> Obj:
+    async def _write_tolerating_role_cache(self, fn: Callable[[Obj], Obj], manifest: Obj) -> Obj:
         """One write; a RoleBinding refused with 404 is tried again a few times first.
 
         Creating a RoleBinding makes the API server check that the creator holds every permission of the
         Role it binds, and it looks the Role up in its own cache. A Role the same plan created a few
         milliseconds earlier may not be there yet: the create answers 404 (seen with the operator running
         as the chart's ServiceAccount). That is not a refusal to report to the user."""
-        for delay in (*ROLE_CACHE_RETRY_SECONDS, None):
+        for delay in ROLE_CACHE_RETRY_SECONDS:
             try:
                 return await self._call(fn, manifest)
             except ApiException as exc:
-                if exc.status != 404 or manifest.get("kind") != "RoleBinding" or delay is None:
+                if exc.status != 404 or manifest.get("kind") != "RoleBinding":
                     raise
                 await asyncio.sleep(delay)
-        raise AssertionError("unreachable")
+        return await self._call(fn, manifest)
 
 
 def _names(refs: list[tuple[str, str]]) -> str:
