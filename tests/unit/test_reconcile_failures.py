@@ -358,7 +358,9 @@ def test_trainer_exit_reasons_match_the_trainers_exit_codes() -> None:
         ExitCode.NON_FINITE: "NonFiniteTraining",
         ExitCode.OUT_OF_MEMORY: "OutOfMemory",
         ExitCode.CANCELLED: "CancelledByClient",  # client-rollout jobs
+        ExitCode.MEMORY_PLAN_EXCEEDED: "MemoryPlanExceeded",
     }
+    assert ExitCode.MEMORY_PLAN_EXCEEDED in SETTINGS.permanent_exit_codes
     assert ExitCode.CANCELLED in SETTINGS.permanent_exit_codes
     assert ExitCode.CHECKPOINT_MISMATCH in SETTINGS.permanent_exit_codes
     assert ExitCode.OUT_OF_MEMORY in SETTINGS.permanent_exit_codes
@@ -382,6 +384,25 @@ def test_cuda_out_of_memory_fails_at_once_saying_what_ran_out() -> None:
     assert "does not fit in GPU memory" in status["message"]
     assert "perDeviceBatchSize" in status["message"]
     assert ("Warning", "OutOfMemory") in events(plan)
+
+
+MEMORY_PLAN_MESSAGE = (
+    "the training needs about 118.0 GiB per GPU (7.62B parameters, full fine-tuning, bfloat16, 1 GPU, batch 4; "
+    "...); the GPU has 79.6 GiB, 71.7 GiB of it usable with 10% headroom. It would fit: with "
+    "spec.trainer.sharding FSDP over 2 GPUs it needs 61.3 GiB per GPU"
+)
+
+
+def test_a_memory_plan_that_does_not_fit_fails_at_once_with_its_own_reason() -> None:
+    world = running_world(runPolicy={"backoffLimit": 3})
+    world.terminate("math-trainer-1-0", 8, MEMORY_PLAN_MESSAGE)
+    plan = world.step()
+    status = world.status()
+    assert status["phase"] == "Failed" and status["reason"] == "MemoryPlanExceeded", status
+    assert status.get("restarts", 0) == 0 and plan.restart is None
+    assert "exit code 8 means the training as set up does not fit in GPU memory" in status["message"]
+    assert "FSDP over 2 GPUs" in status["message"]
+    assert ("Warning", "MemoryPlanExceeded") in events(plan)
 
 
 def test_out_of_memory_on_one_rank_is_reported_over_the_other_ranks_fallout() -> None:

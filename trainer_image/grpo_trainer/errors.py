@@ -23,6 +23,11 @@ class CheckpointMismatch(ValueError):
     ExitCode.CHECKPOINT_MISMATCH. The message names the mismatch and what to do."""
 
 
+class MemoryPlanExceeded(RuntimeError):
+    """The memory plan at start (memory_plan.py) does not fit the GPU; exits with
+    ExitCode.MEMORY_PLAN_EXCEEDED. The message gives the need, the GPU and the settings that would fit."""
+
+
 class NonFiniteTraining(RuntimeError):
     """A step's loss, gradient norm or weights are NaN or infinite; exits with ExitCode.NON_FINITE."""
 

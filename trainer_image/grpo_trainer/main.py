@@ -17,10 +17,12 @@ import traceback
 
 from grpo_operator.api.trainer_config import TrainerConfig
 
+from grpo_trainer import memory_plan
 from grpo_trainer.errors import (
     CheckpointMismatch,
     ConfigError,
     ExitCode,
+    MemoryPlanExceeded,
     NonFiniteTraining,
     fail,
     is_cuda_out_of_memory,
@@ -34,6 +36,8 @@ from grpo_trainer.steps import claim_workspace, plan_steps
 from grpo_trainer.vllm_wait import GenerationUnavailable
 from grpo_trainer.weight_sync import stop_retrying_when
 
+log = logging.getLogger("grpo_trainer.memory_plan")
+
 
 def run(config: TrainerConfig, env: RuntimeEnv) -> int:
     """Train to the end (or to SIGTERM); return the exit code. Raises ConfigError,
@@ -42,6 +46,7 @@ def run(config: TrainerConfig, env: RuntimeEnv) -> int:
     signal.signal(signal.SIGTERM, stop.set)
     stop_retrying_when(stop.is_set)
     plan = plan_steps(config, env)
+    check_memory(config, env)
     workspace = claim_workspace(config, env)
     if config.rollouts is not None:
         from grpo_trainer.client_loop import run_client_loop
@@ -50,6 +55,23 @@ def run(config: TrainerConfig, env: RuntimeEnv) -> int:
     from grpo_trainer.metric_loop import run_metric_loop
 
     return run_metric_loop(config, env, plan, workspace, stop)
+
+
+def check_memory(config: TrainerConfig, env: RuntimeEnv) -> None:
+    """Before anything is loaded: on CUDA, a memory plan (memory_plan.py) that does not fit the GPU raises
+    MemoryPlanExceeded; on the CPU the plan is only logged."""
+    memory_plan.check_job(config, env.world_size, gpu_memory(env), log=log if env.is_main else None)
+
+
+def gpu_memory(env: RuntimeEnv) -> int | None:
+    """Total memory of this process's GPU; None without CUDA (or without torch)."""
+    try:
+        import torch
+    except ImportError:
+        return None
+    if not torch.cuda.is_available():
+        return None
+    return int(torch.cuda.get_device_properties(env.local_rank % torch.cuda.device_count()).total_memory)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -72,6 +94,8 @@ def main(argv: list[str] | None = None) -> int:
         return fail(ExitCode.CHECKPOINT_MISMATCH, str(exc))
     except NonFiniteTraining as exc:
         return fail(ExitCode.NON_FINITE, str(exc))
+    except MemoryPlanExceeded as exc:
+        return fail(ExitCode.MEMORY_PLAN_EXCEEDED, str(exc))
     except GenerationUnavailable as exc:
         return fail(ExitCode.TRANSIENT, str(exc))
     except (GatewayProtocolError, GatewayUnavailable) as exc:

@@ -81,6 +81,13 @@ OUT_OF_MEMORY = EventReason(
     "change. Followed by `Failed`.",
     restart_or_failure=True,
 )
+MEMORY_PLAN_EXCEEDED = EventReason(
+    "MemoryPlanExceeded",
+    "Warning",
+    "A trainer exited 8: the memory it planned at start does not fit its GPU; the message gives the need "
+    "per GPU and the settings that would fit. Followed by `Failed`.",
+    restart_or_failure=True,
+)
 OOM_KILLED = EventReason(
     "OOMKilled",
     "Warning",
@@ -159,6 +166,7 @@ EVENT_REASONS: tuple[EventReason, ...] = (
     RESUMED_FROM_CHECKPOINT,
     NON_FINITE_TRAINING,
     OUT_OF_MEMORY,
+    MEMORY_PLAN_EXCEEDED,
     OOM_KILLED,
     CHECKPOINT_MISMATCH,
     CANCELLED_BY_CLIENT,

@@ -21,6 +21,7 @@ class ExitCode(IntEnum):
     NON_FINITE = 5
     OUT_OF_MEMORY = 6
     CANCELLED = 7
+    MEMORY_PLAN_EXCEEDED = 8
 
 
 @dataclass(frozen=True)
@@ -83,6 +84,14 @@ EXIT_CODES: tuple[ExitCodeEntry, ...] = (
     ExitCodeEntry(
         ExitCode.CANCELLED,
         "client rollouts: the client cancelled the run (Arbor's `cancel`); nothing more is trained or saved",
+        permanent=True,
+    ),
+    ExitCodeEntry(
+        ExitCode.MEMORY_PLAN_EXCEEDED,
+        "the memory plan at start does not fit the GPU: weights, gradients, optimizer state and activations "
+        "planned from the model's config.json and the job's settings exceed the GPU's memory less 10 % "
+        "headroom; nothing was loaded. The message gives the need per GPU and the settings that would fit "
+        "(FSDP over N GPUs, optimizer CPU offload, LoRA, a batch of one), each with its need",
         permanent=True,
     ),
 )

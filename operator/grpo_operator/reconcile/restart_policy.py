@@ -114,6 +114,16 @@ OUT_OF_MEMORY = RestartRule(
     exit_code=ExitCode.OUT_OF_MEMORY,
     event=event_reasons.OUT_OF_MEMORY,
 )
+MEMORY_PLAN_EXCEEDED = RestartRule(
+    event_reasons.MEMORY_PLAN_EXCEEDED.reason,
+    Trigger.EXIT_CODE,
+    f"A trainer exits {ExitCode.MEMORY_PLAN_EXCEEDED:d}: the memory planned at start does not fit the GPU",
+    counted=True,
+    permanent=BY_CODE[ExitCode.MEMORY_PLAN_EXCEEDED].permanent,
+    meaning="the training as set up does not fit in GPU memory",
+    exit_code=ExitCode.MEMORY_PLAN_EXCEEDED,
+    event=event_reasons.MEMORY_PLAN_EXCEEDED,
+)
 CANCELLED_BY_CLIENT = RestartRule(
     event_reasons.CANCELLED_BY_CLIENT.reason,
     Trigger.EXIT_CODE,
@@ -297,6 +307,7 @@ RULES: tuple[RestartRule, ...] = (
     CHECKPOINT_MISMATCH,
     NON_FINITE_TRAINING,
     OUT_OF_MEMORY,
+    MEMORY_PLAN_EXCEEDED,
     CANCELLED_BY_CLIENT,
     TRAINER_FAILED,
     OOM_KILLED,
