@@ -33,8 +33,8 @@ def kwargs_for(tmp_path: Path, model: Path, dtype: str, *, lora: bool, cuda: boo
     [
         ("float16", False, "float32", False, True),  # fp32 master weights, fp16 autocast + GradScaler
         ("float16", True, "float16", False, True),  # frozen fp16 base, fp32 adapters (PEFT)
-        ("bfloat16", False, "bfloat16", True, False),
-        ("bfloat16", True, "bfloat16", True, False),
+        ("bfloat16", False, "float32", True, False),  # fp32 master weights, bf16 autocast
+        ("bfloat16", True, "bfloat16", True, False),  # frozen bf16 base, fp32 adapters (PEFT)
         ("float32", False, "float32", False, False),
     ],
 )
@@ -52,10 +52,18 @@ def test_training_arguments_per_dtype_on_gpu(
     assert (args.bf16, args.fp16) == (bf16, fp16)
 
 
-def test_cpu_runs_never_use_mixed_precision(tmp_path: Path, tiny_model: Path) -> None:
+def test_cpu_runs_compute_in_bf16_as_gpu_runs_do_but_never_fp16(tmp_path: Path, tiny_model: Path) -> None:
+    """bf16 autocast exists on the CPU, so tests and the demo train at the numerics users get; fp16 would
+    need a GradScaler, which only pays on a GPU."""
+    from trl.trainer.grpo_config import GRPOConfig
+
     kwargs = kwargs_for(tmp_path, tiny_model, "float16", lora=False, cuda=False)
     assert kwargs["model_init_kwargs"]["dtype"] == "float32"
     assert kwargs["fp16"] is False and kwargs["bf16"] is False and kwargs["use_cpu"] is True
+    kwargs = kwargs_for(tmp_path, tiny_model, "bfloat16", lora=False, cuda=False)
+    assert kwargs["model_init_kwargs"]["dtype"] == "float32"
+    assert kwargs["bf16"] is True and kwargs["use_cpu"] is True
+    assert GRPOConfig(**kwargs).bf16 is True
 
 
 def _fp16_mixed_precision_step(model: torch.nn.Module) -> None:
@@ -111,3 +119,16 @@ def test_float16_lora_keeps_an_fp16_base_and_trains_fp32_adapters(tmp_path: Path
     _fp16_mixed_precision_step(model)
     after = [p for p in model.parameters() if p.requires_grad]
     assert any(not torch.equal(a, b) for a, b in zip(before, after, strict=True))
+
+
+def test_weights_leave_for_vllm_in_the_served_dtype() -> None:
+    """fp32 master weights go to vLLM as bf16: half the bytes, and what vLLM would round them to anyway."""
+    from grpo_trainer.weight_sync import served_tensors
+
+    master = torch.randn(4, 4)
+    counter = torch.arange(3)
+    already = torch.zeros(2, dtype=torch.bfloat16)
+    sent = dict(served_tensors(iter([("w", master), ("n", counter), ("b", already)]), "bfloat16"))
+    assert sent["w"].dtype == torch.bfloat16 and torch.equal(sent["w"], master.to(torch.bfloat16))
+    assert sent["n"] is counter and sent["b"] is already
+    assert dict(served_tensors(iter([("w", master)]), None))["w"] is master

@@ -26,7 +26,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from grpo_trainer.trl_adapter import VLLM_COLOCATE_RUNNER_PATH, VLLM_ENGINE_MODULE, VLLM_ENGINE_NAME
-from grpo_trainer.weight_sync import ProbeResult, ServedModelProbe, SyncReport
+from grpo_trainer.weight_sync import ProbeResult, ServedModelProbe, SyncReport, served_tensors
 
 log = logging.getLogger("grpo_trainer.colocate")
 
@@ -136,7 +136,7 @@ def generation_class(probe: EngineProbe | None, dtype: str | None = None) -> typ
             if self.enable_sleep_mode:
                 # TRL wakes the engine's weights first; the trainer never turns sleep mode on.
                 raise ValueError("the colocated engine's weight sync does not support vLLM sleep mode")
-            named = self._iter_named_params()  # type: ignore[no-untyped-call]
+            named = served_tensors(self._iter_named_params(), dtype)  # type: ignore[no-untyped-call]
             weights = checkpoint_weights(named, copy=is_peft_model(self.model))
             model_runner(self.llm).reload_weights(weights_iterator=weights, is_checkpoint_format=True)
             # A prefix-cache entry computed with the old weights must not be reused.

@@ -148,15 +148,28 @@ class Precision:
     bf16: bool
     fp16: bool
 
+    @property
+    def fp32_masters(self) -> bool:
+        """Trainable weights and optimizer state are held in fp32 under 16-bit compute."""
+        return self.load_dtype == "float32" and (self.bf16 or self.fp16)
+
 
 def precision(dtype: str, *, lora: bool, cuda: bool) -> Precision:
-    """bfloat16 and float32 train in the weights' own dtype. float16 full fine-tuning keeps fp32 master
-    weights under fp16 autocast: the GradScaler that fp16 needs refuses to unscale fp16 gradients
-    ("Attempting to unscale FP16 gradients"), and pure fp16 Adam updates underflow. With LoRA the frozen
-    base stays fp16 (PEFT keeps the trainable adapters in fp32). vLLM serves float16 either way."""
-    if dtype == "float16" and not lora:
-        return Precision(load_dtype="float32", bf16=False, fp16=cuda)
-    return Precision(load_dtype=dtype, bf16=cuda and dtype == "bfloat16", fp16=cuda and dtype == "float16")
+    """Full fine-tuning in bfloat16 or float16 keeps fp32 master weights (and so fp32 gradients and AdamW
+    state) and computes under 16-bit autocast. Weights held in bf16 do not train at production learning
+    rates: bf16 keeps 8 significant bits, so an update smaller than half a unit in the last place of a weight
+    rounds away (at lr 1e-6, every weight above about 4.9e-4 in magnitude), and the lost updates never add
+    up. fp16 could not even take the step: its GradScaler refuses fp16 gradients ("Attempting to unscale FP16
+    gradients"). With LoRA the frozen base stays in model.dtype (it is never updated) and PEFT keeps the
+    trainable adapters in fp32.
+
+    bf16 autocast runs on the CPU too, so CPU runs (tests, demo) compute as GPU runs do. fp16 autocast
+    needs a GradScaler, which only pays on a GPU: a float16 job on the CPU computes in fp32."""
+    if dtype == "float32":
+        return Precision(load_dtype="float32", bf16=False, fp16=False)
+    autocast_bf16 = dtype == "bfloat16"
+    autocast_fp16 = dtype == "float16" and cuda
+    return Precision(load_dtype=dtype if lora else "float32", bf16=autocast_bf16, fp16=autocast_fp16)
 
 
 def grpo_config_kwargs(

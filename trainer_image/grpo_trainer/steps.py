@@ -69,6 +69,8 @@ class Workspace:
     checkpoint_dir: Path
     output_dir: Path
     resume: str | None
+    # model.dtype: the final model is written in it (final_model.py), whatever the training weights are held in.
+    model_dtype: str = "float32"
 
 
 @dataclass(frozen=True)
@@ -123,7 +125,7 @@ def claim_workspace(config: TrainerConfig, env: RuntimeEnv) -> Workspace:
         output_dir.mkdir(parents=True, exist_ok=True)
         checkpoint_dir.mkdir(parents=True, exist_ok=True)
         clean_staging(checkpoint_dir, owner)
-    return Workspace(namespace, name, owner, checkpoint_dir, output_dir, resume)
+    return Workspace(namespace, name, owner, checkpoint_dir, output_dir, resume, config.model.dtype)
 
 
 def model_revision(config: TrainerConfig) -> str | None:
@@ -243,6 +245,7 @@ def build_trainer(
             ServedModelProbe(tokenizer),
             gen.startup_timeout_seconds,
             gen.server_urls,
+            config.model.dtype,
         )
         if "rollout_func" not in extra:
             # Client rollouts are refused an eta at apply time: the client samples, not the trainer.
@@ -438,7 +441,7 @@ def finish(
     if stopped_by_signal:
         log.info("stopped by SIGTERM%s after checkpointing step %d", waiting, step)
     elif env.is_main:
-        save_final_model(trainer, workspace)
+        save_final_model(trainer, workspace, workspace.model_dtype)
         if on_finished is not None:
             on_finished(step)
     return int(ExitCode.OK)
@@ -450,12 +453,19 @@ def close_status(reporting: Reporting) -> None:
         reporting.status.close()
 
 
-def save_final_model(trainer: ProjectGRPOTrainer, workspace: Workspace) -> None:
-    trainer.save_model(str(workspace.output_dir / "model"))
+def save_final_model(trainer: ProjectGRPOTrainer, workspace: Workspace, dtype: str) -> None:
+    """The final model in ``dtype`` (model.dtype), though fp32 master weights trained it."""
+    from grpo_trainer.final_model import cast_saved_model
+
+    out = workspace.output_dir / "model"
+    trainer.save_model(str(out))
+    size = cast_saved_model(out, dtype)
     log.info(
-        "training finished: %d steps; final model in %s",
+        "training finished: %d steps; final model in %s (%s, %.1f MB)",
         trainer.state.global_step,
-        workspace.output_dir / "model",
+        out,
+        dtype,
+        size / 1e6,
     )
 
 

@@ -214,6 +214,22 @@ def volume_sync_client_class() -> type[Any]:
     return VolumeSyncClient
 
 
+def served_tensors(named_params: Iterator[tuple[str, Any]], dtype: str | None) -> Iterator[tuple[str, Any]]:
+    """The trainer's (name, tensor) pairs in the dtype vLLM serves (its ``--dtype``, trainer.json
+    model.dtype), cast one tensor at a time on the way out. Full fine-tuning in bfloat16 or float16 holds
+    fp32 master weights; sending them as they are would double the bytes every sync moves, and vLLM would
+    round them to its own dtype anyway. Non-float tensors and tensors already in that dtype pass as they
+    are (no copy)."""
+    import torch
+
+    target = getattr(torch, dtype) if dtype else None
+    for name, tensor in named_params:
+        if target is not None and tensor.is_floating_point() and tensor.dtype != target:
+            yield name, tensor.to(target)
+        else:
+            yield name, tensor
+
+
 def write_shards(named_params: Iterator[tuple[str, Any]], directory: Path) -> int:
     """Writes the tensors as safetensors shards of at most SHARD_BYTES; returns the bytes written.
 
@@ -387,9 +403,10 @@ def generation_class(
     probe: ServedModelProbe | None,
     replacement_budget_seconds: float = 0.0,
     server_urls: list[str] | None = None,
+    served_dtype: str | None = None,
 ) -> type[Any]:
     """TRL's VLLMGeneration (server mode) with the job's weight transport, the served-model probe, and the
-    ride-out of a replaced vLLM server.
+    ride-out of a replaced vLLM server. Weights leave the trainer in ``served_dtype`` (served_tensors).
 
     Its ``on_sync`` (set on the instance by the trainer) receives a SyncReport on rank 0 after every sync.
 
@@ -416,6 +433,10 @@ def generation_class(
         def _base_url(self) -> str:
             client = self.vllm_client
             return str(client.base_url)
+
+        def _iter_named_params(self) -> Iterator[tuple[str, Any]]:
+            # TRL's metadata for the NCCL transport is read from these tensors too, so it names the dtype sent.
+            return served_tensors(super()._iter_named_params(), served_dtype)  # type: ignore[no-untyped-call]
 
         def _riding_out_replacements(
             self, request: Callable[..., Any], done_by_recovery: bool = False
