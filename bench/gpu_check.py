@@ -10,6 +10,9 @@ served over HTTP by the metric SDK, exactly as the CPU tests run it):
 * ``kill_resume``: SIGKILL after the first checkpoint, start again: every step logged once, finished;
 * ``dtype_<d>``: full fine-tuning in bfloat16, float16 (fp32 master weights under fp16 autocast) and
   float32: exit 0, every loss finite, and the dtype the checkpoint's weights were saved in;
+* ``production_numerics``: ``model.dtype: bfloat16`` at lr 1e-6 on a model with Hugging Face's default
+  init (the overhead model's size): at least 99 % of the weight elements (every norm weight included) change
+  in step 1, and the update from step 1 to 3 has a cosine of at least 0.99 with a float32 run's;
 * ``lora``: LoRA adapters train and are checkpointed;
 * ``overhead``: step time and peak GPU memory of this trainer against bare TRL
   (bench/trainer_overhead.py) on a ~150M-parameter model, runs interleaved (bare, ours, bare, ours),
@@ -57,6 +60,7 @@ from tests.trainer.toy import (
     trainer_config,
     write_dataset,
 )
+from tests.trainer.weights import changed_fraction, changed_overall, load_weights, saved_dtypes, update_cosine
 
 DEFAULT_OUT = REPO / "out" / "gpu-check.json"
 
@@ -130,6 +134,8 @@ class Checker:
         dtype: str | None = None,
         lora: bool = False,
         completion_tokens: int = 8,
+        learning_rate: float = 0.02,
+        keep_last: int = 2,
     ) -> tuple[Path, Path]:
         workdir = self.work / name
         workdir.mkdir(parents=True, exist_ok=True)
@@ -139,7 +145,8 @@ class Checker:
             self.metric_url,
             steps=steps,
             every_steps=every_steps,
-            keep_last=2,
+            keep_last=keep_last,
+            learning_rate=learning_rate,
             max_completion_length=completion_tokens,
             job=("gpu-check", name.replace("_", "-")),
         )
@@ -228,6 +235,53 @@ class Checker:
         out["ok"] = run.code == 0 and len(losses) == steps and all(v is not None for v in losses)
         if not out["ok"]:
             out["log_tail"] = run.log_tail
+        return out
+
+    def production_numerics(self) -> dict[str, Any]:
+        """model.dtype bfloat16 at lr 1e-6 on a model with HF's default init (the overhead check's size): the
+        fraction of weight elements the first step changed, and the cosine of steps 1->3 with a float32 run."""
+        from grpo_trainer.tiny import build
+
+        model = build(
+            self.work / "numerics-model", hidden_size=self.sizes.hidden_size, layers=self.sizes.layers
+        )
+        runs: dict[str, Run] = {}
+        for dtype in ("bfloat16", "float32"):
+            workdir, config = self.config(
+                f"numerics_{dtype}",
+                steps=3,
+                every_steps=1,
+                model=model,
+                dtype=dtype,
+                learning_rate=1e-6,
+                keep_last=3,
+            )
+            runs[dtype] = self.run(workdir, config)
+        out: dict[str, Any] = {
+            dtype: {"exit_code": run.code, "steps": len(run.records)} for dtype, run in runs.items()
+        }
+        if any(run.code != 0 or len(run.records) != 3 for run in runs.values()):
+            out["ok"] = False
+            out["log_tail"] = next(
+                run.log_tail for run in runs.values() if run.code != 0 or len(run.records) != 3
+            )
+            return out
+        bf16, fp32 = (runs[d].workdir / "ckpt" for d in ("bfloat16", "float32"))
+        initial, step1 = load_weights(model), load_weights(bf16 / "step-1")
+        norms = [f for name, f in changed_fraction(initial, step1).items() if "norm" in name]
+        cosine, ratio = update_cosine(
+            step1, load_weights(bf16 / "step-3"), load_weights(fp32 / "step-1"), load_weights(fp32 / "step-3")
+        )
+        out.update(
+            changed_in_step_1=round(changed_overall(initial, step1), 5),
+            least_changed_norm_tensor=round(min(norms), 5),
+            cosine_steps_1_3_with_fp32=round(cosine, 5),
+            norm_ratio_steps_1_3_with_fp32=round(ratio, 5),
+            checkpoint_dtype=sorted(saved_dtypes(bf16 / "step-1")),
+            median_step_seconds=_median([r["step_seconds"] for r in runs["bfloat16"].records]),
+            gpu_memory_peak_bytes=_peak(runs["bfloat16"].records),
+        )
+        out["ok"] = out["changed_in_step_1"] >= 0.99 and min(norms) >= 0.99 and cosine >= 0.99
         return out
 
     def lora(self) -> dict[str, Any]:
@@ -479,6 +533,7 @@ def main(argv: list[str] | None = None) -> int:
             ("dtype_bfloat16", lambda: checker.full_fine_tuning("bfloat16")),
             ("dtype_float16", lambda: checker.full_fine_tuning("float16")),
             ("dtype_float32", lambda: checker.full_fine_tuning("float32")),
+            ("production_numerics", checker.production_numerics),
             ("lora", checker.lora),
             ("overhead", checker.overhead),
             *([("served_weights_nccl", lambda: checker.served_weights("nccl"))] if cuda else []),

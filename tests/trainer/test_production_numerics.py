@@ -12,24 +12,15 @@ import json
 from pathlib import Path
 
 import pytest
-import torch
 from grpo_metric import MetricServer
 
 from tests.trainer.toy import read_jsonl, start_trainer, trainer_config
+from tests.trainer.weights import changed_fraction, changed_overall, load_weights, saved_dtypes, update_cosine
 
 pytestmark = pytest.mark.trainer
 
 LEARNING_RATE = 1e-6
 STEPS = 3
-
-
-def _weights(directory: Path) -> dict[str, torch.Tensor]:
-    from safetensors.torch import load_file
-
-    tensors: dict[str, torch.Tensor] = {}
-    for shard in sorted(directory.glob("*.safetensors")):
-        tensors.update({k: v.to(torch.float64) for k, v in load_file(str(shard)).items()})
-    return tensors
 
 
 def _train(workdir: Path, model: Path, metric: MetricServer, dtype: str) -> Path:
@@ -51,14 +42,6 @@ def _train(workdir: Path, model: Path, metric: MetricServer, dtype: str) -> Path
     return workdir / "ckpt"
 
 
-def _changed_fraction(before: dict[str, torch.Tensor], after: dict[str, torch.Tensor]) -> dict[str, float]:
-    return {name: float((after[name] != w).double().mean()) for name, w in before.items()}
-
-
-def _delta(start: dict[str, torch.Tensor], end: dict[str, torch.Tensor]) -> torch.Tensor:
-    return torch.cat([(end[name] - start[name]).flatten() for name in sorted(start)])
-
-
 @pytest.fixture(scope="module")
 def default_init_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from grpo_trainer.tiny import build
@@ -69,34 +52,26 @@ def default_init_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_bf16_at_lr_1e6_moves_every_weight_as_fp32_does(
     tmp_path: Path, default_init_model: Path, toy_metric: MetricServer
 ) -> None:
-    initial = _weights(default_init_model)
+    initial = load_weights(default_init_model)
     # HF's default initialisation, not a test-friendly one: linear weights N(0, 0.02), norm weights 1.
     q = next(v for k, v in initial.items() if k.endswith("q_proj.weight"))
     assert 0.015 < float(q.std()) < 0.025
 
     bf16 = _train(tmp_path / "bf16", default_init_model, toy_metric, "bfloat16")
-    step1, step3 = _weights(bf16 / "step-1"), _weights(bf16 / "step-3")
-    changed = _changed_fraction(initial, step1)
-    total = sum(initial[n].numel() * f for n, f in changed.items()) / sum(t.numel() for t in initial.values())
+    step1, step3 = load_weights(bf16 / "step-1"), load_weights(bf16 / "step-3")
+    total = changed_overall(initial, step1)
     assert total >= 0.99, f"only {total:.2%} of parameter elements changed in step 1"
-    norms = {n: f for n, f in changed.items() if "norm" in n}
+    norms = {n: f for n, f in changed_fraction(initial, step1).items() if "norm" in n}
     assert norms and min(norms.values()) >= 0.99, norms
     # Checkpoints keep the fp32 masters: a resume continues from them, not from their bf16 rounding.
-    assert {str(t.dtype) for t in _raw_dtypes(bf16 / "step-1")} == {"torch.float32"}
+    assert saved_dtypes(bf16 / "step-1") == {"F32"}
 
     fp32 = _train(tmp_path / "fp32", default_init_model, toy_metric, "float32")
-    fp32_step1, fp32_step3 = _weights(fp32 / "step-1"), _weights(fp32 / "step-3")
-    ours, reference = _delta(step1, step3), _delta(fp32_step1, fp32_step3)
-    cosine = float(torch.nn.functional.cosine_similarity(ours, reference, dim=0))
+    cosine, ratio = update_cosine(step1, step3, load_weights(fp32 / "step-1"), load_weights(fp32 / "step-3"))
     assert cosine >= 0.99, f"the bf16 run's update from step 1 to 3 has cosine {cosine:.4f} with fp32's"
+    assert 0.9 < ratio < 1.1, ratio
 
     # The final model is written in the job's dtype, ready to serve.
     final = tmp_path / "bf16" / "out" / "model"
     assert json.loads((final / "config.json").read_text())["dtype"] == "bfloat16"
-    assert {str(t.dtype) for t in _raw_dtypes(final)} == {"torch.bfloat16"}
-
-
-def _raw_dtypes(directory: Path) -> list[torch.Tensor]:
-    from safetensors.torch import load_file
-
-    return [t for shard in sorted(directory.glob("*.safetensors")) for t in load_file(str(shard)).values()]
+    assert saved_dtypes(final) == {"BF16"}

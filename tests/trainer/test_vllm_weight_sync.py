@@ -165,6 +165,38 @@ def test_full_fine_tuning_serves_the_trained_weights_after_every_step(
     assert "served model matches the trained one" in log
 
 
+def test_default_dtype_at_a_production_learning_rate_trains_and_serves_bf16(
+    tmp_path: Path, tiny_model: Path, toy_metric: MetricServer, served_tiny: vllm_server.VLLMProcess
+) -> None:
+    """The numerics users get (model.dtype bfloat16, lr 1e-6, HF's default init) through real vLLM: the fp32
+    master weights move, and what reaches the server is their bf16 rounding, half fp32's bytes."""
+    import torch
+    from safetensors.torch import load_file
+
+    config = vllm_config(tmp_path, tiny_model, toy_metric, served_tiny, learningRate=1e-6)
+    data = json.loads(config.read_text())
+    data["model"]["dtype"] = "bfloat16"
+    config.write_text(json.dumps(data))
+    process = start_trainer(config, tmp_path / "trainer.log")
+    assert process.wait(timeout=900) == 0, (tmp_path / "trainer.log").read_text()[-4000:]
+
+    syncs = read_jsonl(tmp_path / "out" / "weight_syncs.jsonl")
+    assert [s["step"] for s in syncs] == [0, 1, 2] and all(s["in_sync"] for s in syncs), syncs
+
+    def weights(directory: Path) -> dict[str, torch.Tensor]:
+        return {k: v for f in sorted(directory.glob("*.safetensors")) for k, v in load_file(str(f)).items()}
+
+    base, step1, step2 = (
+        weights(d) for d in (tiny_model, tmp_path / "ckpt" / "step-1", tmp_path / "ckpt" / "step-2")
+    )
+    moved = sum(int((step1[k] != v).sum()) for k, v in base.items()) / sum(v.numel() for v in base.values())
+    assert moved >= 0.99, f"only {moved:.2%} of the weights moved in step 1 at lr 1e-6"
+    # The last sync (before step 3) carried step 2's masters, cast to the bf16 vLLM serves.
+    sent = weights(tmp_path / "volume" / "weight-sync" / "v000003")
+    assert {t.dtype for t in sent.values()} == {torch.bfloat16}
+    assert all(torch.equal(sent[k], step2[k].to(torch.bfloat16)) for k in sent), "vLLM got other weights"
+
+
 def test_asynchronous_grpo_trains_on_groups_one_step_stale_stamped_with_their_weights(
     tmp_path: Path, tiny_model: Path, toy_metric: MetricServer, served_tiny: vllm_server.VLLMProcess
 ) -> None:
