@@ -153,6 +153,28 @@ ROWS: tuple[Row, ...] = (
                 max=1,
                 thresholds=((0.02, "red"),),
             ),
+            Panel(
+                "Weights changed per step",
+                "Fraction of a fixed sample of the trainable weight elements that the last optimizer step "
+                "changed at all. Near 1 with float32 weights; below 1 % for 3 steps the updates vanish "
+                "(condition UpdatesEffective False, event UpdatesVanishing): bfloat16 weights with a small "
+                "learning rate, a learning rate too small, or no gradient at all (every group tied).",
+                (Target(gauge("grpo_updated_parameter_fraction")),),
+                unit="percentunit",
+                width=12,
+                min=0,
+                max=1,
+            ),
+            Panel(
+                "Update-to-weight ratio",
+                "||w_after - w_before|| / ||w_after|| of the sampled weights in the last optimizer step: with "
+                "Adam about the learning rate over the weights' size; under 1e-8 the steps change nothing that "
+                "matters.",
+                (Target(gauge("grpo_update_to_weight_ratio")),),
+                unit="sci",
+                width=12,
+                min=0,
+            ),
         ),
     ),
     Row(

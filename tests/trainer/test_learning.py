@@ -35,6 +35,13 @@ def test_toy_task_reward_rises_from_below_0_3_to_at_least_0_8(
     # Every step reports its rollouts (B*G) and its tied-group bookkeeping.
     assert all(r["rollouts"] == 32 and r["groups"] == 4 for r in records)
     assert any(r["tied_groups"] > 0 for r in records[-5:])  # converged groups are all 1.0: no diversity
+    # Every optimizer step changes the float32 weights (update_health.py): nearly every sampled element
+    # moves at the toy's learning rate, by a ratio to the weights that the decaying rate shrinks.
+    assert all(0.9 < r["updated_fraction"] <= 1.0 for r in records[:5]), [
+        r["updated_fraction"] for r in records
+    ]
+    assert all(0.0 < r["update_ratio"] < 10.0 for r in records), [r["update_ratio"] for r in records]
+    assert "changed almost none of the sampled weights" not in (tmp_path / "trainer.log").read_text()
     samples = read_jsonl(tmp_path / "out" / "samples.jsonl")
     assert {s["split"] for s in samples} == {"train", "validation"}
     assert (tmp_path / "out" / "model" / "config.json").is_file()

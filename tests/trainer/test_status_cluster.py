@@ -69,6 +69,12 @@ def test_progress_reaches_the_grpojob_status(
     assert cost["rollouts"] == 64 + 6 * 4 * 8
     assert cost["metricCalls"] == 70 + 6 * 4 * 8 + 2 * 8
     assert cost["generationGpuSeconds"] > 5.0 and cost["trainingGpuSeconds"] > 3.0
+    # The last step's check that the optimizer changes the weights (float32 weights: nearly all of them),
+    # kept by the CRD's schema.
+    updates = status["updates"]
+    assert updates["checkedStep"] == 6 and updates["weightDtype"] == "float32"
+    assert updates["updatedFraction"] > 0.9 and updates["updateRatio"] > 0
+    assert updates["vanishing"] is False and updates["vanishingSteps"] == 0 and "cause" not in updates
 
 
 CLIENT_JOB = """

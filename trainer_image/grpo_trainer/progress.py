@@ -26,6 +26,7 @@ from grpo_trainer.signals import StopFlag
 from grpo_trainer.status import StatusReporter
 from grpo_trainer.trainer import ProjectGRPOTrainer, StepStats
 from grpo_trainer.trl_adapter import LOG_KEYS, clear_eval_metrics, generate_completions
+from grpo_trainer.update_health import StepSignal, UpdateHealth
 
 log = logging.getLogger("grpo_trainer.progress")
 
@@ -118,6 +119,8 @@ class ProgressCallback(TrainerCallback):  # type: ignore[misc]
     # Asynchronous jobs: what the last step's groups were (async_generation.py).
     _rollout_step: RolloutStep | None = None
     _groups_dropped: int = 0
+    # A sample of the weights compared around each optimizer step (update_health.py).
+    update_health: UpdateHealth = field(default_factory=UpdateHealth)
 
     # -- called from inside the generation round (every rank, global numbers) ----------------------------
 
@@ -166,6 +169,13 @@ class ProgressCallback(TrainerCallback):  # type: ignore[misc]
             )
         ):
             self._validate(state.global_step)
+
+    def on_pre_optimizer_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self.update_health.before_step(kwargs.get("model"))
+
+    def on_optimizer_step(self, args: Any, state: Any, control: Any, **_: Any) -> None:
+        accelerator = self.trainer.accelerator if self.trainer is not None else None
+        self.update_health.after_step(bool(accelerator and accelerator.optimizer_step_was_skipped))
 
     def _any_rank_stopping(self) -> bool:
         flag = 1 if self.stop.is_set() else 0
@@ -218,6 +228,9 @@ class ProgressCallback(TrainerCallback):  # type: ignore[misc]
         components = self._components.reported(stats.components)
         if components:
             record["reward_components"] = components
+        updates = self.update_health.judge(step, self._step_signal(args, stats, logs))
+        if updates is not None:
+            record.update(updates.fields)
         self._append(self.output_dir / "metrics.jsonl", [record])
         if fresh:
             self._write_samples(step)
@@ -233,6 +246,10 @@ class ProgressCallback(TrainerCallback):  # type: ignore[misc]
             self.metrics.client_completions_unmatched.inc(int(origin.get("client_completions_unmatched", 0)))
             for name, mean in components.items():
                 self.metrics.set_component(name, mean)
+            if updates is not None:
+                self.metrics.updated_parameter_fraction.set(updates.sample.fraction)
+                if updates.sample.ratio is not None:
+                    self.metrics.update_to_weight_ratio.set(updates.sample.ratio)
         if self.cost is not None:
             # Each dynamic-sampling refill round generated and scored a batch as large as the step's.
             made = generated.rollouts * (1 + generated.refill_rounds)
@@ -246,7 +263,9 @@ class ProgressCallback(TrainerCallback):  # type: ignore[misc]
                 body.update(self.cost.status())
             if rollout is not None:
                 body["staleness"] = self._staleness_status(rollout)
-            self.status.update(body)
+            if updates is not None:
+                body["updates"] = updates.status
+            self.status.update(body, force=updates is not None and updates.changed)
 
     def on_save(self, args: Any, state: Any, control: Any, **_: Any) -> None:
         if not self.is_main or self.trainer is None or self.trainer.grpo_last_manifest is None:
@@ -269,6 +288,17 @@ class ProgressCallback(TrainerCallback):  # type: ignore[misc]
     def rollout_fields(self) -> dict[str, Any]:
         """metrics.jsonl fields about where the step's rollouts came from (client-rollout jobs add some)."""
         return {}
+
+    @staticmethod
+    def _step_signal(args: Any, stats: StepStats, logs: dict[str, Any]) -> StepSignal:
+        """What the step's own figures say about its learning signal (update_health.py)."""
+        return StepSignal(
+            learning_rate=finite(logs.get(LOG_KEYS["learning_rate"])),
+            peak_learning_rate=float(args.learning_rate),
+            zero_std_group_ratio=stats.zero_std_group_ratio,
+            truncated_ratio=finite(logs.get(LOG_KEYS["truncated_ratio"])),
+            mask_truncated=bool(getattr(args, "mask_truncated_completions", False)),
+        )
 
     def reward_seconds(self) -> float:
         """Cumulative wall time spent waiting for rewards (the metric service's scoring)."""

@@ -62,6 +62,8 @@ class TrainerMetrics:
     rollout_groups_dropped: Counter
     rollout_wait_seconds: Counter
     generation_overlap_ratio: Gauge
+    update_to_weight_ratio: Gauge
+    updated_parameter_fraction: Gauge
     # Labelled by component as well: set through set_component().
     reward_component_mean: Gauge
     job_labels: dict[str, str]
@@ -223,6 +225,16 @@ class TrainerMetrics:
                 "grpo_generation_overlap_ratio",
                 "Fraction of the last step's wall time in which vLLM sampled later steps' groups while the "
                 "trainer trained (asynchronous jobs only).",
+            ),
+            update_to_weight_ratio=gauge(
+                "grpo_update_to_weight_ratio",
+                "||w_after - w_before|| / ||w_after|| of a fixed sample of the trainable weights in the last "
+                "optimizer step (update_health.py).",
+            ),
+            updated_parameter_fraction=gauge(
+                "grpo_updated_parameter_fraction",
+                "Fraction of the sampled trainable weight elements the last optimizer step changed at all; "
+                "near 0 the updates vanish (bfloat16 weights with a small learning rate).",
             ),
             reward_component_mean=Gauge(
                 "grpo_reward_component_mean",

@@ -122,6 +122,15 @@ SERVED_MODEL_DRIFT = EventReason(
     "the trained model's (`status.servedModel`): vLLM serves other weights than the ones being trained. "
     "Posted when the `ServedModelInSync` condition turns False.",
 )
+UPDATES_VANISHING = EventReason(
+    "UpdatesVanishing",
+    "Warning",
+    "Trainer rank 0 found that its optimizer steps change almost none of its weights (`status.updates`: "
+    "under 1 % of a fixed sample of weight elements changed in 3 steps in a row): the run computes "
+    "gradients and learns nothing. The message names the likely cause (weights in bfloat16/float16 with a "
+    "small learning rate, a learning rate too small, every group tied, every completion truncated and "
+    "masked) and the fix. Posted when the `UpdatesEffective` condition turns False.",
+)
 SUSPENDED = EventReason("Suspended", "Normal", "`spec.suspend` was set to true.")
 RESUMED = EventReason("Resumed", "Normal", "`spec.suspend` was set back to false.")
 SUCCEEDED = EventReason("Succeeded", "Normal", "Training finished.")
@@ -172,6 +181,7 @@ EVENT_REASONS: tuple[EventReason, ...] = (
     CANCELLED_BY_CLIENT,
     CHILD_DRIFTED,
     SERVED_MODEL_DRIFT,
+    UPDATES_VANISHING,
     SUSPENDED,
     RESUMED,
     SUCCEEDED,

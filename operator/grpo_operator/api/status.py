@@ -1,5 +1,6 @@
 """``GRPOJob.status``: written by the operator (phase, conditions, restarts, ...) and by trainer rank 0
-(progress, rewards, checkpoint, servedModel). Every field is optional; writers merge-patch only their own fields.
+(progress, rewards, checkpoint, servedModel, cost, staleness, updates). Every field is optional; writers
+merge-patch only their own fields.
 
 Status models are not strict: timestamps arrive as RFC 3339 strings from the API server and become
 ``datetime`` objects here.
@@ -120,7 +121,7 @@ class RewardsStatus(_StatusModel):
 
 # The status sections trainer rank 0 writes (its merge patches name nothing else); the operator reads them
 # and never writes them.
-TRAINER_STATUS_FIELDS = ("progress", "rewards", "checkpoint", "servedModel", "cost", "staleness")
+TRAINER_STATUS_FIELDS = ("progress", "rewards", "checkpoint", "servedModel", "cost", "staleness", "updates")
 
 
 class CostStatus(_StatusModel):
@@ -229,6 +230,57 @@ class StalenessStatus(_StatusModel):
     )
 
 
+# Why trainer rank 0 thinks a run's optimizer steps stopped changing its weights (UpdatesStatus.cause):
+# Precision: the weights are held in bfloat16/float16 and the updates are below half their rounding step;
+# LearningRate: fp32 weights and updates too small to matter; TiedGroups: every group's rewards were equal,
+# so every advantage was 0; TruncatedCompletionsMasked: every completion was cut off at
+# maxCompletionLength and maskTruncatedCompletions left it out of the loss.
+UpdateCause = Literal["Precision", "LearningRate", "TiedGroups", "TruncatedCompletionsMasked"]
+UPDATE_CAUSES: tuple[UpdateCause, ...] = (
+    "Precision",
+    "LearningRate",
+    "TiedGroups",
+    "TruncatedCompletionsMasked",
+)
+# The dtypes the sampled weights can be reported in (anything else is left out of the report).
+WeightDtype = Literal["bfloat16", "float16", "float32", "float64"]
+
+
+class UpdatesStatus(_StatusModel):
+    """Whether the optimizer steps change the weights: trainer rank 0 compares a fixed sample of the trainable
+    weights before and after each step and writes the last step's figures, and its diagnosis when the
+    changes vanish for several steps in a row (docs/trainer.md, "Vanishing updates")."""
+
+    checked_step: int | None = Field(default=None, ge=0, description="Step of the last measurement.")
+    update_ratio: float | None = Field(
+        default=None,
+        ge=0,
+        le=1e6,
+        description="||w_after - w_before|| / ||w_after|| over the sampled weights in the last step.",
+    )
+    updated_fraction: float | None = Field(
+        default=None, ge=0, le=1, description="Fraction of the sampled weight elements the last step changed."
+    )
+    weight_dtype: WeightDtype | None = Field(
+        default=None, description="The dtype most sampled weight elements are held in."
+    )
+    learning_rate: float | None = Field(
+        default=None, ge=0, le=1e3, description="The learning rate the last step applied."
+    )
+    vanishing: bool | None = Field(
+        default=None,
+        description="True once the last vanishingSteps measured steps (at least 3) all changed almost nothing.",
+    )
+    vanishing_steps: int | None = Field(
+        default=None, ge=0, le=10_000_000, description="Measured steps in a row whose updates vanished."
+    )
+    cause: UpdateCause | None = Field(
+        default=None,
+        description="While vanishing: the likely cause (Precision, LearningRate, TiedGroups, "
+        "TruncatedCompletionsMasked).",
+    )
+
+
 class GRPOJobStatus(_StatusModel):
     """Observed state of a GRPOJob."""
 
@@ -252,6 +304,9 @@ class GRPOJobStatus(_StatusModel):
     )
     staleness: StalenessStatus | None = Field(
         default=None, description="Asynchronous jobs: staleness of the groups and overlap (trainer)."
+    )
+    updates: UpdatesStatus | None = Field(
+        default=None, description="Whether the optimizer steps change the weights (trainer)."
     )
     restarts: int | None = Field(
         default=None, ge=0, description="Trainer gang restarts counted against backoffLimit."

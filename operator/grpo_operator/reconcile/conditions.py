@@ -19,12 +19,15 @@ CONFLICT = "Conflict"
 PLATFORM_POLICY = "PlatformPolicy"
 # Whether vLLM serves the weights the trainer trains (trainer rank 0's probe, status.servedModel).
 SERVED_MODEL_IN_SYNC = "ServedModelInSync"
+# Whether the optimizer steps change the weights (trainer rank 0's sample of them, status.updates).
+UPDATES_EFFECTIVE = "UpdatesEffective"
 CONDITION_ORDER = (
     SCHEDULED,
     RUNNING,
     METRIC_READY,
     GATEWAY_READY,
     SERVED_MODEL_IN_SYNC,
+    UPDATES_EFFECTIVE,
     SUSPENDED,
     SUCCEEDED,
     FAILED,

@@ -63,6 +63,7 @@ from grpo_operator.reconcile.reconcile_pass import (
 from grpo_operator.reconcile.record import read_record, sanitize_status
 from grpo_operator.reconcile.restart_policy import DEADLINE_EXCEEDED
 from grpo_operator.reconcile.served_model import served_model_condition
+from grpo_operator.reconcile.update_health import updates_condition
 from grpo_operator.settings import OperatorSettings
 
 
@@ -145,6 +146,7 @@ def reconcile(job_obj: dict[str, Any], observed: Observed, now: datetime, settin
         return rp.finish()
     run_gang(rp, job, observed)
     served_model_condition(rp)
+    updates_condition(rp)
     if not client_rollouts(job):
         withhold_first_metric_report(rp, job, observed)
     return rp.finish()
