@@ -85,7 +85,9 @@ def test_vllm_server_mode_mapping_is_accepted_by_trl() -> None:
 def test_transformers_backend_generates_in_process() -> None:
     kwargs = grpo_config_kwargs(config("transformers"), plan_batches(64, 8, 8, 8), cuda=False)
     assert kwargs["use_vllm"] is False and "vllm_mode" not in kwargs
-    assert kwargs["use_cpu"] is True and kwargs["bf16"] is False
+    # bfloat16 (the default dtype) computes under bf16 autocast on the CPU too, over fp32 master weights.
+    assert kwargs["use_cpu"] is True and kwargs["bf16"] is True
+    assert kwargs["model_init_kwargs"]["dtype"] == "float32"
 
 
 def test_vllm_backend_without_host_is_a_config_error() -> None:

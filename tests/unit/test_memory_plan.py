@@ -19,6 +19,7 @@ from grpo_operator.api.trainer_config import TrainerConfig
 from grpo_operator.reconcile.restart_policy import TRAINER_EXIT_REASONS
 from grpo_trainer import errors, memory_plan
 from grpo_trainer import main as trainer_main
+from grpo_trainer import steps as trainer_steps
 from grpo_trainer.errors import MemoryPlanExceeded
 from grpo_trainer.grpo_config import RuntimeEnv
 from grpo_trainer.memory_plan import (
@@ -217,7 +218,7 @@ def start(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "RESUME_FROM", "GRPO_CONFIG"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setattr(memory_plan, "read_model_config", lambda name, revision: QWEN_7B)
-    monkeypatch.setattr(trainer_main, "gpu_memory", lambda env: H100)
+    monkeypatch.setattr(trainer_steps, "gpu_memory", lambda env: H100)
     # What run() installs for a real process: no SIGTERM handler or retry hook left behind in pytest.
     monkeypatch.setattr(signal, "signal", lambda *_: None)
     monkeypatch.setattr(trainer_main, "stop_retrying_when", lambda _: None)
@@ -256,7 +257,7 @@ def test_a_plan_that_fits_is_logged_and_the_start_goes_on(
 ) -> None:
     config = TrainerConfig.load(trainer_config(tmp_path, lora=True))
     with caplog.at_level(logging.INFO, logger="grpo_trainer.memory_plan"):
-        trainer_main.check_memory(config, RuntimeEnv())
+        trainer_steps.check_memory(config, RuntimeEnv())
     assert "memory plan:" in caplog.text and "it fits" in caplog.text
     assert not start
 
@@ -264,10 +265,10 @@ def test_a_plan_that_fits_is_logged_and_the_start_goes_on(
 def test_on_the_cpu_the_plan_is_only_logged(
     tmp_path: Path, start: list[str], monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    monkeypatch.setattr(trainer_main, "gpu_memory", lambda env: None)
+    monkeypatch.setattr(trainer_steps, "gpu_memory", lambda env: None)
     config = TrainerConfig.load(trainer_config(tmp_path))
     with caplog.at_level(logging.INFO, logger="grpo_trainer.memory_plan"):
-        trainer_main.check_memory(config, RuntimeEnv())
+        trainer_steps.check_memory(config, RuntimeEnv())
     assert "not checked on the CPU" in caplog.text and "7.62B parameters" in caplog.text
 
 

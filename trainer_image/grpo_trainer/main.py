@@ -17,7 +17,6 @@ import traceback
 
 from grpo_operator.api.trainer_config import TrainerConfig
 
-from grpo_trainer import memory_plan
 from grpo_trainer.errors import (
     CheckpointMismatch,
     ConfigError,
@@ -32,11 +31,9 @@ from grpo_trainer.gateway_client import GatewayProtocolError, GatewayUnavailable
 from grpo_trainer.grpo_config import RuntimeEnv, load_config
 from grpo_trainer.metric_client import MetricServiceUnavailable
 from grpo_trainer.signals import StopFlag
-from grpo_trainer.steps import claim_workspace, plan_steps
+from grpo_trainer.steps import check_memory, claim_workspace, plan_steps
 from grpo_trainer.vllm_wait import GenerationUnavailable
 from grpo_trainer.weight_sync import stop_retrying_when
-
-log = logging.getLogger("grpo_trainer.memory_plan")
 
 
 def run(config: TrainerConfig, env: RuntimeEnv) -> int:
@@ -55,23 +52,6 @@ def run(config: TrainerConfig, env: RuntimeEnv) -> int:
     from grpo_trainer.metric_loop import run_metric_loop
 
     return run_metric_loop(config, env, plan, workspace, stop)
-
-
-def check_memory(config: TrainerConfig, env: RuntimeEnv) -> None:
-    """Before anything is loaded: on CUDA, a memory plan (memory_plan.py) that does not fit the GPU raises
-    MemoryPlanExceeded; on the CPU the plan is only logged."""
-    memory_plan.check_job(config, env.world_size, gpu_memory(env), log=log if env.is_main else None)
-
-
-def gpu_memory(env: RuntimeEnv) -> int | None:
-    """Total memory of this process's GPU; None without CUDA (or without torch)."""
-    try:
-        import torch
-    except ImportError:
-        return None
-    if not torch.cuda.is_available():
-        return None
-    return int(torch.cuda.get_device_properties(env.local_rank % torch.cuda.device_count()).total_memory)
 
 
 def main(argv: list[str] | None = None) -> int:

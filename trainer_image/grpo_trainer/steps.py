@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from grpo_operator.api.trainer_config import TrainerConfig
 
+from grpo_trainer import memory_plan
 from grpo_trainer.errors import ConfigError, ExitCode
 from grpo_trainer.grpo_config import BatchPlan, RuntimeEnv, grpo_config_kwargs, plan_batches
 from grpo_trainer.trl_adapter import load_checkpoint_weights
@@ -30,6 +31,7 @@ if TYPE_CHECKING:
     from grpo_trainer.status import StatusReporter
     from grpo_trainer.trainer import ProjectGRPOTrainer
 
+memory_log = logging.getLogger("grpo_trainer.memory_plan")
 log = logging.getLogger("grpo_trainer")
 
 # GRPOConfig arguments that decide the algorithm (logged at start; the rest are batch and run plumbing).
@@ -105,6 +107,23 @@ def plan_steps(config: TrainerConfig, env: RuntimeEnv) -> BatchPlan:
             f"{config.grpo.prompts_per_step} must be a multiple of the {env.world_size} processes"
         )
     return plan
+
+
+def check_memory(config: TrainerConfig, env: RuntimeEnv) -> None:
+    """Before anything is loaded: on CUDA, a memory plan (memory_plan.py) that does not fit the GPU raises
+    MemoryPlanExceeded; on the CPU the plan is only logged."""
+    memory_plan.check_job(config, env.world_size, gpu_memory(env), log=memory_log if env.is_main else None)
+
+
+def gpu_memory(env: RuntimeEnv) -> int | None:
+    """Total memory of this process's GPU; None without CUDA (or without torch)."""
+    try:
+        import torch
+    except ImportError:
+        return None
+    if not torch.cuda.is_available():
+        return None
+    return int(torch.cuda.get_device_properties(env.local_rank % torch.cuda.device_count()).total_memory)
 
 
 def claim_workspace(config: TrainerConfig, env: RuntimeEnv) -> Workspace:

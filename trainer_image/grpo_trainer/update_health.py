@@ -99,8 +99,11 @@ def dtype_name(dtype: torch.dtype) -> str:
 
 
 def sample_view(tensor: torch.Tensor, elements: int = SAMPLE_ELEMENTS) -> torch.Tensor:
-    """The first ``elements`` elements of the flattened tensor, in its own dtype (a view when it can be)."""
-    return tensor.detach().reshape(-1)[:elements]
+    """The first ``elements`` elements of the flattened tensor, in its own dtype (a view when it can be). A
+    parameter sharded by FSDP2 (a DTensor) is sampled in this rank's own shard: gathering it would be a
+    collective, and the shard is held in the same dtype as the whole."""
+    local = tensor.to_local() if hasattr(tensor, "to_local") else tensor
+    return local.detach().reshape(-1)[:elements]
 
 
 @dataclass(frozen=True)

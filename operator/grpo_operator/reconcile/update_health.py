@@ -42,8 +42,10 @@ def _fix(cause: UpdateCause | None, updates: UpdatesStatus) -> str:
         return (
             f"the trainable weights are held in {dtype} and the learning rate is {rate}: an update smaller than "
             f"half a {dtype} rounding step ({half} of the weight) is rounded away, so the model barely "
-            "moves. Train with float32 weights (spec.model.dtype: float32; docs/trainer.md, Precision) or "
-            "raise spec.grpo.learningRate"
+            "moves. This operator's trainer holds the trainable weights in float32 under 16-bit compute "
+            "(docs/trainer.md, Precision); a trainer image that holds them in 16 bits is an older or a custom "
+            "one (spec.trainer.image): use the default trainer image, set spec.model.dtype: float32, or raise "
+            "spec.grpo.learningRate"
         )
     if cause == "TiedGroups":
         return (
