@@ -78,17 +78,14 @@ MODELS: dict[str, dict[str, object]] = {
 MODES: dict[str, dict[str, object]] = {
     "DDP full FT": {"sharding": "none"},
     "FSDP full FT": {"sharding": "fsdp"},
-    "FSDP + optimizer offload": {"sharding": "fsdp", "optimizer_offload": True},
-    "LoRA r=16": {"lora": True, "lora_rank": 16},
+    "FSDP + cpuOffload": {"sharding": "fsdp", "optimizer_offload": True},
+    "LoRA r=16 (DDP)": {"lora": True, "lora_rank": 16},
 }
 
 
 def cell(model: ModelShape, job: JobShape, gpu_bytes: int) -> str:
+    # LoRA runs as DDP only (the API refuses LoRA with FSDP): "—" where its frozen base does not fit one GPU.
     plan = min_gpus(model, job, gpu_bytes)
-    if plan is None and job.lora and job.sharding == "none":
-        # LoRA's frozen base alone may not fit one GPU: the fewest GPUs LoRA fits on sharded.
-        sharded = min_gpus(model, dataclasses.replace(job, sharding="fsdp"), gpu_bytes)
-        return "—" if sharded is None else f"{sharded.job.world_size} (FSDP)"
     return "—" if plan is None else str(plan.job.world_size)
 
 

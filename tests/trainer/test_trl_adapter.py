@@ -236,3 +236,14 @@ def test_vllm_generation_still_builds_and_syncs_the_colocated_engine_as_recorded
     assert module is inspect.getmodule(VLLMGeneration), f"VLLMGeneration moved: {UPGRADE}"
     path = ".".join(trl_adapter.VLLM_COLOCATE_RUNNER_PATH)
     assert f"self.llm.{path}." in colocated, f"TRL no longer reaches vLLM's model runner as {path}: {UPGRADE}"
+
+
+def test_accelerate_still_makes_an_fsdp_state_only_the_way_allow_fsdp_on_cpu_repeats() -> None:
+    """allow_fsdp_on_cpu repeats, for a CPU process group, what AcceleratorState.__init__ does with an FSDP
+    plugin on an accelerator one; a change there (an upgrade of accelerate) must be re-read."""
+    from accelerate.state import AcceleratorState
+
+    source = inspect.getsource(AcceleratorState.__init__)
+    missing = [f for f in trl_adapter.ACCELERATE_FSDP_STATE_CONTRACT if f not in source]
+    assert not missing, f"accelerate's AcceleratorState.__init__ no longer contains {missing}: {UPGRADE}"
+    assert version("accelerate") == "1.15.0", f"accelerate {version('accelerate')}: {UPGRADE}"

@@ -100,6 +100,17 @@ RULE_BREAKERS: dict[CelRule, dict[str, Any]] = {
     },
     GRPOJobSpec.Rules.no_sampling_knobs_with_client: {**CLIENT, "spec.grpo.topK": 20},
     GRPOJobSpec.Rules.vespo_needs_token_correction: {"spec.grpo.lossType": "vespo"},
+    TrainerSpec.Rules.offload_needs_fsdp: {"spec.trainer.cpuOffload": True},
+    GRPOJobSpec.Rules.fsdp_not_with_lora: {
+        "spec.trainer.sharding": "FSDP",
+        "spec.grpo.lora": {"enabled": True},
+    },
+    GRPOJobSpec.Rules.fsdp_not_colocated: {
+        "spec.trainer.sharding": "FSDP",
+        "spec.generation.mode": "Colocate",
+    },
+    GRPOJobSpec.Rules.fsdp_not_asynchronous: {"spec.trainer.sharding": "FSDP", "spec.grpo.maxStaleness": 1},
+    GRPOJobSpec.Rules.fsdp_not_with_client: {**CLIENT, "spec.trainer.sharding": "FSDP"},
     RolloutsSpec.Rules.client_only_for_client: {"spec.rollouts": {"source": "Metric", "client": {}}},
 }
 

@@ -147,8 +147,8 @@ def test_7b_full_fine_tuning_under_ddp_does_not_fit_80gb_and_the_message_names_f
     assert fits(suggested, H100) and f"{suggested.total / GIB:.1f}" == found.group(2)
     fewer = dataclasses.replace(suggested.job, world_size=gpus - 1)
     assert not fits(plan_memory(model, fewer), H100), "the suggestion is the fewest GPUs that fit"
-    assert "LoRA (spec.grpo.lora.enabled: true, r=16)" in text
-    assert "optimizer CPU offload" in text
+    assert "LoRA (spec.grpo.lora.enabled: true, r=16, sharding DDP)" in text
+    assert "spec.trainer.sharding FSDP and cpuOffload: true over 1 GPU" in text
     # Every suggestion fits, by the same plan.
     for _, alternative in alternatives(model, GRPO_JOB, H100):
         assert fits(alternative, H100)
@@ -306,10 +306,11 @@ def test_the_colocated_engines_share_is_not_the_trainers(tmp_path: Path) -> None
 def test_trainer_sharding_is_read_when_the_config_has_it(tmp_path: Path) -> None:
     config = TrainerConfig.load(trainer_config(tmp_path))
     assert memory_plan.job_shape(config, 4, True).sharding == "none"
-    sharded = type("Sharding", (), {"mode": "FSDP", "cpu_offload": True})()
-    topology = type("Topology", (), {"sharding": sharded, "per_device_batch_size": 4})()
+    topology = config.trainer.model_copy(update={"sharding": "FSDP", "cpu_offload": True})
     shaped = memory_plan.job_shape(config.model_copy(update={"trainer": topology}), 4, True)
     assert (shaped.sharding, shaped.optimizer_offload) == ("fsdp", True)
+    ddp = config.trainer.model_copy(update={"sharding": "DDP"})
+    assert memory_plan.job_shape(config.model_copy(update={"trainer": ddp}), 4, True).sharding == "none"
 
 
 def test_the_trainer_doc_shows_the_table_bench_memory_table_prints(

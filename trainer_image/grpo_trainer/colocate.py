@@ -131,12 +131,15 @@ def generation_class(probe: EngineProbe | None, dtype: str | None = None) -> typ
                 self.gpu_memory_utilization,
             )
 
+        def _iter_named_params(self) -> Iterator[tuple[str, Any]]:
+            return served_tensors(super()._iter_named_params(), dtype)  # type: ignore[no-untyped-call]
+
         def sync_weights(self) -> None:
             started = time.monotonic()
             if self.enable_sleep_mode:
                 # TRL wakes the engine's weights first; the trainer never turns sleep mode on.
                 raise ValueError("the colocated engine's weight sync does not support vLLM sleep mode")
-            named = served_tensors(self._iter_named_params(), dtype)  # type: ignore[no-untyped-call]
+            named = self._iter_named_params()
             weights = checkpoint_weights(named, copy=is_peft_model(self.model))
             model_runner(self.llm).reload_weights(weights_iterator=weights, is_checkpoint_format=True)
             # A prefix-cache entry computed with the old weights must not be reused.

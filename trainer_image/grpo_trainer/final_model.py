@@ -16,6 +16,9 @@ from typing import Any
 # safetensors metadata HF writes; transformers refuses to load shards without {"format": "pt"}.
 SHARD_METADATA = {"format": "pt"}
 INDEX_FILE = "model.safetensors.index.json"
+# Largest safetensors file a gathered model is written in (transformers' own default is 5 GB); also the most
+# a writer holds in memory at once, besides the one tensor being gathered.
+GATHERED_SHARD_BYTES = 2 << 30
 
 
 def cast_saved_model(directory: Path, dtype: str) -> int:
@@ -56,3 +59,60 @@ def _rewrite_json(path: Path, change: Callable[[dict[str, Any]], None]) -> None:
     partial = path.with_name(path.name + ".partial")
     partial.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n", encoding="utf-8")
     os.replace(partial, path)
+
+
+def save_gathered_model(trainer: Any, directory: Path, dtype: str, *, writer: bool) -> int:
+    """Collective (every rank calls it): the model's full tensors, gathered from their FSDP2 shards one at a
+    time and cast to ``dtype``, written by the ``writer`` rank as safetensors files of at most
+    GATHERED_SHARD_BYTES with their index, beside config.json (naming ``dtype``), the generation config and
+    the tokenizer: an ordinary Hugging Face model directory that transformers and vLLM load. No rank ever
+    holds the whole model: the writer holds one file's tensors at most. Returns the bytes of tensor data
+    written (0 on the other ranks)."""
+    import torch
+    from safetensors.torch import save_file
+
+    model = trainer.accelerator.unwrap_model(trainer.model)
+    target = getattr(torch, dtype)
+    if writer:
+        directory.mkdir(parents=True, exist_ok=True)
+        for stale in directory.glob("*.safetensors"):
+            stale.unlink()
+    weight_map: dict[str, str] = {}
+    shard: dict[str, Any] = {}
+    size = total = 0
+
+    def flush() -> None:
+        nonlocal shard, size
+        if shard:
+            name = f"model-{len(set(weight_map.values())):05d}.safetensors"
+            save_file(shard, str(directory / name), metadata=SHARD_METADATA)
+            weight_map.update(dict.fromkeys(shard, name))
+        shard, size = {}, 0
+
+    for name, tensor in model.state_dict().items():
+        full = tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
+        if not writer:
+            continue
+        value = full.detach().to("cpu")
+        value = (value.to(target) if value.is_floating_point() else value).contiguous()
+        nbytes = value.numel() * value.element_size()
+        if shard and size + nbytes > GATHERED_SHARD_BYTES:
+            flush()
+        shard[name] = value
+        size += nbytes
+        total += nbytes
+    if not writer:
+        return 0
+    flush()
+    index = {"metadata": {"total_size": total}, "weight_map": weight_map}
+    (directory / INDEX_FILE).write_text(json.dumps(index, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    config = model.config
+    config.dtype = dtype
+    config.save_pretrained(str(directory))
+    generation = getattr(model, "generation_config", None)
+    if generation is not None:
+        generation.save_pretrained(str(directory))
+    processing = getattr(trainer, "processing_class", None)
+    if processing is not None:
+        processing.save_pretrained(str(directory))
+    return total

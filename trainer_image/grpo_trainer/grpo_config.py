@@ -233,6 +233,8 @@ def grpo_config_kwargs(
         "vllm_importance_sampling_clip_max": g.vllm_importance_sampling_cap,
     }
     kwargs.update({key: value for key, value in optional.items() if value is not None})
+    if config.trainer.sharded:
+        kwargs.update(fsdp_kwargs(config, cuda=cuda))
     gen = config.generation
     if gen.backend == "vllm-server":
         if not gen.server_host:
@@ -252,6 +254,42 @@ def grpo_config_kwargs(
     else:
         kwargs["use_vllm"] = False
     return kwargs
+
+
+def fsdp_kwargs(config: TrainerConfig, *, cuda: bool) -> dict[str, Any]:
+    """TrainingArguments for trainer.sharding FSDP: FSDP2 through accelerate, one shard unit per decoder
+    layer (the model's ``_no_split_modules``), parameters resharded after each forward. The parameters stay
+    fp32 (the masters: model_init_kwargs loads fp32 for full fine-tuning) and accelerate's bf16/fp16 mixed
+    precision becomes FSDP2's MixedPrecisionPolicy: layers gathered and computed in 16 bits, gradients
+    reduced in fp32. Checkpoints are sharded (each rank writes its shards through torch.distributed.checkpoint,
+    which can load them on another world size). Activation checkpointing is FSDP's own on GPUs (transformers'
+    gradient checkpointing would gather every layer once more in the backward pass)."""
+    check_sharding(config)
+    return {
+        "fsdp": True,
+        "fsdp_config": {
+            "version": 2,
+            "auto_wrap_policy": "TRANSFORMER_BASED_WRAP",
+            "reshard_after_forward": True,
+            "state_dict_type": "SHARDED_STATE_DICT",
+            "activation_checkpointing": cuda,
+            "cpu_offload": bool(config.trainer.cpu_offload),
+        },
+        "gradient_checkpointing": False,
+    }
+
+
+def check_sharding(config: TrainerConfig) -> None:
+    """What FSDP is not used with, refused with what works (the API refuses the same at apply time)."""
+    refusals = (
+        (config.grpo.lora.enabled, "grpo.lora.enabled (use sharding DDP with LoRA)"),
+        (config.generation.backend == "vllm-colocate", "generation.backend vllm-colocate (use vllm-server)"),
+        (bool(config.grpo.max_staleness), "grpo.maxStaleness > 0 (remove it)"),
+        (config.rollouts is not None, "client rollouts (use sharding DDP)"),
+    )
+    for refused, what in refusals:
+        if refused:
+            raise ConfigError(f"trainer.sharding FSDP is not supported with {what}")
 
 
 def colocate_kwargs(config: TrainerConfig) -> dict[str, Any]:

@@ -349,19 +349,16 @@ def alternatives(
     if offloaded is not None and (sharded is None or offloaded.job.world_size < sharded.job.world_size):
         host = plan_memory(model, dataclasses.replace(offloaded.job, optimizer_offload=False)).optimizer
         offer(
-            f"FSDP and optimizer CPU offload over {_gpus(offloaded)} ({gib(host)} GiB of host memory per GPU "
-            "for the optimizer state)",
+            f"spec.trainer.sharding FSDP and cpuOffload: true over {_gpus(offloaded)} ({gib(host)} GiB of host "
+            "memory per GPU for the optimizer state alone)",
             offloaded,
         )
     if not job.lora:
-        lora = dataclasses.replace(job, lora=True)
+        # LoRA runs as DDP only (the API refuses LoRA with FSDP): offered where its frozen base fits one GPU.
+        lora = dataclasses.replace(job, lora=True, sharding="none", optimizer_offload=False)
         alone = plan_memory(model, lora)
         if fits(alone, gpu_bytes, headroom):
-            offer(f"LoRA (spec.grpo.lora.enabled: true, r={job.lora_rank})", alone)
-        else:
-            lora_fsdp = fewest(dataclasses.replace(lora, sharding="fsdp"))
-            if lora_fsdp is not None:
-                offer(f"LoRA (r={job.lora_rank}) and FSDP over {_gpus(lora_fsdp)}", lora_fsdp)
+            offer(f"LoRA (spec.grpo.lora.enabled: true, r={job.lora_rank}, sharding DDP)", alone)
     if job.per_device_batch_size > 1:
         small = plan_memory(model, dataclasses.replace(job, per_device_batch_size=1))
         if fits(small, gpu_bytes, headroom):
@@ -395,13 +392,11 @@ def message(plan: MemoryPlan, gpu_bytes: int, headroom: float = DEFAULT_HEADROOM
 
 
 def job_shape(config: TrainerConfig, world_size: int, gradient_checkpointing: bool) -> JobShape:
-    """The JobShape of a trainer.json. ``trainer.sharding`` is read when the TrainerConfig has one (FSDP
-    is planned in the API; until then every job is plain DDP): a string ("fsdp", "FSDP", "None") or an
-    object with ``mode`` and ``cpu_offload``/``offload_optimizer``."""
-    sharding: Any = getattr(config.trainer, "sharding", None)
-    mode = getattr(sharding, "mode", sharding)
-    fsdp = str(mode or "none").lower().startswith(("fsdp", "full_shard"))
-    offload = fsdp and bool(getattr(sharding, "cpu_offload", getattr(sharding, "offload_optimizer", False)))
+    """The JobShape of a trainer.json: trainer.sharding FSDP shards, anything else (DDP, unset) does not;
+    trainer.cpuOffload is planned as the optimizer state leaving the GPU (FSDP2's offload also moves the
+    parameter shards and gradients, so the plan errs on the side of needing more)."""
+    fsdp = config.trainer.sharded
+    offload = fsdp and bool(config.trainer.cpu_offload)
     lora = config.grpo.lora
     return JobShape(
         dtype=config.model.dtype,

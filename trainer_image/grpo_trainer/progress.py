@@ -25,6 +25,7 @@ from grpo_trainer.reward import MetricReward
 from grpo_trainer.signals import StopFlag
 from grpo_trainer.status import StatusReporter
 from grpo_trainer.trainer import ProjectGRPOTrainer, StepStats
+from grpo_trainer.training_state import TrainingState
 from grpo_trainer.trl_adapter import LOG_KEYS, clear_eval_metrics, generate_completions
 from grpo_trainer.update_health import StepSignal, UpdateHealth
 
@@ -121,6 +122,8 @@ class ProgressCallback(TrainerCallback):  # type: ignore[misc]
     _groups_dropped: int = 0
     # A sample of the weights compared around each optimizer step (update_health.py).
     update_health: UpdateHealth = field(default_factory=UpdateHealth)
+    # What this rank holds in parameters, gradients and optimizer state (training_state.py).
+    training_state: TrainingState = field(default_factory=TrainingState)
 
     # -- called from inside the generation round (every rank, global numbers) ----------------------------
 
@@ -172,10 +175,12 @@ class ProgressCallback(TrainerCallback):  # type: ignore[misc]
 
     def on_pre_optimizer_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self.update_health.before_step(kwargs.get("model"))
+        self.training_state.before_first_step(kwargs.get("model"))
 
     def on_optimizer_step(self, args: Any, state: Any, control: Any, **_: Any) -> None:
         accelerator = self.trainer.accelerator if self.trainer is not None else None
         self.update_health.after_step(bool(accelerator and accelerator.optimizer_step_was_skipped))
+        self.training_state.after_first_step(self.trainer.optimizer if self.trainer is not None else None)
 
     def _any_rank_stopping(self) -> bool:
         flag = 1 if self.stop.is_set() else 0
@@ -231,6 +236,9 @@ class ProgressCallback(TrainerCallback):  # type: ignore[misc]
         updates = self.update_health.judge(step, self._step_signal(args, stats, logs))
         if updates is not None:
             record.update(updates.fields)
+        held = self.training_state.take()
+        if held is not None:
+            record["rank_state_bytes"] = held
         self._append(self.output_dir / "metrics.jsonl", [record])
         if fresh:
             self._write_samples(step)

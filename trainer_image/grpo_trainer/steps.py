@@ -21,7 +21,7 @@ from grpo_operator.api.trainer_config import TrainerConfig
 from grpo_trainer import memory_plan
 from grpo_trainer.errors import ConfigError, ExitCode
 from grpo_trainer.grpo_config import BatchPlan, RuntimeEnv, grpo_config_kwargs, plan_batches
-from grpo_trainer.trl_adapter import load_checkpoint_weights
+from grpo_trainer.trl_adapter import allow_fsdp_on_cpu, load_checkpoint_weights
 from grpo_trainer.vllm_wait import wait_for_vllm
 
 if TYPE_CHECKING:
@@ -170,8 +170,11 @@ def grpo_args(config: TrainerConfig, plan: BatchPlan, env: RuntimeEnv, **overrid
     import torch
     from trl.trainer.grpo_config import GRPOConfig
 
-    kwargs = grpo_config_kwargs(config, plan, cuda=torch.cuda.is_available(), attempt=env.attempt)
+    cuda = torch.cuda.is_available()
+    kwargs = grpo_config_kwargs(config, plan, cuda=cuda, attempt=env.attempt)
     kwargs.update(overrides)
+    if config.trainer.sharded and not cuda:
+        allow_fsdp_on_cpu()
     if env.is_main:
         # What the loss and sampling run with, preset resolved: the stored spec shows only the preset's name.
         knobs = ", ".join(f"{key}={kwargs[key]}" for key in ALGORITHM_KWARGS if key in kwargs)
@@ -262,7 +265,10 @@ def build_trainer(
             gen.weight_sync,
             gen.weight_sync_dir,
             ServedModelProbe(tokenizer),
-            gen.startup_timeout_seconds,
+            # Riding out a replaced server pushes the weights from rank 0 alone; sharded weights are gathered by
+            # every rank together, so under FSDP a lost server fails the step and the gang resumes from its
+            # checkpoint instead.
+            0.0 if config.trainer.sharded else gen.startup_timeout_seconds,
             gen.server_urls,
             config.model.dtype,
         )
@@ -459,6 +465,11 @@ def finish(
     step = int(trainer.state.global_step)
     if stopped_by_signal:
         log.info("stopped by SIGTERM%s after checkpointing step %d", waiting, step)
+    elif trainer.is_fsdp_enabled:
+        # Gathering the sharded weights is a collective: every rank takes part, rank 0 writes.
+        save_final_model(trainer, workspace, workspace.model_dtype, writer=env.is_main)
+        if env.is_main and on_finished is not None:
+            on_finished(step)
     elif env.is_main:
         save_final_model(trainer, workspace, workspace.model_dtype)
         if on_finished is not None:
@@ -472,13 +483,22 @@ def close_status(reporting: Reporting) -> None:
         reporting.status.close()
 
 
-def save_final_model(trainer: ProjectGRPOTrainer, workspace: Workspace, dtype: str) -> None:
-    """The final model in ``dtype`` (model.dtype), though fp32 master weights trained it."""
-    from grpo_trainer.final_model import cast_saved_model
+def save_final_model(
+    trainer: ProjectGRPOTrainer, workspace: Workspace, dtype: str, *, writer: bool = True
+) -> None:
+    """The final model in ``dtype`` (model.dtype), though fp32 master weights trained it: an ordinary Hugging
+    Face model directory. A sharded model is gathered one tensor at a time by every rank (``writer``: this
+    rank writes); an unsharded one is saved by transformers and cast shard by shard."""
+    from grpo_trainer.final_model import cast_saved_model, save_gathered_model
 
     out = workspace.output_dir / "model"
-    trainer.save_model(str(out))
-    size = cast_saved_model(out, dtype)
+    if trainer.is_fsdp_enabled:
+        size = save_gathered_model(trainer, out, dtype, writer=writer)
+    else:
+        trainer.save_model(str(out))
+        size = cast_saved_model(out, dtype)
+    if not writer:
+        return
     log.info(
         "training finished: %d steps; final model in %s (%s, %.1f MB)",
         trainer.state.global_step,

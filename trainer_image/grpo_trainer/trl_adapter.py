@@ -139,8 +139,10 @@ VLLM_CLIENT_ATTRIBUTE = "vllm_client"
 VLLM_GENERATION_MODULE = "trl.trainer.grpo_trainer"
 VLLM_GENERATION_NAME = "VLLMGeneration"
 # Both subclasses (weight_sync.generation_class for server mode, colocate.generation_class for colocate mode)
-# override these, calling the original in _init_vllm; the colocate sync replaces TRL's (see below).
-VLLM_GENERATION_OVERRIDDEN = ("_init_vllm", "sync_weights")
+# override these, calling the original in _init_vllm; the colocate sync replaces TRL's (see below);
+# _iter_named_params yields TRL's tensors cast to the served dtype (weight_sync.served_tensors), so every
+# sync, and the metadata TRL reads from the same iteration, carries 16-bit tensors of fp32 masters.
+VLLM_GENERATION_OVERRIDDEN = ("_init_vllm", "sync_weights", "_iter_named_params")
 # VLLMGeneration methods the subclasses call: the (name, tensor) pairs in vLLM's names, PEFT adapters merged
 # while the iteration runs and unmerged in place once it ends, gathered under FSDP / ZeRO-3 (collective).
 VLLM_GENERATION_CALLED = ("_iter_named_params",)
@@ -238,6 +240,46 @@ LOG_KEYS = {
 PROJECT_LOG_KEYS = {
     "importance_sampling_masked_ratio": "sampling/importance_sampling_masked_ratio",
 }
+
+
+# accelerate 1.15 makes DistributedType.FSDP of an fsdp_plugin only on accelerator process groups (CUDA, XPU,
+# NPU, ...): a CPU process group (gloo, DistributedType.MULTI_CPU) is wrapped in DDP whatever plugin it is
+# given. FSDP2 itself shards on a CPU device mesh over gloo, so allow_fsdp_on_cpu() lets accelerate take its
+# FSDP path there, and sharded training is tested where there is no GPU. These fragments of
+# AcceleratorState.__init__ are what it repeats for a CPU group (the branch a GPU group takes); the test
+# fails when accelerate changes them.
+ACCELERATE_FSDP_STATE_CONTRACT = (
+    "self.distributed_type = DistributedType.FSDP",
+    'if self._mixed_precision != "no" and fsdp_plugin is not None:',
+    "fsdp_plugin.set_mixed_precision(self._mixed_precision)",
+    "self.fsdp_plugin = fsdp_plugin",
+)
+
+
+def allow_fsdp_on_cpu() -> None:
+    """Process-wide and idempotent: an AcceleratorState given an FSDP plugin on a CPU process group becomes
+    an FSDP one, as it would on GPUs (ACCELERATE_FSDP_STATE_CONTRACT). Called before the trainer builds its
+    Accelerator, only for sharded jobs without CUDA."""
+    import accelerate.state as accelerate_state
+    from accelerate.utils import DistributedType
+
+    state_class: Any = accelerate_state.AcceleratorState
+    if getattr(state_class, "_grpo_fsdp_on_cpu", False):
+        return
+    original = state_class.__init__
+
+    def init(self: Any, *args: Any, fsdp_plugin: Any = None, **kwargs: Any) -> None:
+        original(self, *args, fsdp_plugin=fsdp_plugin, **kwargs)
+        plugin = fsdp_plugin if fsdp_plugin is not None else getattr(self, "fsdp_plugin", None)
+        if plugin is None or self.distributed_type != DistributedType.MULTI_CPU:
+            return
+        if fsdp_plugin is not None and self._mixed_precision != "no":
+            fsdp_plugin.set_mixed_precision(self._mixed_precision)
+        self.distributed_type = DistributedType.FSDP
+        self.fsdp_plugin = plugin
+
+    state_class.__init__ = init
+    state_class._grpo_fsdp_on_cpu = True
 
 
 def completion_end_token_ids(trainer: Any, pad_token_id: int | None) -> frozenset[int]:

@@ -59,6 +59,7 @@ from grpo_operator.api.workloads import (
     DEFAULT_VLLM_IMAGE,
     GENERATION_MODE_IMMUTABLE,
     MAX_GPUS_PER_NODE,
+    SHARDED,
     GenerationSpec,
     MetricSpec,
     TrainerSpec,
@@ -300,6 +301,38 @@ class GRPOJobSpec(ApiModel):
             ".grpo.maxStaleness",
         )
 
+        fsdp_not_with_lora = CelRule(
+            f"!({SHARDED}) || !has(self.grpo.lora) || !has(self.grpo.lora.enabled) || !self.grpo.lora.enabled",
+            "spec.trainer.sharding: FSDP is not supported with spec.grpo.lora.enabled: the adapters would be merged "
+            "into sharded weights for every weight sync, which the trainer does not do. LoRA's frozen base and "
+            "small adapters fit where full fine-tuning does not: use sharding: DDP with LoRA, or full "
+            "fine-tuning with FSDP",
+            ".trainer.sharding",
+        )
+
+        fsdp_not_colocated = CelRule(
+            f"!({SHARDED}) || !({COLOCATED})",
+            "spec.trainer.sharding: FSDP is not supported with spec.generation.mode: Colocate: a colocated engine "
+            "takes a whole copy of the weights on every trainer GPU, which is what sharding avoids. Use "
+            "generation.mode: Server with FSDP",
+            ".trainer.sharding",
+        )
+
+        fsdp_not_asynchronous = CelRule(
+            f"!({SHARDED}) || !has(self.grpo.maxStaleness) || self.grpo.maxStaleness == 0",
+            "spec.trainer.sharding: FSDP is not supported with spec.grpo.maxStaleness > 0 yet: asynchronous "
+            "rollouts push weights from rank 0 alone, and sharded weights are gathered by every rank together. "
+            "Remove maxStaleness, or use sharding: DDP",
+            ".trainer.sharding",
+        )
+
+        fsdp_not_with_client = CelRule(
+            f"!({SHARDED}) || !({CLIENT_MODE})",
+            "spec.trainer.sharding: FSDP is not supported when spec.rollouts.source is Client: the policy server "
+            "answers from rank 0's model alone, which holds only a shard under FSDP. Use sharding: DDP",
+            ".trainer.sharding",
+        )
+
     model: ModelSpec = Field(
         description="The model to fine-tune. Immutable, except tokenSecretRef.",
         json_schema_extra={"x-kubernetes-validations": [MODEL_IMMUTABLE.to_schema()]},
@@ -392,7 +425,21 @@ class GRPOJobSpec(ApiModel):
             raise self.Rules.colocate_context_fits.violation()
         if self.generation.colocated() and self.grpo.max_staleness:
             raise self.Rules.colocate_not_asynchronous.violation()
+        self._sharding_rules()
         return self
+
+    def _sharding_rules(self) -> None:
+        """The pydantic twin of the FSDP rules, in the order the CRD lists them."""
+        if self.trainer.sharding != "FSDP":
+            return
+        if self.grpo.lora.enabled:
+            raise self.Rules.fsdp_not_with_lora.violation()
+        if self.generation.colocated():
+            raise self.Rules.fsdp_not_colocated.violation()
+        if self.grpo.max_staleness:
+            raise self.Rules.fsdp_not_asynchronous.violation()
+        if rollouts_source(self) == "Client":
+            raise self.Rules.fsdp_not_with_client.violation()
 
     def _client_mode_rules(self) -> None:
         """The pydantic twin of the client-mode rules, in the order the CRD lists them."""

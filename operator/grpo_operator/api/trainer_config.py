@@ -66,6 +66,17 @@ class TrainerTopology(_ConfigModel):
     nodes: int = Field(default=1, ge=1, description="Trainer pods.")
     gpus_per_node: int = Field(default=1, ge=1, description="Processes per pod.")
     per_device_batch_size: int = Field(default=1, ge=1, description="Completions per process per micro-step.")
+    # None (left out of trainer.json, which an older trainer image would refuse) means DDP / no offload.
+    sharding: Literal["DDP", "FSDP"] | None = Field(
+        default=None, description="DDP: every process holds the whole model; FSDP: FSDP2 shards it over all."
+    )
+    cpu_offload: bool | None = Field(
+        default=None, description="FSDP: shards, gradients and optimizer state in host memory."
+    )
+
+    @property
+    def sharded(self) -> bool:
+        return self.sharding == "FSDP"
 
 
 class GenerationConfig(_ConfigModel):
@@ -326,6 +337,8 @@ class TrainerConfig(_ConfigModel):
                 nodes=spec.trainer.nodes,
                 gpus_per_node=spec.trainer.gpus_per_node,
                 per_device_batch_size=spec.trainer.per_device_batch_size,
+                sharding=spec.trainer.sharding,
+                cpu_offload=spec.trainer.cpu_offload,
             ),
             generation=GenerationConfig(
                 backend=engine,

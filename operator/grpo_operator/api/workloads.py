@@ -309,11 +309,21 @@ class GenerationSpec(ApiModel):
         return self.gpus * self.server_count()
 
 
+# spec.trainer.sharding is FSDP, in a CEL expression over the job's spec.
+SHARDED = "has(self.trainer) && has(self.trainer.sharding) && self.trainer.sharding == 'FSDP'"
+
+
 class TrainerSpec(ApiModel):
     """The trainer gang: nodes x gpusPerNode processes, data parallel."""
 
     class Rules(CelRules):
         no_gpus_in_resources = _no_gpus_in_resources("trainer", "gpusPerNode", "each trainer pod")
+        offload_needs_fsdp = CelRule(
+            "!has(self.cpuOffload) || !self.cpuOffload || (has(self.sharding) && self.sharding == 'FSDP')",
+            "spec.trainer.cpuOffload moves FSDP's parameter shards, gradients and optimizer state to host memory, "
+            "and spec.trainer.sharding is not FSDP: set sharding: FSDP, or remove cpuOffload",
+            ".cpuOffload",
+        )
 
     nodes: K8sInt = Field(default=1, ge=1, le=64, description="Trainer pods (one per node).")
     gpus_per_node: K8sInt = Field(
@@ -324,6 +334,18 @@ class TrainerSpec(ApiModel):
         ge=1,
         le=1024,
         description="Completions per GPU per micro-step (gradient accumulation fills B*G).",
+    )
+    sharding: Literal["DDP", "FSDP"] | None = Field(
+        default=None,
+        description="Unset or DDP: every trainer process holds the whole model, its gradients and optimizer state (16 "
+        "bytes per parameter in full fine-tuning); FSDP: FSDP2 shards all three over every trainer process of "
+        "every node (fp32 masters, 16-bit compute). FSDP is for models whose training state does not fit "
+        "one GPU; not with LoRA, generation.mode Colocate, grpo.maxStaleness or rollouts.source Client.",
+    )
+    cpu_offload: bool | None = Field(
+        default=None,
+        description="FSDP only: keep parameter shards, gradients and optimizer state in host memory between "
+        "uses (the optimizer step runs on the CPU); fits a larger model on fewer GPUs, at slower steps.",
     )
     image: str = Field(
         default=DEFAULT_TRAINER_IMAGE,
@@ -344,4 +366,6 @@ class TrainerSpec(ApiModel):
     def _gpus_from_gpus_per_node(self) -> TrainerSpec:
         if _gpus_in(self.resources):
             raise self.Rules.no_gpus_in_resources.violation()
+        if self.cpu_offload and self.sharding != "FSDP":
+            raise self.Rules.offload_needs_fsdp.violation()
         return self
