@@ -13,6 +13,10 @@ served over HTTP by the metric SDK, exactly as the CPU tests run it):
 * ``production_numerics``: ``model.dtype: bfloat16`` at lr 1e-6 on a model with Hugging Face's default
   init (the overhead model's size): at least 99 % of the weight elements (every norm weight included) change
   in step 1, and the update from step 1 to 3 has a cosine of at least 0.99 with a float32 run's;
+* ``fsdp_<size>[_offload]``: spec.trainer.sharding FSDP on one GPU (torchrun, one process), without and with
+  cpuOffload, for a ~1B and a ~7B-shaped model in bf16 at lr 1e-6: step time, peak GPU memory, the state the
+  rank holds and the fraction of sampled masters each step moved (exit 8, the memory plan refusing a shape
+  that does not fit, is reported as such);
 * ``lora``: LoRA adapters train and are checkpointed;
 * ``overhead``: step time and peak GPU memory of this trainer against bare TRL
   (bench/trainer_overhead.py) on a ~150M-parameter model, runs interleaved (bare, ours, bare, ours),
@@ -58,6 +62,7 @@ from tests.trainer.toy import (
     read_jsonl,
     start_trainer,
     trainer_config,
+    trainer_env,
     write_dataset,
 )
 from tests.trainer.weights import changed_fraction, changed_overall, load_weights, saved_dtypes, update_cosine
@@ -78,6 +83,8 @@ class Sizes:
     layers: int
     completion_tokens: int
     timeout_seconds: float
+    # The FSDP checks' models: label -> (hidden_size, layers) of tiny.build (MLP 2x hidden, heads of 32).
+    fsdp_models: dict[str, tuple[int, int]]
 
 
 # hidden 1024 x 16 layers: ~151M parameters (tiny.build: MLP 2x hidden, heads of 32, half as many KV heads).
@@ -92,6 +99,8 @@ GPU = Sizes(
     layers=16,
     completion_tokens=64,
     timeout_seconds=900,
+    # ~0.9B and ~6.6B parameters.
+    fsdp_models={"1b": (2048, 24), "7b": (4096, 44)},
 )
 SMOKE = Sizes(
     learn_steps=3,
@@ -104,6 +113,7 @@ SMOKE = Sizes(
     layers=2,
     completion_tokens=8,
     timeout_seconds=600,
+    fsdp_models={"tiny": (64, 2)},
 )
 
 
@@ -282,6 +292,71 @@ class Checker:
             gpu_memory_peak_bytes=_peak(runs["bfloat16"].records),
         )
         out["ok"] = out["changed_in_step_1"] >= 0.99 and min(norms) >= 0.99 and cosine >= 0.99
+        return out
+
+    def fsdp(self, hidden_size: int, layers: int, offload: bool) -> dict[str, Any]:
+        """spec.trainer.sharding FSDP on this one GPU (torchrun, one process), with and without cpuOffload, on
+        a model of the given shape in bf16 at lr 1e-6: exit code (8 when the memory plan refuses it), median
+        step time, peak GPU memory, what the rank holds, and the fraction of sampled masters each step moved."""
+        from grpo_trainer.tiny import build
+
+        name = f"fsdp_h{hidden_size}_l{layers}"
+        model = self.work / f"{name}-model"
+        if not model.is_dir():
+            build(
+                model,
+                hidden_size=hidden_size,
+                layers=layers,
+                dtype="bfloat16",
+                device="cuda" if self.cuda else "cpu",
+            )
+        steps = 3
+        workdir, config = self.config(
+            f"{name}{'_offload' if offload else ''}",
+            steps=steps,
+            every_steps=steps,
+            model=model,
+            dtype="bfloat16",
+            learning_rate=1e-6,
+            completion_tokens=self.sizes.completion_tokens,
+        )
+        raw = json.loads(config.read_text())
+        raw["trainer"].update(sharding="FSDP", cpuOffload=offload, perDeviceBatchSize=8)
+        config.write_text(json.dumps(raw, indent=2))
+        log = workdir / "trainer.log"
+        command = [
+            str(Path(sys.executable).with_name("torchrun")),
+            "--nnodes=1",
+            "--nproc-per-node=1",
+            "--master-addr=127.0.0.1",
+            f"--master-port={free_port()}",
+            "-m",
+            "grpo_trainer",
+        ]
+        with log.open("wb") as handle:
+            process = subprocess.Popen(
+                command, cwd=REPO, env=trainer_env(config), stdout=handle, stderr=handle
+            )
+            try:
+                code = process.wait(timeout=self.sizes.timeout_seconds)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                code = process.wait()
+        records = read_jsonl(workdir / "out" / "metrics.jsonl")
+        out: dict[str, Any] = {
+            "parameters": _parameter_count(model),
+            "cpu_offload": offload,
+            "exit_code": code,
+            "steps": len(records),
+            "median_step_seconds": _median([r["step_seconds"] for r in records[1:] or records]),
+            "gpu_memory_peak_bytes": _peak(records),
+            "rank_state_bytes": records[0].get("rank_state_bytes") if records else None,
+            "updated_fraction": [r.get("updated_fraction") for r in records],
+        }
+        # A plan that does not fit the GPU is an answer, not a failure: exit 8 says which settings would.
+        out["ok"] = (code == 0 and len(records) == steps) or code == 8
+        if code != 0:
+            out["log_tail"] = log.read_text()[-2000:]
         return out
 
     def lora(self) -> dict[str, Any]:
@@ -534,6 +609,14 @@ def main(argv: list[str] | None = None) -> int:
             ("dtype_float16", lambda: checker.full_fine_tuning("float16")),
             ("dtype_float32", lambda: checker.full_fine_tuning("float32")),
             ("production_numerics", checker.production_numerics),
+            *[
+                (
+                    f"fsdp_{label}{'_offload' if offload else ''}",
+                    lambda h=h, n=n, o=offload: checker.fsdp(h, n, o),
+                )
+                for label, (h, n) in sizes.fsdp_models.items()
+                for offload in (False, True)
+            ],
             ("lora", checker.lora),
             ("overhead", checker.overhead),
             *([("served_weights_nccl", lambda: checker.served_weights("nccl"))] if cuda else []),

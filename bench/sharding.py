@@ -2,7 +2,7 @@
 training state rank 0 holds, for the real trainer (``python -m grpo_trainer`` under torchrun, in-process
 generation, the toy metric over HTTP).
 
-    .venv/bin/python bench/sharding.py                          # hidden 512, 8 layers (~30M parameters)
+    .venv/bin/python bench/sharding.py                          # hidden 512, 8 layers (~19M parameters)
     .venv/bin/python bench/sharding.py --hidden 1024 --layers 8 --steps 6 --dtype float32
 
 Prints one line per mode and a JSON summary. Peak memory is the largest VmHWM (resident high-water mark) of

@@ -274,3 +274,33 @@ def test_trls_grpo_config_holds_each_preset(preset: str) -> None:
         **grpo_config_kwargs(config(preset=preset), plan_batches(64, 8, 8, 8), cuda=False)
     )
     assert {k: getattr(args, k) for k in PRESET_MAPPING[preset]} == PRESET_MAPPING[preset]
+
+
+def _sharded(base: TrainerConfig, **grpo: Any) -> TrainerConfig:
+    trainer = base.trainer.model_copy(update={"sharding": "FSDP", "cpu_offload": True})
+    return base.model_copy(update={"trainer": trainer, "grpo": base.grpo.model_copy(update=grpo)})
+
+
+def test_fsdp_shards_through_accelerate_with_fp32_masters_and_offload_only_on_gpus() -> None:
+    sharded = _sharded(config("transformers"))
+    gpu = grpo_config_kwargs(sharded, plan_batches(64, 8, 8, 8), cuda=True)
+    assert gpu["fsdp"] is True and gpu["fsdp_config"]["version"] == 2
+    assert gpu["fsdp_config"]["state_dict_type"] == "SHARDED_STATE_DICT"
+    assert (
+        gpu["fsdp_config"]["cpu_offload"] is True and gpu["fsdp_config"]["activation_checkpointing"] is True
+    )
+    # FSDP's own activation checkpointing instead of transformers' (which would gather every layer again).
+    assert gpu["gradient_checkpointing"] is False
+    assert gpu["model_init_kwargs"]["dtype"] == "float32" and gpu["bf16"] is True
+    cpu = grpo_config_kwargs(sharded, plan_batches(64, 8, 8, 8), cuda=False)
+    assert cpu["fsdp_config"]["cpu_offload"] is False
+    plain = grpo_config_kwargs(config("transformers"), plan_batches(64, 8, 8, 8), cuda=True)
+    assert "fsdp" not in plain
+
+
+def test_fsdp_in_a_hand_written_trainer_json_is_refused_where_the_api_refuses_it() -> None:
+    lora = config("transformers").grpo.lora.model_copy(update={"enabled": True})
+    with pytest.raises(ConfigError, match=r"FSDP is not supported with grpo\.lora\.enabled"):
+        grpo_config_kwargs(_sharded(config("transformers"), lora=lora), plan_batches(64, 8, 8, 8), cuda=True)
+    with pytest.raises(ConfigError, match="maxStaleness"):
+        grpo_config_kwargs(_sharded(config(), max_staleness=1), plan_batches(64, 8, 8, 8), cuda=True)

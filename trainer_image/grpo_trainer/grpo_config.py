@@ -273,7 +273,9 @@ def fsdp_kwargs(config: TrainerConfig, *, cuda: bool) -> dict[str, Any]:
             "reshard_after_forward": True,
             "state_dict_type": "SHARDED_STATE_DICT",
             "activation_checkpointing": cuda,
-            "cpu_offload": bool(config.trainer.cpu_offload),
+            # Without CUDA everything is in host memory already (and FSDP2's offload pins memory, which needs
+            # a CUDA driver): the setting changes nothing there and is left off.
+            "cpu_offload": bool(config.trainer.cpu_offload) and cuda,
         },
         "gradient_checkpointing": False,
     }

@@ -299,6 +299,12 @@ def build_trainer(
         pad_token_id=int(tokenizer.pad_token_id),
         **extra,
     )
+    if config.trainer.sharded and not trainer.is_fsdp_enabled:
+        raise ConfigError(
+            "trainer.sharding is FSDP but the trainer was not started as a distributed process group (accelerate "
+            "shards only under torchrun, which the operator's trainer pods use): launch it with torchrun, or set "
+            "spec.trainer.sharding: DDP"
+        )
     callback.trainer = trainer
     metrics = reporting.metrics
     if metrics is not None:

@@ -47,6 +47,8 @@ def build(
     seed: int = 0,
     tie_embeddings: bool = False,
     head_dim: int = HEAD_DIM,
+    dtype: str = "float32",
+    device: str = "cpu",
 ) -> Path:
     import torch
     from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
@@ -70,7 +72,10 @@ def build(
         bos_token_id=None,
     )
     torch.manual_seed(seed)
-    model = Qwen2ForCausalLM(config)  # type: ignore[no-untyped-call]
+    # A billion-parameter model initialises in seconds on a GPU and in minutes on a CPU (bench/gpu_check.py).
+    with torch.device(device):
+        model = Qwen2ForCausalLM(config)  # type: ignore[no-untyped-call]
+    model = model.to(getattr(torch, dtype))
     model.generation_config = GenerationConfig(  # type: ignore[no-untyped-call]
         pad_token_id=config.pad_token_id, eos_token_id=config.eos_token_id, do_sample=True
     )
