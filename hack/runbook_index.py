@@ -28,6 +28,8 @@ FIRES_WHEN: dict[str, str] = {
     "GRPOJobFormatFailureRatioHigh": "> {threshold:.0%} of completions are unparseable over {window}, for {for}",
     "GRPOJobCompletionsTruncated": "> {threshold:.0%} of completions cut off at maxCompletionLength over {window}, "
     "for {for}",
+    "GRPOJobUpdatesVanishing": "no optimizer step changed {threshold:.0%} of the sampled weights over {window}, "
+    "for {for}",
     "GRPOJobMetricErrors": "> {threshold:.0%} of completions cannot be scored over {window}, for {for}",
     "GRPOJobServedModelDrift": "a weight sync left vLLM serving other weights within {window}, for {for}",
     "GRPOJobTrainingStalled": "no training step for {thresholdSeconds:duration} while steps remain, for {for}",
