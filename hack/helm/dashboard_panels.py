@@ -156,9 +156,10 @@ ROWS: tuple[Row, ...] = (
             Panel(
                 "Weights changed per step",
                 "Fraction of a fixed sample of the trainable weight elements that the last optimizer step "
-                "changed at all. Near 1 with float32 weights; below 1 % for 3 steps the updates vanish "
-                "(condition UpdatesEffective False, event UpdatesVanishing): bfloat16 weights with a small "
-                "learning rate, a learning rate too small, or no gradient at all (every group tied).",
+                "changed at all. Near 1 while the (fp32 master) weights train; below 1 % for 3 steps the updates "
+                "vanish (condition UpdatesEffective False, event UpdatesVanishing): a learning rate too small, no "
+                "gradient at all (every group tied, every completion masked), or a trainer image that holds "
+                "16-bit weights.",
                 (Target(gauge("grpo_updated_parameter_fraction")),),
                 unit="percentunit",
                 width=12,

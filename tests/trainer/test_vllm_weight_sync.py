@@ -343,34 +343,43 @@ def test_asynchronous_grpo_under_torchrun_two_steps_ahead(
     assert [s["step"] for s in syncs] == list(range(steps + 1)) and all(s["in_sync"] for s in syncs), syncs
 
 
-def test_fsdp_gathers_the_sharded_weights_into_vllm_after_every_step(
+def test_fsdp_gathers_the_sharded_weights_into_both_vllm_replicas_after_every_step(
     tmp_path: Path, tiny_model: Path, toy_metric: MetricServer, served_tiny: vllm_server.VLLMProcess
 ) -> None:
-    """spec.trainer.sharding FSDP, two ranks: each sync gathers the sharded fp32 masters one parameter at a
-    time on every rank and rank 0 writes them, in bf16, to the volume vLLM reloads from; the trainer's probe
-    (a forward of the sharded model on every rank) finds vLLM serving them after every step."""
+    """spec.trainer.sharding FSDP, two ranks, spec.generation.replicas 2: each sync gathers the sharded fp32
+    masters one parameter at a time on every rank and rank 0 writes them, in bf16, to the volume both vLLM
+    servers reload from; the trainer's probe (a forward of the sharded model on every rank) finds both
+    serving them after every step."""
     import torch
     from safetensors.torch import load_file
 
     steps = 3
-    config = vllm_config(tmp_path, tiny_model, toy_metric, served_tiny, steps)
-    body = json.loads(config.read_text())
-    body["model"]["dtype"] = "bfloat16"
-    body["trainer"].update(perDeviceBatchSize=4, gpusPerNode=2, sharding="FSDP")
-    config.write_text(json.dumps(body))
-    torchrun = Path(sys.executable).with_name("torchrun")
-    command = [
-        str(torchrun), "--nnodes=1", "--nproc-per-node=2", "--node-rank=0", "--master-addr=127.0.0.1",
-        f"--master-port={free_port()}", "-m", "grpo_trainer",
-    ]  # fmt: skip
-    result = subprocess.run(
-        command, cwd=REPO, env=trainer_env(config), capture_output=True, text=True, timeout=600
-    )
+    second = serve(tiny_model, tmp_path / "replica-1")
+    try:
+        config = vllm_config(tmp_path, tiny_model, toy_metric, served_tiny, steps)
+        body = json.loads(config.read_text())
+        body["model"]["dtype"] = "bfloat16"
+        body["trainer"].update(perDeviceBatchSize=4, gpusPerNode=2, sharding="FSDP")
+        body["generation"]["serverUrls"] = [served_tiny.base_url, second.base_url]
+        config.write_text(json.dumps(body))
+        torchrun = Path(sys.executable).with_name("torchrun")
+        command = [
+            str(torchrun), "--nnodes=1", "--nproc-per-node=2", "--node-rank=0", "--master-addr=127.0.0.1",
+            f"--master-port={free_port()}", "-m", "grpo_trainer",
+        ]  # fmt: skip
+        result = subprocess.run(
+            command, cwd=REPO, env=trainer_env(config), capture_output=True, text=True, timeout=600
+        )
+    finally:
+        second.stop()
     assert result.returncode == 0, result.stderr[-4000:]
     assert [r["step"] for r in read_jsonl(tmp_path / "out" / "metrics.jsonl")] == [1, 2, 3]
     syncs = read_jsonl(tmp_path / "out" / "weight_syncs.jsonl")
     assert [s["step"] for s in syncs] == [0, 1, 2], syncs
     assert all(s["in_sync"] and s["logprob_diff"] < SAME for s in syncs), syncs
+    for record in syncs:
+        assert record["replicas"]["serving"] == [0, 1], record
+        assert max(record["replicas"]["logprob_diff"].values()) < SAME, record
     sent = {
         k: v
         for f in (tmp_path / "volume" / "weight-sync" / "v000003").glob("*.safetensors")

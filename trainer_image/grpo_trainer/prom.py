@@ -234,7 +234,7 @@ class TrainerMetrics:
             updated_parameter_fraction=gauge(
                 "grpo_updated_parameter_fraction",
                 "Fraction of the sampled trainable weight elements the last optimizer step changed at all; "
-                "near 0 the updates vanish (bfloat16 weights with a small learning rate).",
+                "near 0 the updates vanish (a learning rate too small, no gradient, or 16-bit weights).",
             ),
             reward_component_mean=Gauge(
                 "grpo_reward_component_mean",
