@@ -61,6 +61,7 @@ from tests.trainer.toy import (
     fraction_of_target,
     read_jsonl,
     start_trainer,
+    torchrun_command,
     trainer_config,
     trainer_env,
     write_dataset,
@@ -324,15 +325,7 @@ class Checker:
         raw["trainer"].update(sharding="FSDP", cpuOffload=offload, perDeviceBatchSize=8)
         config.write_text(json.dumps(raw, indent=2))
         log = workdir / "trainer.log"
-        command = [
-            str(Path(sys.executable).with_name("torchrun")),
-            "--nnodes=1",
-            "--nproc-per-node=1",
-            "--master-addr=127.0.0.1",
-            f"--master-port={free_port()}",
-            "-m",
-            "grpo_trainer",
-        ]
+        command = torchrun_command(1)
         with log.open("wb") as handle:
             process = subprocess.Popen(
                 command, cwd=REPO, env=trainer_env(config), stdout=handle, stderr=handle

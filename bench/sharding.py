@@ -27,8 +27,14 @@ if __package__ in (None, ""):
 
 from grpo_metric import MetricServer
 
-from tests.harness.ports import free_port
-from tests.trainer.toy import REPO, fraction_of_target, read_jsonl, trainer_config, trainer_env
+from tests.trainer.toy import (
+    REPO,
+    fraction_of_target,
+    read_jsonl,
+    torchrun_command,
+    trainer_config,
+    trainer_env,
+)
 
 
 def _peak_rss(root: Any) -> dict[int, int]:
@@ -57,15 +63,7 @@ def run_mode(
     body["model"]["dtype"] = options.dtype
     body["trainer"].update(perDeviceBatchSize=4, gpusPerNode=2, sharding=sharding)
     config.write_text(json.dumps(body))
-    command = [
-        str(Path(sys.executable).with_name("torchrun")),
-        "--nnodes=1",
-        "--nproc-per-node=2",
-        "--master-addr=127.0.0.1",
-        f"--master-port={free_port()}",
-        "-m",
-        "grpo_trainer",
-    ]
+    command = torchrun_command(2)
     log = (workdir / "trainer.log").open("wb")
     process = subprocess.Popen(command, cwd=REPO, env=trainer_env(config), stdout=log, stderr=log)
     agent = psutil.Process(process.pid)

@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -20,8 +19,7 @@ from typing import Any
 import pytest
 from grpo_metric import MetricServer
 
-from tests.harness.ports import free_port
-from tests.trainer.toy import REPO, read_jsonl, trainer_config, trainer_env
+from tests.trainer.toy import REPO, read_jsonl, torchrun_command, trainer_config, trainer_env
 from tests.trainer.weights import changed_overall, load_weights, saved_dtypes
 
 pytestmark = pytest.mark.trainer
@@ -43,16 +41,7 @@ def sharded_config(
 
 
 def torchrun(config: Path, processes: int = 2) -> subprocess.Popen[bytes]:
-    command = [
-        str(Path(sys.executable).with_name("torchrun")),
-        "--nnodes=1",
-        f"--nproc-per-node={processes}",
-        "--node-rank=0",
-        "--master-addr=127.0.0.1",
-        f"--master-port={free_port()}",
-        "-m",
-        "grpo_trainer",
-    ]
+    command = torchrun_command(processes)
     log = (config.parent / "trainer.log").open("ab")
     return subprocess.Popen(command, cwd=REPO, env=trainer_env(config), stdout=log, stderr=log)
 

@@ -14,7 +14,6 @@ import json
 import math
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -30,6 +29,7 @@ from tests.trainer.toy import (
     REPO,
     read_jsonl,
     start_trainer,
+    torchrun_command,
     train_prompts,
     trainer_config,
     trainer_env,
@@ -323,11 +323,7 @@ def test_asynchronous_grpo_under_torchrun_two_steps_ahead(
     body["trainer"].update(perDeviceBatchSize=4, gpusPerNode=2)
     body["grpo"]["validation"] = {"everySteps": 2, "maxPrompts": 4}
     config.write_text(json.dumps(body))
-    torchrun = Path(sys.executable).with_name("torchrun")
-    command = [
-        str(torchrun), "--nnodes=1", "--nproc-per-node=2", "--node-rank=0", "--master-addr=127.0.0.1",
-        f"--master-port={free_port()}", "-m", "grpo_trainer",
-    ]  # fmt: skip
+    command = torchrun_command(2)
     result = subprocess.run(
         command, cwd=REPO, env=trainer_env(config), capture_output=True, text=True, timeout=600
     )
@@ -362,11 +358,7 @@ def test_fsdp_gathers_the_sharded_weights_into_both_vllm_replicas_after_every_st
         body["trainer"].update(perDeviceBatchSize=4, gpusPerNode=2, sharding="FSDP")
         body["generation"]["serverUrls"] = [served_tiny.base_url, second.base_url]
         config.write_text(json.dumps(body))
-        torchrun = Path(sys.executable).with_name("torchrun")
-        command = [
-            str(torchrun), "--nnodes=1", "--nproc-per-node=2", "--node-rank=0", "--master-addr=127.0.0.1",
-            f"--master-port={free_port()}", "-m", "grpo_trainer",
-        ]  # fmt: skip
+        command = torchrun_command(2)
         result = subprocess.run(
             command, cwd=REPO, env=trainer_env(config), capture_output=True, text=True, timeout=600
         )

@@ -116,6 +116,21 @@ def trainer_env(config: Path, **extra: str) -> dict[str, str]:
     return env
 
 
+def torchrun_command(processes: int = 2) -> list[str]:
+    """The trainer under torchrun on this machine, as a trainer pod of ``processes`` GPUs runs it (one node;
+    each call takes a rendezvous port of its own)."""
+    return [
+        str(Path(sys.executable).with_name("torchrun")),
+        "--nnodes=1",
+        f"--nproc-per-node={processes}",
+        "--node-rank=0",
+        "--master-addr=127.0.0.1",
+        f"--master-port={free_port()}",
+        "-m",
+        "grpo_trainer",
+    ]
+
+
 def start_trainer(config: Path, log: Path, **extra: str) -> subprocess.Popen[bytes]:
     handle = log.open("wb")
     return subprocess.Popen(
