@@ -38,7 +38,6 @@ import json
 import os
 import platform
 import signal
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -54,6 +53,8 @@ if __package__ in (None, ""):
     # holds the `bench` and `tests` packages this script imports.
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench import _gpu_training as gpu_training
+from bench._gpu_training import median, parameter_count, peak
 from bench.trainer_overhead import bare_trl
 from tests.harness.ports import free_port
 from tests.trainer.toy import (
@@ -61,12 +62,9 @@ from tests.trainer.toy import (
     fraction_of_target,
     read_jsonl,
     start_trainer,
-    torchrun_command,
     trainer_config,
-    trainer_env,
     write_dataset,
 )
-from tests.trainer.weights import changed_fraction, changed_overall, load_weights, saved_dtypes, update_cosine
 
 DEFAULT_OUT = REPO / "out" / "gpu-check.json"
 
@@ -239,9 +237,9 @@ class Checker:
             "exit_code": run.code,
             "steps": len(run.records),
             "losses": losses,
-            "median_step_seconds": _median([r["step_seconds"] for r in run.records]),
+            "median_step_seconds": median([r["step_seconds"] for r in run.records]),
             "saved_weights_dtype": _weights_dtype(Path(manifest["path"])) if manifest else None,
-            "gpu_memory_peak_bytes": _peak(run.records),
+            "gpu_memory_peak_bytes": peak(run.records),
         }
         out["ok"] = run.code == 0 and len(losses) == steps and all(v is not None for v in losses)
         if not out["ok"]:
@@ -249,108 +247,10 @@ class Checker:
         return out
 
     def production_numerics(self) -> dict[str, Any]:
-        """model.dtype bfloat16 at lr 1e-6 on a model with HF's default init (the overhead check's size): the
-        fraction of weight elements the first step changed, and the cosine of steps 1->3 with a float32 run."""
-        from grpo_trainer.tiny import build
-
-        model = build(
-            self.work / "numerics-model", hidden_size=self.sizes.hidden_size, layers=self.sizes.layers
-        )
-        runs: dict[str, Run] = {}
-        for dtype in ("bfloat16", "float32"):
-            workdir, config = self.config(
-                f"numerics_{dtype}",
-                steps=3,
-                every_steps=1,
-                model=model,
-                dtype=dtype,
-                learning_rate=1e-6,
-                keep_last=3,
-            )
-            runs[dtype] = self.run(workdir, config)
-        out: dict[str, Any] = {
-            dtype: {"exit_code": run.code, "steps": len(run.records)} for dtype, run in runs.items()
-        }
-        if any(run.code != 0 or len(run.records) != 3 for run in runs.values()):
-            out["ok"] = False
-            out["log_tail"] = next(
-                run.log_tail for run in runs.values() if run.code != 0 or len(run.records) != 3
-            )
-            return out
-        bf16, fp32 = (runs[d].workdir / "ckpt" for d in ("bfloat16", "float32"))
-        initial, step1 = load_weights(model), load_weights(bf16 / "step-1")
-        norms = [f for name, f in changed_fraction(initial, step1).items() if "norm" in name]
-        cosine, ratio = update_cosine(
-            step1, load_weights(bf16 / "step-3"), load_weights(fp32 / "step-1"), load_weights(fp32 / "step-3")
-        )
-        out.update(
-            changed_in_step_1=round(changed_overall(initial, step1), 5),
-            least_changed_norm_tensor=round(min(norms), 5),
-            cosine_steps_1_3_with_fp32=round(cosine, 5),
-            norm_ratio_steps_1_3_with_fp32=round(ratio, 5),
-            checkpoint_dtype=sorted(saved_dtypes(bf16 / "step-1")),
-            median_step_seconds=_median([r["step_seconds"] for r in runs["bfloat16"].records]),
-            gpu_memory_peak_bytes=_peak(runs["bfloat16"].records),
-        )
-        out["ok"] = out["changed_in_step_1"] >= 0.99 and min(norms) >= 0.99 and cosine >= 0.99
-        return out
+        return gpu_training.production_numerics(self)
 
     def fsdp(self, hidden_size: int, layers: int, offload: bool) -> dict[str, Any]:
-        """spec.trainer.sharding FSDP on this one GPU (torchrun, one process), with and without cpuOffload, on
-        a model of the given shape in bf16 at lr 1e-6: exit code (8 when the memory plan refuses it), median
-        step time, peak GPU memory, what the rank holds, and the fraction of sampled masters each step moved."""
-        from grpo_trainer.tiny import build
-
-        name = f"fsdp_h{hidden_size}_l{layers}"
-        model = self.work / f"{name}-model"
-        if not model.is_dir():
-            build(
-                model,
-                hidden_size=hidden_size,
-                layers=layers,
-                dtype="bfloat16",
-                device="cuda" if self.cuda else "cpu",
-            )
-        steps = 3
-        workdir, config = self.config(
-            f"{name}{'_offload' if offload else ''}",
-            steps=steps,
-            every_steps=steps,
-            model=model,
-            dtype="bfloat16",
-            learning_rate=1e-6,
-            completion_tokens=self.sizes.completion_tokens,
-        )
-        raw = json.loads(config.read_text())
-        raw["trainer"].update(sharding="FSDP", cpuOffload=offload, perDeviceBatchSize=8)
-        config.write_text(json.dumps(raw, indent=2))
-        log = workdir / "trainer.log"
-        command = torchrun_command(1)
-        with log.open("wb") as handle:
-            process = subprocess.Popen(
-                command, cwd=REPO, env=trainer_env(config), stdout=handle, stderr=handle
-            )
-            try:
-                code = process.wait(timeout=self.sizes.timeout_seconds)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                code = process.wait()
-        records = read_jsonl(workdir / "out" / "metrics.jsonl")
-        out: dict[str, Any] = {
-            "parameters": _parameter_count(model),
-            "cpu_offload": offload,
-            "exit_code": code,
-            "steps": len(records),
-            "median_step_seconds": _median([r["step_seconds"] for r in records[1:] or records]),
-            "gpu_memory_peak_bytes": _peak(records),
-            "rank_state_bytes": records[0].get("rank_state_bytes") if records else None,
-            "updated_fraction": [r.get("updated_fraction") for r in records],
-        }
-        # A plan that does not fit the GPU is an answer, not a failure: exit 8 says which settings would.
-        out["ok"] = (code == 0 and len(records) == steps) or code == 8
-        if code != 0:
-            out["log_tail"] = log.read_text()[-2000:]
-        return out
+        return gpu_training.fsdp(self, hidden_size, layers, offload)
 
     def lora(self) -> dict[str, Any]:
         steps = self.sizes.dtype_steps
@@ -362,8 +262,8 @@ class Checker:
             "exit_code": run.code,
             "steps": len(run.records),
             "adapter_in_checkpoint": adapter,
-            "median_step_seconds": _median([r["step_seconds"] for r in run.records]),
-            "gpu_memory_peak_bytes": _peak(run.records),
+            "median_step_seconds": median([r["step_seconds"] for r in run.records]),
+            "gpu_memory_peak_bytes": peak(run.records),
         }
         out["ok"] = run.code == 0 and len(run.records) == steps and adapter
         if not out["ok"]:
@@ -416,9 +316,9 @@ class Checker:
             "exit_code": run.code,
             "vllm_startup_seconds": round(startup, 1),
             "syncs": len(syncs),
-            "median_sync_seconds": _median([s["seconds"] for s in syncs]),
+            "median_sync_seconds": median([s["seconds"] for s in syncs]),
             "largest_logprob_diff": max((s.get("logprob_diff", 0.0) for s in syncs), default=None),
-            "median_generation_seconds": _median([r["generation_seconds"] for r in run.records]),
+            "median_generation_seconds": median([r["generation_seconds"] for r in run.records]),
         }
         out["ok"] = run.code == 0 and len(syncs) >= steps and all(s.get("in_sync") for s in syncs)
         if not out["ok"]:
@@ -431,7 +331,7 @@ class Checker:
 
         s = self.sizes
         model = build(self.work / "overhead-model", hidden_size=s.hidden_size, layers=s.layers)
-        parameters = _parameter_count(model)
+        parameters = parameter_count(model)
         steps = s.warmup_steps + s.measured_steps
         data = write_dataset(self.work / "overhead-data.jsonl")
         bare: list[float] = []
@@ -456,10 +356,10 @@ class Checker:
             run = self.run(workdir, config)
             codes.append(run.code)
             ours += [r["step_seconds"] for r in run.records][s.warmup_steps :]
-            peak = _peak(run.records)
-            if peak is not None:
-                ours_peak.append(peak)
-        bare_median, ours_median = _median(bare), _median(ours)
+            run_peak = peak(run.records)
+            if run_peak is not None:
+                ours_peak.append(run_peak)
+        bare_median, ours_median = median(bare), median(ours)
         out: dict[str, Any] = {
             "parameters": parameters,
             "completion_tokens": s.completion_tokens,
@@ -478,15 +378,6 @@ class Checker:
         return out
 
 
-def _median(values: list[float]) -> float | None:
-    return statistics.median(values) if values else None
-
-
-def _peak(records: list[dict[str, Any]]) -> int | None:
-    peaks = [int(r["gpu_memory_peak_bytes"]) for r in records if r.get("gpu_memory_peak_bytes") is not None]
-    return max(peaks) if peaks else None
-
-
 def _weights_dtype(checkpoint: Path) -> str | None:
     from safetensors import safe_open
 
@@ -496,19 +387,6 @@ def _weights_dtype(checkpoint: Path) -> str | None:
     with safe_open(str(path), framework="pt") as handle:
         dtypes = {str(handle.get_slice(key).get_dtype()) for key in handle.keys()}  # noqa: SIM118
     return ",".join(sorted(dtypes))
-
-
-def _parameter_count(model: Path) -> int:
-    from safetensors import safe_open
-
-    total = 0
-    with safe_open(str(model / "model.safetensors"), framework="pt") as handle:
-        for key in handle.keys():  # noqa: SIM118
-            count = 1
-            for dim in handle.get_slice(key).get_shape():
-                count *= int(dim)
-            total += count
-    return total
 
 
 def _bare_worker(
@@ -555,8 +433,8 @@ def bare_worker_main(request_json: str) -> None:
         dtype=str(request["dtype"]),
         completion_tokens=int(request["completion_tokens"]),
     )
-    peak = int(torch.cuda.max_memory_allocated()) if torch.cuda.is_available() else None
-    print(json.dumps({"durations": durations, "peak_bytes": peak}))
+    peak_bytes = int(torch.cuda.max_memory_allocated()) if torch.cuda.is_available() else None
+    print(json.dumps({"durations": durations, "peak_bytes": peak_bytes}))
 
 
 def main(argv: list[str] | None = None) -> int:
