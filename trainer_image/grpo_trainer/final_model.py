@@ -16,9 +16,6 @@ from typing import Any
 # safetensors metadata HF writes; transformers refuses to load shards without {"format": "pt"}.
 SHARD_METADATA = {"format": "pt"}
 INDEX_FILE = "model.safetensors.index.json"
-# Largest safetensors file a gathered model is written in (transformers' own default is 5 GB); also the most
-# a writer holds in memory at once, besides the one tensor being gathered.
-GATHERED_SHARD_BYTES = 2 << 30
 
 
 def cast_saved_model(directory: Path, dtype: str) -> int:
@@ -63,47 +60,27 @@ def _rewrite_json(path: Path, change: Callable[[dict[str, Any]], None]) -> None:
 
 def save_gathered_model(trainer: Any, directory: Path, dtype: str, *, writer: bool) -> int:
     """Collective (every rank calls it): the model's full tensors, gathered from their FSDP2 shards one at a
-    time and cast to ``dtype``, written by the ``writer`` rank as safetensors files of at most
-    GATHERED_SHARD_BYTES with their index, beside config.json (naming ``dtype``), the generation config and
-    the tokenizer: an ordinary Hugging Face model directory that transformers and vLLM load. No rank ever
-    holds the whole model: the writer holds one file's tensors at most. Returns the bytes of tensor data
-    written (0 on the other ranks)."""
-    import torch
-    from safetensors.torch import save_file
+    time and cast to ``dtype``, written by the ``writer`` rank as the weight sync writes them
+    (weight_sync.write_shards: files of at most SHARD_BYTES) with their index, beside config.json (naming
+    ``dtype``), the generation config and the tokenizer: an ordinary Hugging Face model directory that
+    transformers and vLLM load. No rank ever holds the whole model: the writer holds one file's tensors at
+    most. Returns the bytes of tensor data written (0 on the other ranks)."""
+    from grpo_trainer.weight_sync import served_tensors, write_shards
 
     model = trainer.accelerator.unwrap_model(trainer.model)
-    target = getattr(torch, dtype)
-    if writer:
-        directory.mkdir(parents=True, exist_ok=True)
-        for stale in directory.glob("*.safetensors"):
-            stale.unlink()
-    weight_map: dict[str, str] = {}
-    shard: dict[str, Any] = {}
-    size = total = 0
-
-    def flush() -> None:
-        nonlocal shard, size
-        if shard:
-            name = f"model-{len(set(weight_map.values())):05d}.safetensors"
-            save_file(shard, str(directory / name), metadata=SHARD_METADATA)
-            weight_map.update(dict.fromkeys(shard, name))
-        shard, size = {}, 0
-
-    for name, tensor in model.state_dict().items():
-        full = tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
-        if not writer:
-            continue
-        value = full.detach().to("cpu")
-        value = (value.to(target) if value.is_floating_point() else value).contiguous()
-        nbytes = value.numel() * value.element_size()
-        if shard and size + nbytes > GATHERED_SHARD_BYTES:
-            flush()
-        shard[name] = value
-        size += nbytes
-        total += nbytes
+    gathered = (
+        (name, tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor)
+        for name, tensor in model.state_dict().items()
+    )
     if not writer:
+        for _ in gathered:  # take part in each gather
+            pass
         return 0
-    flush()
+    directory.mkdir(parents=True, exist_ok=True)
+    for stale in directory.glob("*.safetensors"):
+        stale.unlink()
+    weight_map: dict[str, str] = {}
+    total = write_shards(served_tensors(gathered, dtype), directory, weight_map)
     index = {"metadata": {"total_size": total}, "weight_map": weight_map}
     (directory / INDEX_FILE).write_text(json.dumps(index, indent=2, sort_keys=True) + "\n", encoding="utf-8")
     config = model.config

@@ -148,11 +148,6 @@ class Precision:
     bf16: bool
     fp16: bool
 
-    @property
-    def fp32_masters(self) -> bool:
-        """Trainable weights and optimizer state are held in fp32 under 16-bit compute."""
-        return self.load_dtype == "float32" and (self.bf16 or self.fp16)
-
 
 def precision(dtype: str, *, lora: bool, cuda: bool) -> Precision:
     """Full fine-tuning in bfloat16 or float16 keeps fp32 master weights (and so fp32 gradients and AdamW

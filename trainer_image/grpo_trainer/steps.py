@@ -471,14 +471,10 @@ def finish(
     step = int(trainer.state.global_step)
     if stopped_by_signal:
         log.info("stopped by SIGTERM%s after checkpointing step %d", waiting, step)
-    elif trainer.is_fsdp_enabled:
-        # Gathering the sharded weights is a collective: every rank takes part, rank 0 writes.
+    elif env.is_main or trainer.is_fsdp_enabled:
+        # Gathering sharded weights is a collective: under FSDP every rank takes part, rank 0 writes.
         save_final_model(trainer, workspace, workspace.model_dtype, writer=env.is_main)
         if env.is_main and on_finished is not None:
-            on_finished(step)
-    elif env.is_main:
-        save_final_model(trainer, workspace, workspace.model_dtype)
-        if on_finished is not None:
             on_finished(step)
     return int(ExitCode.OK)
 

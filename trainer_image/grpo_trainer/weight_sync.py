@@ -230,22 +230,28 @@ def served_tensors(named_params: Iterator[tuple[str, Any]], dtype: str | None) -
             yield name, tensor
 
 
-def write_shards(named_params: Iterator[tuple[str, Any]], directory: Path) -> int:
-    """Writes the tensors as safetensors shards of at most SHARD_BYTES; returns the bytes written.
+def write_shards(
+    named_params: Iterator[tuple[str, Any]], directory: Path, weight_map: dict[str, str] | None = None
+) -> int:
+    """Writes the tensors as safetensors shards of at most SHARD_BYTES; returns the bytes written, and fills
+    ``weight_map`` (tensor name -> file name, a Hugging Face index's) when given one.
 
     Each tensor is copied as it arrives: TRL yields a LoRA model's merged weights and unmerges them in place
     once the iteration ends, and a tied embedding and output layer share one storage, which safetensors
-    refuses to write twice."""
+    refuses to write twice. The files carry {"format": "pt"}, without which transformers refuses them."""
     from safetensors.torch import save_file
 
-    directory.mkdir(parents=True)
+    directory.mkdir(parents=True, exist_ok=True)
     shard: dict[str, Any] = {}
     size = total = index = 0
 
     def flush() -> None:
         nonlocal shard, size, index
         if shard:
-            save_file(shard, str(directory / f"model-{index:05d}.safetensors"))
+            file = f"model-{index:05d}.safetensors"
+            save_file(shard, str(directory / file), metadata={"format": "pt"})
+            if weight_map is not None:
+                weight_map.update(dict.fromkeys(shard, file))
             index += 1
         shard, size = {}, 0
 
