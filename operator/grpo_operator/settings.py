@@ -18,7 +18,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from pydantic import ValidationError
+
+from grpo_operator.api.base import describe_validation_error
 from grpo_operator.api.exit_codes import PERMANENT_EXIT_CODES
+from grpo_operator.api.learning_health import LearningHealthSpec
 from grpo_operator.api.trainer_config import TRAINER_METRICS_PORT, VLLM_SERVER_PORT, WEIGHT_SYNC_PORT
 
 ENV_PREFIX = "GRPO_OPERATOR_"
@@ -129,6 +133,9 @@ class OperatorSettings:
     trainer_termination_grace_seconds: int = 300
     # Size of the in-memory /dev/shm of trainer and vLLM pods (NCCL and the dataloader use shared memory).
     shm_size: str = "16Gi"
+    # Platform defaults of spec.grpo.learningHealth (the learning-health thresholds), for the fields a job
+    # leaves unset; JSON, camelCase keys. Helm: jobDefaults.learningHealth.
+    learning_health_defaults: Mapping[str, Any] = field(default_factory=dict)
     # Requests used when the spec gives none: the scheduler needs them to place pods sensibly.
     default_metric_requests: Mapping[str, str] = field(
         default_factory=lambda: {"cpu": "250m", "memory": "256Mi"}
@@ -190,6 +197,14 @@ class OperatorSettings:
     component: str = "grpo-operator"
 
     def __post_init__(self) -> None:
+        if self.learning_health_defaults:
+            try:
+                LearningHealthSpec.model_validate(dict(self.learning_health_defaults))
+            except ValidationError as exc:
+                raise SettingsError(
+                    f"learning_health_defaults (Helm jobDefaults.learningHealth) is not valid: "
+                    f"{'; '.join(describe_validation_error(exc))}; use the keys and ranges of spec.grpo.learningHealth"
+                ) from None
         if self.resync_seconds <= 0:
             raise SettingsError(f"resync_seconds must be > 0, got {self.resync_seconds}: use e.g. 30")
         if not 0 <= self.child_event_batch_seconds <= 10:

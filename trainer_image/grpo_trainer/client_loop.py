@@ -26,6 +26,7 @@ import os
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from grpo_operator.api.learning_health import Thresholds
 from grpo_operator.api.trainer_config import TrainerConfig
 
 from grpo_trainer.client_rollouts import (
@@ -37,9 +38,10 @@ from grpo_trainer.client_rollouts import (
     make_rollout_func,
 )
 from grpo_trainer.cost import attempt_ledger
-from grpo_trainer.errors import ExitCode, fail
+from grpo_trainer.errors import ExitCode, NotLearning, fail
 from grpo_trainer.gateway_client import GatewayClient
 from grpo_trainer.grpo_config import BatchPlan, RuntimeEnv
+from grpo_trainer.learning_health import LearningMonitor
 from grpo_trainer.progress import ProgressCallback, iso_now
 from grpo_trainer.sample_book import SampleBook
 from grpo_trainer.signals import StopFlag
@@ -210,6 +212,7 @@ def run_client_loop(
         status=reporting.status,
         lock=lock,
         cost=attempt_ledger(config, env.world_size, 0, reporting.status),
+        learning=LearningMonitor(Thresholds.of(config.grpo.learning_health)),
     )
     gateway = None
     if env.is_main:
@@ -265,6 +268,10 @@ def run_client_loop(
             train(trainer, config, workspace, resumed_step)
         except ClientStop as ended:
             return stopped(trainer, callback, env, workspace, ended)
+        if callback.not_learning is not None:
+            raise NotLearning(
+                f"stopped as grpo.learningHealth.stopWhenUnhealthy asks: {callback.not_learning}"
+            )
         return finish(
             trainer,
             env,

@@ -28,6 +28,11 @@ class MemoryPlanExceeded(RuntimeError):
     ExitCode.MEMORY_PLAN_EXCEEDED. The message gives the need, the GPU and the settings that would fit."""
 
 
+class NotLearning(RuntimeError):
+    """grpo.learningHealth.stopWhenUnhealthy and a diagnosis held (learning_health.py); a checkpoint of the
+    last step was written. Exits with ExitCode.NOT_LEARNING; the message names the diagnosis and the fix."""
+
+
 class NonFiniteTraining(RuntimeError):
     """A step's loss, gradient norm or weights are NaN or infinite; exits with ExitCode.NON_FINITE."""
 

@@ -23,6 +23,7 @@ from grpo_trainer.errors import (
     ExitCode,
     MemoryPlanExceeded,
     NonFiniteTraining,
+    NotLearning,
     fail,
     is_cuda_out_of_memory,
     out_of_memory_reason,
@@ -76,6 +77,8 @@ def main(argv: list[str] | None = None) -> int:
         return fail(ExitCode.NON_FINITE, str(exc))
     except MemoryPlanExceeded as exc:
         return fail(ExitCode.MEMORY_PLAN_EXCEEDED, str(exc))
+    except NotLearning as exc:
+        return fail(ExitCode.NOT_LEARNING, str(exc))
     except GenerationUnavailable as exc:
         return fail(ExitCode.TRANSIENT, str(exc))
     except (GatewayProtocolError, GatewayUnavailable) as exc:

@@ -7,9 +7,10 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING, Any
 
+from grpo_operator.api.learning_health import Thresholds
 from grpo_operator.api.trainer_config import TrainerConfig
 
-from grpo_trainer.errors import ConfigError
+from grpo_trainer.errors import ConfigError, NotLearning
 from grpo_trainer.grpo_config import BatchPlan, RuntimeEnv
 from grpo_trainer.metric_client import ClientSettings, ErrorBudget, MetricClient
 from grpo_trainer.signals import StopFlag
@@ -94,6 +95,7 @@ def run_metric_loop(
 ) -> int:
     """Wait for the metric service, then train on the dataset's prompts with its scores as rewards."""
     from grpo_trainer.cost import attempt_ledger
+    from grpo_trainer.learning_health import LearningMonitor
     from grpo_trainer.progress import ProgressCallback
     from grpo_trainer.reward import CompletionEnds, MetricReward
     from grpo_trainer.trl_adapter import completion_end_token_ids
@@ -121,6 +123,7 @@ def run_metric_loop(
             cost=attempt_ledger(
                 config, env.world_size, len(validation.rows) if validation else 0, reporting.status
             ),
+            learning=LearningMonitor(Thresholds.of(config.grpo.learning_health)),
         )
         trainer = build_trainer(config, workspace, args, tokenizer, train_rows, reward, callback, reporting)
         reward.ends = CompletionEnds(
@@ -128,6 +131,11 @@ def run_metric_loop(
         )
         resumed_step = restore(trainer, config, env, workspace, reporting)
         train(trainer, config, workspace, resumed_step)
+        if callback.not_learning is not None:
+            close_status(reporting)
+            raise NotLearning(
+                f"stopped as grpo.learningHealth.stopWhenUnhealthy asks: {callback.not_learning}"
+            )
         code = finish(trainer, env, workspace, stopped_by_signal=callback.stopped_by_signal)
         close_status(reporting)
         return code

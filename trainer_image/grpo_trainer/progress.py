@@ -13,12 +13,14 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from grpo_operator.api.learning_health import describe as describe_learning
 from grpo_operator.api.status import CheckpointStatus, ProgressStatus, RewardsStatus, StalenessStatus
 from transformers import TrainerCallback
 
 from grpo_trainer.async_generation import RolloutStep
 from grpo_trainer.client_rollouts import ClientReward
 from grpo_trainer.cost import CostLedger
+from grpo_trainer.learning_health import LearningMonitor, StepFigures
 from grpo_trainer.metric_client import ErrorBudget
 from grpo_trainer.prom import TrainerMetrics, finite, logged_fields, set_logged_gauges
 from grpo_trainer.reward import MetricReward
@@ -26,10 +28,15 @@ from grpo_trainer.signals import StopFlag
 from grpo_trainer.status import StatusReporter
 from grpo_trainer.trainer import ProjectGRPOTrainer, StepStats
 from grpo_trainer.training_state import TrainingState
-from grpo_trainer.trl_adapter import LOG_KEYS, clear_eval_metrics, generate_completions
-from grpo_trainer.update_health import StepSignal, UpdateHealth
+from grpo_trainer.trl_adapter import LOG_KEYS, PROJECT_LOG_KEYS, clear_eval_metrics, generate_completions
+from grpo_trainer.update_health import StepSignal, UpdateHealth, UpdateReport
 
 log = logging.getLogger("grpo_trainer.progress")
+
+# What _any_rank_stopping agrees on: SIGTERM (checkpoint, exit 0 to be resumed) outranks the learning-health
+# stop (checkpoint, exit NOT_LEARNING).
+_STOP_SIGNAL = 2
+_STOP_NOT_LEARNING = 1
 
 # Groups per step written to samples.jsonl: enough for a person to read, small enough for long runs.
 SAMPLE_GROUPS_PER_STEP = 2
@@ -124,6 +131,13 @@ class ProgressCallback(TrainerCallback):  # type: ignore[misc]
     update_health: UpdateHealth = field(default_factory=UpdateHealth)
     # What this rank holds in parameters, gradients and optimizer state (training_state.py).
     training_state: TrainingState = field(default_factory=TrainingState)
+    # Rank 0's diagnosis of whether the run learns (learning_health.py); thresholds from
+    # grpo.learningHealth.
+    learning: LearningMonitor = field(default_factory=LearningMonitor)
+    # Set on rank 0 when stopWhenUnhealthy asks to stop; every rank agrees at the next step's end.
+    _stop_not_learning: bool = False
+    # The diagnosis the run stopped on (every rank; rank 0's words), for the exit's message.
+    not_learning: str | None = None
 
     # -- called from inside the generation round (every rank, global numbers) ----------------------------
 
@@ -157,9 +171,19 @@ class ProgressCallback(TrainerCallback):  # type: ignore[misc]
         self._last_generation_seconds = self.trainer.grpo_generation_seconds if self.trainer else 0.0
         if self.is_main and self.trainer is not None and self.trainer.grpo_async is not None:
             self._rollout_step = self.trainer.grpo_async.step_ended(self._step_started)
-        if self._any_rank_stopping():
+        stopping = self._any_rank_stopping()
+        if stopping == _STOP_SIGNAL:
             log.info("SIGTERM received: saving a checkpoint at step %d and exiting", state.global_step)
             self.stopped_by_signal = True
+            control.should_save = True
+            control.should_training_stop = True
+        elif stopping == _STOP_NOT_LEARNING:
+            self.not_learning = self._not_learning_message()
+            log.warning(
+                "grpo.learningHealth.stopWhenUnhealthy: saving a checkpoint at step %d and stopping: %s",
+                state.global_step,
+                self.not_learning,
+            )
             control.should_save = True
             control.should_training_stop = True
         if state.global_step >= self.total_steps:
@@ -182,13 +206,20 @@ class ProgressCallback(TrainerCallback):  # type: ignore[misc]
         self.update_health.after_step(bool(accelerator and accelerator.optimizer_step_was_skipped))
         self.training_state.after_first_step(self.trainer.optimizer if self.trainer is not None else None)
 
-    def _any_rank_stopping(self) -> bool:
-        flag = 1 if self.stop.is_set() else 0
+    def _any_rank_stopping(self) -> int:
+        """0, _STOP_SIGNAL or _STOP_NOT_LEARNING, agreed by every rank (a signal wins)."""
+        flag = _STOP_SIGNAL if self.stop.is_set() else (_STOP_NOT_LEARNING if self._stop_not_learning else 0)
         if self.trainer is None or self.trainer.accelerator.num_processes == 1:
-            return bool(flag)
-        # torchrun delivers SIGTERM to every rank, but not at the same instant: agree before acting.
+            return flag
+        # torchrun delivers SIGTERM to every rank, but not at the same instant, and only rank 0 judges the
+        # learning health: agree before acting.
         tensor = torch.tensor([flag], device=self.trainer.accelerator.device)
-        return bool(self.trainer.accelerator.gather(tensor).max().item())
+        return int(self.trainer.accelerator.gather(tensor).max().item())
+
+    def _not_learning_message(self) -> str:
+        if self.learning.current is None or self.trainer is None:
+            return "rank 0 diagnosed that the job is not learning (status.learning has the reason)"
+        return describe_learning(self.learning.status_model(self.trainer.state.global_step))
 
     def on_log(
         self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **_: Any
@@ -236,6 +267,11 @@ class ProgressCallback(TrainerCallback):  # type: ignore[misc]
         updates = self.update_health.judge(step, self._step_signal(args, stats, logs))
         if updates is not None:
             record.update(updates.fields)
+        previous = self.learning.current
+        diagnosis = self.learning.observe(self._step_figures(step, stats, logs, updates))
+        record["learning_health"] = diagnosis.reason
+        if self.learning.should_stop():
+            self._stop_not_learning = True
         held = self.training_state.take()
         if held is not None:
             record["rank_state_bytes"] = held
@@ -254,6 +290,7 @@ class ProgressCallback(TrainerCallback):  # type: ignore[misc]
             self.metrics.client_completions_unmatched.inc(int(origin.get("client_completions_unmatched", 0)))
             for name, mean in components.items():
                 self.metrics.set_component(name, mean)
+            self.metrics.set_learning_health(diagnosis.reason)
             if updates is not None:
                 self.metrics.updated_parameter_fraction.set(updates.sample.fraction)
                 if updates.sample.ratio is not None:
@@ -273,7 +310,9 @@ class ProgressCallback(TrainerCallback):  # type: ignore[misc]
                 body["staleness"] = self._staleness_status(rollout)
             if updates is not None:
                 body["updates"] = updates.status
-            self.status.update(body, force=updates is not None and updates.changed)
+            body["learning"] = self.learning.status(step)
+            changed = previous is None or previous.reason != diagnosis.reason
+            self.status.update(body, force=changed or (updates is not None and updates.changed))
 
     def on_save(self, args: Any, state: Any, control: Any, **_: Any) -> None:
         if not self.is_main or self.trainer is None or self.trainer.grpo_last_manifest is None:
@@ -306,6 +345,38 @@ class ProgressCallback(TrainerCallback):  # type: ignore[misc]
             zero_std_group_ratio=stats.zero_std_group_ratio,
             truncated_ratio=finite(logs.get(LOG_KEYS["truncated_ratio"])),
             mask_truncated=bool(getattr(args, "mask_truncated_completions", False)),
+        )
+
+    def _step_figures(
+        self,
+        step: int,
+        stats: StepStats,
+        logs: dict[str, Any],
+        updates: UpdateReport | None,
+    ) -> StepFigures:
+        """What learning_health.py judges the step by."""
+        args = self.trainer.args if self.trainer is not None else None
+        verdict = updates.verdict if updates is not None else None
+        validated = self.validation is not None and self.validation.last_step == step
+        return StepFigures(
+            step=step,
+            reward_mean=finite(stats.rewards_mean),
+            reward_std=finite(stats.rewards_std),
+            reward_max=finite(stats.reward_max),
+            reward_min=finite(stats.reward_min),
+            tied_ratio=stats.zero_std_group_ratio,
+            tied_values=tuple(stats.tied_values),
+            truncated_ratio=finite(logs.get(LOG_KEYS["truncated_ratio"])),
+            mask_truncated=bool(getattr(args, "mask_truncated_completions", False)),
+            metric_error_ratio=stats.metric_error_ratio,
+            masked_ratio=finite(logs.get(PROJECT_LOG_KEYS["importance_sampling_masked_ratio"])),
+            kl=finite(logs.get(LOG_KEYS["kl"])),
+            entropy=finite(logs.get(LOG_KEYS["entropy"])),
+            format_failure_ratio=stats.format_failure_ratio,
+            validation_mean=self.validation.last_mean if validated and self.validation is not None else None,
+            vanishing_cause=verdict.cause if verdict is not None and verdict.vanishing else None,
+            learning_rate=finite(logs.get(LOG_KEYS["learning_rate"])),
+            updated_fraction=updates.sample.fraction if updates is not None else None,
         )
 
     def reward_seconds(self) -> float:

@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from grpo_operator.api.learning_health import LEARNING_REASONS, REASONS
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
 from grpo_trainer.trl_adapter import LOG_KEYS, PROJECT_LOG_KEYS
@@ -66,7 +67,15 @@ class TrainerMetrics:
     updated_parameter_fraction: Gauge
     # Labelled by component as well: set through set_component().
     reward_component_mean: Gauge
+    # Labelled by reason as well (every reason of the table, 1 for the current one): set_learning_health().
+    learning_health: Gauge
     job_labels: dict[str, str]
+
+    def set_learning_health(self, current: str) -> None:
+        for reason in LEARNING_REASONS:
+            self.learning_health.labels(
+                **self.job_labels, reason=reason, healthy=str(REASONS[reason].healthy).lower()
+            ).set(1 if reason == current else 0)
 
     def groups_dropped(self, reason: str) -> Counter:
         return self.rollout_groups_dropped.labels(**self.job_labels, reason=reason)
@@ -241,6 +250,13 @@ class TrainerMetrics:
                 "Mean of one named reward component (label component) over the last step's scored "
                 "completions; the reward is their sum, or their weighted sum under spec.metric.rewardWeights.",
                 (*LABELS, "component"),
+                registry=reg,
+            ),
+            learning_health=Gauge(
+                "grpo_learning_health",
+                "1 for the current learning-health diagnosis (label reason, with healthy true or false), 0 for "
+                "every other reason: why the job is or is not learning (status.learning, docs/concepts.md).",
+                (*LABELS, "reason", "healthy"),
                 registry=reg,
             ),
             job_labels=values,

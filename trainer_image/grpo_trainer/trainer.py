@@ -93,6 +93,11 @@ class StepStats:
     metric_errors: int = 0
     groups: int = 0
     tied_groups: int = 0
+    # The common reward of each tied group, and the step's extreme rewards (learning_health.py tells
+    # groups tied at the best reward, a learned task, from groups tied lower, no signal).
+    tied_values: list[float] = field(default_factory=list)
+    reward_max: float = float("nan")
+    reward_min: float = float("nan")
     refill_rounds: int = 0
     replaced_groups: int = 0
     # Groups left out of training because a reward lies beyond the bound (see SkippedGroup).
@@ -364,6 +369,9 @@ class ProjectGRPOTrainer(GRPOTrainer):  # type: ignore[misc]
             metric_errors=err,
             groups=int(result.scored_groups.sum()),
             tied_groups=result.num_tied,
+            tied_values=[float(v) for v in result.group_mean[result.tied_groups].tolist()],
+            reward_max=float(valid.max()) if valid.numel() else float("nan"),
+            reward_min=float(valid.min()) if valid.numel() else float("nan"),
             skipped=self._skipped_groups(rewards, result),
             components=self._component_means(),
         )

@@ -131,6 +131,27 @@ UPDATES_VANISHING = EventReason(
     "small learning rate, a learning rate too small, every group tied, every completion truncated and "
     "masked) and the fix. Posted when the `UpdatesEffective` condition turns False.",
 )
+NOT_LEARNING = EventReason(
+    "NotLearning",
+    "Warning",
+    "Trainer rank 0 diagnosed, over its last steps, why the job is not learning (`status.learning`): the "
+    "message names the diagnosis (NoSignal, CompletionsTruncated, UpdatesVanishing, ...), what was seen over "
+    "which steps and the setting to change. Posted once per change of diagnosis, when the `LearningHealthy` "
+    "condition turns False or changes reason; with `grpo.learningHealth.stopWhenUnhealthy` the trainer then "
+    "exits 9 and the job fails.",
+    restart_or_failure=False,
+)
+LEARNING_SOLVED = EventReason(
+    "LearningSolved",
+    "Normal",
+    "Most groups tie at the best reward seen: the task is learned (condition `LearningHealthy`, reason "
+    "Solved). Stopping early or a harder dataset saves GPU time.",
+)
+LEARNING_RECOVERED = EventReason(
+    "LearningRecovered",
+    "Normal",
+    "The learning-health diagnosis is Healthy again after a NotLearning warning.",
+)
 SUSPENDED = EventReason("Suspended", "Normal", "`spec.suspend` was set to true.")
 RESUMED = EventReason("Resumed", "Normal", "`spec.suspend` was set back to false.")
 SUCCEEDED = EventReason("Succeeded", "Normal", "Training finished.")
@@ -182,6 +203,9 @@ EVENT_REASONS: tuple[EventReason, ...] = (
     CHILD_DRIFTED,
     SERVED_MODEL_DRIFT,
     UPDATES_VANISHING,
+    NOT_LEARNING,
+    LEARNING_SOLVED,
+    LEARNING_RECOVERED,
     SUSPENDED,
     RESUMED,
     SUCCEEDED,

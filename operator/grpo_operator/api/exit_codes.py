@@ -22,6 +22,7 @@ class ExitCode(IntEnum):
     OUT_OF_MEMORY = 6
     CANCELLED = 7
     MEMORY_PLAN_EXCEEDED = 8
+    NOT_LEARNING = 9
 
 
 @dataclass(frozen=True)
@@ -92,6 +93,13 @@ EXIT_CODES: tuple[ExitCodeEntry, ...] = (
         "planned from the model's config.json and the job's settings exceed the GPU's memory less 10 % "
         "headroom; nothing was loaded. The message gives the need per GPU and the settings that would fit "
         "(FSDP over N GPUs, optimizer CPU offload, LoRA, a batch of one), each with its need",
+        permanent=True,
+    ),
+    ExitCodeEntry(
+        ExitCode.NOT_LEARNING,
+        "not learning, stopped as asked: `grpo.learningHealth.stopWhenUnhealthy` is true and a learning-health "
+        "diagnosis other than Healthy or Solved held for `windowSteps` steps in a row; a checkpoint of the "
+        "last step was written. The message names the diagnosis and the setting to change",
         permanent=True,
     ),
 )

@@ -9,6 +9,7 @@ from pydantic import Field, field_validator, model_validator
 from grpo_operator.api.base import NO_SERVER_DEFAULT, ApiModel, CelRule, CelRules
 from grpo_operator.api.field_types import INTEGRAL_FLOAT, K8sInt
 from grpo_operator.api.grpo_presets import PRESETS, PresetName, cel_effective, describe
+from grpo_operator.api.learning_health import LearningHealthSpec
 
 # TRL 1.16's loss_type values (GRPOConfig's help and GRPOTrainer._compute_loss list the same eight).
 LossType = Literal["grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo", "luspo", "vespo"]
@@ -308,6 +309,11 @@ class GRPOSpec(ApiModel):
     )
     lora: LoraSpec = Field(default_factory=LoraSpec, description="LoRA adapters instead of full fine-tuning.")
     validation: ValidationSpec = Field(default_factory=ValidationSpec, description="Periodic validation.")
+    learning_health: LearningHealthSpec | None = Field(
+        default=None,
+        description="Thresholds of the learning-health diagnosis (status.learning, condition "
+        "LearningHealthy); unset fields take the platform's defaults, then the built-in ones.",
+    )
 
     @field_validator("chat_template_kwargs")
     @classmethod

@@ -1,5 +1,5 @@
 """``GRPOJob.status``: written by the operator (phase, conditions, restarts, ...) and by trainer rank 0
-(progress, rewards, checkpoint, servedModel, cost, staleness, updates). Every field is optional; writers
+(progress, rewards, checkpoint, servedModel, cost, staleness, updates, learning). Every field is optional; writers
 merge-patch only their own fields.
 
 Status models are not strict: timestamps arrive as RFC 3339 strings from the API server and become
@@ -14,6 +14,7 @@ from typing import Literal
 from pydantic import ConfigDict, Field, model_validator
 
 from grpo_operator.api.base import ApiModel
+from grpo_operator.api.learning_health import LearningStatus
 
 Phase = Literal["Pending", "Initializing", "Running", "Restarting", "Suspended", "Succeeded", "Failed"]
 PHASES: tuple[Phase, ...] = (
@@ -121,7 +122,16 @@ class RewardsStatus(_StatusModel):
 
 # The status sections trainer rank 0 writes (its merge patches name nothing else); the operator reads them
 # and never writes them.
-TRAINER_STATUS_FIELDS = ("progress", "rewards", "checkpoint", "servedModel", "cost", "staleness", "updates")
+TRAINER_STATUS_FIELDS = (
+    "progress",
+    "rewards",
+    "checkpoint",
+    "servedModel",
+    "cost",
+    "staleness",
+    "updates",
+    "learning",
+)
 
 
 class CostStatus(_StatusModel):
@@ -307,6 +317,11 @@ class GRPOJobStatus(_StatusModel):
     )
     updates: UpdatesStatus | None = Field(
         default=None, description="Whether the optimizer steps change the weights (trainer)."
+    )
+    learning: LearningStatus | None = Field(
+        default=None,
+        description="Why the job is or is not learning: a diagnosis over the last steps with the setting to "
+        "change (trainer).",
     )
     restarts: int | None = Field(
         default=None, ge=0, description="Trainer gang restarts counted against backoffLimit."

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from grpo_operator.api.gateway_config import GATEWAY_CONFIG_KEY, GATEWAY_INTERNAL_TOKEN_ENV, GatewayConfig
+from grpo_operator.api.learning_health import LearningHealthSpec
 from grpo_operator.api.trainer_config import ROLLOUTS_TOKEN_ENV, JobRef, TrainerConfig
 from grpo_operator.builders.common import (
     CONFIG_KEY,
@@ -26,7 +27,7 @@ def trainer_config(job: Job, settings: OperatorSettings) -> TrainerConfig:
     """The config the trainer reads; the vLLM server is the job's `<job>-gen` Service (and with several
     replicas, every replica's Service, in serverUrls). Every port comes
     from ``settings``, the same values the pods and Services are built with."""
-    return TrainerConfig.from_spec(
+    config = TrainerConfig.from_spec(
         job.namespace,
         job.name,
         job.uid,
@@ -40,6 +41,12 @@ def trainer_config(job: Job, settings: OperatorSettings) -> TrainerConfig:
         weight_sync_port=settings.weight_sync_port,
         metrics_port=settings.trainer_metrics_port,
     )
+    if settings.learning_health_defaults:
+        # The platform's thresholds under the job's own: trainer.json carries what the trainer judges by.
+        own = config.grpo.learning_health or LearningHealthSpec()
+        merged = own.merged_over(settings.learning_health_defaults)
+        config.grpo = config.grpo.model_copy(update={"learning_health": merged})
+    return config
 
 
 def trainer_config_text(job: Job, settings: OperatorSettings) -> str:

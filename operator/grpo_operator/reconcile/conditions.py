@@ -21,6 +21,8 @@ PLATFORM_POLICY = "PlatformPolicy"
 SERVED_MODEL_IN_SYNC = "ServedModelInSync"
 # Whether the optimizer steps change the weights (trainer rank 0's sample of them, status.updates).
 UPDATES_EFFECTIVE = "UpdatesEffective"
+# Whether the job learns: trainer rank 0's diagnosis over its last steps (status.learning).
+LEARNING_HEALTHY = "LearningHealthy"
 CONDITION_ORDER = (
     SCHEDULED,
     RUNNING,
@@ -28,6 +30,7 @@ CONDITION_ORDER = (
     GATEWAY_READY,
     SERVED_MODEL_IN_SYNC,
     UPDATES_EFFECTIVE,
+    LEARNING_HEALTHY,
     SUSPENDED,
     SUCCEEDED,
     FAILED,

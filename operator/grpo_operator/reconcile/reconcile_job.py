@@ -46,6 +46,7 @@ from grpo_operator.reconcile.conditions import (
 from grpo_operator.reconcile.finished import clean_up_finished, ttl
 from grpo_operator.reconcile.gang import run_gang
 from grpo_operator.reconcile.gang_restart import restart_or_fail
+from grpo_operator.reconcile.learning_health import learning_condition
 from grpo_operator.reconcile.metric_readiness import (
     gateway_readiness,
     metric_readiness,
@@ -147,6 +148,7 @@ def reconcile(job_obj: dict[str, Any], observed: Observed, now: datetime, settin
     run_gang(rp, job, observed)
     served_model_condition(rp)
     updates_condition(rp)
+    learning_condition(rp)
     if not client_rollouts(job):
         withhold_first_metric_report(rp, job, observed)
     return rp.finish()

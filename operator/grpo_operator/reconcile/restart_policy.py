@@ -124,6 +124,15 @@ MEMORY_PLAN_EXCEEDED = RestartRule(
     exit_code=ExitCode.MEMORY_PLAN_EXCEEDED,
     event=event_reasons.MEMORY_PLAN_EXCEEDED,
 )
+NOT_LEARNING = RestartRule(
+    event_reasons.NOT_LEARNING.reason,
+    Trigger.EXIT_CODE,
+    f"Trainer rank 0 exits {ExitCode.NOT_LEARNING:d}: `grpo.learningHealth.stopWhenUnhealthy` and a diagnosis held",
+    counted=True,
+    permanent=BY_CODE[ExitCode.NOT_LEARNING].permanent,
+    meaning="the job was not learning and was asked to stop when so; the message names the diagnosis",
+    exit_code=ExitCode.NOT_LEARNING,
+)
 CANCELLED_BY_CLIENT = RestartRule(
     event_reasons.CANCELLED_BY_CLIENT.reason,
     Trigger.EXIT_CODE,
@@ -308,6 +317,7 @@ RULES: tuple[RestartRule, ...] = (
     NON_FINITE_TRAINING,
     OUT_OF_MEMORY,
     MEMORY_PLAN_EXCEEDED,
+    NOT_LEARNING,
     CANCELLED_BY_CLIENT,
     TRAINER_FAILED,
     OOM_KILLED,
