@@ -119,6 +119,18 @@ if [ -f "$GEN_LOG" ]; then
   grep 'POST /v1/completions' "$GEN_LOG" | tail -n 3 | sed 's/^/  /'
 fi
 kubectl get grpo "$JOB" -n "$NS" -o jsonpath='{range .status.conditions[?(@.type=="ServedModelInSync")]}ServedModelInSync={.status} ({.reason}): {.message}{"\n"}{end}'
+say "Learning health: the trainer's diagnosis at every step (docs/concepts.md, 'When a job does not learn')"
+kubectl get grpo "$JOB" -n "$NS" -o jsonpath='{range .status.conditions[?(@.type=="LearningHealthy")]}LearningHealthy={.status} ({.reason}): {.message}{"\n"}{end}'
+# A run that learns must never be diagnosed as not learning: the demo fails on a false alarm.
+python - "$VOLUME/output/metrics.jsonl" <<'PY'
+import collections, json, sys
+reasons = [json.loads(line)["learning_health"] for line in open(sys.argv[1], encoding="utf-8")]
+steps = collections.Counter(reasons)
+print("per step:", ", ".join(f"{reason} x{count}" for reason, count in steps.items()))
+unhealthy = sorted(set(reasons) - {"Healthy", "Solved"})
+if unhealthy:
+    sys.exit(f"demo: the learning-health diagnosis said {unhealthy} on a run that learns")
+PY
 
 # What a user reads with the kubectl plugin (kubectl-grpo, installed with the package). On a real cluster
 # it reads the job's volume by exec-ing into a short-lived reader pod; simulated nodes run no containers,

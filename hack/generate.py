@@ -8,7 +8,8 @@ chart's Grafana dashboard from its panel list (``hack/helm/dashboard_panels.py``
 docs/operations.md from ``reconcile/restart_policy.py`` (``hack/restart_table.py``), its event table and
 docs/trainer.md's exit-code table from the catalogs in ``api`` (``hack/catalog_tables.py``); the alert table of
 docs/runbooks/README.md from the chart's alert values (``hack/runbook_index.py``); the child-kinds table
-of docs/scaling.md from ``builders/child_kinds.py`` (``hack/child_kinds_table.py``).
+of docs/scaling.md from ``builders/child_kinds.py`` (``hack/child_kinds_table.py``); the learning-health
+tables of docs/concepts.md from ``api/learning_health.py`` (``hack/learning_health_table.py``).
 tests/unit/test_generated.py fails while any of them is stale.
 """
 
@@ -20,7 +21,13 @@ from pathlib import Path
 
 from grpo_operator.api import generate as api_generate
 
-from hack import catalog_tables, child_kinds_table, restart_table, runbook_index
+from hack import (
+    catalog_tables,
+    child_kinds_table,
+    learning_health_table,
+    restart_table,
+    runbook_index,
+)
 from hack.helm import dashboard
 
 REPO = Path(__file__).resolve().parents[1]
@@ -36,6 +43,7 @@ def outputs() -> dict[Path, str]:
         catalog_tables.TRAINER_DOC: catalog_tables.render_trainer_text(),
         child_kinds_table.OUTPUT: child_kinds_table.render_text(),
         runbook_index.OUTPUT: runbook_index.render_text(),
+        learning_health_table.OUTPUT: learning_health_table.render_text(),
     }
 
 

@@ -31,6 +31,11 @@ FIRES_WHEN: dict[str, str] = {
     "GRPOJobUpdatesVanishing": "no optimizer step changed {threshold:.0%} of the sampled weights over {window}, "
     "for {for}",
     "GRPOJobMetricErrors": "> {threshold:.0%} of completions cannot be scored over {window}, for {for}",
+    "GRPOJobKLRunaway": "the mean per-token KL to the reference model is > {threshold} nats over {window}, "
+    "for {for}",
+    "GRPOJobValidationFalling": "the trainer diagnoses ValidationFalling (validation down, training reward up), "
+    "for {for}",
+    "GRPOJobNotLearning": "the trainer's learning-health diagnosis is one that needs a change, for {for}",
     "GRPOJobServedModelDrift": "a weight sync left vLLM serving other weights within {window}, for {for}",
     "GRPOJobTrainingStalled": "no training step for {thresholdSeconds:duration} while steps remain, for {for}",
     "GRPOJobCheckpointStale": "steps continue but no checkpoint for {thresholdSeconds:duration}, for {for}",

@@ -44,6 +44,18 @@ def _panel_json(panel: Panel, panel_id: int, x: int, y: int) -> dict[str, Any]:
         defaults["min"] = panel.min
     if panel.max is not None:
         defaults["max"] = panel.max
+    if panel.mappings:
+        defaults["mappings"] = [
+            {
+                "type": "value",
+                "options": {
+                    f"{value:g}": {"text": text, "index": i} for i, (value, text) in enumerate(panel.mappings)
+                },
+            }
+        ]
+    if panel.kind == "state-timeline":
+        defaults["color"] = {"mode": "thresholds"}
+        defaults["custom"] = {"lineWidth": 0, "fillOpacity": 80}
     if panel.kind == "timeseries":
         defaults["custom"] = {"lineWidth": 1, "fillOpacity": 10, "showPoints": "never", "spanNulls": True}
         if panel.thresholds:
@@ -55,6 +67,16 @@ def _panel_json(panel: Panel, panel_id: int, x: int, y: int) -> dict[str, Any]:
             "colorMode": "value",
             "graphMode": "area",
             "textMode": "auto",
+        }
+    elif panel.kind == "state-timeline":
+        # One row per series, its bars merged while the value stays; the row names say what each is.
+        options = {
+            "mergeValues": True,
+            "showValue": "never",
+            "alignValue": "left",
+            "rowHeight": 0.9,
+            "legend": {"displayMode": "list", "placement": "bottom", "showLegend": False},
+            "tooltip": {"mode": "single", "sort": "none"},
         }
     else:
         options = {

@@ -24,12 +24,14 @@ class Panel:
     description: str
     targets: tuple[Target, ...]
     unit: str = "short"
-    kind: str = "timeseries"  # or "stat"
+    kind: str = "timeseries"  # or "stat", or "state-timeline" (coloured by thresholds)
     width: int = 8
     min: float | None = None
     max: float | None = None
     # (value, colour) steps after the base green, matching the alert thresholds where there is one.
     thresholds: tuple[tuple[float, str], ...] = ()
+    # (value, text) pairs: Grafana shows the text for the value (e.g. in a state timeline's tooltip).
+    mappings: tuple[tuple[float, str], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -94,6 +96,27 @@ ROWS: tuple[Row, ...] = (
     Row(
         "Learning signal",
         (
+            Panel(
+                "Learning health",
+                "Trainer rank 0's learning-health diagnosis over its last steps (grpo_learning_health == 1): "
+                "one row per job and reason, green while the reason is Healthy or Solved, red while it says "
+                "the job is not learning (RewardFlat, NoSignal, KLRunaway, EntropyCollapse, ...). A job's "
+                "rightmost bar is its current diagnosis; `kubectl grpo status JOB` prints it with the setting "
+                "to change, and GRPOJobNotLearning fires once a red reason holds for an hour.",
+                (
+                    Target(
+                        f'2 * max by ({BY}, reason) (grpo_learning_health{{{JOB}, healthy="false"}} == 1)\n'
+                        f"or\nmax by ({BY}, reason) (grpo_learning_health{{{JOB}}} == 1)",
+                        "{{namespace}}/{{grpojob}} {{reason}}",
+                    ),
+                ),
+                kind="state-timeline",
+                width=12,
+                min=1,
+                max=2,
+                thresholds=((2, "red"),),
+                mappings=((1, "healthy"), (2, "not learning")),
+            ),
             Panel(
                 "Reward mean and std",
                 "Mean and population std of the last step's training rewards (metric errors excluded).",

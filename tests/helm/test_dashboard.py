@@ -79,6 +79,7 @@ def test_the_dashboard_covers_the_signals_the_issue_lists(model: dict[str, Any])
         "grpo_reward_mean",
         "grpo_reward_std",
         "grpo_validation_reward_mean",
+        "grpo_learning_health",
         "grpo_format_failures_total",
         "grpo_metric_errors_total",
         "grpo_zero_std_groups_total",

@@ -266,6 +266,14 @@ def test_a_job_on_non_default_ports_trains_through_vllm_to_succeeded_through_a_v
     first = sum(r["reward_mean"] for r in rows[:3]) / 3
     last = sum(r["reward_mean"] for r in rows[-3:]) / 3
     assert first < 0.3 and last > first + 0.4, f"reward did not rise: first {first:.3f}, last {last:.3f}"
+    # No false alarm on a run that learns: the learning-health diagnosis was Healthy (then, once the groups
+    # tie at the top, Solved) at every step, the condition says so, and no NotLearning warning was posted.
+    health = [r["learning_health"] for r in rows]
+    assert set(health) <= {"Healthy", "Solved"}, health
+    learning = next(c for c in status["conditions"] if c["type"] == "LearningHealthy")
+    assert learning["status"] == "True" and learning["reason"] == health[-1], learning
+    assert status["learning"]["reason"] == health[-1] and status["learning"]["checkedStep"] == STEPS
+    assert not [e for e in events if e["reason"] == "NotLearning"], events
 
     samples = [json.loads(line) for line in (volume / "output" / "samples.jsonl").read_text().splitlines()]
     assert samples and {"step", "prompt", "completion", "reward"} <= samples[0].keys()

@@ -75,6 +75,11 @@ def test_progress_reaches_the_grpojob_status(
     assert updates["checkedStep"] == 6 and updates["weightDtype"] == "float32"
     assert updates["updatedFraction"] > 0.9 and updates["updateRatio"] > 0
     assert updates["vanishing"] is False and updates["vanishingSteps"] == 0 and "cause" not in updates
+    # The learning-health diagnosis of a run that learns, kept by the CRD's schema with its figures.
+    learning = status["learning"]
+    assert learning["reason"] in ("Healthy", "Solved") and learning["healthy"] is True, learning
+    assert learning["checkedStep"] == 6 and learning["windowSteps"] == 5
+    assert set(learning["figures"]) >= {"tiedGroupRatio"}
 
 
 CLIENT_JOB = """

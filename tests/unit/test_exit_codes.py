@@ -21,7 +21,7 @@ def test_the_trainer_exits_with_the_catalogs_codes() -> None:
 def test_the_settings_default_is_the_catalogs_permanent_codes() -> None:
     default = {f.name: f.default for f in dataclasses.fields(OperatorSettings)}["permanent_exit_codes"]
     assert default is PERMANENT_EXIT_CODES, "settings.py must take the default from api/exit_codes.py"
-    assert OperatorSettings().permanent_exit_codes == DEFAULT_PERMANENT_EXIT_CODES == (2, 4, 6, 7, 8)
+    assert OperatorSettings().permanent_exit_codes == DEFAULT_PERMANENT_EXIT_CODES == (2, 4, 6, 7, 8, 9)
 
 
 def test_restart_rows_take_exit_codes_and_their_permanence_from_the_catalog() -> None:

@@ -28,8 +28,9 @@ def exported(registry: CollectorRegistry) -> dict[str, tuple[str, set[str]]]:
 
 def trainer_metrics() -> dict[str, tuple[str, set[str]]]:
     metrics = TrainerMetrics.create("job", "ns")
-    # The component gauge has no samples until a component is set: set one so its label names show.
+    # The component and learning-health gauges have no samples until set: set each so its label names show.
     metrics.set_component("accuracy", 0.5)
+    metrics.set_learning_health("Healthy")
     return exported(metrics.registry)
 
 

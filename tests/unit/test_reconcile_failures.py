@@ -359,7 +359,9 @@ def test_trainer_exit_reasons_match_the_trainers_exit_codes() -> None:
         ExitCode.OUT_OF_MEMORY: "OutOfMemory",
         ExitCode.CANCELLED: "CancelledByClient",  # client-rollout jobs
         ExitCode.MEMORY_PLAN_EXCEEDED: "MemoryPlanExceeded",
+        ExitCode.NOT_LEARNING: "NotLearning",
     }
+    assert ExitCode.NOT_LEARNING in SETTINGS.permanent_exit_codes
     assert ExitCode.MEMORY_PLAN_EXCEEDED in SETTINGS.permanent_exit_codes
     assert ExitCode.CANCELLED in SETTINGS.permanent_exit_codes
     assert ExitCode.CHECKPOINT_MISMATCH in SETTINGS.permanent_exit_codes
@@ -403,6 +405,23 @@ def test_a_memory_plan_that_does_not_fit_fails_at_once_with_its_own_reason() -> 
     assert "exit code 8 means the training as set up does not fit in GPU memory" in status["message"]
     assert "FSDP over 2 GPUs" in status["message"]
     assert ("Warning", "MemoryPlanExceeded") in events(plan)
+
+
+NOT_LEARNING_MESSAGE = (
+    "stopped as grpo.learningHealth.stopWhenUnhealthy asks: Not learning (NoSignal) since step 3: 100% of "
+    "groups tied (every completion of a group scored the same, mostly 0.5), so their advantages are 0"
+)
+
+
+def test_a_job_stopped_for_not_learning_fails_at_once_naming_the_diagnosis() -> None:
+    world = running_world(runPolicy={"backoffLimit": 3})
+    world.terminate("math-trainer-1-0", 9, NOT_LEARNING_MESSAGE)
+    plan = world.step()
+    status = world.status()
+    assert status["phase"] == "Failed" and status["reason"] == "NotLearning", status
+    assert status.get("restarts", 0) == 0 and plan.restart is None
+    assert "exit code 9 means the job was not learning" in status["message"]
+    assert "NoSignal" in status["message"] and "100% of groups tied" in status["message"]
 
 
 def test_out_of_memory_on_one_rank_is_reported_over_the_other_ranks_fallout() -> None:

@@ -31,6 +31,7 @@ from grpo_operator.reconcile.restart_policy import (
     NODE_LOST,
     NODE_SHUTDOWN,
     NON_FINITE_TRAINING,
+    NOT_LEARNING,
     OOM_KILLED,
     OTHER_DISRUPTION,
     OUT_OF_MEMORY,
@@ -207,6 +208,7 @@ SCENARIOS: dict[str, Callable[[], tuple[World, Plan]]] = {
     NON_FINITE_TRAINING.reason: _exit_scenario(NON_FINITE_TRAINING),
     OUT_OF_MEMORY.reason: _exit_scenario(OUT_OF_MEMORY),
     MEMORY_PLAN_EXCEEDED.reason: _exit_scenario(MEMORY_PLAN_EXCEEDED),
+    NOT_LEARNING.reason: _exit_scenario(NOT_LEARNING),
     CANCELLED_BY_CLIENT.reason: _exit_scenario(CANCELLED_BY_CLIENT),
     TRAINER_FAILED.reason: _exit(1),
     OOM_KILLED.reason: _oom_killed,
@@ -325,7 +327,7 @@ def test_the_operator_setting_decides_which_exit_codes_are_permanent(
 
 def test_the_settings_default_permanent_exit_codes_are_the_tables() -> None:
     assert SETTINGS.permanent_exit_codes == DEFAULT_PERMANENT_EXIT_CODES
-    assert DEFAULT_PERMANENT_EXIT_CODES == (2, 4, 6, 7, 8)
+    assert DEFAULT_PERMANENT_EXIT_CODES == (2, 4, 6, 7, 8, 9)
 
 
 def test_the_operations_doc_shows_the_table_as_it_is() -> None:

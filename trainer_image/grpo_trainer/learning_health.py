@@ -6,10 +6,11 @@ holds, from the figures every step already has: rewards and their spread, tied g
 they tied at), truncation and its masking, metric errors, masked importance ratios, KL, entropy, format
 failures, validation and the vanishing-updates verdict (update_health.py).
 
-Order matters when several hold: a cause comes before its symptoms. Updates that vanish or a metric that
-errors explain everything after them; no gradient (truncated and masked, tied groups) explains a flat
-reward and a collapsed entropy; then the drift signs (masked ratios, KL, entropy), then reward hacking
-(validation, format failures), and last a flat reward with signal in the groups.
+Order matters when several hold: a cause comes before its symptoms. No gradient at all (completions
+truncated and masked, groups tied) stills the updates too and explains everything else; then updates that
+vanish for another reason (16-bit weights, a learning rate too small) and a metric that errors; then the
+drift signs (masked ratios, KL, entropy), then reward hacking (validation, format failures), and last a
+flat reward with signal in the groups.
 """
 
 from __future__ import annotations
@@ -140,6 +141,12 @@ class LearningMonitor:
     def _diagnose(self) -> Diagnosis:
         t = self.thresholds
         window = self._window()
+        full = len(self.history) >= t.window_steps
+        # No gradient at all (completions masked, groups tied) also stills the updates: name the cause.
+        for check in (self._truncated, self._tied) if full else ():
+            found = check(window)
+            if found is not None:
+                return found
         last = window[-1]
         if last.vanishing_cause in ("Precision", "LearningRate"):
             return Diagnosis(
@@ -147,12 +154,10 @@ class LearningMonitor:
                 _figures(updatedFraction=last.updated_fraction, learningRate=last.learning_rate),
                 update_cause=last.vanishing_cause,  # type: ignore[arg-type]
             )
-        if len(self.history) < t.window_steps:
+        if not full:
             return self._healthy(window)
         for check in (
             self._metric_errors,
-            self._truncated,
-            self._tied,
             self._ratios_masked,
             self._kl,
             self._entropy,

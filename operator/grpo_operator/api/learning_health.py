@@ -1,7 +1,7 @@
 """Learning health: why a running job is not learning, in one reason with the setting to change.
 
 Trainer rank 0 judges a sliding window of its own per-step figures (grpo_trainer/learning_health.py) and
-writes the verdict to ``status.learning``; the operator turns it into the ``LearningHealthy`` condition and
+writes the verdict to ``status.learning``; the operator turns it into the condition LearningHealthy and
 one event per change of reason; ``kubectl grpo status`` prints it first; Prometheus gets
 ``grpo_learning_health{reason}``. REASONS below is the one table all of them (and the docs section
 "When a job does not learn" in docs/concepts.md) are built from.
@@ -44,7 +44,7 @@ FIGURE_LIMIT = 1e12
 
 class LearningHealthSpec(ApiModel):
     """Thresholds and windows of the learning-health diagnosis (status.learning, condition LearningHealthy).
-    Every field left unset takes the platform's default (Helm value learningHealth.defaults), else the
+    Every field left unset takes the platform's default (Helm value jobDefaults.learningHealth), else the
     built-in one given here. A diagnosis only reports; it stops a job only with stopWhenUnhealthy."""
 
     window_steps: Annotated[int, Field(ge=2, le=1000), INTEGRAL_FLOAT] | None = Field(
@@ -130,8 +130,10 @@ class LearningHealthSpec(ApiModel):
 
     def merged_over(self, defaults: Mapping[str, object]) -> LearningHealthSpec:
         """This spec with each unset field taken from ``defaults`` (camelCase or Python names)."""
-        values = self.model_dump(exclude_none=True)
-        fallback = LearningHealthSpec.model_validate(dict(defaults)).model_dump(exclude_none=True)
+        values = self.model_dump(by_alias=False, exclude_none=True)
+        fallback = LearningHealthSpec.model_validate(dict(defaults)).model_dump(
+            by_alias=False, exclude_none=True
+        )
         return LearningHealthSpec.model_validate({**fallback, **values})
 
 
@@ -156,7 +158,7 @@ class Thresholds:
     def of(cls, spec: LearningHealthSpec | None) -> Thresholds:
         if spec is None:
             return cls()
-        return cls(**{k: v for k, v in spec.model_dump(exclude_none=True).items()})
+        return cls(**{k: v for k, v in spec.model_dump(by_alias=False, exclude_none=True).items()})
 
 
 DEFAULT_THRESHOLDS = Thresholds()
@@ -353,8 +355,8 @@ REASONS: dict[LearningReason, ReasonInfo] = {
             "format failures rose to {formatFailureRatio:.0%} of completions from {formatFailureStart:.0%} "
             "in the first steps: the model is drifting away from the answer format the metric parses",
             "read recent completions (kubectl grpo samples); make the format explicit in the prompt or "
-            "chat template, lower spec.grpo.formatFailureScore's distance to failureScore, or lower the "
-            "learning rate",
+            "chat template, punish it harder (spec.grpo.formatFailureScore further below failureScore), or "
+            "lower the learning rate",
             "status.rewards.formatFailureRatio and grpo_format_failures_total: a rising share is the "
             "classic sign of reward hacking or collapse.",
             "GRPOJobFormatFailureRatioHigh",

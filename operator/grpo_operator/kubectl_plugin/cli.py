@@ -59,6 +59,9 @@ def status_report(kube: Kube, job: dict[str, Any], args: argparse.Namespace) -> 
     name = job["metadata"]["name"]
     status = job.get("status") or {}
     report: dict[str, Any] = {"name": name, "namespace": kube.namespace, "status": status}
+    # The learning-health diagnosis as validated data with its one-line summary (None when status.learning
+    # is absent or malformed): what `status` prints first.
+    report["learning"] = data.learning_report(status)
     if not args.no_trend:
         absent = kube.missing(READER)
         if absent:

@@ -7,6 +7,9 @@ Layout (``/workspace`` is the claim's root in every pod that mounts it):
 - ``output/samples.jsonl``: prompts and completions with their rewards (``split`` train or validation);
 - ``checkpoints/step-<N>/`` made visible by the manifest ``checkpoints/latest.json``;
 - ``output/model/``: the final model, once training has finished.
+
+It also reads ``status.learning`` (the learning-health diagnosis trainer rank 0 patches into the job's
+status): through its API model only, so a status that does not validate is left out rather than shown.
 """
 
 from __future__ import annotations
@@ -17,6 +20,9 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from pydantic import ValidationError
+
+from grpo_operator.api.learning_health import LearningStatus, describe
 from grpo_operator.api.trainer_config import (
     DEFAULT_CHECKPOINT_DIR,
     DEFAULT_OUTPUT_DIR,
@@ -231,3 +237,27 @@ def select_samples(
 
 def _score(sample: dict[str, Any]) -> float | None:
     return as_float(sample.get("reward"))
+
+
+def learning_status(status: Any) -> LearningStatus | None:
+    """``status.learning`` as its API model, or None when it is absent or does not validate: trainer rank 0
+    (the tenant's code) writes it, so it is shown only through its typed fields, never as text it wrote."""
+    raw = status.get("learning") if isinstance(status, dict) else None
+    if not isinstance(raw, dict):
+        return None
+    try:
+        return LearningStatus.model_validate(raw)
+    except (ValidationError, RecursionError):
+        return None
+
+
+def learning_report(status: Any) -> dict[str, Any] | None:
+    """The diagnosis as ``-o json``/``-o yaml`` print it: the validated fields (camelCase) and ``summary``,
+    the line ``status`` prints (what was seen since when, and what to change); None without a valid one."""
+    learning = learning_status(status)
+    if learning is None:
+        return None
+    return {
+        **learning.model_dump(by_alias=True, exclude_none=True, mode="json"),
+        "summary": describe(learning),
+    }

@@ -8,8 +8,9 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
 
+from grpo_operator.api.learning_health import REASONS, describe
 from grpo_operator.api.workloads import COMPONENT_NAME_PATTERN, MAX_REWARD_COMPONENTS
-from grpo_operator.kubectl_plugin.data import as_float, step_of
+from grpo_operator.kubectl_plugin.data import as_float, learning_status, step_of
 
 BARS = "▁▂▃▄▅▆▇█"
 # C0 controls but newline and tab, DEL, and C1 controls (U+009B is CSI on its own): what a terminal
@@ -18,6 +19,10 @@ BARS = "▁▂▃▄▅▆▇█"
 # (OSC 52) or hide a link (OSC 8).
 _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
 TEXT_LIMIT = 64 << 10  # characters of one prompt or completion shown as text
+LABEL = 16  # width of the label column of `status`
+STATUS_WIDTH = 100  # `status` wraps its long lines (the learning-health diagnosis) at this width
+# Marks a line of `status` that needs the user's action, as samples mark a FORMAT FAILURE: in capitals.
+WARNING = "WARNING: "
 
 
 def terminal_safe(text: str) -> str:
@@ -138,6 +143,49 @@ def cost_lines(status: dict[str, Any]) -> list[str]:
     return lines
 
 
+def labelled(label: str, text: str, width: int = STATUS_WIDTH) -> list[str]:
+    """``text`` after ``label`` in the label column, wrapped at ``width`` under the text's first character."""
+    pieces = wrap(text, max(8, width - LABEL))
+    return [f"{label if i == 0 else '':<{LABEL}}{piece}".rstrip() for i, piece in enumerate(pieces)]
+
+
+def learning_lines(status: dict[str, Any], width: int = STATUS_WIDTH) -> list[str]:
+    """The learning-health diagnosis (status.learning): since when, what was seen and what to change, then
+    the figures it rests on. Nothing when it is absent or does not validate (the tenant's trainer writes it);
+    a diagnosis that needs a change starts with WARNING."""
+    learning = learning_status(status)
+    if learning is None:
+        return []
+    text = describe(learning)
+    if learning.reason == "Healthy":
+        text = f"Healthy: {text}"
+    if not learning.healthy or not REASONS[learning.reason].healthy:
+        text = WARNING + text
+    # describe() is one line (for the condition's message); here the change to make starts its own line.
+    seen, change, fix = text.partition(". Change: ")
+    lines = labelled("Learning", f"{seen}." if change else text, width)
+    if change:
+        lines.extend(labelled("", f"Change: {fix}", width))
+    figures = [
+        f"{name} {value:.4g}"
+        for name, value in (learning.figures.named() if learning.figures else {}).items()
+    ]
+    if learning.update_cause is not None:
+        figures.append(f"updateCause {learning.update_cause}")
+    where = "".join(
+        (
+            f" at step {learning.checked_step}" if learning.checked_step is not None else "",
+            f" over {learning.window_steps} steps" if learning.window_steps is not None else "",
+        )
+    )
+    if figures:
+        lines.extend(labelled("", f"figures{where}: {', '.join(figures)}", width))
+    elif where:
+        lines.extend(labelled("", f"checked{where}", width))
+    # Every word above comes from the API's fixed table and typed numbers; escaped all the same.
+    return [terminal_safe(line) for line in lines]
+
+
 def status_text(report: dict[str, Any], now: datetime | None = None) -> str:
     """What ``kubectl grpo status`` prints; ``report`` is what ``-o json`` prints."""
     status: dict[str, Any] = report.get("status") or {}
@@ -150,6 +198,8 @@ def status_text(report: dict[str, Any], now: datetime | None = None) -> str:
     lines.append(f"{'Phase':<16}{phase}{reason}")
     if status.get("message"):
         lines.append(f"{'':<16}{status['message']}")
+    # First after the phase: whether the job learns, and if not, what to change.
+    lines.extend(learning_lines(status))
     step = progress.get("display") or (str(progress["step"]) if "step" in progress else "-")
     timing = ""
     if progress.get("stepDurationSeconds") is not None:
