@@ -42,6 +42,11 @@ def test_toy_task_reward_rises_from_below_0_3_to_at_least_0_8(
     ]
     assert all(0.0 < r["update_ratio"] < 10.0 for r in records), [r["update_ratio"] for r in records]
     assert "changed almost none of the sampled weights" not in (tmp_path / "trainer.log").read_text()
+    # No false alarm: a run that learns is diagnosed Healthy at every step, then Solved once most groups
+    # tie at the top reward (the task is learned), never as not learning.
+    health = [r["learning_health"] for r in records]
+    assert set(health) <= {"Healthy", "Solved"} and health[0] == "Healthy", health
+    assert "Not learning" not in (tmp_path / "trainer.log").read_text()
     samples = read_jsonl(tmp_path / "out" / "samples.jsonl")
     assert {s["split"] for s in samples} == {"train", "validation"}
     assert (tmp_path / "out" / "model" / "config.json").is_file()
