@@ -133,6 +133,7 @@ def trained(kube: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator
     job["spec"]["grpo"]["steps"] = STEPS
     job["spec"]["grpo"]["validation"]["everySteps"] = 3
     job["spec"]["checkpoints"].update(everySteps=3, keepLast=2)
+    job["spec"]["tracking"] = {"tensorBoard": {"enabled": True}}
     operator = Operator(kube, namespace, tmp / "operator.log")
     operator.start()
     during: dict[str, Any] = {}
@@ -343,6 +344,13 @@ def test_checkpoints_and_export(trained: Trained, tmp_path: Path) -> None:
     assert "no checkpoint at step 1" in gone.stderr and f"[3, {STEPS}]" in gone.stderr
     busy = trained.plugin("export", "tiny", "--to", str(model), check=1)
     assert "not an empty directory" in busy.stderr
+
+    # spec.tracking.tensorBoard: the trainer's event files, through the operator's trainer.json.
+    board = tmp_path / "tensorboard"
+    proc = trained.plugin("export", "tiny", "--tensorboard", "--to", str(board))
+    assert "exported /workspace/output/tensorboard" in proc.stdout
+    assert f"tensorboard --logdir {board}" in proc.stdout
+    assert [p.name for p in board.iterdir() if p.name.startswith("events.out.tfevents.")]
 
 
 def test_after_the_pods_are_gone(kube: Cluster, trained: Trained) -> None:

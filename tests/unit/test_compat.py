@@ -43,6 +43,15 @@ def test_defaults_leave_trainer_json_and_the_gang_hash_as_they_were() -> None:
     assert dataset is not None and dataset.apply_chat_template is True  # the new trainer's default
     hashed = gang_hash_input(job)
     assert not keys(hashed) & LATER_KEYS and "inputs" not in hashed
+    # Added unset (None): absent from an upgraded job's trainer.json, which an older trainer image reads.
+    assert "tracking" not in json.loads(text) and "learningHealth" not in json.loads(text)["grpo"]
+
+
+def test_platform_learning_health_defaults_fill_what_the_job_leaves_unset() -> None:
+    settings = OperatorSettings(learning_health_defaults={"windowSteps": 20, "flatSteps": 60})
+    job = job_from_object(job_object(grpo={"learningHealth": {"windowSteps": 8}}))
+    health = json.loads(trainer_config_text(job, settings))["grpo"]["learningHealth"]
+    assert health == {"windowSteps": 8, "flatSteps": 60}
 
 
 @pytest.mark.parametrize(
@@ -52,6 +61,8 @@ def test_defaults_leave_trainer_json_and_the_gang_hash_as_they_were() -> None:
         {"dataset": {"systemPrompt": "Answer with ####."}},
         {"grpo": {"validation": {"everySteps": 0, "scorePath": "/validate"}}},
         {"inputs": [{"name": "data", "configMap": "prompts"}]},
+        {"tracking": {"tensorBoard": {"enabled": True}}},
+        {"grpo": {"learningHealth": {"windowSteps": 10}}},
     ],
 )
 def test_a_field_set_away_from_its_default_reaches_the_trainer_and_restarts_the_gang(

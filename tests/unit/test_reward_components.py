@@ -12,7 +12,7 @@ from grpo_metric.protocol import MAX_COMPONENTS, parse_result
 from grpo_operator.api.spec import GRPOJobSpec
 from grpo_operator.api.trainer_config import TrainerConfig
 from grpo_trainer.metric_client import ClientSettings, MetricClient
-from grpo_trainer.progress import MAX_REPORTED_COMPONENTS, ComponentNames
+from grpo_trainer.reported_components import MAX_REPORTED_COMPONENTS, ComponentNames
 from grpo_trainer.reward import ScoredBatch
 from pydantic import ValidationError
 

@@ -54,6 +54,7 @@ from grpo_trainer.steps import (
     load_tokenizer,
     restore,
     start_reporting,
+    tracking_options,
     train,
 )
 from grpo_trainer.trl_adapter import load_checkpoint_weights, save_checkpoint_now
@@ -213,6 +214,7 @@ def run_client_loop(
         lock=lock,
         cost=attempt_ledger(config, env.world_size, 0, reporting.status),
         learning=LearningMonitor(Thresholds.of(config.grpo.learning_health)),
+        **tracking_options(config, workspace),
     )
     gateway = None
     if env.is_main:

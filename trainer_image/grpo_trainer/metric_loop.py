@@ -23,6 +23,7 @@ from grpo_trainer.steps import (
     load_tokenizer,
     restore,
     start_reporting,
+    tracking_options,
     train,
 )
 
@@ -124,6 +125,7 @@ def run_metric_loop(
                 config, env.world_size, len(validation.rows) if validation else 0, reporting.status
             ),
             learning=LearningMonitor(Thresholds.of(config.grpo.learning_health)),
+            **tracking_options(config, workspace),
         )
         trainer = build_trainer(config, workspace, args, tokenizer, train_rows, reward, callback, reporting)
         reward.ends = CompletionEnds(

@@ -23,9 +23,11 @@ from grpo_trainer.cost import CostLedger
 from grpo_trainer.learning_health import LearningMonitor, StepFigures
 from grpo_trainer.metric_client import ErrorBudget
 from grpo_trainer.prom import TrainerMetrics, finite, logged_fields, set_logged_gauges
+from grpo_trainer.reported_components import ComponentNames
 from grpo_trainer.reward import MetricReward
 from grpo_trainer.signals import StopFlag
 from grpo_trainer.status import StatusReporter
+from grpo_trainer.tracking import TensorBoardTracker
 from grpo_trainer.trainer import ProjectGRPOTrainer, StepStats
 from grpo_trainer.training_state import TrainingState
 from grpo_trainer.trl_adapter import LOG_KEYS, PROJECT_LOG_KEYS, clear_eval_metrics, generate_completions
@@ -40,33 +42,6 @@ _STOP_NOT_LEARNING = 1
 
 # Groups per step written to samples.jsonl: enough for a person to read, small enough for long runs.
 SAMPLE_GROUPS_PER_STEP = 2
-# Reward components reported per job (status, metrics.jsonl, Prometheus series): the first names seen. A
-# metric that invents new names each step must not grow the status object or the series without bound.
-MAX_REPORTED_COMPONENTS = 16
-
-
-@dataclass
-class ComponentNames:
-    """The reward components a job reports: the first MAX_REPORTED_COMPONENTS names seen, in that order."""
-
-    names: list[str] = field(default_factory=list)
-    warned: bool = False
-
-    def reported(self, means: dict[str, float]) -> dict[str, float]:
-        for name in means:
-            if name not in self.names and len(self.names) < MAX_REPORTED_COMPONENTS:
-                self.names.append(name)
-        dropped = [name for name in means if name not in self.names]
-        if dropped and not self.warned:
-            self.warned = True
-            log.warning(
-                "the metric sent more than %d distinct reward component names; only the first are reported "
-                "(%s), not %s",
-                MAX_REPORTED_COMPONENTS,
-                ", ".join(self.names),
-                ", ".join(dropped[:5]),
-            )
-        return {name: means[name] for name in self.names if name in means}
 
 
 def iso_now() -> str:
@@ -138,6 +113,11 @@ class ProgressCallback(TrainerCallback):  # type: ignore[misc]
     _stop_not_learning: bool = False
     # The diagnosis the run stopped on (every rank; rank 0's words), for the exit's message.
     not_learning: str | None = None
+    # spec.tracking.tensorBoard: where rank 0 writes event files (None: off), and the resolved trainer.json
+    # it records there; the writer is opened when training begins, at the step resumed from.
+    tensorboard_dir: Path | None = None
+    configuration: str = ""
+    tracker: TensorBoardTracker | None = None
 
     # -- called from inside the generation round (every rank, global numbers) ----------------------------
 
@@ -157,6 +137,17 @@ class ProgressCallback(TrainerCallback):  # type: ignore[misc]
         return f"group {index} of the step"
 
     # -- HF TrainerCallback hooks ----------------------------------------------------------------------
+
+    def on_train_begin(self, args: Any, state: Any, control: Any, **_: Any) -> None:
+        if self.is_main and self.tensorboard_dir is not None and self.tracker is None:
+            step = int(state.global_step)
+            self.tracker = TensorBoardTracker(self.tensorboard_dir, resumed_step=step)
+            self.tracker.configuration(self.configuration, args.to_json_string(), step)
+
+    def on_train_end(self, args: Any, state: Any, control: Any, **_: Any) -> None:
+        if self.tracker is not None:
+            self.tracker.close()
+            self.tracker = None
 
     def on_step_begin(self, args: Any, state: Any, control: Any, **_: Any) -> None:
         self._step_started = time.monotonic()
@@ -276,8 +267,9 @@ class ProgressCallback(TrainerCallback):  # type: ignore[misc]
         if held is not None:
             record["rank_state_bytes"] = held
         self._append(self.output_dir / "metrics.jsonl", [record])
-        if fresh:
-            self._write_samples(step)
+        samples = self._write_samples(step) if fresh else []
+        if self.tracker is not None:
+            self.tracker.step(step, record, samples)
         if self.metrics is not None:
             self._export(stats, generated, logs, step)
             if rollout is not None:
@@ -491,7 +483,7 @@ class ProgressCallback(TrainerCallback):  # type: ignore[misc]
         m.rollout_wait_seconds.inc(rollout.waited_seconds)
         m.generation_overlap_ratio.set(self._overlap_ratio(rollout))
 
-    def _write_samples(self, step: int) -> None:
+    def _write_samples(self, step: int) -> list[dict[str, Any]]:
         assert self.trainer is not None
         s = self.trainer.grpo_samples
         limit = SAMPLE_GROUPS_PER_STEP * self.trainer.grpo_group_size
@@ -510,6 +502,7 @@ class ProgressCallback(TrainerCallback):  # type: ignore[misc]
             for i in range(min(limit, len(s.prompts)))
         ]
         self._append(self.output_dir / "samples.jsonl", lines)
+        return lines
 
     @staticmethod
     def _append(path: Path, records: list[dict[str, Any]]) -> None:
@@ -568,18 +561,18 @@ class ProgressCallback(TrainerCallback):  # type: ignore[misc]
                 self.validation.last_mean,
                 int(count),
             )
-            self._append(
-                self.output_dir / "samples.jsonl",
-                [
-                    {
-                        "step": step,
-                        "split": "validation",
-                        "prompt": item.prompt,
-                        "completion": item.completion,
-                        "reward": reward,
-                        "advantage": None,
-                        "formatFailure": result.kind == "format_failure",
-                    }
-                    for item, result, reward in zip(items, results, rewards, strict=True)
-                ],
-            )
+            lines = [
+                {
+                    "step": step,
+                    "split": "validation",
+                    "prompt": item.prompt,
+                    "completion": item.completion,
+                    "reward": reward,
+                    "advantage": None,
+                    "formatFailure": result.kind == "format_failure",
+                }
+                for item, result, reward in zip(items, results, rewards, strict=True)
+            ]
+            self._append(self.output_dir / "samples.jsonl", lines)
+            if self.tracker is not None:
+                self.tracker.validation(step, lines)

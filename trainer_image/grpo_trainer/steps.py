@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from grpo_operator.api.tracking import TENSORBOARD_SUBDIR
 from grpo_operator.api.trainer_config import TrainerConfig
 
 from grpo_trainer import memory_plan
@@ -232,6 +233,17 @@ def start_reporting(config: TrainerConfig, env: RuntimeEnv, workspace: Workspace
     metrics = TrainerMetrics.create(workspace.name, workspace.namespace)
     metrics.serve(config.metrics_port)
     return Reporting(metrics=metrics, status=_status_reporter(config, workspace.namespace, workspace.name))
+
+
+def tracking_options(config: TrainerConfig, workspace: Workspace) -> dict[str, Any]:
+    """The ProgressCallback's tracker settings (spec.tracking): TensorBoard's event-file directory on the
+    job's volume and the resolved configuration it records."""
+    if config.tracking is None or not config.tracking.tensorboard_enabled():
+        return {}
+    return {
+        "tensorboard_dir": workspace.output_dir / TENSORBOARD_SUBDIR,
+        "configuration": config.dump_json(),
+    }
 
 
 def build_trainer(

@@ -53,6 +53,7 @@ from grpo_operator.api.storage import (
     InputSpec,
     VolumeSpec,
 )
+from grpo_operator.api.tracking import TrackingSpec
 from grpo_operator.api.workloads import (
     COLOCATED,
     DEFAULT_TRAINER_IMAGE,
@@ -357,6 +358,9 @@ class GRPOJobSpec(ApiModel):
         default_factory=TrainerSpec, description="The trainer pods; topology is immutable."
     )
     checkpoints: CheckpointsSpec = Field(default_factory=CheckpointsSpec, description="Checkpointing.")
+    tracking: TrackingSpec | None = Field(
+        default=None, description="Experiment trackers the trainer reports to (TensorBoard)."
+    )
     scheduling: SchedulingSpec = Field(default_factory=SchedulingSpec, description="Placement and queueing.")
     run_policy: RunPolicySpec = Field(default_factory=RunPolicySpec, description="Restarts and deadlines.")
     image_pull_secrets: list[ImagePullSecret] = Field(

@@ -18,6 +18,7 @@ from grpo_operator.api.base import ApiModel
 from grpo_operator.api.compat import later_defaults_exclude
 from grpo_operator.api.spec import VOLUME_MOUNT_PATH as VOLUME_MOUNT_PATH
 from grpo_operator.api.spec import DatasetSpec, GRPOJobSpec, GRPOSpec, ModelSpec
+from grpo_operator.api.tracking import TrackingSpec
 from grpo_operator.api.workloads import DEFAULT_COLOCATE_MEMORY_SHARE
 
 CONFIG_MAP_KEY = "trainer.json"
@@ -232,6 +233,7 @@ class TrainerConfig(_ConfigModel):
     metric: MetricClientConfig | None = None
     rollouts: ClientRolloutsConfig | None = None
     checkpoints: CheckpointConfig = Field(default_factory=CheckpointConfig)
+    tracking: TrackingSpec | None = None
     output_dir: str = Field(
         default=DEFAULT_OUTPUT_DIR, min_length=1, description="samples.jsonl and metrics.jsonl go here."
     )
@@ -363,6 +365,7 @@ class TrainerConfig(_ConfigModel):
                 every_steps=spec.checkpoints.every_steps,
                 keep_last=spec.checkpoints.keep_last,
             ),
+            tracking=spec.tracking.model_copy(deep=True) if spec.tracking is not None else None,
             output_dir=output_dir,
             metrics_port=metrics_port,
         )

@@ -153,7 +153,7 @@ def gang_hash_input(job: Job) -> dict[str, Any]:
         del spec["generation"]["replicas"]
     # spec.rollouts is left out: its source never changes, and its client part (who may reach the
     # gateway, the gateway's token) shapes only the gateway and its NetworkPolicy.
-    keys = ("model", "dataset", "grpo", "generation", "trainer", "scheduling")
+    keys = ("model", "dataset", "grpo", "generation", "trainer", "scheduling", "tracking")
     shaped = {key: spec[key] for key in keys if key in spec}
     if spec.get("inputs"):
         shaped["inputs"] = spec["inputs"]

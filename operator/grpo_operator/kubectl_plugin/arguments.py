@@ -134,11 +134,19 @@ def parser() -> argparse.ArgumentParser:
 
     p = sub(
         "export",
-        "Copy the final model (default) or a checkpoint out of the job's volume into a local directory.",
-        f"  {PROG} export qwen-gsm8k --to ./model\n  {PROG} export qwen-gsm8k --step 200 --to ./step-200",
+        "Copy the final model (default), a checkpoint or the TensorBoard event files out of the job's volume "
+        "into a local directory.",
+        f"  {PROG} export qwen-gsm8k --to ./model\n  {PROG} export qwen-gsm8k --step 200 --to ./step-200\n"
+        f"  {PROG} export qwen-gsm8k --tensorboard --to ./tb && tensorboard --logdir ./tb",
     )
     _reader_flags(p)
-    p.add_argument("--step", type=int, help="export checkpoint step-N instead of the final model")
+    what = p.add_mutually_exclusive_group()
+    what.add_argument("--step", type=int, help="export checkpoint step-N instead of the final model")
+    what.add_argument(
+        "--tensorboard",
+        action="store_true",
+        help="export the TensorBoard event files (spec.tracking.tensorBoard.enabled) instead of the model",
+    )
     p.add_argument("--to", required=True, metavar="DIR", help="local directory; must not exist or be empty")
 
     p = sub(

@@ -19,6 +19,7 @@ import urllib3
 
 from grpo_operator.api.event_reasons import RESTART_OR_FAILURE_REASONS
 from grpo_operator.api.status import TERMINAL_PHASES
+from grpo_operator.api.tracking import TENSORBOARD_SUBDIR
 from grpo_operator.builders.common import (
     LABEL_ATTEMPT,
     LABEL_GENERATION_REPLICA,
@@ -252,7 +253,14 @@ def cmd_export(kube: Kube, args: argparse.Namespace) -> int:
     with open_reader(kube, job, args) as volume:
         listing = checkpoint_listing(volume)
         steps = [c["step"] for c in listing["checkpoints"]]
-        if args.step is not None:
+        if args.tensorboard:
+            source = f"{data.OUTPUT_DIR}/{TENSORBOARD_SUBDIR}"
+            if not volume.list_dir(source):
+                raise NotFound(
+                    f"no TensorBoard event files in {source} ({where(job)}): the trainer writes them only with "
+                    "spec.tracking.tensorBoard.enabled: true, from its first step on"
+                )
+        elif args.step is not None:
             if args.step not in steps:
                 raise NotFound(
                     f"no checkpoint at step {args.step} ({where(job)}; checkpoints: {steps or 'none'})"
@@ -275,6 +283,8 @@ def cmd_export(kube: Kube, args: argparse.Namespace) -> int:
     files = [p for p in dest.rglob("*") if p.is_file() and not p.is_symlink()]
     size = sum(p.stat().st_size for p in files)
     out(f"exported {source} ({len(files)} files, {size / 1e6:.1f} MB) to {dest}")
+    if args.tensorboard:
+        out(f"view them with: tensorboard --logdir {dest}")
     return EXIT_OK
 
 
