@@ -51,7 +51,9 @@ def numbers(record: Mapping[str, Any], prefix: str = "") -> dict[str, float]:
         name = f"{prefix}{key}"
         if isinstance(value, Mapping):
             found.update(numbers(value, f"{name}/"))
-        elif isinstance(value, bool) or (isinstance(value, int | float) and math.isfinite(value) and name != "step"):
+        elif isinstance(value, bool) or (
+            isinstance(value, int | float) and math.isfinite(value) and name != "step"
+        ):
             found[name] = float(value)
     return found
 
