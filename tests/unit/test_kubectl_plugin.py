@@ -560,7 +560,7 @@ def test_status_text_shows_what_the_job_used_of_its_plan() -> None:
     text = render.status_text({"name": "j", "namespace": "ns", "status": {"rollouts": 16000, "cost": cost}})
     assert "Rollouts        1,234 of 16,000 (R)" in text
     assert "Metric calls    1,300 of 16,640" in text
-    assert "GPU time        generation 0.50 GPU-h, training 2.00 GPU-h" in text
+    assert "GPU time        generation 30.0 GPU-min, training 2.00 GPU-h" in text
     # Before the trainer reports, the operator's planned R alone; a malformed cost is not shown.
     early = render.status_text({"name": "j", "namespace": "ns", "status": {"rollouts": 96, "cost": "x"}})
     assert "Rollouts        96 (R)" in early and "Metric calls" not in early

@@ -217,3 +217,30 @@ def test_json_and_yaml_say_null_for_a_malformed_diagnosis(
     assert report["status"]["learning"] == learning
     text = run_status({"phase": "Running", "learning": learning}, None, capsys)
     assert "Learning" not in text and acted_on(text) == set()
+
+
+def test_gpu_time_is_shown_in_the_unit_that_fits() -> None:
+    from grpo_operator.kubectl_plugin.render import gpu_time
+
+    assert gpu_time(12.6) == "12.6 GPU-s"
+    assert gpu_time(252.0) == "4.2 GPU-min"
+    assert gpu_time(4.5 * 3600) == "4.50 GPU-h"
+
+
+def test_a_running_job_shows_the_time_left_at_the_last_steps_pace() -> None:
+    from grpo_operator.kubectl_plugin.render import status_text
+
+    progress = {"step": 40, "totalSteps": 100, "display": "40/100", "stepDurationSeconds": 30.0}
+    running = {"name": "j", "namespace": "n", "status": {"phase": "Running", "progress": progress}}
+    step_line = next(line for line in status_text(running).splitlines() if line.startswith("Step"))
+    assert "30.0s/step" in step_line and step_line.endswith("about 30 min left"), step_line
+    done = {**running, "status": {"phase": "Succeeded", "progress": {**progress, "step": 100}}}
+    assert "left" not in status_text(done)
+
+
+def test_the_plugin_without_arguments_prints_its_help(capsys: pytest.CaptureFixture[str]) -> None:
+    from grpo_operator.kubectl_plugin.cli import main
+
+    assert main([]) == 0
+    printed = capsys.readouterr().out
+    assert "status" in printed and "samples" in printed and "export" in printed

@@ -373,7 +373,12 @@ def report(exc: PluginError) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parser().parse_args(argv)
+    given = sys.argv[1:] if argv is None else argv
+    if not given:
+        # `kubectl grpo` alone: what it can do, not argparse's "the following arguments are required".
+        parser().print_help()
+        return EXIT_OK
+    args = parser().parse_args(given)
     try:
         kube = Kube(args.kubeconfig, args.context, args.namespace)
         match args.command:

@@ -14,6 +14,7 @@ import matplotlib
 
 matplotlib.use("Agg")  # no display on servers and CI
 import matplotlib.pyplot as plt
+from matplotlib.ticker import MaxNLocator
 
 from grpo_operator.kubectl_plugin.data import as_float, step_of
 
@@ -38,6 +39,7 @@ def plot_rows(rows: list[dict[str, Any]], out_png: Path, title: str) -> Path:
     if val:
         ax.plot(*zip(*val, strict=True), "o-", color="tab:orange", label="validation reward (mean)")
     ax.set_xlabel("step")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # steps are whole: no 2.5 on the axis
     ax.set_ylabel("reward")
     ax.set_title(title)
     ax.grid(alpha=0.3)

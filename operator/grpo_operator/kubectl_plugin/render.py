@@ -137,10 +137,35 @@ def cost_lines(status: dict[str, Any]) -> list[str]:
         as_float(cost.get("trainingGpuSeconds")),
     )
     if generation is not None and training is not None:
-        lines.append(
-            f"{'GPU time':<16}generation {generation / 3600:.2f} GPU-h, training {training / 3600:.2f} GPU-h"
-        )
+        lines.append(f"{'GPU time':<16}generation {gpu_time(generation)}, training {gpu_time(training)}")
     return lines
+
+
+def gpu_time(seconds: float) -> str:
+    """GPU time in the unit that fits: a tiny job's 12.6 GPU-seconds are not '0.00 GPU-h'."""
+    if seconds < 60:
+        return f"{seconds:.1f} GPU-s"
+    if seconds < 3600:
+        return f"{seconds / 60:.1f} GPU-min"
+    return f"{seconds / 3600:.2f} GPU-h"
+
+
+def duration(seconds: float) -> str:
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    if seconds < 90 * 60:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
+def eta(status: dict[str, Any]) -> str:
+    """'   about N left' for a running job: the steps left at the last step's pace ('' when unknown)."""
+    progress = status.get("progress") or {}
+    step, total = as_float(progress.get("step")), as_float(progress.get("totalSteps"))
+    pace = as_float(progress.get("stepDurationSeconds"))
+    if status.get("phase") != "Running" or step is None or total is None or pace is None or total <= step:
+        return ""
+    return f", about {duration((total - step) * pace)} left"
 
 
 def labelled(label: str, text: str, width: int = STATUS_WIDTH) -> list[str]:
@@ -203,7 +228,10 @@ def status_text(report: dict[str, Any], now: datetime | None = None) -> str:
     step = progress.get("display") or (str(progress["step"]) if "step" in progress else "-")
     timing = ""
     if progress.get("stepDurationSeconds") is not None:
-        timing = f"   {progress['stepDurationSeconds']:.1f}s/step, last step {age(progress.get('lastStepTime'), now)}"
+        timing = (
+            f"   {progress['stepDurationSeconds']:.1f}s/step, last step {age(progress.get('lastStepTime'), now)}"
+            f"{eta(status)}"
+        )
     lines.append(f"{'Step':<16}{step}{timing}")
     lines.extend(cost_lines(status))
     trend = report.get("trend") or {}
