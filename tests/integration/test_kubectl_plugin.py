@@ -353,6 +353,16 @@ def test_checkpoints_and_export(trained: Trained, tmp_path: Path) -> None:
     assert [p.name for p in board.iterdir() if p.name.startswith("events.out.tfevents.")]
 
 
+def test_a_trainer_attempts_log_is_kept_on_the_volume(trained: Trained) -> None:
+    kept = trained.plugin("logs", "tiny", "--attempt", "1")
+    assert "(trainer attempt 1, rank 0; kept on the job's volume)" in kept.stderr
+    assert "validation at step" in kept.stdout and "TensorBoard: writing event files" in kept.stdout
+    tail = trained.plugin("logs", "tiny", "--attempt", "1", "--tail", "3").stdout.splitlines()
+    assert tail == kept.stdout.splitlines()[-3:]
+    missing = trained.plugin("logs", "tiny", "--attempt", "7", check=3)
+    assert "no log of trainer rank 0 in attempt 7" in missing.stderr and "attempt-1" in missing.stderr
+
+
 def test_after_the_pods_are_gone(kube: Cluster, trained: Trained) -> None:
     kube.kubectl("delete", "pods", "-n", trained.namespace, "-l", "grpo.dev/job=tiny", "--wait=true")
     status = trained.plugin("status", "tiny").stdout

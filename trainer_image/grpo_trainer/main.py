@@ -14,8 +14,9 @@ import os
 import signal
 import sys
 import traceback
+from pathlib import Path
 
-from grpo_operator.api.trainer_config import TrainerConfig
+from grpo_operator.api.trainer_config import TrainerConfig, trainer_log_path
 
 from grpo_trainer.errors import (
     CheckpointMismatch,
@@ -30,6 +31,7 @@ from grpo_trainer.errors import (
 )
 from grpo_trainer.gateway_client import GatewayProtocolError, GatewayUnavailable
 from grpo_trainer.grpo_config import RuntimeEnv, load_config
+from grpo_trainer.log_capture import capture_output
 from grpo_trainer.metric_client import MetricServiceUnavailable
 from grpo_trainer.signals import StopFlag
 from grpo_trainer.steps import check_memory, claim_workspace, plan_steps
@@ -66,6 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         env = RuntimeEnv.from_environ()
         config = load_config(argv[0] if argv else None)
+        capture_output(Path(trainer_log_path(config.output_dir, env.attempt, env.rank)))
         return run(config, env)
     except ConfigError as exc:
         return fail(ExitCode.CONFIG_INVALID, str(exc))

@@ -29,6 +29,15 @@ DEFAULT_CHECKPOINT_DIR = f"{VOLUME_MOUNT_PATH}/checkpoints"
 DEFAULT_OUTPUT_DIR = f"{VOLUME_MOUNT_PATH}/output"
 # Where rank 0 writes the weights vLLM reloads (spec.generation.weightSync: Volume), on the job's volume.
 WEIGHT_SYNC_SUBDIR = "weight-sync"
+# Under outputDir: each trainer process's stderr, kept past its pod (a gang restart deletes every pod, and
+# with them the logs Kubernetes holds): logs/attempt-<trainerAttempt>/rank-<global rank>.log.
+TRAINER_LOGS_SUBDIR = "logs"
+
+
+def trainer_log_path(output_dir: str, attempt: int, rank: int) -> str:
+    return f"{output_dir}/{TRAINER_LOGS_SUBDIR}/attempt-{attempt}/rank-{rank}.log"
+
+
 VLLM_SERVER_PORT = 8000
 # TRL's vllm_group_port default: the weight-sync rendezvous, bound on trainer rank 0.
 WEIGHT_SYNC_PORT = 51216

@@ -153,7 +153,8 @@ def parser() -> argparse.ArgumentParser:
         "logs",
         "Logs of one of the job's pods (default: trainer rank 0 of the current attempt).",
         f"  {PROG} logs qwen-gsm8k -f\n  {PROG} logs qwen-gsm8k --role generation\n"
-        f"  {PROG} logs qwen-gsm8k --role generation --replica 1\n  {PROG} logs qwen-gsm8k --rank 1 --tail 100",
+        f"  {PROG} logs qwen-gsm8k --role generation --replica 1\n  {PROG} logs qwen-gsm8k --rank 1 --tail 100\n"
+        f"  {PROG} logs qwen-gsm8k --attempt 1 --tail 50   (the first attempt's trainer, from the volume)",
     )
     p.add_argument("--role", choices=("trainer", "generation", "metric", "rollouts"), default="trainer")
     p.add_argument(
@@ -171,6 +172,13 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument("-f", "--follow", action="store_true", help="stream new lines")
     p.add_argument("--tail", type=int, help="only the last N lines")
+    p.add_argument(
+        "--attempt",
+        type=int,
+        help="a trainer gang attempt's log as kept on the job's volume, also once its pods are gone (after a "
+        "restart, a failure or the end); --rank is then the trainer process's global rank",
+    )
+    _reader_flags(p)
 
     sub(
         "suspend",

@@ -20,6 +20,7 @@ import urllib3
 from grpo_operator.api.event_reasons import RESTART_OR_FAILURE_REASONS
 from grpo_operator.api.status import TERMINAL_PHASES
 from grpo_operator.api.tracking import TENSORBOARD_SUBDIR
+from grpo_operator.api.trainer_config import TRAINER_LOGS_SUBDIR, trainer_log_path
 from grpo_operator.builders.common import (
     LABEL_ATTEMPT,
     LABEL_GENERATION_REPLICA,
@@ -318,6 +319,8 @@ def _trailing_number(name: str) -> int:
 
 
 def cmd_logs(kube: Kube, args: argparse.Namespace) -> int:
+    if args.attempt is not None:
+        return attempt_log(kube, args)
     kube.require(LOGS)
     job = kube.job(args.job)
     pods = kube.pods(f"{LABEL_JOB}={args.job},{LABEL_ROLE}={args.role}")
@@ -336,6 +339,36 @@ def cmd_logs(kube: Kube, args: argparse.Namespace) -> int:
     out(f"# pod {name}, container {container}", err=True)
     for chunk in kube.log_chunks(name, container, args.follow, args.tail):
         out(chunk, end="")
+    return EXIT_OK
+
+
+# Bytes read from the end of a kept log for --tail: the lines asked for, at up to 1 kB each.
+_TAIL_BYTES_PER_LINE = 1024
+
+
+def attempt_log(kube: Kube, args: argparse.Namespace) -> int:
+    """A trainer process's output as the trainer kept it on the volume (log_capture.py)."""
+    if args.role != "trainer" or args.follow:
+        raise PluginError("--attempt reads the trainer's log kept on the volume: drop --role and --follow")
+    job = kube.job(args.job)
+    path = trainer_log_path(data.OUTPUT_DIR, args.attempt, args.rank)
+    with open_reader(kube, job, args) as volume:
+        size = volume.size(path)
+        if size is None:
+            kept = volume.list_dir(f"{data.OUTPUT_DIR}/{TRAINER_LOGS_SUBDIR}") or []
+            raise NotFound(
+                f"no log of trainer rank {args.rank} in attempt {args.attempt} on the volume ({where(job)}); "
+                f"attempts kept: {', '.join(sorted(kept)) or 'none'}"
+            )
+        start = 0 if args.tail is None else max(0, size - args.tail * _TAIL_BYTES_PER_LINE)
+        text = b"".join(volume.chunks(path, start, size - start)).decode("utf-8", errors="replace")
+    # splitlines also ends a line at a bare carriage return: progress bars become their successive states.
+    lines = text.splitlines()
+    if args.tail is not None:
+        lines = lines[-args.tail :] if args.tail > 0 else []
+    out(f"# {path} (trainer attempt {args.attempt}, rank {args.rank}; kept on the job's volume)", err=True)
+    for line in lines:
+        out(render.terminal_safe(line))
     return EXIT_OK
 
 
