@@ -353,6 +353,14 @@ def test_checkpoints_and_export(trained: Trained, tmp_path: Path) -> None:
     assert [p.name for p in board.iterdir() if p.name.startswith("events.out.tfevents.")]
 
 
+def test_status_watch_of_a_finished_job_reports_once_with_its_trend(trained: Trained) -> None:
+    watched = trained.plugin("status", "tiny", "--watch", "--interval", "1").stdout
+    assert watched.count("(every 1s until the job finishes; Ctrl-C stops)") == 1
+    assert "Phase           Succeeded" in watched
+    reward = next(line for line in watched.splitlines() if line.startswith("Reward"))
+    assert set(reward.split()[2]) <= BARS, reward  # the trend, read through the watch's one reader pod
+
+
 def test_a_trainer_attempts_log_is_kept_on_the_volume(trained: Trained) -> None:
     kept = trained.plugin("logs", "tiny", "--attempt", "1")
     assert "(trainer attempt 1, rank 0; kept on the job's volume)" in kept.stderr

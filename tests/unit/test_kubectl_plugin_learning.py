@@ -184,7 +184,15 @@ class FakeKube:
 
 
 def run_status(status: dict[str, Any], output: str | None, capsys: pytest.CaptureFixture[str]) -> str:
-    args = argparse.Namespace(job="j", no_trend=True, output=output, reader_image="img", reader_timeout=60)
+    args = argparse.Namespace(
+        job="j",
+        no_trend=True,
+        output=output,
+        reader_image="img",
+        reader_timeout=60,
+        watch=False,
+        interval=10.0,
+    )
     assert cli.cmd_status(FakeKube(status), args) == 0  # type: ignore[arg-type]
     return capsys.readouterr().out
 
@@ -244,3 +252,36 @@ def test_the_plugin_without_arguments_prints_its_help(capsys: pytest.CaptureFixt
     assert main([]) == 0
     printed = capsys.readouterr().out
     assert "status" in printed and "samples" in printed and "export" in printed
+
+
+class ChangingKube(FakeKube):
+    """A job whose status moves on each time it is read."""
+
+    def __init__(self, statuses: list[dict[str, Any]]) -> None:
+        super().__init__(statuses[0])
+        self.statuses = statuses
+        self.reads = 0
+
+    def job(self, name: str) -> dict[str, Any]:
+        self.status = self.statuses[min(self.reads, len(self.statuses) - 1)]
+        self.reads += 1
+        return super().job(name)
+
+
+def test_status_watch_reports_until_the_job_finishes(capsys: pytest.CaptureFixture[str]) -> None:
+    progress = {"totalSteps": 3, "stepDurationSeconds": 2.0}
+    kube = ChangingKube(
+        [
+            {"phase": "Running", "progress": {**progress, "step": 1, "display": "1/3"}},
+            {"phase": "Running", "progress": {**progress, "step": 2, "display": "2/3"}},
+            {"phase": "Succeeded", "progress": {**progress, "step": 3, "display": "3/3"}},
+        ]
+    )
+    pauses: list[float] = []
+    args = argparse.Namespace(job="j", no_trend=True, output=None, watch=True, interval=7.0)
+    assert cli.watch_status(kube, args, None, pauses.append) == 0  # type: ignore[arg-type]
+    printed = capsys.readouterr().out
+    steps = [line.split()[1] for line in printed.splitlines() if line.startswith("Step")]
+    assert steps == ["1/3", "2/3", "3/3"] and pauses == [7.0, 7.0]
+    assert printed.count("(every 7s until the job finishes; Ctrl-C stops)") == 3
+    assert "about 4 s left" in printed and printed.rstrip().count("Phase           Succeeded") == 1

@@ -84,11 +84,21 @@ def parser() -> argparse.ArgumentParser:
     p = sub(
         "status",
         "Phase, step/S, reward and format-failure trends, last checkpoint, conditions, why pending, restarts.",
-        f"  {PROG} status qwen-gsm8k -n team-math\n  {PROG} status qwen-gsm8k -o yaml",
+        f"  {PROG} status qwen-gsm8k -n team-math\n  {PROG} status qwen-gsm8k -o yaml\n"
+        f"  {PROG} status qwen-gsm8k --watch --interval 30",
     )
     _output(p)
     _reader_flags(p)
     p.add_argument("--no-trend", action="store_true", help="skip the trend (no reader pod; status only)")
+    p.add_argument(
+        "-w",
+        "--watch",
+        action="store_true",
+        help="print the status again every --interval seconds until the job ends",
+    )
+    p.add_argument(
+        "--interval", type=float, default=10.0, help="seconds between reports with --watch (default 10)"
+    )
 
     p = sub(
         "samples",

@@ -57,7 +57,23 @@ def open_reader(kube: Kube, job: dict[str, Any], args: argparse.Namespace, lifet
 # -- subcommands --------------------------------------------------------------------------------
 
 
-def status_report(kube: Kube, job: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
+def _trend(report: dict[str, Any], volume: VolumeTransport) -> None:
+    rows = Tail(volume, data.METRICS_FILE).first(complete=True) or []
+    report["trend"] = {
+        "steps": [data.step_of(r) for r in rows],
+        "reward": data.series(rows, "reward_mean"),
+        "formatFailureRatio": data.series(rows, "format_failure_ratio"),
+        "validation": data.series(rows, "validation_mean"),
+    }
+    if not rows:
+        report["trendUnavailable"] = "no step finished yet"
+
+
+def status_report(
+    kube: Kube, job: dict[str, Any], args: argparse.Namespace, volume: VolumeTransport | None = None
+) -> dict[str, Any]:
+    """What ``status`` shows; the trend is read through ``volume`` when given (``--watch`` keeps one reader
+    pod for all its reports), else through a reader pod of its own."""
     name = job["metadata"]["name"]
     status = job.get("status") or {}
     report: dict[str, Any] = {"name": name, "namespace": kube.namespace, "status": status}
@@ -65,21 +81,16 @@ def status_report(kube: Kube, job: dict[str, Any], args: argparse.Namespace) -> 
     # is absent or malformed): what `status` prints first.
     report["learning"] = data.learning_report(status)
     if not args.no_trend:
-        absent = kube.missing(READER)
+        absent = kube.missing(READER) if volume is None else []
         if absent:
             report["trendUnavailable"] = "you may not " + ", ".join(p.text() for p in absent)
         else:
             try:
-                with reader(kube, job, args.reader_image, args.reader_timeout, 300) as volume:
-                    rows = Tail(volume, data.METRICS_FILE).first(complete=True) or []
-                report["trend"] = {
-                    "steps": [data.step_of(r) for r in rows],
-                    "reward": data.series(rows, "reward_mean"),
-                    "formatFailureRatio": data.series(rows, "format_failure_ratio"),
-                    "validation": data.series(rows, "validation_mean"),
-                }
-                if not rows:
-                    report["trendUnavailable"] = "no step finished yet"
+                if volume is not None:
+                    _trend(report, volume)
+                else:
+                    with reader(kube, job, args.reader_image, args.reader_timeout, 300) as own:
+                        _trend(report, own)
             except PluginError as exc:
                 report["trendUnavailable"] = str(exc)
     events = kube.events(job["metadata"]["uid"])
@@ -122,12 +133,45 @@ def status_report(kube: Kube, job: dict[str, Any], args: argparse.Namespace) -> 
 
 def cmd_status(kube: Kube, args: argparse.Namespace) -> int:
     job = kube.job(args.job)
+    if args.watch:
+        if not args.interval > 0:
+            raise PluginError(f"--interval must be more than 0 seconds, got {args.interval:g}")
+        if args.no_trend or kube.missing(READER):
+            return watch_status(kube, args, None)
+        with open_reader(kube, job, args, lifetime=24 * 3600) as volume:
+            return watch_status(kube, args, volume)
     report = status_report(kube, job, args)
     if args.output:
         emit(report, args.output)
     else:
         out(render.status_text(report))
     return EXIT_OK
+
+
+def watch_status(
+    kube: Kube,
+    args: argparse.Namespace,
+    volume: VolumeTransport | None,
+    pause: Callable[[float], None] = time.sleep,
+) -> int:
+    """``status --watch``: the status again every --interval seconds until the job has finished (one JSON or
+    YAML document each with -o). Without a volume to read (--no-trend, or no permission for the reader
+    pod) the reports carry no trend."""
+    if volume is None:
+        args.no_trend = True
+    while True:
+        job = kube.job(args.job)
+        report = status_report(kube, job, args, volume)
+        if args.output:
+            emit(report, args.output)
+        else:
+            out(
+                f"--- {time.strftime('%H:%M:%S')} (every {args.interval:g}s until the job finishes; Ctrl-C stops)"
+            )
+            out(render.status_text(report))
+        if (job.get("status") or {}).get("phase") in TERMINAL_PHASES:
+            return EXIT_OK
+        pause(args.interval)
 
 
 def cmd_samples(kube: Kube, args: argparse.Namespace) -> int:
