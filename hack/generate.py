@@ -9,7 +9,8 @@ docs/operations.md from ``reconcile/restart_policy.py`` (``hack/restart_table.py
 docs/trainer.md's exit-code table from the catalogs in ``api`` (``hack/catalog_tables.py``); the alert table of
 docs/runbooks/README.md from the chart's alert values (``hack/runbook_index.py``); the child-kinds table
 of docs/scaling.md from ``builders/child_kinds.py`` (``hack/child_kinds_table.py``); the learning-health
-tables of docs/concepts.md from ``api/learning_health.py`` (``hack/learning_health_table.py``).
+tables of docs/concepts.md from ``api/learning_health.py`` (``hack/learning_health_table.py``); docs/coming-from-trl.md
+from ``api/advice.py`` (``hack/trl_names_table.py``).
 tests/unit/test_generated.py fails while any of them is stale.
 """
 
@@ -27,6 +28,7 @@ from hack import (
     learning_health_table,
     restart_table,
     runbook_index,
+    trl_names_table,
 )
 from hack.helm import dashboard
 
@@ -44,6 +46,7 @@ def outputs() -> dict[Path, str]:
         child_kinds_table.OUTPUT: child_kinds_table.render_text(),
         runbook_index.OUTPUT: runbook_index.render_text(),
         learning_health_table.OUTPUT: learning_health_table.render_text(),
+        trl_names_table.OUTPUT: trl_names_table.render_text(),
     }
 
 

@@ -36,9 +36,12 @@ def test_monitoring_is_off_by_default(defaults: list[Doc]) -> None:
         "Deployment",
         "Service",
         "ServiceAccount",
+        # platform limits, trainer status, job labels (deny); warnings (warn)
         "ValidatingAdmissionPolicy",
         "ValidatingAdmissionPolicy",
         "ValidatingAdmissionPolicy",
+        "ValidatingAdmissionPolicy",
+        "ValidatingAdmissionPolicyBinding",
         "ValidatingAdmissionPolicyBinding",
         "ValidatingAdmissionPolicyBinding",
         "ValidatingAdmissionPolicyBinding",

@@ -122,9 +122,9 @@ INVALID_CASES: list[Case] = [
         {"spec.generation": {"gpus": 8, "tensorParallelSize": 4}},
     ),
     case(
-        "generation-gpus-without-tensor-parallel",
-        "spec.generation.tensorParallelSize",
-        {"spec.generation.gpus": 2},
+        "colocate-with-generation-gpus",
+        "spec.generation.mode",
+        {"spec.generation": {"mode": "Colocate", "gpus": 2}},
     ),
     case(
         "env-value-and-value-from",

@@ -135,7 +135,7 @@ def test_descriptions_defaults_and_bounds_come_from_the_models() -> None:
     grpo = spec["properties"]["grpo"]
     g = grpo["properties"]["groupSize"]
     assert (g["minimum"], g["maximum"], g["type"]) == (2, 256, "integer")
-    assert g["description"] == GRPOSpec.model_fields["group_size"].description
+    assert g["description"].startswith(GRPOSpec.model_fields["group_size"].description)
     temp = grpo["properties"]["temperature"]
     assert temp["minimum"] == 0 and temp["exclusiveMinimum"] is True and temp["default"] == 1.0
     assert grpo["properties"]["lossType"]["enum"] == [
@@ -239,3 +239,31 @@ def test_docs_show_defaults_and_constraints() -> None:
     line = next(ln for ln in doc.splitlines() if ln.startswith("| `spec.grpo.scaleRewards`"))
     assert '`"group"`' in line and "`batch`" in line
     assert Path(ROOT / "docs" / "api.md").read_text() == doc
+
+
+def test_kubectl_explain_shows_every_spec_fields_default_and_bounds() -> None:
+    # `kubectl explain` prints a field's type and description only, so the description carries the rest.
+    spec = _schema()["properties"]["spec"]
+    missing = []
+    for path, node in _nodes(spec, "spec"):
+        description = node.get("description", "")
+        default = node.get("default")
+        if default is not None and not isinstance(default, dict | list) and "Default: " not in description:
+            missing.append(f"{path}: default")
+        # A map's values have no description of their own: their bounds are said on the map (below).
+        bounded = "minimum" in node or "maximum" in node
+        if bounded and "Allowed: " not in description and not path.endswith("{}"):
+            missing.append(f"{path}: bounds")
+    assert missing == []
+    generation = spec["properties"]["generation"]["properties"]
+    assert generation["gpus"]["description"].endswith("Default: 1. Allowed: >= 1, <= 8.")
+    assert generation["image"]["description"].endswith(
+        'Default: "vllm/vllm-openai:v0.31.0". 1 to 512 characters.'
+    )
+    weights = spec["properties"]["metric"]["properties"]["rewardWeights"]["description"]
+    assert weights.endswith("Each value: Allowed: >= -1000000, <= 1000000.")
+    loss = spec["properties"]["grpo"]["properties"]["lossType"]["description"]
+    assert loss.endswith('Default: spec.grpo.preset\'s value, else "dapo".')
+    # docs/api.md has columns of its own for them.
+    plain = build_crd(explain=False)["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    assert "Default:" not in plain["properties"]["generation"]["properties"]["gpus"]["description"]

@@ -58,7 +58,7 @@ RULE_BREAKERS: dict[CelRule, dict[str, Any]] = {
         "spec.metric.env": [{"name": "T", "value": "x", "valueFrom": _SECRET}]
     },
     MetricSpec.Rules.reward_weight_names: {"spec.metric.rewardWeights": {"Accuracy": 1.0}},
-    GenerationSpec.Rules.tp_equals_gpus: {"spec.generation.gpus": 2},
+    GenerationSpec.Rules.tp_equals_gpus: {"spec.generation": {"gpus": 2, "tensorParallelSize": 1}},
     GenerationSpec.Rules.no_gpus_in_resources: {
         "spec.generation.resources": {"limits": {"nvidia.com/mig-1g.10gb": 1}}
     },
@@ -181,6 +181,21 @@ def test_the_validator_raises_the_rule_it_names(rule: CelRule) -> None:
     with pytest.raises(pydantic.ValidationError) as info:
         GRPOJob.model_validate(with_changes(RULE_BREAKERS[rule]))
     errors = info.value.errors()
-    assert [e["msg"].removeprefix("Value error, ") for e in errors] == [rule.message]
+    assert len(errors) == 1
     cause = (errors[0].get("ctx") or {}).get("error")
     assert isinstance(cause, RuleViolation) and cause.rule is rule
+    message = errors[0]["msg"].removeprefix("Value error, ")
+    # A rule with a message expression adds this job's numbers after its fixed message.
+    assert message == rule.message if rule.message_expression is None else message.startswith(rule.message)
+
+
+def test_the_divisibility_error_gives_the_numbers() -> None:
+    with pytest.raises(pydantic.ValidationError) as info:
+        GRPOJob.model_validate(
+            with_changes(
+                {"spec.grpo.promptsPerStep": 6, "spec.grpo.groupSize": 3, "spec.trainer.gpusPerNode": 4}
+            )
+        )
+    assert info.value.errors()[0]["msg"].endswith(
+        ". Here B*G = 6*3 = 18 and the data-parallel batch is 1*4*1 = 4"
+    )

@@ -85,10 +85,10 @@ def test_generation_adds_no_gpus_and_kueue_admits_the_trainers_alone() -> None:
     [
         (
             {"replicas": 2, "weightSync": "Volume"},
-            "replicas, weightSync and a tensorParallelSize other than 1",
+            "replicas, weightSync, gpus and tensorParallelSize",
         ),
-        ({"weightSync": "NCCL"}, "replicas, weightSync and a tensorParallelSize other than 1"),
-        ({"gpus": 2, "tensorParallelSize": 2}, "replicas, weightSync and a tensorParallelSize other than 1"),
+        ({"weightSync": "NCCL"}, "replicas, weightSync, gpus and tensorParallelSize"),
+        ({"gpus": 2, "tensorParallelSize": 2}, "replicas, weightSync, gpus and tensorParallelSize"),
     ],
 )
 def test_server_settings_are_refused_in_colocate_mode(generation: dict[str, Any], rule: str) -> None:

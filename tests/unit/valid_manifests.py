@@ -86,6 +86,7 @@ VALID_CASES: list[Case] = [
         "",
         {"spec.generation": {"gpus": 4, "tensorParallelSize": 4, "maxModelLen": 4096}},
     ),
+    case("tensor-parallel-follows-gpus", "", {"spec.generation.gpus": 2}),
     case(
         "multi-node-rwx",
         "",

@@ -26,8 +26,8 @@ class RuleViolation(ValueError):
     ``field_path`` (relative, like a CEL ``fieldPath``) names the field the error is reported at.
     """
 
-    def __init__(self, rule: CelRule) -> None:
-        super().__init__(rule.message)
+    def __init__(self, rule: CelRule, message: str | None = None) -> None:
+        super().__init__(message or rule.message)
         self.rule = rule
         self.field_path = rule.field_path
 
@@ -38,14 +38,22 @@ class CelRule:
     ``field_path`` (relative, e.g. ``.tensorParallelSize``) makes the API server report the error at
     that field instead of at the object that holds the rule. ``name`` is the attribute the rule is
     bound to in a :class:`CelRules` class (None for a rule that sits on a field's schema instead).
+
+    ``message_expression`` (CEL, optional) is what the API server answers instead of ``message`` when it
+    can evaluate it: the message with the object's own numbers in it. It must begin with ``message``, so
+    the fixed text is what every side shows and the numbers follow; the pydantic validator passes the
+    same text to :meth:`violation`, and tests/integration/test_crd_validation.py checks the two agree.
     """
 
-    __slots__ = ("field_path", "message", "name", "rule")
+    __slots__ = ("field_path", "message", "message_expression", "name", "rule")
 
-    def __init__(self, rule: str, message: str, field_path: str | None = None) -> None:
+    def __init__(
+        self, rule: str, message: str, field_path: str | None = None, message_expression: str | None = None
+    ) -> None:
         self.rule = rule
         self.message = message
         self.field_path = field_path
+        self.message_expression = message_expression
         self.name: str | None = None
 
     def __set_name__(self, owner: type, name: str) -> None:
@@ -59,12 +67,15 @@ class CelRule:
     def __repr__(self) -> str:
         return f"CelRule({self.name or self.rule!r})"
 
-    def violation(self) -> RuleViolation:
-        """The pydantic-side error for this rule, reported at the same field as the API server's."""
-        return RuleViolation(self)
+    def violation(self, detail: str = "") -> RuleViolation:
+        """The pydantic-side error for this rule, reported at the same field as the API server's;
+        ``detail`` is what the rule's ``message_expression`` appends to ``message`` for this object."""
+        return RuleViolation(self, self.message + detail)
 
     def to_schema(self) -> dict[str, Any]:
         out: dict[str, Any] = {"rule": self.rule, "message": self.message}
+        if self.message_expression:
+            out["messageExpression"] = self.message_expression
         if self.field_path:
             out["fieldPath"] = self.field_path
         return out

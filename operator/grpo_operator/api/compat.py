@@ -69,7 +69,7 @@ def spec_fields(model: type[BaseModel], prefix: tuple[str, ...] = ()) -> dict[tu
         else:
             default = info.default
         found[path] = default
-        for nested in _models_in(info.annotation):
+        for nested in models_in(info.annotation):
             found.update(spec_fields(nested, path))
     return found
 
@@ -77,7 +77,7 @@ def spec_fields(model: type[BaseModel], prefix: tuple[str, ...] = ()) -> dict[tu
 REQUIRED = "<required>"
 
 
-def _models_in(annotation: Any) -> list[type[BaseModel]]:
+def models_in(annotation: Any) -> list[type[BaseModel]]:
     if isinstance(annotation, type) and issubclass(annotation, BaseModel):
         return [annotation]
-    return [m for arg in get_args(annotation) for m in _models_in(arg)]
+    return [m for arg in get_args(annotation) for m in models_in(arg)]

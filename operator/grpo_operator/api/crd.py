@@ -18,6 +18,7 @@ next to ``properties``) or the API server refuses it, so pydantic's JSON Schema 
 from __future__ import annotations
 
 import copy
+import json
 from typing import Any
 
 from pydantic import BaseModel
@@ -25,6 +26,9 @@ from pydantic.json_schema import GenerateJsonSchema, JsonSchemaValue
 from pydantic_core import core_schema
 
 from grpo_operator.api.base import NO_SERVER_DEFAULT_KEY, ApiModel
+from grpo_operator.api.compat import wire_name
+from grpo_operator.api.grpo_presets import PRESET_KNOBS
+from grpo_operator.api.grpo_spec import GRPOSpec
 from grpo_operator.api.resource import (
     CATEGORIES,
     GROUP,
@@ -167,6 +171,72 @@ def model_openapi_schema(model: type[BaseModel]) -> dict[str, Any]:
     return _structural(_inline(raw, defs))  # type: ignore[no-any-return]
 
 
+def _number(value: float) -> str:
+    return str(int(value)) if float(value).is_integer() and abs(value) < 1e15 else repr(value)
+
+
+def _limits(node: dict[str, Any]) -> list[str]:
+    """A node's default and bounds in words, as `kubectl explain` should show them."""
+    parts: list[str] = []
+    default = node.get("default")
+    if default is not None and not isinstance(default, dict | list):
+        parts.append(f"Default: {json.dumps(default)}.")
+    bounds: list[str] = []
+    if "minimum" in node:
+        bounds.append(
+            (">" if node.get("exclusiveMinimum") is True else ">=") + " " + _number(node["minimum"])
+        )
+    if "maximum" in node:
+        bounds.append(
+            ("<" if node.get("exclusiveMaximum") is True else "<=") + " " + _number(node["maximum"])
+        )
+    if bounds:
+        parts.append(f"Allowed: {', '.join(bounds)}.")
+    for low_key, high_key, unit in (
+        ("minLength", "maxLength", "characters"),
+        ("minItems", "maxItems", "items"),
+        ("minProperties", "maxProperties", "entries"),
+    ):
+        if low_key in node and high_key in node:
+            parts.append(f"{node[low_key]} to {node[high_key]} {unit}.")
+        elif high_key in node:
+            parts.append(f"At most {node[high_key]} {unit}.")
+        elif low_key in node and node[low_key] > 1:
+            parts.append(f"At least {node[low_key]} {unit}.")
+    return parts
+
+
+def explained(node: dict[str, Any]) -> dict[str, Any]:
+    """``node`` with each field's default and bounds appended to its description: `kubectl explain`
+    prints the description and the type, never the schema's default or bounds."""
+    out = dict(node)
+    for key in ("items", "additionalProperties"):
+        if isinstance(node.get(key), dict):
+            out[key] = explained(node[key])
+    if "properties" in node:
+        out["properties"] = {name: explained(prop) for name, prop in node["properties"].items()}
+    limits = _limits(node)
+    values = node.get("additionalProperties")
+    if isinstance(values, dict) and "description" not in values and _limits(values):
+        # A map's values have no field of their own in `kubectl explain`: their bounds go to the map.
+        limits.append("Each value: " + " ".join(_limits(values)))
+    if limits and "description" in node:
+        out["description"] = node["description"].rstrip() + " " + " ".join(limits)
+    return out
+
+
+def _explained_spec(spec: dict[str, Any]) -> dict[str, Any]:
+    out = explained(spec)
+    # A knob spec.grpo.preset may set has no schema default (see base.py NO_SERVER_DEFAULT): say both.
+    knobs = out["properties"]["grpo"]["properties"]
+    for name in sorted(PRESET_KNOBS):
+        default = GRPOSpec.model_fields[name].default
+        if default is not None:
+            prop = knobs[wire_name(name)]
+            prop["description"] += f" Default: spec.grpo.preset's value, else {json.dumps(default)}."
+    return out
+
+
 def spec_schema() -> dict[str, Any]:
     schema = model_openapi_schema(GRPOJobSpec)
     for obj, rules in immutability_rules().items():
@@ -219,8 +289,10 @@ PRINTER_COLUMNS: list[dict[str, Any]] = [
 ]
 
 
-def build_crd() -> dict[str, Any]:
-    """The GRPOJob CustomResourceDefinition as a dict, ready for YAML."""
+def build_crd(explain: bool = True) -> dict[str, Any]:
+    """The GRPOJob CustomResourceDefinition as a dict, ready for YAML; ``explain=False`` leaves the
+    descriptions as the models wrote them (docs/api.md puts defaults and bounds in columns of their own)."""
+    spec = spec_schema()
     root: dict[str, Any] = {
         "type": "object",
         "description": "GRPOJob runs GRPO reinforcement-learning fine-tuning of a language model: "
@@ -231,7 +303,7 @@ def build_crd() -> dict[str, Any]:
             "apiVersion": {"type": "string", "description": "grpo.dev/v1alpha1"},
             "kind": {"type": "string", "description": "GRPOJob"},
             "metadata": {"type": "object"},
-            "spec": spec_schema(),
+            "spec": _explained_spec(spec) if explain else spec,
             "status": status_schema(),
         },
         _CEL_KEY: [r.to_schema() for r in NameRules],

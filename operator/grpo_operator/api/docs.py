@@ -164,7 +164,7 @@ _TRAINER_FIELDS = ", ".join(f"`{name}`" for name in TRAINER_STATUS_FIELDS)
 
 
 def render_api_md() -> str:
-    version = build_crd()["spec"]["versions"][0]
+    version = build_crd(explain=False)["spec"]["versions"][0]
     root = version["schema"]["openAPIV3Schema"]
     spec = root["properties"]["spec"]
     status = root["properties"]["status"]
@@ -257,15 +257,17 @@ the field and the fix:
   `grpo.vllmImportanceSamplingMode` `token_truncate` or `token_mask`, or the correction off (TRL refuses
   to start otherwise); `grpo.chatTemplateKwargs` must not name an argument the trainer passes to the chat
   template itself (`tokenize`, `add_generation_prompt`, `messages`, ...);
-- `generation.tensorParallelSize` equals `generation.gpus`: one vLLM server shards the model over all
-  its GPUs. Data parallelism inside the vLLM server (`gpus` > `tensorParallelSize`) fails for dense
-  models with TRL's server mode, so it is refused: run several vLLM servers with `generation.replicas`
-  instead;
+- `generation.tensorParallelSize` equals `generation.gpus` (left out, it follows `gpus`): one vLLM server
+  shards the model over all its GPUs. Data parallelism inside the vLLM server (`gpus` >
+  `tensorParallelSize`) fails for dense models with TRL's server mode, so it is refused: run several vLLM
+  servers with `generation.replicas` instead; with `generation.mode: Colocate`, `gpus`,
+  `tensorParallelSize`, `replicas` and `weightSync` are refused (they belong to vLLM pods of their own);
 - `generation.replicas > 1` needs `generation.weightSync: Volume`: trainer rank 0 writes the weights to the
   volume once and every replica reloads them (NCCL weight sync to several servers is not supported yet);
 - B * G is divisible by `trainer.nodes * trainer.gpusPerNode * trainer.perDeviceBatchSize`: each
   optimisation step splits the B * G completions evenly over the data-parallel processes
-  (the trainer accumulates gradients over (B * G) / (that product) micro-steps);
+  (the trainer accumulates gradients over (B * G) / (that product) micro-steps); the refusal gives both
+  numbers;
 - `grpo.validation.everySteps > 0` needs `dataset.validation`;
 - `metric` and `dataset` are required, unless `rollouts.source` is `Client`: then both must be absent
   (the client scores its own rollouts and sends its prompts with them), and so must
@@ -298,7 +300,18 @@ delete the job and create a new one. Every other field may be changed while the 
 pods). `kubectl apply` and `kubectl create` ask for strict field validation by default (kubectl >= 1.27),
 so a misspelt field such as `spec.grpo.groupsize` is an error (`unknown field "spec.grpo.groupsize"`).
 Clients that send `fieldValidation=Ignore` get the field silently dropped (pruned) instead; with
-`fieldValidation=Warn` they get a warning.
+`fieldValidation=Warn` they get a warning. `kubectl grpo check -f job.yaml` names, for each unknown
+field, the field it was probably meant to be, and TRL's `GRPOConfig` names with their GRPOJob fields
+(`num_generations` is `spec.grpo.groupSize`; docs/coming-from-trl.md has the whole table).
+
+**Warnings.** Some valid settings are probably mistakes. With the chart's admission policies, `kubectl
+apply` prints a warning for them (the job is still created), and `kubectl grpo check -f job.yaml` prints
+the same words without a cluster: a metric, trainer or vLLM image without a version (no tag, or
+`:latest`), a `model.name` that is a URL, and a run of more rollouts than the platform's threshold
+(Helm `admissionPolicies.warnings.warnAboveRollouts`, 10,000,000 unless set).
+
+**`kubectl explain`.** Every field's description ends with its default and bounds
+(`kubectl explain grpojobs.spec.generation.gpus`: "Default: 1. Allowed: >= 1, <= 8.").
 
 **Integers.** `8` and `8.0` are the same integer: kubectl sends YAML or JSON `8.0` as `8`, and the
 models accept it. A client that puts `8.0` on the wire itself gets a CEL type error

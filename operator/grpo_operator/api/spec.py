@@ -16,6 +16,8 @@ on random specs against a real API server.
 
 from __future__ import annotations
 
+import json
+
 from pydantic import Field, field_validator, model_validator
 
 from grpo_operator.api.base import ApiModel, CelRule, CelRules
@@ -143,17 +145,38 @@ UNIQUE_INPUT_NAMES = CelRule(
 )
 
 
+_COMPLETIONS = "(self.grpo.promptsPerStep * self.grpo.groupSize)"
+_DP_BATCH = "(self.trainer.nodes * self.trainer.gpusPerNode * self.trainer.perDeviceBatchSize)"
+_BATCH_MESSAGE = (
+    "spec.grpo.promptsPerStep * spec.grpo.groupSize (B*G completions per step) must be divisible "
+    "by spec.trainer.nodes * spec.trainer.gpusPerNode * spec.trainer.perDeviceBatchSize "
+    "(the data-parallel batch): change B or G, or the trainer's GPUs or perDeviceBatchSize"
+)
+
+
+# The numbers batch_divides_evenly adds to its message: "{}" here, "%d" in the CEL format() string.
+_BATCH_NUMBERS = ". Here B*G = {}*{} = {} and the data-parallel batch is {}*{}*{} = {}"
+
+
+def batch_numbers(b: int, g: int, nodes: int, gpus: int, per_device: int) -> str:
+    """What batch_divides_evenly's message expression appends, for these numbers."""
+    return _BATCH_NUMBERS.format(b, g, b * g, nodes, gpus, per_device, nodes * gpus * per_device)
+
+
 class GRPOJobSpec(ApiModel):
     """Desired state of a GRPOJob."""
 
     class Rules(CelRules):
         batch_divides_evenly = CelRule(
-            "(self.grpo.promptsPerStep * self.grpo.groupSize) % "
-            "(self.trainer.nodes * self.trainer.gpusPerNode * self.trainer.perDeviceBatchSize) == 0",
-            "spec.grpo.promptsPerStep * spec.grpo.groupSize (B*G completions per step) must be divisible "
-            "by spec.trainer.nodes * spec.trainer.gpusPerNode * spec.trainer.perDeviceBatchSize "
-            "(the data-parallel batch): change B or G, or the trainer's GPUs or perDeviceBatchSize",
+            f"{_COMPLETIONS} % {_DP_BATCH} == 0",
+            _BATCH_MESSAGE,
             ".grpo.promptsPerStep",
+            # format(), not string(): the API server's cost estimate of string(int) is unbounded, and the CRD
+            # is refused with it.
+            message_expression=json.dumps(_BATCH_MESSAGE + _BATCH_NUMBERS.replace("{}", "%d"))
+            + ".format([self.grpo.promptsPerStep, self.grpo.groupSize, "
+            f"{_COMPLETIONS}, self.trainer.nodes, self.trainer.gpusPerNode, self.trainer.perDeviceBatchSize, "
+            f"{_DP_BATCH}])",
         )
 
         validation_needs_dataset = CelRule(
@@ -401,7 +424,15 @@ class GRPOJobSpec(ApiModel):
     @model_validator(mode="after")
     def _cross_object(self) -> GRPOJobSpec:
         if (self.grpo.prompts_per_step * self.grpo.group_size) % self.trainer_data_parallel_batch() != 0:
-            raise self.Rules.batch_divides_evenly.violation()
+            raise self.Rules.batch_divides_evenly.violation(
+                batch_numbers(
+                    self.grpo.prompts_per_step,
+                    self.grpo.group_size,
+                    self.trainer.nodes,
+                    self.trainer.gpus_per_node,
+                    self.trainer.per_device_batch_size,
+                )
+            )
         self._client_mode_rules()
         if self.grpo.validation.every_steps > 0 and self.dataset and self.dataset.validation is None:
             raise self.Rules.validation_needs_dataset.violation()

@@ -8,7 +8,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from grpo_operator.api.base import ApiModel, CelRule, CelRules
+from grpo_operator.api.base import NO_SERVER_DEFAULT, ApiModel, CelRule, CelRules
 from grpo_operator.api.field_types import INTEGRAL_FLOAT, NO_SPACE_PATTERN, K8sInt
 from grpo_operator.api.pod_fields import ENV_LIST_SCHEMA, EnvList, ResourceRequirements
 
@@ -164,17 +164,20 @@ class GenerationSpec(ApiModel):
 
     class Rules(CelRules):
         tp_equals_gpus = CelRule(
-            "self.tensorParallelSize == self.gpus",
+            "!has(self.tensorParallelSize) || self.tensorParallelSize == self.gpus",
             "spec.generation.tensorParallelSize must equal spec.generation.gpus: the vLLM server shards the "
             "model over all its GPUs, and data parallelism (gpus > tensorParallelSize) fails for dense models "
-            "with TRL's server mode, so it is not supported yet. Set tensorParallelSize to gpus",
+            "with TRL's server mode, so it is not supported yet. Leave tensorParallelSize out (it follows "
+            "gpus) or set it to gpus",
             ".tensorParallelSize",
         )
 
         no_gpus_in_resources = _no_gpus_in_resources("generation", "gpus", "the vLLM pod")
 
+        # Not in mode Colocate, where colocate_is_in_process refuses replicas with the one fix that applies.
         several_replicas_need_volume_sync = CelRule(
-            "!has(self.replicas) || self.replicas == 1 || (has(self.weightSync) && self.weightSync == 'Volume')",
+            "!has(self.replicas) || self.replicas == 1 || (has(self.weightSync) && self.weightSync == 'Volume')"
+            " || (has(self.mode) && self.mode == 'Colocate')",
             "spec.generation.replicas > 1 needs spec.generation.weightSync: Volume: several vLLM servers are "
             "served by the Volume transport (trainer rank 0 writes the weights once, every replica reloads "
             "them); NCCL weight sync to several servers is not supported yet. Set weightSync: Volume (it needs "
@@ -184,11 +187,12 @@ class GenerationSpec(ApiModel):
 
         colocate_is_in_process = CelRule(
             "!has(self.mode) || self.mode != 'Colocate' || ((!has(self.replicas) || self.replicas == 1) && "
-            "!has(self.weightSync) && (!has(self.tensorParallelSize) || self.tensorParallelSize == 1))",
+            "!has(self.weightSync) && self.gpus == 1 && "
+            "(!has(self.tensorParallelSize) || self.tensorParallelSize == 1))",
             "spec.generation.mode: Colocate runs one vLLM engine inside each trainer process, on that "
-            "process's GPU, and hands it the weights in memory: replicas, weightSync and a "
-            "tensorParallelSize other than 1 (with gpus other than 1) belong to vLLM servers of their own. "
-            "Remove them, or use mode: Server",
+            "process's GPU, and hands it the weights in memory: replicas, weightSync, gpus and "
+            "tensorParallelSize (other than 1) belong to vLLM servers of their own. Remove them (the "
+            "trainer's GPUs are spec.trainer.gpusPerNode), or use mode: Server",
             ".mode",
         )
 
@@ -228,12 +232,16 @@ class GenerationSpec(ApiModel):
         "replica after each step. More than 1 needs weightSync: Volume. Each replica fails, is replaced "
         "and counts its replacements on its own.",
     )
+    # The default 1 is a placeholder: left out, it follows gpus (mode Server) and stays 1 (mode Colocate),
+    # set by _tp_is_all_gpus. No CRD default, or the API server would write 1 next to gpus: 2.
     tensor_parallel_size: K8sInt = Field(
         default=1,
         ge=1,
         le=MAX_GPUS_PER_NODE,
-        description="vLLM tensor-parallel size; must equal gpus. Several vLLM data-parallel replicas "
-        "(gpus > tensorParallelSize) are refused: TRL documents them as failing for dense models.",
+        json_schema_extra=NO_SERVER_DEFAULT,
+        description="vLLM tensor-parallel size; unset: gpus, and if set it must equal gpus. Several vLLM "
+        "data-parallel replicas (gpus > tensorParallelSize) are refused: TRL documents them as failing "
+        "for dense models.",
     )
     image: str = Field(
         default=DEFAULT_VLLM_IMAGE,
@@ -278,16 +286,23 @@ class GenerationSpec(ApiModel):
 
     @model_validator(mode="after")
     def _tp_is_all_gpus(self) -> GenerationSpec:
-        if self.tensor_parallel_size != self.gpus:
+        tp_set = "tensor_parallel_size" in self.model_fields_set
+        if tp_set and self.tensor_parallel_size != self.gpus:
             raise self.Rules.tp_equals_gpus.violation()
         if _gpus_in(self.resources):
             raise self.Rules.no_gpus_in_resources.violation()
-        if self.replica_count() > 1 and self.weight_sync != "Volume":
+        if self.replica_count() > 1 and self.weight_sync != "Volume" and not self.colocated():
             raise self.Rules.several_replicas_need_volume_sync.violation()
         if self.colocated() and (
-            self.replica_count() > 1 or self.weight_sync is not None or self.tensor_parallel_size != 1
+            self.replica_count() > 1
+            or self.weight_sync is not None
+            or self.gpus != 1
+            or (tp_set and self.tensor_parallel_size != 1)
         ):
             raise self.Rules.colocate_is_in_process.violation()
+        if not tp_set:
+            # Recorded as set, so a dump and a re-validation (trainer.json, the gang hash) keep it.
+            self.tensor_parallel_size = self.gpus
         if self.colocate_memory_share is not None and not self.colocated():
             raise self.Rules.memory_share_is_colocate.violation()
         return self

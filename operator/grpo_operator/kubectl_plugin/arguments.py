@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import os
 
+from grpo_operator.api.advice import DEFAULT_WARN_ROLLOUTS
 from grpo_operator.kubectl_plugin.volume import DEFAULT_READER_IMAGE
 
 PROG = "kubectl grpo"
@@ -27,6 +28,7 @@ Examples:
   {PROG} export qwen-gsm8k --to ./qwen-gsm8k-final
   {PROG} logs qwen-gsm8k --role trainer -f
   {PROG} suspend qwen-gsm8k
+  {PROG} check -f job.yaml   (before applying it; no cluster needed)
 
 What the job's trainer wrote is shown with terminal control characters escaped (as \\u001b), and
 read in bounded amounts: a record over 1 MiB is skipped and a prompt or completion shown as text is
@@ -189,6 +191,29 @@ def parser() -> argparse.ArgumentParser:
         "restart, a failure or the end); --rank is then the trainer process's global rank",
     )
     _reader_flags(p)
+
+    p = subs.add_parser(
+        "check",
+        help="Check a GRPOJob manifest without a cluster: refusals, unknown fields, warnings.",
+        description="What the API server would refuse in a GRPOJob manifest (the CRD's own rules), each unknown "
+        "field with the name it was probably meant to be (TRL's GRPOConfig names included), and the warnings "
+        "the chart's admission policy gives at apply time (unpinned images, a model name that is a URL, a "
+        "run above the rollout threshold). Exit 0: it would be accepted (warnings or not); 1: refused.",
+        epilog=f"Examples:\n  {PROG} check -f job.yaml\n  cat job.yaml | {PROG} check -f -\n"
+        f"  {PROG} check -f job.yaml --warn-rollouts 50000000 -o json",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument(
+        "-f", "--filename", required=True, help="the manifest (YAML, several documents allowed; - for stdin)"
+    )
+    p.add_argument(
+        "--warn-rollouts",
+        type=int,
+        default=DEFAULT_WARN_ROLLOUTS,
+        help=f"warn above this many rollouts, 0 never (default {DEFAULT_WARN_ROLLOUTS}, the chart's default "
+        "admissionPolicies.warnings.warnAboveRollouts)",
+    )
+    _output(p)
 
     sub(
         "suspend",

@@ -30,6 +30,7 @@ from grpo_operator.builders.common import (
 )
 from grpo_operator.kubectl_plugin import data, render
 from grpo_operator.kubectl_plugin.arguments import PROG, parser
+from grpo_operator.kubectl_plugin.check import cmd_check
 from grpo_operator.kubectl_plugin.cluster_access import LOGS, PATCH_JOB, READER, Kube
 from grpo_operator.kubectl_plugin.errors import (
     EXIT_BAD_DATA,
@@ -457,6 +458,8 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_OK
     args = parser().parse_args(given)
     try:
+        if args.command == "check":
+            return cmd_check(args)
         kube = Kube(args.kubeconfig, args.context, args.namespace)
         match args.command:
             case "status":
