@@ -292,7 +292,8 @@ class ExecTransport:
         if returncode not in (0, MISSING):
             raise PluginError(
                 f"reading the job's volume through the reader pod failed (kubectl exec exited "
-                f"{returncode}): {stderr.strip()[:4096]}"
+                f"{returncode}): {stderr.strip()[:4096]}. On a cluster whose nodes run no containers (the "
+                f"project's local cluster of `make demo`, simulated nodes), set {ACCESS_ENV}=hostpath"
             )
 
     def _run(self, script: str, *args: str) -> subprocess.CompletedProcess[bytes]:
