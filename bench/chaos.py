@@ -283,7 +283,7 @@ def kill_operator(s: Scenario, args: argparse.Namespace) -> bool:
     applier.join()
     settle = s.wait_settled("every job to settle after the restart", timeout=1800)
     log(f"kill-operator: all {len(s.expect)} jobs settled {settle:.1f}s after the restart")
-    created = _count(s.op.log_path.read_text(), "created Pod")
+    created = s.op.log_path.read_text().count("created Pod")
     expected_pods = sum(1 + int(m["spec"]["trainer"].get("nodes", 1)) for m in s.manifests)
     print(
         f"kill-operator: pod creations logged by both operator runs: {created} (pods needed: {expected_pods})"
@@ -527,10 +527,6 @@ def metric_down(s: Scenario, args: argparse.Namespace) -> bool:
     except TimeoutError as exc:
         log(f"metric-down: {exc}")
     return s.verdict("metric-down")
-
-
-def _count(text: str, needle: str) -> int:
-    return text.count(needle)
 
 
 SCENARIOS: dict[str, tuple[Callable[[Scenario, argparse.Namespace], bool], int]] = {

@@ -1,12 +1,15 @@
 """TEST HARNESS — the process side of the local runner (tests/harness/local_runner.py): a pod's process,
-its environment and paths, and the exit code a container runtime would report for it."""
+its environment and paths, the directories a kubelet would mount for spec.inputs, and the exit code a container runtime would report for it."""
 
 from __future__ import annotations
 
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import TYPE_CHECKING, Any, BinaryIO
+
+if TYPE_CHECKING:
+    from tests.harness.kube import Cluster
 
 WORKSPACE = "/workspace"
 
@@ -64,3 +67,30 @@ class Proc:
             return False
         self.handle.close()
         return True
+
+
+def input_mounts(kube: Cluster, namespace: str, workdir: Path, pod: dict[str, Any]) -> dict[str, Path]:
+    """What a kubelet would mount for the pod's spec.inputs volumes: a ConfigMap's keys as files, a
+    claim's directory (or its subPath), by mount path."""
+    volumes = {v["name"]: v for v in pod["spec"].get("volumes", [])}
+    out: dict[str, Path] = {}
+    for mount in pod["spec"]["containers"][0].get("volumeMounts", []):
+        if not mount["mountPath"].startswith("/inputs/"):
+            continue
+        volume = volumes[mount["name"]]
+        if "configMap" in volume:
+            cm = kube.get("configmap", volume["configMap"]["name"], namespace)
+            if cm is None:
+                raise RuntimeError(f"ConfigMap {volume['configMap']['name']} of {mount['mountPath']} missing")
+            directory = workdir / "inputs" / mount["name"]
+            directory.mkdir(parents=True, exist_ok=True)
+            for key, text in (cm.get("data") or {}).items():
+                (directory / key).write_text(text, encoding="utf-8")
+        else:
+            claim = kube.get("pvc", volume["persistentVolumeClaim"]["claimName"], namespace)
+            assert claim is not None and claim.get("status", {}).get("phase") == "Bound"
+            pv = kube.get("pv", claim["spec"]["volumeName"])
+            assert pv is not None
+            directory = Path(pv["spec"]["hostPath"]["path"]) / mount.get("subPath", "")
+        out[mount["mountPath"]] = directory
+    return out

@@ -63,7 +63,7 @@ from grpo_operator.builders.security import HOME_DIR
 from tests.harness import vllm_server
 from tests.harness.generation_ports import replica_of, rewrite_generation
 from tests.harness.kube import PROCESS_FINALIZER, Cluster
-from tests.harness.local_process import Proc, container_env, container_exit_code, rewrite_paths
+from tests.harness.local_process import Proc, container_env, container_exit_code, input_mounts, rewrite_paths
 from tests.harness.pod_logs import PodLog
 from tests.harness.ports import free_port
 from tests.harness.readiness import mark_ready, unready
@@ -360,7 +360,7 @@ class LocalJobRunner:
             ):
                 continue  # the replica's previous server still holds the port; it stops on its pod's deletion
             workspace = self.workspace()
-            mounts = self.input_mounts(pod)
+            mounts = input_mounts(self.kube, self.namespace, self.workdir, pod)
             local = rewrite_paths(pod["spec"]["containers"][0], workspace, mounts)
             env = {k: str(rewrite_paths(v, workspace, mounts)) for k, v in container_env(pod).items()}
             env = self.local_home(env)
@@ -403,34 +403,6 @@ class LocalJobRunner:
                 print(f"[local-runner] vLLM of pod {name} answers /health: pod reported Ready")
 
     # --- trainer -------------------------------------------------------------------------------
-    def input_mounts(self, pod: dict[str, Any]) -> dict[str, Path]:
-        """What a kubelet would mount for the pod's spec.inputs volumes: a ConfigMap's keys as files, a
-        claim's directory (or its subPath), by mount path."""
-        volumes = {v["name"]: v for v in pod["spec"].get("volumes", [])}
-        out: dict[str, Path] = {}
-        for mount in pod["spec"]["containers"][0].get("volumeMounts", []):
-            if not mount["mountPath"].startswith("/inputs/"):
-                continue
-            volume = volumes[mount["name"]]
-            if "configMap" in volume:
-                cm = self.kube.get("configmap", volume["configMap"]["name"], self.namespace)
-                if cm is None:
-                    raise RuntimeError(
-                        f"ConfigMap {volume['configMap']['name']} of {mount['mountPath']} missing"
-                    )
-                directory = self.workdir / "inputs" / mount["name"]
-                directory.mkdir(parents=True, exist_ok=True)
-                for key, text in (cm.get("data") or {}).items():
-                    (directory / key).write_text(text, encoding="utf-8")
-            else:
-                claim = self.kube.get("pvc", volume["persistentVolumeClaim"]["claimName"], self.namespace)
-                assert claim is not None and claim.get("status", {}).get("phase") == "Bound"
-                pv = self.kube.get("pv", claim["spec"]["volumeName"])
-                assert pv is not None
-                directory = Path(pv["spec"]["hostPath"]["path"]) / mount.get("subPath", "")
-            out[mount["mountPath"]] = directory
-        return out
-
     def trainer_config(self, workspace: Path, mounts: dict[str, Path] | None = None) -> Path:
         cm = self.kube.get("configmap", f"{self.job}-config", self.namespace)
         assert cm is not None, f"ConfigMap {self.job}-config missing"
@@ -460,7 +432,7 @@ class LocalJobRunner:
         if int(env.get("WORLD_SIZE", "1")) != 1:
             raise RuntimeError("the local runner runs single-process trainer gangs only (1 node x 1 GPU)")
         workspace = self.workspace()
-        mounts = self.input_mounts(pod)
+        mounts = input_mounts(self.kube, self.namespace, self.workdir, pod)
         env = {k: str(rewrite_paths(v, workspace, mounts)) for k, v in self.local_home(env).items()}
         env.update(self.secret_env(pod))
         env.update(

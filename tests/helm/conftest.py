@@ -1,9 +1,14 @@
-"""The chart rendered once per module, for the tests that read the default install or the monitoring one."""
+"""The chart rendered once per module, for the tests that read the default install or the monitoring one; its
+denying admission policies installed once per session, for the tests that judge objects against them."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import pytest
 
+from tests.harness.kube import Cluster
+from tests.helm.admission import Installed, install_policies
 from tests.helm.chart import MONITORING_APIS, VALUES_DIR, Doc, render
 
 
@@ -15,3 +20,8 @@ def defaults() -> list[Doc]:
 @pytest.fixture(scope="module")
 def monitoring() -> list[Doc]:
     return render([VALUES_DIR / "monitoring.yaml"], api_versions=MONITORING_APIS)
+
+
+@pytest.fixture(scope="session")
+def installed(kube: Cluster) -> Iterator[Installed]:
+    yield from install_policies(kube)

@@ -1,7 +1,6 @@
 """The chart's ValidatingAdmissionPolicies against the real API server: platform limits refuse a GRPOJob
-at `kubectl apply` with the message the operator would give, the trainer's identity may report only
-progress, rewards and checkpoint of its own job, and only the operator (and, for the metric Deployment
-it owns, the ReplicaSet controller) can put a job's labels on a pod.
+at `kubectl apply` with the message the operator would give, and the trainer's identity may report only
+progress, rewards and checkpoint of its own job (the job labels: tests/helm/test_admission_job_labels.py).
 
 The policies are rendered from the chart (`helm template --show-only`) and applied as they would be
 installed, bound to one test namespace (watch.namespaces), so they judge nothing else on the cluster.
@@ -10,126 +9,23 @@ Users are impersonated: a tenant with the built-in `edit` role, and the operator
 
 from __future__ import annotations
 
-import copy
 import json
 import subprocess
 import uuid
-from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 from grpo_operator.builders import job_from_object
-from grpo_operator.builders.gang import generation_pod
-from grpo_operator.builders.metric import metric_deployment
 from grpo_operator.builders.rbac import trainer_role, trainer_role_binding, trainer_service_account
 from grpo_operator.reconcile.platform_policy import platform_violations
-from grpo_operator.settings import OperatorSettings
 from grpo_trainer.status import StatusReporter
 
-from tests.harness.kube import Cluster, kubectl_binary, wait_for
-from tests.helm.chart import REPO, run, template_args
-from tests.helm.cluster import service_account_kubeconfig, workload_controllers
+from tests.harness.kube import Cluster, kubectl_binary
+from tests.helm.admission import Installed, apply_job, grpojob
+from tests.helm.cluster import service_account_kubeconfig
 
 pytestmark = pytest.mark.slow
-
-TENANT = ["--as=dana", "--as-group=tenant-devs"]
-LIMITS = {
-    # Without a trailing "/": matched on path boundaries, so lookalike registries stay out.
-    "platformPolicy.allowedImagePrefixes": "{registry.example.com}",
-    "platformPolicy.allowedPriorityClasses": "{grpo-batch}",
-    "platformPolicy.allowedTolerationKeys": "{team}",
-    "platformPolicy.allowedNodeSelectors": "{pool}",
-    "platformPolicy.existingClaims.names": "{shared-models}",
-    "platformPolicy.maxGpusPerJob": "8",
-    "platformPolicy.queue.allowed": "{team-a,team-b}",
-    "platformPolicy.queue.required": "true",
-}
-
-
-@dataclass
-class Installed:
-    namespace: str  # the watched namespace the policies are bound to
-    release_namespace: str
-    fullname: str
-    operator_user: str
-    settings: OperatorSettings  # what the operator reads from the same values
-
-
-def grpojob(name: str, **spec: Any) -> dict[str, Any]:
-    """A job within every limit of LIMITS; keyword arguments replace whole spec sections."""
-    job = yaml.safe_load((REPO / "examples" / "minimal.yaml").read_text())
-    job["metadata"] = {"name": name}
-    job["spec"]["metric"] = {"image": "registry.example.com/team/metric:1.0"}
-    job["spec"]["trainer"] = {
-        **job["spec"].get("trainer", {}),
-        "image": "registry.example.com/grpo/trainer:0.1",
-    }
-    job["spec"]["generation"] = {
-        **job["spec"].get("generation", {}),
-        "image": "registry.example.com/vllm/vllm-openai:v0.31.0",
-    }
-    job["spec"]["scheduling"] = {"queueName": "team-a"}
-    job["spec"].update(copy.deepcopy(spec))
-    return dict(job)
-
-
-@pytest.fixture(scope="module")
-def installed(kube: Cluster) -> Iterator[Installed]:
-    watched = kube.new_namespace("adm")
-    release_ns = kube.new_namespace("grpo-sys")
-    release = f"p{uuid.uuid4().hex[:6]}"
-    fullname = f"{release}-grpo-operator"
-    sets = {
-        "watch.allNamespaces": "false",
-        "watch.namespaces[0]": watched,
-        "admissionPolicies.workloadControllers": workload_controllers(kube),
-        **LIMITS,
-    }
-    args = template_args(sets=sets, release=release, namespace=release_ns)
-    # The policies, and the user roles that let a tenant with `edit` create GRPOJobs at all.
-    shown = ["--show-only", "templates/admission-policies.yaml", "--show-only", "templates/user-rbac.yaml"]
-    rendered = run([*args, *shown]).stdout
-    deployment = run([*args, "--show-only", "templates/deployment.yaml"]).stdout
-    env = {
-        e["name"]: e["value"]
-        for e in yaml.safe_load(deployment)["spec"]["template"]["spec"]["containers"][0]["env"]
-        if "value" in e
-    }
-    kube.kubectl("apply", "-f", "-", input=rendered)
-    kube.kubectl(
-        "create", "rolebinding", "tenant-edit", "-n", watched, "--clusterrole=edit", "--group=tenant-devs"
-    )
-    try:
-        # The API server picks policies, bindings and their parameters up from its informers: wait
-        # until a job over the GPU limit is refused.
-        too_big = grpojob(
-            "probe", trainer={"nodes": 1, "gpusPerNode": 8, "image": "registry.example.com/grpo/trainer:0.1"}
-        )
-        wait_for(
-            "the platform-limits policy to be enforced",
-            lambda: "maxGpusPerJob" in apply_job(kube, too_big, watched, dry_run=True).stderr,
-            timeout=60,
-        )
-        yield Installed(
-            namespace=watched,
-            release_namespace=release_ns,
-            fullname=fullname,
-            operator_user=f"system:serviceaccount:{release_ns}:{fullname}",
-            settings=OperatorSettings.from_env(env),
-        )
-    finally:
-        kube.kubectl("delete", "-f", "-", "--wait=false", input=rendered, check=False)
-        kube.kubectl("delete", "namespace", watched, release_ns, "--wait=false", check=False)
-
-
-def apply_job(
-    kube: Cluster, job: dict[str, Any], namespace: str, *, dry_run: bool = False, as_: list[str] = TENANT
-) -> subprocess.CompletedProcess[str]:
-    args = ["apply", "-n", namespace, "-f", "-", *as_] + (["--dry-run=server"] if dry_run else [])
-    return kube.kubectl(*args, input=yaml.safe_dump(job), check=False)
 
 
 # --- platform limits --------------------------------------------------------------------------------------
@@ -385,121 +281,6 @@ def test_the_trainer_may_report_progress_but_not_touch_the_operators_status(
     ), proc.stderr
 
 
-# --- job labels ---------------------------------------------------------------------------------------------
-
-
-def create(
-    kube: Cluster, manifest: dict[str, Any], namespace: str, as_: list[str]
-) -> subprocess.CompletedProcess[str]:
-    return kube.kubectl(
-        "create", "-n", namespace, "-f", "-", *as_, input=yaml.safe_dump(manifest), check=False
-    )
-
-
-def plain_pod(name: str, labels: dict[str, str]) -> dict[str, Any]:
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name, "labels": labels},
-        "spec": {"containers": [{"name": "c", "image": "registry.example.com/tools:1"}]},
-    }
-
-
-def workload(kind: str, labels: dict[str, str]) -> dict[str, Any]:
-    template = {"metadata": {"labels": labels}, "spec": plain_pod("x", {})["spec"]}
-    selector = {"matchLabels": labels}
-    name = f"forged-{kind.lower()}"
-    if kind == "Deployment":
-        return {"apiVersion": "apps/v1", "kind": kind, "metadata": {"name": name},
-                "spec": {"selector": selector, "template": template}}  # fmt: skip
-    if kind == "ReplicaSet":
-        return {"apiVersion": "apps/v1", "kind": kind, "metadata": {"name": name},
-                "spec": {"selector": selector, "template": template}}  # fmt: skip
-    if kind == "StatefulSet":
-        return {"apiVersion": "apps/v1", "kind": kind, "metadata": {"name": name},
-                "spec": {"selector": selector, "serviceName": name, "template": template}}  # fmt: skip
-    template["spec"]["restartPolicy"] = "Never"
-    if kind == "Job":
-        return {
-            "apiVersion": "batch/v1",
-            "kind": kind,
-            "metadata": {"name": name},
-            "spec": {"template": template},
-        }
-    assert kind == "CronJob"
-    return {"apiVersion": "batch/v1", "kind": kind, "metadata": {"name": name},
-            "spec": {"schedule": "* * * * *", "jobTemplate": {"spec": {"template": template}}}}  # fmt: skip
-
-
-def test_only_the_operator_and_its_metric_deployment_put_job_labels_on_pods(
-    kube: Cluster, installed: Installed
-) -> None:
-    ns = installed.namespace
-    operator = [f"--as={installed.operator_user}", "--as-group=system:masters"]
-    assert apply_job(kube, grpojob("labelled"), ns).returncode == 0
-    job = job_from_object(kube.get("grpojob", "labelled", ns) or {})
-    settings = OperatorSettings()
-
-    # The operator creates the vLLM pod itself and the metric pods through its Deployment.
-    vllm = generation_pod(job, settings, 1)
-    created = create(kube, vllm, ns, operator)
-    assert created.returncode == 0, created.stderr
-    deployment = metric_deployment(job, settings)
-    created = create(kube, deployment, ns, operator)
-    assert created.returncode == 0, created.stderr
-    selector = ",".join(f"{k}={v}" for k, v in deployment["spec"]["selector"]["matchLabels"].items())
-
-    def metric_pods() -> list[str]:
-        out = kube.kubectl("get", "pods", "-n", ns, "-l", selector, "-o", "name").stdout.split()
-        return out if len(out) >= 1 else []
-
-    wait_for("the ReplicaSet controller to create the metric pod", metric_pods, timeout=60)
-
-    job_labels = {"grpo.dev/job": "labelled", "grpo.dev/role": "trainer"}
-    refused: list[tuple[str, dict[str, Any]]] = [
-        ("a pod with the job's labels", plain_pod("fake-trainer", job_labels)),
-        ("a pod with the role label alone", plain_pod("fake-role", {"grpo.dev/role": "trainer"})),
-        *[(f"a {kind} whose pods carry them", workload(kind, job_labels))
-          for kind in ("Deployment", "ReplicaSet", "StatefulSet", "Job", "CronJob")],
-    ]  # fmt: skip
-    for what, manifest in refused:
-        proc = create(kube, manifest, ns, TENANT)
-        assert proc.returncode != 0, f"a tenant created {what}"
-        assert (
-            "the labels grpo.dev/job and grpo.dev/role are reserved for pods the grpo-operator creates"
-            in (proc.stderr)
-        ), proc.stderr
-        assert "dana may not set them" in proc.stderr, proc.stderr
-
-    # The tenant's own workloads without those labels are none of the policy's business.
-    for kind in ("Deployment", "Job", "CronJob"):
-        own = workload(kind, {"app": "tenant-tool"})
-        own["metadata"]["name"] = f"own-{kind.lower()}"
-        proc = create(kube, own, ns, TENANT)
-        assert proc.returncode == 0, proc.stderr
-
-    # Relabelling: a tenant's own pod into the job, or the operator's vLLM pod into another role.
-    assert create(kube, plain_pod("tools", {"app": "tools"}), ns, TENANT).returncode == 0
-    proc = kube.kubectl("label", "pod", "tools", "-n", ns, "grpo.dev/job=labelled", *TENANT, check=False)
-    assert proc.returncode != 0 and "reserved for pods the grpo-operator creates" in proc.stderr, proc.stderr
-    name = vllm["metadata"]["name"]
-    proc = kube.kubectl(
-        "label", "pod", name, "-n", ns, "--overwrite", "grpo.dev/role=trainer", *TENANT, check=False
-    )
-    assert proc.returncode != 0 and "reserved" in proc.stderr, proc.stderr
-
-    # What keeps the labels as they are still works (Kueue lifting a gate, an annotation, scaling).
-    proc = kube.kubectl("annotate", "pod", name, "-n", ns, "note=checked", *TENANT, check=False)
-    assert proc.returncode == 0, proc.stderr
-    proc = kube.kubectl(
-        "scale", "deployment", deployment["metadata"]["name"], "-n", ns, "--replicas=2", check=False
-    )
-    assert proc.returncode == 0, proc.stderr
-    wait_for("the second metric pod", lambda: len(metric_pods()) >= 2 or None, timeout=60)
-    labels = (kube.get("pod", name, ns) or {})["metadata"]["labels"]
-    assert labels["grpo.dev/role"] == "generation"
-
-
 def test_status_writers_of_other_namespaces_and_plain_users_are_judged_too(
     kube: Cluster, installed: Installed, tmp_path: Path
 ) -> None:
@@ -533,69 +314,3 @@ def test_status_writers_of_other_namespaces_and_plain_users_are_judged_too(
     trainer = service_account_kubeconfig(kube, "reported-trainer", ns, tmp_path / "trainer.kubeconfig")
     proc = status_patch(trainer, "reported", ns, {"progress": {"step": 1}})
     assert proc.returncode == 0, proc.stderr
-
-
-# --- what carries a job's labels is the operator's ---------------------------------------------------------
-
-
-def test_only_the_operator_changes_pods_and_workloads_that_carry_a_jobs_labels(
-    kube: Cluster, installed: Installed
-) -> None:
-    ns = installed.namespace
-    operator = [f"--as={installed.operator_user}", "--as-group=system:masters"]
-    assert apply_job(kube, grpojob("guarded"), ns).returncode == 0
-    job = job_from_object(kube.get("grpojob", "guarded", ns) or {})
-    settings = OperatorSettings()
-    vllm = generation_pod(job, settings, 1)
-    assert create(kube, vllm, ns, operator).returncode == 0
-    deployment = metric_deployment(job, settings)
-    assert create(kube, deployment, ns, operator).returncode == 0
-    pod, name = vllm["metadata"]["name"], deployment["metadata"]["name"]
-    vllm_container = vllm["spec"]["containers"][0]["name"]
-    metric_container = deployment["spec"]["template"]["spec"]["containers"][0]["name"]
-
-    def refused(*args: str, says: str) -> None:
-        proc = kube.kubectl(*args, "-n", ns, *TENANT, check=False)
-        assert proc.returncode != 0, f"a tenant could {args}"
-        assert says in proc.stderr and "dana" in proc.stderr, proc.stderr
-
-    # The attack: the metric Deployment's image swapped, its labels kept.
-    refused("set", "image", f"deployment/{name}", f"{metric_container}=docker.io/evil/metric:1",
-            says="only the grpo-operator may change its pod template")  # fmt: skip
-    # The Deployment's template labels are its selector's (immutable), but the rest of the template is not.
-    refused("patch", "deployment", name, "--type=json", "-p",
-            json.dumps([{"op": "remove", "path": "/spec/template/metadata/labels/app.kubernetes.io~1name"}]),
-            says="only the grpo-operator may change its pod template")  # fmt: skip
-    refused("label", "deployment", name, "grpo.dev/job-", says="may not remove or change them")
-    # The operator's pods: labels stripped, image swapped, placement or queue changed.
-    refused("label", "pod", pod, "grpo.dev/job-", "grpo.dev/role-", says="may not remove or change them")
-    refused("set", "image", f"pod/{pod}", f"{vllm_container}=docker.io/evil/vllm:1",
-            says="only the grpo-operator may change its containers")  # fmt: skip
-    refused("patch", "pod", pod, "--type=json", "-p",
-            json.dumps([{"op": "add", "path": "/spec/tolerations/-", "value": {"key": "reserved", "operator": "Exists"}}]),
-            says="may change its scheduling gates, nodeSelector, tolerations or affinity")  # fmt: skip
-    template = (kube.get("deployment", name, ns) or {})["spec"]["template"]
-    assert (
-        template["spec"]["containers"][0]["image"]
-        == deployment["spec"]["template"]["spec"]["containers"][0]["image"]
-    )
-    assert (kube.get("pod", pod, ns) or {})["metadata"]["labels"]["grpo.dev/job"] == "guarded"
-
-    # What keeps them as they are passes for anyone; the operator changes what it likes, and the
-    # Deployment and ReplicaSet controllers roll its change out.
-    proc = kube.kubectl("annotate", "pod", pod, "-n", ns, "note=checked", *TENANT, check=False)
-    assert proc.returncode == 0, proc.stderr
-    proc = kube.kubectl("scale", f"deployment/{name}", "-n", ns, "--replicas=2", *operator, check=False)
-    assert proc.returncode == 0, proc.stderr
-    image = "registry.example.com/team/metric:2.0"
-    proc = kube.kubectl("set", "image", f"deployment/{name}", f"{metric_container}={image}", "-n", ns, *operator,
-                        check=False)  # fmt: skip
-    assert proc.returncode == 0, proc.stderr
-    selector = ",".join(f"{k}={v}" for k, v in deployment["spec"]["selector"]["matchLabels"].items())
-
-    def rolled_out() -> bool:
-        pods = kube.kubectl("get", "pods", "-n", ns, "-l", selector, "-o", "json").stdout
-        images = {p["spec"]["containers"][0]["image"] for p in json.loads(pods)["items"]}
-        return image in images
-
-    wait_for("the controllers to roll the operator's image change out", rolled_out, timeout=90)

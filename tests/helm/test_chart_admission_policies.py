@@ -1,6 +1,6 @@
 """The chart's ValidatingAdmissionPolicies, rendered offline: where they are bound, whom they exempt,
 and that their literals are the operator's own settings and status fields.
-tests/helm/test_admission_policies.py runs them on a real API server."""
+tests/helm/test_admission_policies.py and test_admission_job_labels.py run them on a real API server."""
 
 from __future__ import annotations
 

@@ -1,0 +1,117 @@
+"""The chart's denying admission policies installed as they would be, for the tests that judge GRPOJobs and pods
+against them (tests/helm/test_admission_policies.py, tests/helm/test_admission_job_labels.py): the platform
+limits used, the job that meets them all, and ``kubectl apply`` as a tenant. The ``installed`` fixture
+(tests/helm/conftest.py) applies the policies once per session, bound to one namespace of their own.
+"""
+
+from __future__ import annotations
+
+import copy
+import subprocess
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import yaml
+from grpo_operator.settings import OperatorSettings
+
+from tests.harness.kube import Cluster, wait_for
+from tests.helm.chart import REPO, run, template_args
+from tests.helm.cluster import workload_controllers
+
+TENANT = ["--as=dana", "--as-group=tenant-devs"]
+LIMITS = {
+    # Without a trailing "/": matched on path boundaries, so lookalike registries stay out.
+    "platformPolicy.allowedImagePrefixes": "{registry.example.com}",
+    "platformPolicy.allowedPriorityClasses": "{grpo-batch}",
+    "platformPolicy.allowedTolerationKeys": "{team}",
+    "platformPolicy.allowedNodeSelectors": "{pool}",
+    "platformPolicy.existingClaims.names": "{shared-models}",
+    "platformPolicy.maxGpusPerJob": "8",
+    "platformPolicy.queue.allowed": "{team-a,team-b}",
+    "platformPolicy.queue.required": "true",
+}
+
+
+@dataclass
+class Installed:
+    namespace: str  # the watched namespace the policies are bound to
+    release_namespace: str
+    fullname: str
+    operator_user: str
+    settings: OperatorSettings  # what the operator reads from the same values
+
+
+def grpojob(name: str, **spec: Any) -> dict[str, Any]:
+    """A job within every limit of LIMITS; keyword arguments replace whole spec sections."""
+    job = yaml.safe_load((REPO / "examples" / "minimal.yaml").read_text())
+    job["metadata"] = {"name": name}
+    job["spec"]["metric"] = {"image": "registry.example.com/team/metric:1.0"}
+    job["spec"]["trainer"] = {
+        **job["spec"].get("trainer", {}),
+        "image": "registry.example.com/grpo/trainer:0.1",
+    }
+    job["spec"]["generation"] = {
+        **job["spec"].get("generation", {}),
+        "image": "registry.example.com/vllm/vllm-openai:v0.31.0",
+    }
+    job["spec"]["scheduling"] = {"queueName": "team-a"}
+    job["spec"].update(copy.deepcopy(spec))
+    return dict(job)
+
+
+def apply_job(
+    kube: Cluster, job: dict[str, Any], namespace: str, *, dry_run: bool = False, as_: list[str] = TENANT
+) -> subprocess.CompletedProcess[str]:
+    args = ["apply", "-n", namespace, "-f", "-", *as_] + (["--dry-run=server"] if dry_run else [])
+    return kube.kubectl(*args, input=yaml.safe_dump(job), check=False)
+
+
+def install_policies(kube: Cluster) -> Iterator[Installed]:
+    """The policies applied and in force, then removed with their namespaces."""
+    watched = kube.new_namespace("adm")
+    release_ns = kube.new_namespace("grpo-sys")
+    release = f"p{uuid.uuid4().hex[:6]}"
+    fullname = f"{release}-grpo-operator"
+    sets = {
+        "watch.allNamespaces": "false",
+        "watch.namespaces[0]": watched,
+        "admissionPolicies.workloadControllers": workload_controllers(kube),
+        **LIMITS,
+    }
+    args = template_args(sets=sets, release=release, namespace=release_ns)
+    # The policies, and the user roles that let a tenant with `edit` create GRPOJobs at all.
+    shown = ["--show-only", "templates/admission-policies.yaml", "--show-only", "templates/user-rbac.yaml"]
+    rendered = run([*args, *shown]).stdout
+    deployment = run([*args, "--show-only", "templates/deployment.yaml"]).stdout
+    env = {
+        e["name"]: e["value"]
+        for e in yaml.safe_load(deployment)["spec"]["template"]["spec"]["containers"][0]["env"]
+        if "value" in e
+    }
+    kube.kubectl("apply", "-f", "-", input=rendered)
+    kube.kubectl(
+        "create", "rolebinding", "tenant-edit", "-n", watched, "--clusterrole=edit", "--group=tenant-devs"
+    )
+    try:
+        # The API server picks policies, bindings and their parameters up from its informers: wait
+        # until a job over the GPU limit is refused.
+        too_big = grpojob(
+            "probe", trainer={"nodes": 1, "gpusPerNode": 8, "image": "registry.example.com/grpo/trainer:0.1"}
+        )
+        wait_for(
+            "the platform-limits policy to be enforced",
+            lambda: "maxGpusPerJob" in apply_job(kube, too_big, watched, dry_run=True).stderr,
+            timeout=60,
+        )
+        yield Installed(
+            namespace=watched,
+            release_namespace=release_ns,
+            fullname=fullname,
+            operator_user=f"system:serviceaccount:{release_ns}:{fullname}",
+            settings=OperatorSettings.from_env(env),
+        )
+    finally:
+        kube.kubectl("delete", "-f", "-", "--wait=false", input=rendered, check=False)
+        kube.kubectl("delete", "namespace", watched, release_ns, "--wait=false", check=False)
