@@ -283,3 +283,17 @@ def test_the_children_table_of_operations_md_names_every_created_kind() -> None:
     assert not missing, f"{OPERATIONS_MD.relative_to(REPO)} 'What the operator creates' omits {missing}"
     stray = [row for row in rows if not any(_names(k, row) for k in kinds)]
     assert not stray, f"rows of {OPERATIONS_MD.name} naming no kind the builders create: {stray}"
+
+
+def test_the_design_doc_counts_the_child_kinds_by_their_cache_policy() -> None:
+    design = (REPO / "docs" / "design.md").read_text(encoding="utf-8")
+    words = {2: "two", 1: "one", 3: "three", 10: "ten", 11: "eleven", 9: "nine"}
+    metadata = sorted(
+        r.kind for r in CHILD_KINDS if r.cache in (Cache.METADATA, Cache.METADATA_READ_ON_CHANGE)
+    )
+    uncached = sorted(r.kind for r in CHILD_KINDS if r.cache is Cache.NONE)
+    said = (
+        f"of the {words[len(CHILD_KINDS)]} child kinds, {words[len(metadata)]} as metadata only\n"
+        f"({', '.join(metadata)}) and {words[len(uncached)]} not at all ({', '.join(uncached)})"
+    )
+    assert " ".join(said.split()) in " ".join(design.split())

@@ -46,7 +46,7 @@ def _is_catalog_constant(node: ast.expr) -> bool:
 
 
 def test_reconcile_posts_events_only_from_the_catalog() -> None:
-    """``Step.event`` takes an EventReason (mypy holds the call sites to it); here no call passes a
+    """``ReconcilePass.event`` takes an EventReason (mypy holds the call sites to it); here no call passes a
     literal, and no plan Event is built from literals behind its back."""
     literal_reasons: list[str] = []
     built_by_hand: list[str] = []
@@ -82,7 +82,7 @@ def test_reconcile_posts_events_only_from_the_catalog() -> None:
     assert not literal_reasons, (
         f"events posted with a reason not from api/event_reasons.py: {literal_reasons}"
     )
-    assert not built_by_hand, f"plan Events built from literals instead of Step.event: {built_by_hand}"
+    assert not built_by_hand, f"plan Events built from literals instead of ReconcilePass.event: {built_by_hand}"
 
 
 def test_every_event_the_runtime_posts_itself_is_in_the_catalog() -> None:

@@ -1,6 +1,6 @@
 """Every reason of the Kubernetes Events the operator posts on a GRPOJob, with its type and meaning.
 
-Reconcile posts only these constants (``Step.event`` takes an ``EventReason``, and
+Reconcile posts only these constants (``ReconcilePass.event`` takes an ``EventReason``, and
 tests/unit/test_event_reasons.py fails on a reason written as a literal); ``kubectl grpo status`` lists
 the ones marked ``restart_or_failure`` as the job's restarts; ``make generate`` renders the catalog into
 docs/operations.md ("Events"). Reasons are part of the interface: alerts and scripts select events by
