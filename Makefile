@@ -3,7 +3,7 @@ SHELL := /bin/bash
 PY ?= python3.11
 VENV := .venv
 BIN := $(VENV)/bin
-EXTRAS ?= dev,trainer,dspy
+EXTRAS ?= dev,trainer,dspy,metric
 # Arbor's DSPy provider (the client of client-rollout jobs), without the server it would drag in.
 ARBOR := arbor-ai==0.2.17
 # The installer: uv links every file of the venv from its cache (hard links) instead of copying it, so a

@@ -90,6 +90,7 @@ IMAGES = (
         "trainer-cpu", "trainer", "trainer_image/Dockerfile.cpu", suffix="-cpu",
         no_debian_base="its torch comes from PyPI's CPU-only index at download.pytorch.org",
     ),
+    Image("metric-builtin", "metric-builtin", "trainer_image/Dockerfile.metric"),
     Image("metric-math", "metric-math", "examples/metrics/math_partial_credit/Dockerfile"),
     Image("metric-exact-match", "metric-exact-match", "examples/metrics/exact_match/Dockerfile"),
     Image("metric-tiny", "metric-tiny-demo", "examples/tiny/Dockerfile"),

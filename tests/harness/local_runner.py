@@ -228,7 +228,12 @@ class LocalJobRunner:
         self.metric_port = free_port()
         if callable(command):  # the pod's container itself (tests/harness/pod_container.py)
             command = command(pod, self.metric_port)
-        env = {**os.environ, **self.local_home(container_env(pod)), "GRPO_METRIC_PORT": str(self.metric_port)}
+        env = {
+            **os.environ,
+            **self.local_home(container_env(pod)),
+            **self.secret_env(pod),
+            "GRPO_METRIC_PORT": str(self.metric_port),
+        }
         log = self.workdir / "metric.log"
         handle = log.open("ab")
         popen = subprocess.Popen(command, env=env, stdout=handle, stderr=subprocess.STDOUT, cwd=REPO)
@@ -251,15 +256,22 @@ class LocalJobRunner:
         return bool(cm and "gateway.json" in (cm.get("data") or {}))
 
     def secret_env(self, pod: dict[str, Any]) -> dict[str, str]:
-        """The container's secretKeyRef variables, resolved as the kubelet would."""
+        """The container's secretKeyRef and configMapKeyRef variables, resolved as the kubelet would."""
         out: dict[str, str] = {}
         for var in pod["spec"]["containers"][0].get("env", []):
-            ref = (var.get("valueFrom") or {}).get("secretKeyRef")
-            if ref:
+            source = var.get("valueFrom") or {}
+            if "secretKeyRef" in source:
+                ref = source["secretKeyRef"]
                 secret = self.kube.get("secret", ref["name"], self.namespace) or {}
                 value = (secret.get("data") or {}).get(ref["key"])
                 if value is not None:
                     out[var["name"]] = base64.b64decode(value).decode()
+            elif "configMapKeyRef" in source:
+                ref = source["configMapKeyRef"]
+                config = self.kube.get("configmap", ref["name"], self.namespace) or {}
+                text = (config.get("data") or {}).get(ref["key"])
+                if text is not None:
+                    out[var["name"]] = text
         return out
 
     def ensure_gateway(self) -> None:

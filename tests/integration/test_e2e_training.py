@@ -61,11 +61,13 @@ def run_tiny_job(
     hooks: list[Callable[[LocalJobRunner], None]] | None = None,
     vllm_port: int = 0,
     vllm_start_delay: float = 0.0,
+    metric_commands: dict[str, list[str]] | None = None,
 ) -> tuple[str, Path]:
     """Applies the tiny demo's ``job`` with the operator running, seeds its claim as the demo does
     (examples/tiny/seed.py) and runs its pods locally until the job ends (``hooks`` run after every pass of
     the runner; ``vllm_port``: the runner's local port for the job's vLLM Service, free if 0;
-    ``vllm_start_delay``: LocalJobRunner's); returns the job's final phase and the directory that backs
+    ``vllm_start_delay``: LocalJobRunner's; ``metric_commands``: local commands of other metric images);
+    returns the job's final phase and the directory that backs
     the job's claim."""
     sys.path.insert(0, str(REPO / "examples" / "tiny"))
     from seed import seed  # the tiny model and the demo's prompts on the job's volume
@@ -80,7 +82,7 @@ def run_tiny_job(
             kube,
             namespace,
             "tiny",
-            {METRIC_IMAGE: [sys.executable, "examples/tiny/metric.py"]},
+            {METRIC_IMAGE: [sys.executable, "examples/tiny/metric.py"], **(metric_commands or {})},
             tmp_path / "run",
             generation=generation,
             hooks=hooks or [],

@@ -122,6 +122,16 @@ INVALID_CASES: list[Case] = [
         {"spec.generation": {"gpus": 8, "tensorParallelSize": 4}},
     ),
     case(
+        "builtin-reward-of-no-type",
+        "spec.metric.rewards[0].type",
+        {"spec.metric.rewards": [{"type": "fuzzyMatch"}]},
+    ),
+    case(
+        "function-configmap-not-a-name",
+        "spec.metric.function.configMap",
+        {"spec.metric.function": {"configMap": "Team_Reward"}},
+    ),
+    case(
         "colocate-with-generation-gpus",
         "spec.generation.mode",
         {"spec.generation": {"mode": "Colocate", "gpus": 2}},

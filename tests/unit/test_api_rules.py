@@ -15,6 +15,7 @@ import pydantic
 import pytest
 from grpo_operator.api import GRPOJob, GRPOJobSpec
 from grpo_operator.api.base import ApiModel, CelRule, CelRules, RuleViolation
+from grpo_operator.api.builtin_rewards import BuiltinReward
 from grpo_operator.api.resource import NameRules
 from grpo_operator.api.rollouts import RolloutsSpec
 from grpo_operator.api.spec import (
@@ -58,6 +59,26 @@ RULE_BREAKERS: dict[CelRule, dict[str, Any]] = {
         "spec.metric.env": [{"name": "T", "value": "x", "valueFrom": _SECRET}]
     },
     MetricSpec.Rules.reward_weight_names: {"spec.metric.rewardWeights": {"Accuracy": 1.0}},
+    MetricSpec.Rules.rewards_or_function: {
+        "spec.metric.rewards": [{"type": "mathAnswer"}],
+        "spec.metric.function": {"configMap": "reward"},
+    },
+    MetricSpec.Rules.reward_names_unique: {
+        "spec.metric.rewards": [{"type": "regex", "pattern": "a"}, {"type": "regex", "pattern": "b"}]
+    },
+    MetricSpec.Rules.weights_name_rewards: {
+        "spec.metric.rewards": [{"type": "mathAnswer"}],
+        "spec.metric.rewardWeights": {"accuracy": 1.0},
+    },
+    BuiltinReward.Rules.regex_needs_pattern: {"spec.metric.rewards": [{"type": "regex"}]},
+    BuiltinReward.Rules.length_needs_max_tokens: {"spec.metric.rewards": [{"type": "length"}]},
+    BuiltinReward.Rules.max_tokens_is_for_length: {"spec.metric.rewards": [{"type": "mathAnswer", "maxTokens": 9}]},
+    BuiltinReward.Rules.pattern_is_for_regex_or_exact_match: {
+        "spec.metric.rewards": [{"type": "mathAnswer", "pattern": "x"}]
+    },
+    BuiltinReward.Rules.field_is_for_answers: {
+        "spec.metric.rewards": [{"type": "regex", "pattern": "x", "field": "answer"}]
+    },
     GenerationSpec.Rules.tp_equals_gpus: {"spec.generation": {"gpus": 2, "tensorParallelSize": 1}},
     GenerationSpec.Rules.no_gpus_in_resources: {
         "spec.generation.resources": {"limits": {"nvidia.com/mig-1g.10gb": 1}}

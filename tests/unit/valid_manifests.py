@@ -88,6 +88,32 @@ VALID_CASES: list[Case] = [
     ),
     case("tensor-parallel-follows-gpus", "", {"spec.generation.gpus": 2}),
     case(
+        "builtin-rewards-weighted",
+        "",
+        {
+            "spec.metric": {
+                "image": "ghcr.io/grpo-operator/metric-builtin:0.1.0",
+                "rewards": [
+                    {"type": "mathAnswer", "field": "solution"},
+                    {"type": "regex", "pattern": "^<think>.*</think>"},
+                    {"type": "exactMatch", "name": "label", "pattern": "Answer: (\\w+)"},
+                    {"type": "length", "maxTokens": 512},
+                ],
+                "rewardWeights": {"math_answer": 1.0, "format": 0.2, "length": 0.1},
+            }
+        },
+    ),
+    case(
+        "function-from-a-configmap",
+        "",
+        {
+            "spec.metric": {
+                "image": "ghcr.io/grpo-operator/metric-builtin:0.1.0",
+                "function": {"configMap": "team-reward", "key": "reward.py", "name": "score"},
+            }
+        },
+    ),
+    case(
         "multi-node-rwx",
         "",
         {

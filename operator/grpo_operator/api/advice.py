@@ -14,6 +14,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from grpo_operator.api.builtin_rewards import STOCK_METRIC_IMAGE
 from grpo_operator.api.compat import models_in, wire_name
 from grpo_operator.api.resource import GRPOJob, compute_rollouts
 from grpo_operator.api.spec import GRPOJobSpec
@@ -65,7 +66,8 @@ TRL_NAMES: dict[str, str] = {
     "vllm_tensor_parallel_size": "spec.generation.tensorParallelSize",
     "vllm_max_model_length": "spec.generation.maxModelLen",
     # GRPOTrainer's own arguments, not GRPOConfig's.
-    "reward_funcs": "spec.metric.image (a scoring service; see docs/metric-contract.md)",
+    "reward_funcs": "spec.metric.rewards (built-in rewards), spec.metric.function (your Python function) or "
+    "spec.metric.image (a scoring service of your own; see docs/metric-contract.md)",
     "train_dataset": "spec.dataset.train",
     "eval_dataset": "spec.dataset.validation",
     "peft_config": "spec.grpo.lora",
@@ -75,6 +77,7 @@ TRL_NAMES: dict[str, str] = {
 _SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
 _HUB_URL = re.compile(r"^https?://(?:www\.)?huggingface\.co/([^/?#]+/[^/?#]+)")
 IMAGE_FIELDS = ("metric", "trainer", "generation")
+STOCK_REPOSITORY = "metric-builtin"
 
 
 @dataclass(frozen=True)
@@ -163,6 +166,20 @@ def image_message(field: str, image: str) -> str:
     )
 
 
+def not_stock_image(image: str) -> bool:
+    """Whether ``image`` is not the stock metric image (its repository's last part is metric-builtin, in
+    whichever registry the platform mirrors it to)."""
+    return not image[image.rfind("/") + 1 :].startswith(STOCK_REPOSITORY)
+
+
+def stock_image_message(image: str) -> str:
+    return (
+        f"spec.metric.image '{image}' is not the stock metric image ({STOCK_METRIC_IMAGE} or a copy named "
+        "metric-builtin): only it computes spec.metric.rewards and runs spec.metric.function, and another "
+        "image ignores them and scores as it was built to; use the stock image"
+    )
+
+
 def model_url_message(name: str) -> str:
     hub = _HUB_URL.match(name)
     fix = f"give the Hub id '{hub.group(1)}'" if hub else "give a Hub id (org/name) or a path"
@@ -195,6 +212,9 @@ def warnings(spec: GRPOJobSpec, max_rollouts: int = DEFAULT_WARN_ROLLOUTS) -> li
         image = images[field]
         if image is not None and image_unpinned(image):
             out.append(Advice(f"spec.{field}.image", image_message(field, image)))
+    metric = spec.metric
+    if metric is not None and (metric.rewards or metric.function) and not_stock_image(metric.image):
+        out.append(Advice("spec.metric.image", stock_image_message(metric.image)))
     if _SCHEME.match(spec.model.name):
         out.append(Advice("spec.model.name", model_url_message(spec.model.name)))
     if max_rollouts and compute_rollouts(spec) > max_rollouts:

@@ -3,12 +3,21 @@ server (``spec.generation``) and the trainer gang (``spec.trainer``)."""
 
 from __future__ import annotations
 
-import re
 from typing import Annotated, Literal
 
 from pydantic import Field, field_validator, model_validator
 
 from grpo_operator.api.base import NO_SERVER_DEFAULT, ApiModel, CelRule, CelRules
+from grpo_operator.api.builtin_rewards import (
+    COMPONENT_NAME_PATTERN,
+    COMPONENT_NAME_RE,
+    DEFAULT_NAMES,
+    MAX_BUILTIN_REWARDS,
+    MAX_REWARD_COMPONENTS,
+    STOCK_METRIC_IMAGE,
+    BuiltinReward,
+    MetricFunction,
+)
 from grpo_operator.api.field_types import INTEGRAL_FLOAT, NO_SPACE_PATTERN, K8sInt
 from grpo_operator.api.pod_fields import ENV_LIST_SCHEMA, EnvList, ResourceRequirements
 
@@ -55,15 +64,19 @@ DEFAULT_VLLM_IMAGE = "vllm/vllm-openai:v0.31.0"
 DEFAULT_TRAINER_IMAGE = "ghcr.io/grpo-operator/trainer:0.1.0"
 
 
-# A reward component's name (what the metric's "components" use): the metric protocol's rule, repeated
-# here because the operator does not import the trainer's packages.
-COMPONENT_NAME_PATTERN = r"^[a-z][a-z0-9_]{0,31}$"
-_COMPONENT_NAME_RE = re.compile(COMPONENT_NAME_PATTERN)
-MAX_REWARD_COMPONENTS = 16
+# A built-in reward's component name in CEL: its name, else its type's default (builtin_rewards.DEFAULT_NAMES).
+_REWARD_NAME_CEL = "(has(@.name) ? @.name : " + "".join(
+    f"@.type == '{kind}' ? '{name}' : " for kind, name in list(DEFAULT_NAMES.items())[:-1]
+) + f"'{list(DEFAULT_NAMES.values())[-1]}')"
+
+
+def _reward_name(var: str) -> str:
+    return _REWARD_NAME_CEL.replace("@", var)
 
 
 class MetricSpec(ApiModel):
-    """The user's reward service: an HTTP server (GET /healthz, POST /score) built from their image."""
+    """The reward service: an HTTP server (GET /healthz, POST /score) from the user's image, or the stock
+    metric image computing built-in rewards or the user's function (api/builtin_rewards.py)."""
 
     class Rules(CelRules):
         reward_weight_names = CelRule(
@@ -72,9 +85,47 @@ class MetricSpec(ApiModel):
             "letters, digits and '_', starting with a letter, at most 32 characters (e.g. accuracy, format)",
             ".rewardWeights",
         )
+        rewards_or_function = CelRule(
+            "!has(self.rewards) || !has(self.function)",
+            "spec.metric.rewards and spec.metric.function are two ways of scoring: set one (put a built-in "
+            "reward's logic into the function, or the function's into rewards)",
+            ".function",
+        )
+        reward_names_unique = CelRule(
+            f"!has(self.rewards) || self.rewards.all(a, self.rewards.exists_one(b, {_reward_name('b')} == "
+            f"{_reward_name('a')}))",
+            "spec.metric.rewards[] must have distinct component names: give rewards of the same type a name "
+            "each",
+            ".rewards",
+        )
+        weights_name_rewards = CelRule(
+            "!has(self.rewards) || !has(self.rewardWeights) || "
+            f"self.rewardWeights.all(k, self.rewards.exists(r, {_reward_name('r')} == k))",
+            "spec.metric.rewardWeights names a component that no reward in spec.metric.rewards computes "
+            "(every item would be a metric error): weigh the rewards' names (their name, else exact_match, "
+            "math_answer, format or length by type)",
+            ".rewardWeights",
+        )
 
     image: str = Field(
-        min_length=1, max_length=512, pattern=NO_SPACE_PATTERN, description="Metric service container image."
+        min_length=1,
+        max_length=512,
+        pattern=NO_SPACE_PATTERN,
+        description="Metric service container image. With rewards or function: the stock metric image, "
+        f"{STOCK_METRIC_IMAGE} (or your registry's copy of it).",
+    )
+    rewards: (
+        Annotated[list[BuiltinReward], Field(min_length=1, max_length=MAX_BUILTIN_REWARDS)] | None
+    ) = Field(
+        default=None,
+        description="Rewards the stock metric image computes, each a component of the reward (summed, or "
+        "weighted by rewardWeights): exactMatch against a dataset column, mathAnswer (math-verify), regex "
+        "(a format), length (a penalty). Needs image to be the stock metric image.",
+    )
+    function: MetricFunction | None = Field(
+        default=None,
+        description="Your reward function's Python source in a ConfigMap, run by the stock metric image in "
+        "the metric pod (no image to build). Needs image to be the stock metric image.",
     )
     port: K8sInt = Field(default=8080, ge=1, le=65535, description="Port the metric server listens on.")
     replicas: K8sInt = Field(default=1, ge=1, le=64, description="Metric server replicas behind one Service.")
@@ -135,9 +186,21 @@ class MetricSpec(ApiModel):
     @classmethod
     def _component_names(cls, value: dict[str, float] | None) -> dict[str, float] | None:
         # The twin of Rules.reward_weight_names, reported at the field as the rule's fieldPath does.
-        if value is not None and not all(_COMPONENT_NAME_RE.match(name) for name in value):
+        if value is not None and not all(COMPONENT_NAME_RE.match(name) for name in value):
             raise cls.Rules.reward_weight_names.violation()
         return value
+
+    @model_validator(mode="after")
+    def _scoring(self) -> MetricSpec:
+        if self.rewards is not None and self.function is not None:
+            raise self.Rules.rewards_or_function.violation()
+        if self.rewards is not None:
+            names = [r.component() for r in self.rewards]
+            if len(set(names)) != len(names):
+                raise self.Rules.reward_names_unique.violation()
+            if self.reward_weights is not None and not set(self.reward_weights) <= set(names):
+                raise self.Rules.weights_name_rewards.violation()
+        return self
 
 
 # Where generation runs decides the job's children (vLLM pods and Services or none) and the trainer's

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
+from grpo_operator.api.builtin_rewards import FUNCTION_NAME_ENV, FUNCTION_SOURCE_ENV, REWARDS_ENV
 from grpo_operator.api.spec import MetricSpec
 from grpo_operator.builders.common import (
     Job,
@@ -39,11 +41,29 @@ def metric_resources(job: Job, settings: OperatorSettings) -> dict[str, Any]:
     return out
 
 
+def scoring_env(spec: MetricSpec) -> list[dict[str, Any]]:
+    """What the stock metric image computes: the built-in rewards as JSON, or the user's function's source
+    from its ConfigMap key (resolved by the kubelet, so the operator never reads the tenant's ConfigMap)."""
+    if spec.rewards is not None:
+        rewards = json.dumps([r.to_dict() for r in spec.rewards], separators=(",", ":"), sort_keys=True)
+        return [{"name": REWARDS_ENV, "value": rewards}]
+    if spec.function is not None:
+        source = {"configMapKeyRef": {"name": spec.function.config_map, "key": spec.function.key}}
+        return [
+            {"name": FUNCTION_SOURCE_ENV, "valueFrom": source},
+            {"name": FUNCTION_NAME_ENV, "value": spec.function.name},
+        ]
+    return []
+
+
 def metric_deployment(job: Job, settings: OperatorSettings) -> Manifest:
     spec = _metric(job)
     port = spec.port
-    env = [{"name": METRIC_PORT_ENV, "value": str(port)}]
-    env += [var.to_dict() for var in spec.env if var.name != METRIC_PORT_ENV]
+    env = [{"name": METRIC_PORT_ENV, "value": str(port)}, *scoring_env(spec)]
+    reserved = {METRIC_PORT_ENV}
+    if spec.rewards is not None or spec.function is not None:
+        reserved |= {REWARDS_ENV, FUNCTION_SOURCE_ENV, FUNCTION_NAME_ENV}
+    env += [var.to_dict() for var in spec.env if var.name not in reserved]
     # A plain value or a valueFrom reference, as written; neither means the empty string.
     env = [e if "valueFrom" in e else {"name": e["name"], "value": e.get("value", "")} for e in env]
     container: dict[str, Any] = {
