@@ -72,7 +72,9 @@ RULE_BREAKERS: dict[CelRule, dict[str, Any]] = {
     },
     BuiltinReward.Rules.regex_needs_pattern: {"spec.metric.rewards": [{"type": "regex"}]},
     BuiltinReward.Rules.length_needs_max_tokens: {"spec.metric.rewards": [{"type": "length"}]},
-    BuiltinReward.Rules.max_tokens_is_for_length: {"spec.metric.rewards": [{"type": "mathAnswer", "maxTokens": 9}]},
+    BuiltinReward.Rules.max_tokens_is_for_length: {
+        "spec.metric.rewards": [{"type": "mathAnswer", "maxTokens": 9}]
+    },
     BuiltinReward.Rules.pattern_is_for_regex_or_exact_match: {
         "spec.metric.rewards": [{"type": "mathAnswer", "pattern": "x"}]
     },

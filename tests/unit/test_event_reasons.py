@@ -82,7 +82,9 @@ def test_reconcile_posts_events_only_from_the_catalog() -> None:
     assert not literal_reasons, (
         f"events posted with a reason not from api/event_reasons.py: {literal_reasons}"
     )
-    assert not built_by_hand, f"plan Events built from literals instead of ReconcilePass.event: {built_by_hand}"
+    assert not built_by_hand, (
+        f"plan Events built from literals instead of ReconcilePass.event: {built_by_hand}"
+    )
 
 
 def test_every_event_the_runtime_posts_itself_is_in_the_catalog() -> None:

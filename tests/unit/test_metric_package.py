@@ -62,9 +62,12 @@ def test_the_sdk_is_a_pip_installable_package_of_its_own(tmp_path: Path) -> None
         metadata = archive.read(next(n for n in names if n.endswith("METADATA"))).decode()
     assert {n.split("/")[0] for n in names if not n.split("/")[0].endswith(".dist-info")} == {"grpo_metric"}
     requires = re.findall(r"^Requires-Dist: (.+)$", metadata, re.MULTILINE)
-    root_pin = re.search(r'"(aiohttp==[^"]+)"', (REPO / "pyproject.toml").read_text())
-    assert root_pin is not None
-    assert requires == [root_pin.group(1)]
+    root = (REPO / "pyproject.toml").read_text()
+    root_pin = re.search(r'"(aiohttp==[^"]+)"', root)
+    math_pin = re.search(r'"(math-verify==[^"]+)"', root)
+    assert root_pin is not None and math_pin is not None
+    # aiohttp alone, and math-verify only for the stock image's `builtin` extra: the same pins as the repository.
+    assert requires == [root_pin.group(1), f'{math_pin.group(1)}; extra == "builtin"']
 
     site = tmp_path / "site"
     subprocess.run(

@@ -12,7 +12,7 @@ from typing import Annotated, Literal
 from pydantic import Field, model_validator
 
 from grpo_operator.api.base import ApiModel, CelRule, CelRules
-from grpo_operator.api.field_types import K8sInt
+from grpo_operator.api.field_types import INTEGRAL_FLOAT
 
 # A reward component's name (what the metric's "components" use): the metric protocol's rule, repeated
 # here because the operator does not import the trainer's packages.
@@ -96,7 +96,7 @@ class BuiltinReward(ApiModel):
         description="regex: what a completion must contain. exactMatch: where its answer is (the first "
         "group of the first match; no match is a format failure).",
     )
-    max_tokens: Annotated[K8sInt, Field(ge=1, le=1_048_576)] | None = Field(
+    max_tokens: Annotated[int, Field(ge=1, le=1_048_576), INTEGRAL_FLOAT] | None = Field(
         default=None, description="length: completion tokens the penalty starts above."
     )
 

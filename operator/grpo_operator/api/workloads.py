@@ -65,9 +65,11 @@ DEFAULT_TRAINER_IMAGE = "ghcr.io/grpo-operator/trainer:0.1.0"
 
 
 # A built-in reward's component name in CEL: its name, else its type's default (builtin_rewards.DEFAULT_NAMES).
-_REWARD_NAME_CEL = "(has(@.name) ? @.name : " + "".join(
-    f"@.type == '{kind}' ? '{name}' : " for kind, name in list(DEFAULT_NAMES.items())[:-1]
-) + f"'{list(DEFAULT_NAMES.values())[-1]}')"
+_REWARD_NAME_CEL = (
+    "(has(@.name) ? @.name : "
+    + "".join(f"@.type == '{kind}' ? '{name}' : " for kind, name in list(DEFAULT_NAMES.items())[:-1])
+    + f"'{list(DEFAULT_NAMES.values())[-1]}')"
+)
 
 
 def _reward_name(var: str) -> str:
@@ -114,13 +116,13 @@ class MetricSpec(ApiModel):
         description="Metric service container image. With rewards or function: the stock metric image, "
         f"{STOCK_METRIC_IMAGE} (or your registry's copy of it).",
     )
-    rewards: (
-        Annotated[list[BuiltinReward], Field(min_length=1, max_length=MAX_BUILTIN_REWARDS)] | None
-    ) = Field(
-        default=None,
-        description="Rewards the stock metric image computes, each a component of the reward (summed, or "
-        "weighted by rewardWeights): exactMatch against a dataset column, mathAnswer (math-verify), regex "
-        "(a format), length (a penalty). Needs image to be the stock metric image.",
+    rewards: Annotated[list[BuiltinReward], Field(min_length=1, max_length=MAX_BUILTIN_REWARDS)] | None = (
+        Field(
+            default=None,
+            description="Rewards the stock metric image computes, each a component of the reward (summed, or "
+            "weighted by rewardWeights): exactMatch against a dataset column, mathAnswer (math-verify), regex "
+            "(a format), length (a penalty). Needs image to be the stock metric image.",
+        )
     )
     function: MetricFunction | None = Field(
         default=None,

@@ -8,8 +8,8 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-from grpo_operator.api.learning_health import REASONS, describe
 from grpo_operator.api.builtin_rewards import COMPONENT_NAME_PATTERN, MAX_REWARD_COMPONENTS
+from grpo_operator.api.learning_health import REASONS, describe
 from grpo_operator.kubectl_plugin.data import as_float, learning_status, step_of
 
 BARS = "▁▂▃▄▅▆▇█"
