@@ -516,3 +516,27 @@ def test_edit_role_suffices_and_view_role_is_told_what_is_missing(
         assert no_reader_pods(kube, namespace)
     finally:
         operator.stop()
+
+
+def test_config_shows_the_resolved_spec_and_trainer_json_and_compare_the_differences(
+    kube: Cluster, trained: Trained, tmp_path: Path
+) -> None:
+    config = yaml.safe_load(trained.plugin("config", "tiny", "-o", "yaml").stdout)
+    # Left unset in the manifest, filled in as training uses it; trainer.json as the operator wrote it.
+    assert config["spec"]["grpo"]["lossType"] == "dapo" and config["spec"]["grpo"]["learningRate"] == 0.02
+    assert config["trainerJson"]["grpo"]["groupSize"] == 8
+    text = trained.plugin("config", "tiny").stdout
+    assert "# trainer.json (ConfigMap tiny-config): what the trainer reads" in text
+
+    other = yaml.safe_load((REPO / "examples" / "tiny" / "grpojob.yaml").read_text())
+    other["metadata"]["name"] = "tiny-lr"
+    other["spec"]["grpo"]["learningRate"] = 0.05
+    other["spec"]["suspend"] = True  # compared, never run
+    kube.apply(other, trained.namespace)
+    shown = trained.plugin("compare", "tiny", "tiny-lr", "--no-curves").stdout
+    assert "spec.grpo.learningRate: 0.02 | 0.05" in shown and "spec.suspend: false | true" in shown
+    # The curves, read from the job's volume; a job against itself differs in nothing.
+    png = tmp_path / "both.png"
+    report = json.loads(trained.plugin("compare", "tiny", "tiny", "-o", "json", "--plot", str(png)).stdout)
+    assert report["settings"] == [] and len(report["curves"]["tiny"]) == STEPS
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

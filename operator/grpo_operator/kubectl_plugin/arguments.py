@@ -28,6 +28,8 @@ Examples:
   {PROG} export qwen-gsm8k --to ./qwen-gsm8k-final
   {PROG} logs qwen-gsm8k --role trainer -f
   {PROG} suspend qwen-gsm8k
+  {PROG} config qwen-gsm8k   (the resolved spec and trainer.json)
+  {PROG} compare qwen-lr1e6 qwen-lr3e6 --plot both.png
   {PROG} check -f job.yaml   (before applying it; no cluster needed)
 
 What the job's trainer wrote is shown with terminal control characters escaped (as \\u001b), and
@@ -191,6 +193,25 @@ def parser() -> argparse.ArgumentParser:
         "restart, a failure or the end); --rank is then the trainer process's global rank",
     )
     _reader_flags(p)
+
+    p = sub(
+        "config",
+        "The job's spec with every default and the preset filled in, and the trainer.json it runs with.",
+        f"  {PROG} config qwen-gsm8k\n  {PROG} config qwen-gsm8k -o json",
+    )
+    _output(p)
+
+    p = sub(
+        "compare",
+        "Two jobs side by side: the settings that differ, and their reward curves step by step.",
+        f"  {PROG} compare qwen-lr1e6 qwen-lr3e6\n  {PROG} compare qwen-lr1e6 qwen-lr3e6 --plot both.png\n"
+        f"  {PROG} compare qwen-lr1e6 qwen-lr3e6 --no-curves -o json",
+    )
+    p.add_argument("other", metavar="OTHER", help="name of the GRPOJob to compare with (same namespace)")
+    _output(p)
+    _reader_flags(p)
+    p.add_argument("--no-curves", action="store_true", help="settings only (no reader pods)")
+    p.add_argument("--plot", metavar="FILE.png", help="also draw both reward curves into this PNG")
 
     p = subs.add_parser(
         "check",

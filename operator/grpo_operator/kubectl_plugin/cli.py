@@ -43,6 +43,7 @@ from grpo_operator.kubectl_plugin.errors import (
     PluginError,
 )
 from grpo_operator.kubectl_plugin.output import emit, out, where
+from grpo_operator.kubectl_plugin.settings_view import cmd_compare, cmd_config
 from grpo_operator.kubectl_plugin.tail import Tail, read_jsonl
 from grpo_operator.kubectl_plugin.volume import VolumeTransport, reader
 
@@ -474,6 +475,10 @@ def main(argv: list[str] | None = None) -> int:
                 return cmd_export(kube, args)
             case "logs":
                 return cmd_logs(kube, args)
+            case "config":
+                return cmd_config(kube, args)
+            case "compare":
+                return cmd_compare(kube, args)
             case "suspend":
                 return cmd_suspend(kube, args, True)
             case "resume":

@@ -158,6 +158,15 @@ class Kube:
             raise _api_error(exc, f"patching GRPOJob {name}") from exc
         return job
 
+    def config_map(self, name: str) -> dict[str, Any] | None:
+        try:
+            found = self.core.read_namespaced_config_map(name, self.namespace)
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise _api_error(exc, f"reading ConfigMap {name}") from exc
+        return dict(self.api.sanitize_for_serialization(found))
+
     # -- pods, events, claims -----------------------------------------------------------------
     def pods(self, selector: str) -> list[dict[str, Any]]:
         try:

@@ -55,3 +55,21 @@ def plot(metrics_jsonl: Path, out_png: Path, title: str) -> Path:
     if not rows:
         raise SystemExit(f"{metrics_jsonl} has no steps yet")
     return plot_rows(rows, out_png, title)
+
+
+def plot_curves(series: dict[str, list[tuple[int, float]]], out_png: Path, title: str) -> Path:
+    """Several jobs' train reward per step, overlaid (``kubectl grpo compare --plot``)."""
+    fig, ax = plt.subplots(figsize=(7, 4), dpi=110)
+    for name, points in series.items():
+        if points:
+            ax.plot(*zip(*points, strict=True), label=name)
+    ax.set_xlabel("step")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_ylabel("train reward (mean)")
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend(loc="lower right")
+    fig.tight_layout()
+    fig.savefig(out_png)
+    plt.close(fig)
+    return out_png
