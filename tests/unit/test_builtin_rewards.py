@@ -135,7 +135,26 @@ def test_the_metric_pod_gets_the_rewards_or_the_functions_configmap_key() -> Non
         e["name"]: e
         for e in _container({"image": api.STOCK_METRIC_IMAGE, "rewards": [{"type": "mathAnswer"}]})["env"]
     }
-    assert json.loads(env[api.REWARDS_ENV]["value"]) == [{"type": "mathAnswer"}]
+    # A reward that compares with a reference reads spec.dataset.answerField unless it names a column.
+    assert json.loads(env[api.REWARDS_ENV]["value"]) == [{"type": "mathAnswer", "field": "answer"}]
+    rewards = [
+        {"type": "exactMatch"},
+        {"type": "mathAnswer", "field": "final"},
+        {"type": "regex", "pattern": "x"},
+    ]
+    job = job_from_object(
+        job_object(
+            metric={"image": api.STOCK_METRIC_IMAGE, "rewards": rewards},
+            dataset={"train": "hf://a/b", "answerField": "solution"},
+        )
+    )
+    container = metric_deployment(job, OperatorSettings())["spec"]["template"]["spec"]["containers"][0]
+    (sent,) = [e["value"] for e in container["env"] if e["name"] == api.REWARDS_ENV]
+    assert json.loads(sent) == [
+        {"type": "exactMatch", "field": "solution"},
+        {"type": "mathAnswer", "field": "final"},
+        {"type": "regex", "pattern": "x"},
+    ]
     container = _container(
         {
             "image": api.STOCK_METRIC_IMAGE,

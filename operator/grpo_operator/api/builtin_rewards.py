@@ -29,6 +29,8 @@ FUNCTION_SOURCE_ENV = "GRPO_METRIC_FUNCTION_SOURCE"
 FUNCTION_NAME_ENV = "GRPO_METRIC_FUNCTION_NAME"
 
 RewardType = Literal["exactMatch", "mathAnswer", "regex", "length"]
+# The types that compare with a reference answer in a dataset column (``field``).
+ANSWER_TYPES = ("exactMatch", "mathAnswer")
 # The component name of a reward that names none.
 DEFAULT_NAMES: dict[str, str] = {
     "exactMatch": "exact_match",
@@ -89,7 +91,7 @@ class BuiltinReward(ApiModel):
     field: Annotated[str, Field(min_length=1, max_length=256)] | None = Field(
         default=None,
         description="exactMatch and mathAnswer: the dataset column holding the reference answer. Unset: "
-        "answer.",
+        "spec.dataset.answerField.",
     )
     pattern: Annotated[str, Field(min_length=1, max_length=4096)] | None = Field(
         default=None,
@@ -147,6 +149,7 @@ class MetricFunction(ApiModel):
 
 
 __all__ = [
+    "ANSWER_TYPES",
     "COMPONENT_NAME_PATTERN",
     "DEFAULT_NAMES",
     "FUNCTION_NAME_ENV",

@@ -5,7 +5,12 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from grpo_operator.api.builtin_rewards import FUNCTION_NAME_ENV, FUNCTION_SOURCE_ENV, REWARDS_ENV
+from grpo_operator.api.builtin_rewards import (
+    ANSWER_TYPES,
+    FUNCTION_NAME_ENV,
+    FUNCTION_SOURCE_ENV,
+    REWARDS_ENV,
+)
 from grpo_operator.api.spec import MetricSpec
 from grpo_operator.builders.common import (
     Job,
@@ -41,11 +46,16 @@ def metric_resources(job: Job, settings: OperatorSettings) -> dict[str, Any]:
     return out
 
 
-def scoring_env(spec: MetricSpec) -> list[dict[str, Any]]:
-    """What the stock metric image computes: the built-in rewards as JSON, or the user's function's source
-    from its ConfigMap key (resolved by the kubelet, so the operator never reads the tenant's ConfigMap)."""
+def scoring_env(spec: MetricSpec, answer_field: str = "answer") -> list[dict[str, Any]]:
+    """What the stock metric image computes: the built-in rewards as JSON (a reward that compares with a
+    reference and names no column reads spec.dataset.answerField), or the user's function's source from its
+    ConfigMap key (resolved by the kubelet, so the operator never reads the tenant's ConfigMap)."""
     if spec.rewards is not None:
-        rewards = json.dumps([r.to_dict() for r in spec.rewards], separators=(",", ":"), sort_keys=True)
+        wire = [r.to_dict() for r in spec.rewards]
+        for reward in wire:
+            if reward["type"] in ANSWER_TYPES:
+                reward.setdefault("field", answer_field)
+        rewards = json.dumps(wire, separators=(",", ":"), sort_keys=True)
         return [{"name": REWARDS_ENV, "value": rewards}]
     if spec.function is not None:
         source = {"configMapKeyRef": {"name": spec.function.config_map, "key": spec.function.key}}
@@ -59,7 +69,8 @@ def scoring_env(spec: MetricSpec) -> list[dict[str, Any]]:
 def metric_deployment(job: Job, settings: OperatorSettings) -> Manifest:
     spec = _metric(job)
     port = spec.port
-    env = [{"name": METRIC_PORT_ENV, "value": str(port)}, *scoring_env(spec)]
+    answer_field = job.spec.dataset.answer_field if job.spec.dataset is not None else "answer"
+    env = [{"name": METRIC_PORT_ENV, "value": str(port)}, *scoring_env(spec, answer_field)]
     reserved = {METRIC_PORT_ENV}
     if spec.rewards is not None or spec.function is not None:
         reserved |= {REWARDS_ENV, FUNCTION_SOURCE_ENV, FUNCTION_NAME_ENV}
