@@ -59,6 +59,7 @@ def train(
     )
     logs = "\n".join(p.read_text(errors="replace")[-3000:] for p in (tmp_path / "run").glob("*.log"))
     assert phase == "Succeeded", f"job ended {phase}; runner logs:\n{logs}"
+    (tmp_path / "samples.jsonl").write_bytes((volume / "output" / "samples.jsonl").read_bytes())
     return [json.loads(line) for line in (volume / "output" / "metrics.jsonl").read_text().splitlines()]
 
 
@@ -78,6 +79,9 @@ def test_built_in_rewards_are_weighted_components_of_the_reward(
     )
     rows = train(kube, namespace, job, tmp_path)
     assert len(rows) == STEPS
+    # Each sample carries its own parts, which `kubectl grpo samples` shows beside it.
+    samples = [json.loads(line) for line in (tmp_path / "samples.jsonl").read_text().splitlines()]
+    assert samples and all(set(s["components"]) == {"has_a", "length", "exact_match"} for s in samples)
     for row in rows:
         components = row["reward_components"]
         assert isinstance(components, dict) and set(components) == {"has_a", "length", "exact_match"}

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from grpo_metric import FormatFailure, MetricServer
 
-from tests.trainer.toy import read_jsonl, start_trainer, trainer_config
+from tests.trainer.toy import TARGET, read_jsonl, start_trainer, trainer_config
 
 pytestmark = pytest.mark.trainer
 
@@ -75,6 +75,9 @@ def test_unparseable_outputs_score_format_failure_score(tmp_path: Path, tiny_mod
     failures = [s for s in samples if s["formatFailure"]]
     assert failures and all(s["reward"] == -2.5 for s in failures)
     assert all(s["reward"] >= 0 for s in samples if not s["formatFailure"])
+    # What `kubectl grpo samples` shows beside each: the row's reference answer and why the completion ended.
+    assert all(s["answer"] == TARGET for s in samples)
+    assert {s["finishReason"] for s in samples} <= {"stop", "length"} and "components" not in samples[0]
 
 
 def test_invalid_config_exits_2_with_a_reason(tmp_path: Path, tiny_model: Path) -> None:

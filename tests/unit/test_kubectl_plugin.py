@@ -97,6 +97,7 @@ def test_samples_text_groups_completions_under_their_prompt_with_rewards() -> No
         "── step 3 · train ──",
         "PROMPT",
         "  │ What is 2+2?",
+        "GROUP  2 completions  mean +0.0000  std 1.0000",
         "  reward +1.0000  advantage +1.200",
         "    │ 4",
         "    │ because",

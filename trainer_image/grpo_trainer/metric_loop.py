@@ -125,6 +125,7 @@ def run_metric_loop(
                 config, env.world_size, len(validation.rows) if validation else 0, reporting.status
             ),
             learning=LearningMonitor(Thresholds.of(config.grpo.learning_health)),
+            answer_field=config.dataset.answer_field if config.dataset is not None else "answer",
             **tracking_options(config, workspace),
         )
         trainer = build_trainer(config, workspace, args, tokenizer, train_rows, reward, callback, reporting)

@@ -25,6 +25,7 @@ from grpo_trainer.metric_client import ErrorBudget
 from grpo_trainer.prom import TrainerMetrics, finite, logged_fields, set_logged_gauges
 from grpo_trainer.reported_components import ComponentNames
 from grpo_trainer.reward import MetricReward
+from grpo_trainer.sample_context import sample_context
 from grpo_trainer.signals import StopFlag
 from grpo_trainer.status import StatusReporter
 from grpo_trainer.tracking import TensorBoardTracker
@@ -113,6 +114,8 @@ class ProgressCallback(TrainerCallback):  # type: ignore[misc]
     _stop_not_learning: bool = False
     # The diagnosis the run stopped on (every rank; rank 0's words), for the exit's message.
     not_learning: str | None = None
+    # spec.dataset.answerField: the column samples.jsonl shows as each completion's reference answer.
+    answer_field: str = "answer"
     # spec.tracking.tensorBoard: where rank 0 writes event files (None: off), and the resolved trainer.json
     # it records there; the writer is opened when training begins, at the step resumed from.
     tensorboard_dir: Path | None = None
@@ -498,6 +501,12 @@ class ProgressCallback(TrainerCallback):  # type: ignore[misc]
                 "formatFailure": s.format_failure[i] if i < len(s.format_failure) else False,
                 **({"promptIds": s.prompt_ids[i]} if i < len(s.prompt_ids) else {}),
                 **({"completionIds": s.completion_ids[i]} if i < len(s.completion_ids) else {}),
+                **sample_context(
+                    self.answer_field,
+                    s.examples[i] if i < len(s.examples) else {},
+                    s.finish_reasons[i] if i < len(s.finish_reasons) else None,
+                    s.components[i] if i < len(s.components) else None,
+                ),
             }
             for i in range(min(limit, len(s.prompts)))
         ]
@@ -570,6 +579,7 @@ class ProgressCallback(TrainerCallback):  # type: ignore[misc]
                     "reward": reward,
                     "advantage": None,
                     "formatFailure": result.kind == "format_failure",
+                    **sample_context(self.answer_field, item.example, item.finish_reason, result.components),
                 }
                 for item, result, reward in zip(items, results, rewards, strict=True)
             ]

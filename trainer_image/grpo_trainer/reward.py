@@ -52,6 +52,8 @@ class ScoredBatch:
     prompts: list[str] = field(default_factory=list)
     completions: list[str] = field(default_factory=list)
     results: list[ScoreResult] = field(default_factory=list)
+    # The items as sent: their dataset row (the reference answer among its columns) and why each ended.
+    items: list[ScoreItem] = field(default_factory=list)
 
     @property
     def format_failures(self) -> int:
@@ -132,5 +134,5 @@ class MetricReward:
             completion_ids=kwargs.get("completion_ids"),
         )
         results = self.client.score(items)
-        self.last = ScoredBatch([i.prompt for i in items], [i.completion for i in items], results)
+        self.last = ScoredBatch([i.prompt for i in items], [i.completion for i in items], results, items)
         return [self.to_reward(r) for r in results]

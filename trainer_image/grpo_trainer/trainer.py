@@ -134,6 +134,10 @@ class LocalSamples:
     # The token ids trained on: the prompt's, and the completion's up to and including its end token.
     prompt_ids: list[list[int]] = field(default_factory=list)
     completion_ids: list[list[int]] = field(default_factory=list)
+    # Per completion: its dataset row, why it ended ("stop", "length"; None unknown), its reward's parts.
+    examples: list[dict[str, Any]] = field(default_factory=list)
+    finish_reasons: list[str | None] = field(default_factory=list)
+    components: list[dict[str, float] | None] = field(default_factory=list)
 
 
 class RefillSource:
@@ -348,6 +352,9 @@ class ProjectGRPOTrainer(GRPOTrainer):  # type: ignore[misc]
             format_failure=[r.kind == "format_failure" for r in scored.results],
             prompt_ids=_unpadded(output["prompt_ids"], output["prompt_mask"]),
             completion_ids=_unpadded(output["completion_ids"], output["completion_mask"]),
+            examples=[item.example for item in getattr(scored, "items", [])],
+            finish_reasons=[item.finish_reason for item in getattr(scored, "items", [])],
+            components=[dict(r.components) if r.components else None for r in scored.results],
         )
 
     def _generate_and_score_completions(self, inputs: list[dict[str, Any]]) -> dict[str, Any]:

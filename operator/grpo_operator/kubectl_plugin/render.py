@@ -325,25 +325,67 @@ def sample_head(sample: dict[str, Any]) -> str:
         parts.append(f"advantage {advantage:+.3f}")
     if sample.get("formatFailure"):
         parts.append("FORMAT FAILURE")
+    if sample.get("finishReason") == "length":
+        parts.append("TRUNCATED")
+    components = component_values(sample.get("components"))
+    if components:
+        parts.append("(" + ", ".join(f"{name} {value:+.3g}" for name, value in components.items()) + ")")
     return "  ".join(parts)
+
+
+def component_values(value: Any) -> dict[str, float]:
+    """A sample's reward components, well-formed names with finite values only (the trainer image wrote
+    them), at most MAX_REWARD_COMPONENTS."""
+    if not isinstance(value, dict):
+        return {}
+    found: dict[str, float] = {}
+    for name, number in value.items():
+        number = as_float(number)
+        if isinstance(name, str) and re.fullmatch(COMPONENT_NAME_PATTERN, name) and number is not None:
+            found[name] = number
+        if len(found) == MAX_REWARD_COMPONENTS:
+            break
+    return found
+
+
+def group_head(group: Sequence[dict[str, Any]]) -> str:
+    """One line over a group's completions: how many, their mean and std, and whether all tied (a group
+    whose rewards are all equal gives GRPO no signal)."""
+    rewards = [r for r in (as_float(s.get("reward")) for s in group) if r is not None]
+    if not rewards:
+        return f"GROUP  {len(group)} completions, none scored"
+    mean = sum(rewards) / len(rewards)
+    std = (sum((r - mean) ** 2 for r in rewards) / len(rewards)) ** 0.5
+    tied = "  TIED (no signal)" if len(rewards) > 1 and max(rewards) == min(rewards) else ""
+    return f"GROUP  {len(group)} completions  mean {mean:+.4f}  std {std:.4f}{tied}"
 
 
 def samples_text(samples: Sequence[dict[str, Any]], width: int = 100) -> str:
     """Samples grouped under their prompt (a GRPO group shares one prompt), each completion indented
     under a line with its reward, so a reward can be read next to the text that earned it."""
     lines: list[str] = []
+    groups: list[list[dict[str, Any]]] = []
     key: tuple[Any, Any, Any] | None = None
     for sample in samples:
         this = (sample.get("step"), sample.get("split"), sample.get("prompt"))
         if this != key:
             key = this
-            if lines:
-                lines.append("")
-            lines.append(f"── step {sample.get('step')} · {sample.get('split', 'train')} ──")
-            lines.append("PROMPT")
-            lines.append(_block(sample.get("prompt", ""), width, "  │ "))
-        lines.append(f"  {sample_head(sample)}")
-        lines.append(_block(sample.get("completion", ""), width, "    │ "))
+            groups.append([])
+        groups[-1].append(sample)
+    for group in groups:
+        first = group[0]
+        if lines:
+            lines.append("")
+        lines.append(f"── step {first.get('step')} · {first.get('split', 'train')} ──")
+        lines.append("PROMPT")
+        lines.append(_block(first.get("prompt", ""), width, "  │ "))
+        if first.get("answer") is not None:
+            lines.append("REFERENCE ANSWER")
+            lines.append(_block(first.get("answer"), width, "  │ "))
+        lines.append(group_head(group))
+        for sample in group:
+            lines.append(f"  {sample_head(sample)}")
+            lines.append(_block(sample.get("completion", ""), width, "    │ "))
     return "\n".join(lines)
 
 
