@@ -130,12 +130,23 @@ def parser() -> argparse.ArgumentParser:
     p = sub(
         "rewards",
         "Per-step train reward, std, format failures, no-signal groups and validation reward.",
-        f"  {PROG} rewards qwen-gsm8k\n  {PROG} rewards qwen-gsm8k --plot reward.png\n  {PROG} rewards qwen-gsm8k -o json",
+        f"  {PROG} rewards qwen-gsm8k\n  {PROG} rewards qwen-gsm8k --plot reward.png\n  {PROG} rewards qwen-gsm8k -o json\n"
+        f"  {PROG} rewards qwen-gsm8k --columns reward,kl,entropy,length,truncated",
     )
     _output(p)
     _reader_flags(p)
     p.add_argument(
-        "--plot", metavar="FILE.png", help="also draw the reward curve into this PNG (needs matplotlib)"
+        "--plot",
+        metavar="FILE.png",
+        help="also draw the curves into this PNG (needs matplotlib): reward and validation, and a panel each "
+        "for KL, entropy, completion length, truncation and format failures where the steps have them",
+    )
+    p.add_argument(
+        "--columns",
+        metavar="A,B,...",
+        help="the table's columns, in this order: reward, std, format-fail, no-signal, truncated, validation "
+        "(the defaults, with each reward component), kl, entropy, length, clip, lr, loss, metric-errors, "
+        "seconds, health, or a reward component's name",
     )
 
     p = sub(

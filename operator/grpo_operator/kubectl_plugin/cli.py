@@ -248,13 +248,17 @@ def cmd_rewards(kube: Kube, args: argparse.Namespace) -> int:
     if args.output:
         emit(rows, args.output)
     else:
-        out(render.rewards_text(rows))
+        try:
+            columns = render.reward_columns(args.columns, rows)
+        except ValueError as exc:
+            raise PluginError(f"--columns: {exc}") from exc
+        out(render.rewards_text(rows, columns))
     if args.plot:
         try:
             from grpo_operator.kubectl_plugin.plot import plot_rows
         except ImportError as exc:
             raise PluginError(f"--plot needs matplotlib ({exc}): pip install matplotlib==3.11.2") from exc
-        title = f"GRPOJob {kube.namespace}/{args.job}: reward per step"
+        title = f"GRPOJob {kube.namespace}/{args.job}"
         try:
             png = plot_rows(rows, Path(args.plot), title)
         except ValueError as exc:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 import textwrap
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -409,25 +409,56 @@ def component_names(rows: Sequence[dict[str, Any]]) -> list[str]:
     return names
 
 
-def rewards_text(rows: Sequence[dict[str, Any]]) -> str:
+# `kubectl grpo rewards --columns`: name -> (header, metrics.jsonl field, how it is shown). The default
+# columns come first; a reward component is a column under its own name.
+REWARD_COLUMNS: dict[str, tuple[str, str, Callable[[Any], str]]] = {
+    "reward": ("REWARD", "reward_mean", number),
+    "std": ("STD", "reward_std", number),
+    "format-fail": ("FORMAT-FAIL", "format_failure_ratio", percent),
+    "no-signal": ("NO-SIGNAL", "zero_std_group_ratio", percent),
+    # Completions cut off at maxCompletionLength: a share that grows means the limit shapes learning.
+    "truncated": ("TRUNCATED", "truncated_ratio", percent),
+    "validation": ("VALIDATION", "validation_mean", lambda v: number(v) if v is not None else ""),
+    "kl": ("KL", "kl", lambda v: number(v, 5)),
+    "entropy": ("ENTROPY", "entropy", number),
+    "length": ("LENGTH", "completion_length", lambda v: number(v, 1)),
+    "clip": ("CLIP", "clip_ratio", percent),
+    "lr": ("LR", "learning_rate", lambda v: f"{as_float(v):.2e}" if as_float(v) is not None else "-"),
+    "loss": ("LOSS", "loss", number),
+    "metric-errors": ("METRIC-ERR", "metric_error_ratio", percent),
+    "seconds": ("SECONDS", "step_seconds", lambda v: number(v, 1)),
+    "health": ("HEALTH", "learning_health", lambda v: str(v) if isinstance(v, str) and v.isalpha() else "-"),
+}
+DEFAULT_REWARD_COLUMNS = ("reward", "std", "format-fail", "no-signal", "truncated", "validation")
+
+
+def reward_columns(wanted: str | None, rows: Sequence[dict[str, Any]]) -> list[str]:
+    """The columns of ``--columns a,b,c`` (None: the defaults and every reward component), checked."""
     components = component_names(rows)
-    body = [
-        [
-            str(step_of(r)) if step_of(r) is not None else "-",
-            number(r.get("reward_mean")),
-            number(r.get("reward_std")),
-            percent(r.get("format_failure_ratio")),
-            percent(r.get("zero_std_group_ratio")),
-            # Completions cut off at maxCompletionLength: a share that grows means the limit shapes learning.
-            percent(r.get("truncated_ratio")),
-            number(r.get("validation_mean")) if r.get("validation_mean") is not None else "",
-            # Each named part of the reward (the metric's components): which part moves.
-            *(_component(r, name) for name in components),
-        ]
-        for r in rows
-    ]
-    header = ["STEP", "REWARD", "STD", "FORMAT-FAIL", "NO-SIGNAL", "TRUNCATED", "VALIDATION"]
-    text = table([*header, *(name.upper() for name in components)], body)
+    if wanted is None:
+        return [*DEFAULT_REWARD_COLUMNS, *components]
+    names = [name.strip() for name in wanted.split(",") if name.strip()]
+    unknown = [n for n in names if n not in REWARD_COLUMNS and n not in components]
+    if unknown or not names:
+        known = ", ".join([*REWARD_COLUMNS, *components])
+        raise ValueError(f"unknown column {', '.join(unknown) or '(none given)'}: choose from {known}")
+    return names
+
+
+def rewards_text(rows: Sequence[dict[str, Any]], columns: Sequence[str] | None = None) -> str:
+    chosen = list(columns) if columns is not None else reward_columns(None, rows)
+    header, body = ["STEP"], [[str(step_of(r)) if step_of(r) is not None else "-"] for r in rows]
+    for name in chosen:
+        if name in REWARD_COLUMNS:
+            title, key, show = REWARD_COLUMNS[name]
+            header.append(title)
+            for line, r in zip(body, rows, strict=True):
+                line.append(show(r.get(key)))
+        else:  # a named part of the reward (the metric's components): which part moves
+            header.append(name.upper())
+            for line, r in zip(body, rows, strict=True):
+                line.append(_component(r, name))
+    text = table(header, body)
     return f"{text}\n\nreward  {sparkline([as_float(r.get('reward_mean')) for r in rows])}"
 
 
