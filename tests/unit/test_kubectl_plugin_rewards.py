@@ -4,11 +4,12 @@ length and the rest of metrics.jsonl, or a reward component), and the PNG with a
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 from grpo_operator.kubectl_plugin import render
 
-ROWS = [
+ROWS: list[dict[str, Any]] = [
     {
         "step": 1,
         "reward_mean": 0.1,
