@@ -7,9 +7,12 @@ from __future__ import annotations
 import dataclasses
 import inspect
 
+import pytest
 from grpo_operator.api.advice import TRL_NAMES
 from trl.trainer.grpo_config import GRPOConfig
 from trl.trainer.grpo_trainer import GRPOTrainer
+
+pytestmark = pytest.mark.trainer
 
 
 def test_every_trl_name_is_a_grpo_config_field_or_trainer_argument() -> None:
