@@ -1,7 +1,8 @@
 """The chart's denying admission policies installed as they would be, for the tests that judge GRPOJobs and pods
 against them (tests/helm/test_admission_policies.py, tests/helm/test_admission_job_labels.py): the platform
 limits used, the job that meets them all, and ``kubectl apply`` as a tenant. The ``installed`` fixture
-(tests/helm/conftest.py) applies the policies once per session, bound to one namespace of their own.
+(tests/helm/conftest.py) applies the policies once per module, bound to a namespace of their own that
+is deleted with everything in it at the module's end.
 """
 
 from __future__ import annotations

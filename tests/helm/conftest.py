@@ -1,5 +1,5 @@
 """The chart rendered once per module, for the tests that read the default install or the monitoring one; its
-denying admission policies installed once per session, for the tests that judge objects against them."""
+denying admission policies installed once per module, for the tests that judge objects against them."""
 
 from __future__ import annotations
 
@@ -22,6 +22,8 @@ def monitoring() -> list[Doc]:
     return render([VALUES_DIR / "monitoring.yaml"], api_versions=MONITORING_APIS)
 
 
-@pytest.fixture(scope="session")
+# Per module, not per session: the tests create GPU pods in the policies' namespace, and only deleting it at
+# the module's end gives those GPUs back to the rest of the session (an 8-GPU pod needs a whole node free).
+@pytest.fixture(scope="module")
 def installed(kube: Cluster) -> Iterator[Installed]:
     yield from install_policies(kube)
