@@ -171,7 +171,8 @@ def model_openapi_schema(model: type[BaseModel]) -> dict[str, Any]:
     return _structural(_inline(raw, defs))  # type: ignore[no-any-return]
 
 
-def _number(value: float) -> str:
+def number_text(value: float) -> str:
+    """A bound as the docs and `kubectl explain` write it: 8, not 8.0; 1e-06 as Python writes it."""
     return str(int(value)) if float(value).is_integer() and abs(value) < 1e15 else repr(value)
 
 
@@ -184,11 +185,11 @@ def _limits(node: dict[str, Any]) -> list[str]:
     bounds: list[str] = []
     if "minimum" in node:
         bounds.append(
-            (">" if node.get("exclusiveMinimum") is True else ">=") + " " + _number(node["minimum"])
+            (">" if node.get("exclusiveMinimum") is True else ">=") + " " + number_text(node["minimum"])
         )
     if "maximum" in node:
         bounds.append(
-            ("<" if node.get("exclusiveMaximum") is True else "<=") + " " + _number(node["maximum"])
+            ("<" if node.get("exclusiveMaximum") is True else "<=") + " " + number_text(node["maximum"])
         )
     if bounds:
         parts.append(f"Allowed: {', '.join(bounds)}.")

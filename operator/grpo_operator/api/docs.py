@@ -11,7 +11,7 @@ import re
 from typing import Any
 
 from grpo_operator.api.compat import wire_name
-from grpo_operator.api.crd import build_crd
+from grpo_operator.api.crd import build_crd, number_text
 from grpo_operator.api.dataset_uri import DATASET_URI_PATTERN
 from grpo_operator.api.grpo_presets import PRESET_KNOBS, PRESETS
 from grpo_operator.api.grpo_spec import GRPOSpec
@@ -90,9 +90,13 @@ def _constraints(schema: dict[str, Any], required: bool) -> str:
     if required:
         parts.append("**required**")
     if "minimum" in schema:
-        parts.append(("> " if schema.get("exclusiveMinimum") is True else ">= ") + _num(schema["minimum"]))
+        parts.append(
+            ("> " if schema.get("exclusiveMinimum") is True else ">= ") + number_text(schema["minimum"])
+        )
     if "maximum" in schema:
-        parts.append(("< " if schema.get("exclusiveMaximum") is True else "<= ") + _num(schema["maximum"]))
+        parts.append(
+            ("< " if schema.get("exclusiveMaximum") is True else "<= ") + number_text(schema["maximum"])
+        )
     for key, label in (
         ("minLength", "min length"),
         ("maxLength", "max length"),
@@ -111,10 +115,6 @@ def _constraints(schema: dict[str, Any], required: bool) -> str:
     for rule in schema.get("x-kubernetes-validations", []):
         parts.append(f"rule: {rule['message']}")
     return "; ".join(parts)
-
-
-def _num(value: float) -> str:
-    return str(int(value)) if float(value).is_integer() and abs(value) < 1e15 else repr(value)
 
 
 # spec.grpo knobs the models default but the CRD does not (a preset may set them; see grpo_presets.py).
