@@ -23,6 +23,7 @@ from pydantic import ValidationError
 from grpo_operator.api.base import describe_validation_error
 from grpo_operator.api.exit_codes import PERMANENT_EXIT_CODES
 from grpo_operator.api.learning_health import LearningHealthSpec
+from grpo_operator.api.tracking import TrackingSpec
 from grpo_operator.api.trainer_config import TRAINER_METRICS_PORT, VLLM_SERVER_PORT, WEIGHT_SYNC_PORT
 
 ENV_PREFIX = "GRPO_OPERATOR_"
@@ -136,6 +137,9 @@ class OperatorSettings:
     # Platform defaults of spec.grpo.learningHealth (the learning-health thresholds), for the fields a job
     # leaves unset; JSON, camelCase keys. Helm: jobDefaults.learningHealth.
     learning_health_defaults: Mapping[str, Any] = field(default_factory=dict)
+    # Platform defaults of spec.tracking (experiment trackers), one whole block per tracker a job leaves
+    # unset, e.g. an MLflow server every job logs to; JSON, camelCase keys. Helm: jobDefaults.tracking.
+    tracking_defaults: Mapping[str, Any] = field(default_factory=dict)
     # Requests used when the spec gives none: the scheduler needs them to place pods sensibly.
     default_metric_requests: Mapping[str, str] = field(
         default_factory=lambda: {"cpu": "250m", "memory": "256Mi"}
@@ -204,6 +208,14 @@ class OperatorSettings:
                 raise SettingsError(
                     f"learning_health_defaults (Helm jobDefaults.learningHealth) is not valid: "
                     f"{'; '.join(describe_validation_error(exc))}; use the keys and ranges of spec.grpo.learningHealth"
+                ) from None
+        if self.tracking_defaults:
+            try:
+                TrackingSpec.model_validate(dict(self.tracking_defaults))
+            except ValidationError as exc:
+                raise SettingsError(
+                    f"tracking_defaults (Helm jobDefaults.tracking) is not valid: "
+                    f"{'; '.join(describe_validation_error(exc))}; use the keys of spec.tracking"
                 ) from None
         if self.resync_seconds <= 0:
             raise SettingsError(f"resync_seconds must be > 0, got {self.resync_seconds}: use e.g. 30")

@@ -126,6 +126,7 @@ def test_operator_settings_and_flags_parse_as_the_operator_parses_them(values: P
     assert settings.pod_fs_group == pod_security["fsGroup"]
     assert settings.vllm_port == job_defaults["vllmPort"]
     assert settings.model_cache_claim == job_defaults["modelCacheClaim"]
+    assert dict(settings.tracking_defaults) == job_defaults["tracking"]
     assert settings.weight_sync_port == job_defaults["weightSyncPort"]
     assert settings.master_port == job_defaults["masterPort"]
     assert settings.http_port == merged["operator"]["httpPort"]

@@ -280,9 +280,12 @@ def test_samples_prints_prompts_completions_and_rewards(trained: Trained) -> Non
         assert f"  │ {s['prompt']}" in out
         assert f"reward {s['reward']:+.4f}" in out
 
-    best = json.loads(trained.plugin("samples", "tiny", "--best", "--limit", "3", "-o", "json").stdout)
-    train = sorted((s["reward"] for s in samples if s["split"] == "train"), reverse=True)
-    assert [s["reward"] for s in best] == train[:3]
+    best = json.loads(trained.plugin("samples", "tiny", "--best", "--limit", "1", "-o", "json").stdout)
+    # The best group of the newest five steps, whole: one step, one prompt, best completion first.
+    assert len({(s["step"], s["prompt"]) for s in best}) == 1 and best[0]["step"] > STEPS - 5
+    group = [s for s in samples if (s["step"], s["prompt"]) == (best[0]["step"], best[0]["prompt"])]
+    assert sorted(s["reward"] for s in best) == sorted(s["reward"] for s in group)
+    assert [s["reward"] for s in best] == sorted((s["reward"] for s in best), reverse=True)
     worst = json.loads(trained.plugin("samples", "tiny", "--worst", "--step", "2", "-o", "json").stdout)
     assert {s["step"] for s in worst} == {2} and [s["reward"] for s in worst] == sorted(
         s["reward"] for s in worst

@@ -374,4 +374,9 @@ INVALID_CASES: list[Case] = [
         "spec.rollouts.client.tokenSecretRef.name",
         {**CLIENT, "spec.rollouts.client": {"tokenSecretRef": {"name": "Not_A_Name", "key": "token"}}},
     ),
+    case(
+        "mlflow-uri-not-http",
+        "spec.tracking.mlflow.trackingUri",
+        {"spec.tracking": {"mlflow": {"trackingUri": "file:///tmp/mlruns"}}},
+    ),
 ]

@@ -29,6 +29,7 @@ from grpo_operator.api.spec import (
     Toleration,
     TrainerSpec,
 )
+from grpo_operator.api.tracking import MlflowSpec, WandbSpec
 
 from tests.unit.manifests import CLIENT, DELETE, with_changes
 
@@ -71,6 +72,9 @@ RULE_BREAKERS: dict[CelRule, dict[str, Any]] = {
         "spec.metric.rewardWeights": {"accuracy": 1.0},
     },
     BuiltinReward.Rules.regex_needs_pattern: {"spec.metric.rewards": [{"type": "regex"}]},
+    MlflowSpec.Rules.uri_when_enabled: {"spec.tracking": {"mlflow": {"experiment": "team-a"}}},
+    WandbSpec.Rules.project_when_enabled: {"spec.tracking": {"wandb": {"mode": "offline"}}},
+    WandbSpec.Rules.key_when_online: {"spec.tracking": {"wandb": {"project": "grpo"}}},
     BuiltinReward.Rules.length_needs_max_tokens: {"spec.metric.rewards": [{"type": "length"}]},
     BuiltinReward.Rules.max_tokens_is_for_length: {
         "spec.metric.rewards": [{"type": "mathAnswer", "maxTokens": 9}]

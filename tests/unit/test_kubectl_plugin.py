@@ -71,11 +71,25 @@ def test_samples_default_to_the_newest_step_of_the_split() -> None:
     assert [s["prompt"] for s in val] == ["v"]
 
 
-def test_best_and_worst_rank_every_step_unless_one_is_given_and_keep_unscored_last() -> None:
-    best = data.select_samples(SAMPLES, split="train", step=None, order="best", limit=2)
-    assert [s["reward"] for s in best] == [0.9, 0.4]
+def test_best_and_worst_rank_groups_by_mean_and_keep_unscored_last() -> None:
+    best = data.select_samples(SAMPLES, split="train", step=None, order="best", limit=1)
+    # Group p1 (mean 0.5) beats p2 (mean -0.3); its completions best first.
+    assert [(s["prompt"], s["reward"]) for s in best] == [("p1", 0.9), ("p1", 0.1)]
     worst = data.select_samples(SAMPLES, split="train", step=2, order="worst", limit=None)
     assert [s["reward"] for s in worst] == [-1.0, 0.4, None]
+
+
+def test_worst_looks_at_the_recent_steps_not_at_step_one_noise() -> None:
+    """Step 1's random policy fails everywhere; --worst without --step shows what fails now."""
+    samples = [sample(1, "early", -1.0), sample(1, "early", -1.0)]
+    for step in range(2, 12):
+        samples += [sample(step, f"q{step}", 0.8), sample(step, f"q{step}", 0.6 if step != 10 else -0.5)]
+    worst = data.select_samples(samples, split="train", step=None, order="worst", limit=1)
+    assert [(s["step"], s["reward"]) for s in worst] == [(10, -0.5), (10, 0.8)]
+    everything = data.select_samples(samples, split="train", step=None, order="worst", limit=None, recent=100)
+    assert everything[0]["prompt"] == "early"
+    recent = data.select_samples(samples, split="train", step=None, order="best", limit=None, recent=3)
+    assert {s["step"] for s in recent} == {9, 10, 11}
 
 
 def test_checkpoints_list_step_dirs_in_order_and_mark_the_manifests() -> None:
@@ -286,6 +300,7 @@ def samples_args(output: str | None = None, **kw: Any) -> argparse.Namespace:
         "step": None,
         "order": None,
         "limit": None,
+        "recent": data.DEFAULT_RECENT_STEPS,
         "split": "train",
     }
     return argparse.Namespace(**{**defaults, **kw})

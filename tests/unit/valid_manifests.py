@@ -9,6 +9,32 @@ VALID_CASES: list[Case] = [
     case("client-rollouts-minimal", "", CLIENT),
     case("metric-rollouts-explicit", "", {"spec.rollouts": {"source": "Metric"}}),
     case(
+        "every-tracker",
+        "",
+        {
+            "spec.tracking": {
+                "tensorBoard": {"enabled": True},
+                "mlflow": {
+                    "trackingUri": "http://mlflow.mlflow.svc:5000",
+                    "credentialsSecret": "mlflow-auth",
+                },
+                "wandb": {
+                    "project": "grpo",
+                    "entity": "ml-team",
+                    "apiKeySecretRef": {"name": "wandb", "key": "apiKey"},
+                },
+            }
+        },
+    ),
+    case(
+        "trackers-turned-off",
+        "",
+        {"spec.tracking": {"mlflow": {"enabled": False}, "wandb": {"enabled": False}}},
+    ),
+    case(
+        "wandb-offline-without-key", "", {"spec.tracking": {"wandb": {"project": "grpo", "mode": "offline"}}}
+    ),
+    case(
         "several-vllm-replicas",
         "",
         {

@@ -28,7 +28,8 @@ from grpo_trainer.reward import MetricReward
 from grpo_trainer.sample_context import sample_context
 from grpo_trainer.signals import StopFlag
 from grpo_trainer.status import StatusReporter
-from grpo_trainer.tracking import TensorBoardTracker
+from grpo_trainer.trackers import Trackers, open_trackers
+from grpo_trainer.tracking import TrackingPlan
 from grpo_trainer.trainer import ProjectGRPOTrainer, StepStats
 from grpo_trainer.training_state import TrainingState
 from grpo_trainer.trl_adapter import LOG_KEYS, PROJECT_LOG_KEYS, clear_eval_metrics, generate_completions
@@ -116,11 +117,10 @@ class ProgressCallback(TrainerCallback):  # type: ignore[misc]
     not_learning: str | None = None
     # spec.dataset.answerField: the column samples.jsonl shows as each completion's reference answer.
     answer_field: str = "answer"
-    # spec.tracking.tensorBoard: where rank 0 writes event files (None: off), and the resolved trainer.json
-    # it records there; the writer is opened when training begins, at the step resumed from.
-    tensorboard_dir: Path | None = None
-    configuration: str = ""
-    tracker: TensorBoardTracker | None = None
+    # spec.tracking: the trackers rank 0 reports to (None: none), opened when training begins, at the step
+    # resumed from.
+    tracking: TrackingPlan | None = None
+    tracker: Trackers | None = None
 
     # -- called from inside the generation round (every rank, global numbers) ----------------------------
 
@@ -142,10 +142,10 @@ class ProgressCallback(TrainerCallback):  # type: ignore[misc]
     # -- HF TrainerCallback hooks ----------------------------------------------------------------------
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **_: Any) -> None:
-        if self.is_main and self.tensorboard_dir is not None and self.tracker is None:
+        if self.is_main and self.tracking is not None and self.tracker is None:
             step = int(state.global_step)
-            self.tracker = TensorBoardTracker(self.tensorboard_dir, resumed_step=step)
-            self.tracker.configuration(self.configuration, args.to_json_string(), step)
+            self.tracker = open_trackers(self.tracking, resumed_step=step)
+            self.tracker.configuration(self.tracking.configuration, args.to_json_string(), step)
 
     def on_train_end(self, args: Any, state: Any, control: Any, **_: Any) -> None:
         if self.tracker is not None:

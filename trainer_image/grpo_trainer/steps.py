@@ -16,12 +16,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from grpo_operator.api.tracking import TENSORBOARD_SUBDIR
 from grpo_operator.api.trainer_config import TrainerConfig
 
 from grpo_trainer import memory_plan
 from grpo_trainer.errors import ConfigError, ExitCode
 from grpo_trainer.grpo_config import BatchPlan, RuntimeEnv, grpo_config_kwargs, plan_batches
+from grpo_trainer.tracking import TrackingPlan
 from grpo_trainer.trl_adapter import allow_fsdp_on_cpu, load_checkpoint_weights
 from grpo_trainer.vllm_wait import wait_for_vllm
 
@@ -236,13 +236,19 @@ def start_reporting(config: TrainerConfig, env: RuntimeEnv, workspace: Workspace
 
 
 def tracking_options(config: TrainerConfig, workspace: Workspace) -> dict[str, Any]:
-    """The ProgressCallback's tracker settings (spec.tracking): TensorBoard's event-file directory on the
-    job's volume and the resolved configuration it records."""
-    if config.tracking is None or not config.tracking.tensorboard_enabled():
+    """The ProgressCallback's trackers (spec.tracking, the platform's defaults already in trainer.json):
+    what they are told about the job, where on its volume they write, and the resolved configuration."""
+    if config.tracking is None or not config.tracking.any_enabled():
         return {}
     return {
-        "tensorboard_dir": workspace.output_dir / TENSORBOARD_SUBDIR,
-        "configuration": config.dump_json(),
+        "tracking": TrackingPlan(
+            spec=config.tracking,
+            namespace=workspace.namespace,
+            name=workspace.name,
+            uid=config.job.uid or "",
+            output_dir=workspace.output_dir,
+            configuration=config.dump_json(),
+        )
     }
 
 

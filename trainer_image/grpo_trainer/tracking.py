@@ -1,4 +1,6 @@
-"""Experiment trackers (spec.tracking): TensorBoard event files on the job's volume, written by rank 0.
+"""Experiment trackers (spec.tracking), written by rank 0: TensorBoard event files on the job's volume, and
+MLflow and W&B (tracking_remote.py) behind the same four calls (the Tracker protocol), all driven by
+trackers.py.
 
 What a step reports is what metrics.jsonl holds (the metric's rewards, tied groups, TRL's loss, KL, entropy,
 clip ratios, learning rate, timings, the update check), so the two never disagree: every number of the step's
@@ -13,8 +15,11 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
+
+from grpo_operator.api.tracking import TrackingSpec
 
 log = logging.getLogger("grpo_trainer.tracking")
 
@@ -58,8 +63,35 @@ def numbers(record: Mapping[str, Any], prefix: str = "") -> dict[str, float]:
     return found
 
 
+class Tracker(Protocol):
+    name: str
+
+    def configuration(self, trainer_json: str, trl_arguments: str, step: int) -> None: ...
+
+    def step(self, step: int, record: Mapping[str, Any], samples: Sequence[Mapping[str, Any]]) -> None: ...
+
+    def validation(self, step: int, samples: Sequence[Mapping[str, Any]]) -> None: ...
+
+    def close(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class TrackingPlan:
+    """What rank 0 opens its trackers with: the resolved spec.tracking, the job, the volume's output
+    directory and the resolved trainer.json."""
+
+    spec: TrackingSpec
+    namespace: str
+    name: str
+    uid: str
+    output_dir: Path
+    configuration: str
+
+
 class TensorBoardTracker:
     """Rank 0's SummaryWriter on <outputDir>/tensorboard."""
+
+    name = "TensorBoard"
 
     def __init__(self, log_dir: Path, resumed_step: int = 0) -> None:
         from torch.utils.tensorboard import SummaryWriter

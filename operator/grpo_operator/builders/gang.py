@@ -56,6 +56,7 @@ from grpo_operator.builders.inputs import input_volumes
 from grpo_operator.builders.rollouts import gateway_token_env
 from grpo_operator.builders.scheduling import image_pull_secrets, kueue_labels, pod_placement
 from grpo_operator.builders.security import secure_pod_spec
+from grpo_operator.builders.tracking import tracking_env
 from grpo_operator.builders.trainer_configmap import config_hash
 from grpo_operator.settings import OperatorSettings
 
@@ -435,6 +436,9 @@ def trainer_env(
     if rank == 0 and client_rollouts(job):
         # Only rank 0 talks to the gateway's internal port (grpo_trainer.client_loop: env.is_main).
         env.append(gateway_token_env(job))
+    if rank == 0:
+        # Only rank 0 reports to trackers (grpo_trainer.tracking); the other ranks never see their keys.
+        env += tracking_env(job, settings)
     return env
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from grpo_operator.api.gateway_config import GATEWAY_CONFIG_KEY, GATEWAY_INTERNAL_TOKEN_ENV, GatewayConfig
 from grpo_operator.api.learning_health import LearningHealthSpec
+from grpo_operator.api.tracking import resolved_tracking
 from grpo_operator.api.trainer_config import ROLLOUTS_TOKEN_ENV, JobRef, TrainerConfig
 from grpo_operator.builders.common import (
     CONFIG_KEY,
@@ -46,6 +47,7 @@ def trainer_config(job: Job, settings: OperatorSettings) -> TrainerConfig:
         own = config.grpo.learning_health or LearningHealthSpec()
         merged = own.merged_over(settings.learning_health_defaults)
         config.grpo = config.grpo.model_copy(update={"learning_health": merged})
+    config.tracking = resolved_tracking(config.tracking, settings.tracking_defaults)
     return config
 
 

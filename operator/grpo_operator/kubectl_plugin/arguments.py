@@ -7,6 +7,7 @@ import argparse
 import os
 
 from grpo_operator.api.advice import DEFAULT_WARN_ROLLOUTS
+from grpo_operator.kubectl_plugin.data import DEFAULT_RECENT_STEPS
 from grpo_operator.kubectl_plugin.volume import DEFAULT_READER_IMAGE
 
 PROG = "kubectl grpo"
@@ -115,12 +116,31 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--step", type=int, help="only this step")
     order = p.add_mutually_exclusive_group()
     order.add_argument(
-        "--best", action="store_const", const="best", dest="order", help="highest rewards first"
+        "--best",
+        action="store_const",
+        const="best",
+        dest="order",
+        help="the groups (a prompt's completions) with the highest mean reward of the recent steps first",
     )
     order.add_argument(
-        "--worst", action="store_const", const="worst", dest="order", help="lowest rewards first"
+        "--worst",
+        action="store_const",
+        const="worst",
+        dest="order",
+        help="the groups with the lowest mean reward of the recent steps first",
     )
-    p.add_argument("--limit", type=int, help="show at most this many (default: all; 10 with --best/--worst)")
+    p.add_argument(
+        "--recent",
+        type=int,
+        default=DEFAULT_RECENT_STEPS,
+        metavar="K",
+        help=f"with --best/--worst and no --step: rank the groups of the newest K steps (default {DEFAULT_RECENT_STEPS})",
+    )
+    p.add_argument(
+        "--limit",
+        type=int,
+        help="show at most this many samples (default: all), or groups with --best/--worst (default 3)",
+    )
     p.add_argument("--split", choices=("train", "validation"), default="train", help="default train")
     p.add_argument(
         "-f", "--follow", action="store_true", help="keep printing new steps' samples as they come"
@@ -159,10 +179,11 @@ def parser() -> argparse.ArgumentParser:
 
     p = sub(
         "export",
-        "Copy the final model (default), a checkpoint or the TensorBoard event files out of the job's volume "
-        "into a local directory.",
+        "Copy the final model (default), a checkpoint, the TensorBoard event files or the offline W&B runs out "
+        "of the job's volume into a local directory.",
         f"  {PROG} export qwen-gsm8k --to ./model\n  {PROG} export qwen-gsm8k --step 200 --to ./step-200\n"
-        f"  {PROG} export qwen-gsm8k --tensorboard --to ./tb && tensorboard --logdir ./tb",
+        f"  {PROG} export qwen-gsm8k --tensorboard --to ./tb && tensorboard --logdir ./tb\n"
+        f"  {PROG} export qwen-gsm8k --wandb --to ./wb && wandb sync ./wb/offline-run-*",
     )
     _reader_flags(p)
     what = p.add_mutually_exclusive_group()
@@ -171,6 +192,11 @@ def parser() -> argparse.ArgumentParser:
         "--tensorboard",
         action="store_true",
         help="export the TensorBoard event files (spec.tracking.tensorBoard.enabled) instead of the model",
+    )
+    what.add_argument(
+        "--wandb",
+        action="store_true",
+        help="export the W&B run directories (spec.tracking.wandb.mode: offline) for `wandb sync`",
     )
     p.add_argument("--to", required=True, metavar="DIR", help="local directory; must not exist or be empty")
 

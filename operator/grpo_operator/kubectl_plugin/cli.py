@@ -19,7 +19,7 @@ import urllib3
 
 from grpo_operator.api.event_reasons import RESTART_OR_FAILURE_REASONS
 from grpo_operator.api.status import TERMINAL_PHASES
-from grpo_operator.api.tracking import TENSORBOARD_SUBDIR
+from grpo_operator.api.tracking import TENSORBOARD_SUBDIR, WANDB_SUBDIR
 from grpo_operator.api.trainer_config import TRAINER_LOGS_SUBDIR, trainer_log_path
 from grpo_operator.builders.common import (
     LABEL_ATTEMPT,
@@ -192,7 +192,7 @@ def print_samples(
     volume: VolumeTransport, job: dict[str, Any], args: argparse.Namespace, finished: Callable[[], bool]
 ) -> int:
     """``samples`` once the volume can be read; with ``--follow`` until ``finished()``."""
-    limit = args.limit if args.limit is not None else (10 if args.order else None)
+    limit = args.limit if args.limit is not None else (3 if args.order else None)
     # Only the split asked for is kept, so the record cap applies to what can be shown.
     tail = Tail(
         volume,
@@ -205,7 +205,9 @@ def print_samples(
             f"no samples yet: {data.SAMPLES_FILE} does not exist on the job's volume ({where(job)})"
         )
     samples = samples or []
-    chosen = data.select_samples(samples, split=args.split, step=args.step, order=args.order, limit=limit)
+    chosen = data.select_samples(
+        samples, split=args.split, step=args.step, order=args.order, limit=limit, recent=args.recent
+    )
     if not chosen and not args.follow:
         steps = sorted({data.step_of(s) or 0 for s in samples})
         raise NotFound(
@@ -311,6 +313,13 @@ def cmd_export(kube: Kube, args: argparse.Namespace) -> int:
                     f"no TensorBoard event files in {source} ({where(job)}): the trainer writes them only with "
                     "spec.tracking.tensorBoard.enabled: true, from its first step on"
                 )
+        elif args.wandb:
+            source = f"{data.OUTPUT_DIR}/{WANDB_SUBDIR}"
+            if not volume.list_dir(source):
+                raise NotFound(
+                    f"no W&B runs in {source} ({where(job)}): the trainer writes them only with "
+                    "spec.tracking.wandb set (offline mode keeps them there for `wandb sync`)"
+                )
         elif args.step is not None:
             if args.step not in steps:
                 raise NotFound(
@@ -336,6 +345,8 @@ def cmd_export(kube: Kube, args: argparse.Namespace) -> int:
     out(f"exported {source} ({len(files)} files, {size / 1e6:.1f} MB) to {dest}")
     if args.tensorboard:
         out(f"view them with: tensorboard --logdir {dest}")
+    if args.wandb:
+        out(f"upload them with: wandb sync {dest}/offline-run-*")
     return EXIT_OK
 
 

@@ -212,6 +212,10 @@ def as_float(value: Any) -> float | None:
     return number if math.isfinite(number) else None
 
 
+# Steps --best/--worst rank the groups of when no --step is given: the policy as it is now, not step 1's.
+DEFAULT_RECENT_STEPS = 5
+
+
 def select_samples(
     samples: list[dict[str, Any]],
     *,
@@ -219,20 +223,44 @@ def select_samples(
     step: int | None,
     order: str | None,
     limit: int | None,
+    recent: int = DEFAULT_RECENT_STEPS,
 ) -> list[dict[str, Any]]:
-    """The samples a user asked for. ``step`` None means the newest step of ``split`` (or every step
-    when ``order`` ranks them); ``order`` is ``best`` or ``worst`` by reward (unscored ones last)."""
+    """The samples a user asked for. ``step`` None means the newest step of ``split``, or with ``order`` its
+    newest ``recent`` steps. ``order`` (``best`` or ``worst``) ranks GRPO groups (one step's completions of
+    one prompt) by their mean reward, each group's completions ranked the same way, groups without a
+    scored completion and unscored completions last; ``limit`` then counts groups, otherwise samples."""
     chosen = [s for s in samples if s.get("split", "train") == split and step_of(s) is not None]
-    if step is None and order is None and chosen:
-        step = max(step_of(s) or 0 for s in chosen)
-    if step is not None:
+    if step is None and chosen:
+        steps = sorted({step_of(s) or 0 for s in chosen})
+        kept = set(steps[-max(recent, 1) :] if order is not None else steps[-1:])
+        chosen = [s for s in chosen if step_of(s) in kept]
+    elif step is not None:
         chosen = [s for s in chosen if step_of(s) == step]
-    if order is not None:
-        scored = [s for s in chosen if _score(s) is not None]
-        unscored = [s for s in chosen if _score(s) is None]
-        scored.sort(key=lambda s: _score(s) or 0.0, reverse=order == "best")
-        chosen = scored + unscored
-    return chosen[:limit] if limit is not None else chosen
+    if order is None:
+        return chosen[:limit] if limit is not None else chosen
+    groups: dict[tuple[Any, Any], list[dict[str, Any]]] = {}
+    for sample in chosen:
+        groups.setdefault((step_of(sample), sample.get("prompt")), []).append(sample)
+    sign = -1.0 if order == "best" else 1.0
+
+    def ranked(members: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        scored = sorted(
+            (s for s in members if _score(s) is not None), key=lambda s: sign * (_score(s) or 0.0)
+        )
+        return scored + [s for s in members if _score(s) is None]
+
+    def mean(members: list[dict[str, Any]]) -> float | None:
+        rewards = [r for r in (_score(s) for s in members) if r is not None]
+        return sum(rewards) / len(rewards) if rewards else None
+
+    # Newest first among equal means: the policy as it is now.
+    ordered = sorted(
+        groups.values(),
+        key=lambda g: (mean(g) is None, sign * (mean(g) or 0.0), -(step_of(g[0]) or 0)),
+    )
+    if limit is not None:
+        ordered = ordered[:limit]
+    return [s for group in ordered for s in ranked(group)]
 
 
 def _score(sample: dict[str, Any]) -> float | None:
