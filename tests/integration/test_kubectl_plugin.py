@@ -187,6 +187,10 @@ def trained(kube: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator
                         assert follow.stdout is not None
                         during["follow_first"] = follow.stdout.readline()
                         during["follow"] = follow
+                        rewards = plugin.popen("rewards", "tiny", "--follow", "-o", "json", "--interval", "1")
+                        assert rewards.stdout is not None
+                        during["rewards_first"] = rewards.stdout.readline()
+                        during["rewards_follow"] = rewards
                         during["samples"] = plugin("samples", "tiny", "-o", "json").stdout
                         during["status"] = plugin("status", "tiny").stdout
                         during["events"] = kube.kubectl(
@@ -206,6 +210,11 @@ def trained(kube: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator
             # Not communicate(): it reads the pipe's descriptor and would skip what readline() buffered.
             out, err = follow.stdout.read(), follow.stderr.read()
             during["follow"] = (follow.returncode, during["follow_first"] + out, err)
+        if "rewards_follow" in during:
+            rewards = during["rewards_follow"]
+            rewards.wait(timeout=120)
+            out, err = rewards.stdout.read(), rewards.stderr.read()
+            during["rewards_follow"] = (rewards.returncode, during["rewards_first"] + out, err)
         yield Trained(namespace, volume, plugin, during)
     finally:
         operator.stop()
@@ -238,6 +247,15 @@ def test_samples_follow_prints_each_new_step_and_stops_when_the_job_has_finished
     # The newest step when it started, then every later step's samples once, in order.
     assert followed == [s for s in train if s["step"] >= first]
     assert followed[-1]["step"] == STEPS and first < STEPS
+
+
+def test_rewards_follow_prints_every_step_once_and_stops_when_the_job_has_finished(trained: Trained) -> None:
+    code, out, err = trained.during_run["rewards_follow"]
+    assert code == 0, err
+    followed = [json.loads(line) for line in out.splitlines()]
+    # The steps written before it started, then each later one as it came: every step once, in order.
+    assert followed == jsonl(trained.volume / "output" / "metrics.jsonl")
+    assert [r["step"] for r in followed] == list(range(1, STEPS + 1))
 
 
 def test_status_shows_phase_step_trends_checkpoint_and_conditions(trained: Trained) -> None:

@@ -42,54 +42,16 @@ def test_sparkline_scales_between_min_and_max_and_fits_the_width() -> None:
     assert render.sparkline([]) == ""
 
 
+def sample(step: int, prompt: str, reward: float | None, split: str = "train") -> dict[str, Any]:
+    return {"step": step, "split": split, "prompt": prompt, "completion": f"c{reward}", "reward": reward}
+
+
 def test_a_half_written_last_line_is_left_for_the_next_read() -> None:
     chunk = '{"step": 1}\n{"step": 2}\n{"ste'
     head, used = data.complete_lines(chunk)
     assert data.parse_jsonl(head) == [{"step": 1}, {"step": 2}]
     assert used == len('{"step": 1}\n{"step": 2}\n')
     assert data.parse_jsonl(chunk) == [{"step": 1}, {"step": 2}]
-
-
-def sample(step: int, prompt: str, reward: float | None, split: str = "train") -> dict[str, Any]:
-    return {"step": step, "split": split, "prompt": prompt, "completion": f"c{reward}", "reward": reward}
-
-
-SAMPLES = [
-    sample(1, "p1", 0.1),
-    sample(1, "p1", 0.9),
-    sample(2, "p2", 0.4),
-    sample(2, "p2", None),
-    sample(2, "p2", -1.0),
-    sample(2, "v", 0.7, "validation"),
-]
-
-
-def test_samples_default_to_the_newest_step_of_the_split() -> None:
-    chosen = data.select_samples(SAMPLES, split="train", step=None, order=None, limit=None)
-    assert [s["reward"] for s in chosen] == [0.4, None, -1.0]
-    val = data.select_samples(SAMPLES, split="validation", step=None, order=None, limit=None)
-    assert [s["prompt"] for s in val] == ["v"]
-
-
-def test_best_and_worst_rank_groups_by_mean_and_keep_unscored_last() -> None:
-    best = data.select_samples(SAMPLES, split="train", step=None, order="best", limit=1)
-    # Group p1 (mean 0.5) beats p2 (mean -0.3); its completions best first.
-    assert [(s["prompt"], s["reward"]) for s in best] == [("p1", 0.9), ("p1", 0.1)]
-    worst = data.select_samples(SAMPLES, split="train", step=2, order="worst", limit=None)
-    assert [s["reward"] for s in worst] == [-1.0, 0.4, None]
-
-
-def test_worst_looks_at_the_recent_steps_not_at_step_one_noise() -> None:
-    """Step 1's random policy fails everywhere; --worst without --step shows what fails now."""
-    samples = [sample(1, "early", -1.0), sample(1, "early", -1.0)]
-    for step in range(2, 12):
-        samples += [sample(step, f"q{step}", 0.8), sample(step, f"q{step}", 0.6 if step != 10 else -0.5)]
-    worst = data.select_samples(samples, split="train", step=None, order="worst", limit=1)
-    assert [(s["step"], s["reward"]) for s in worst] == [(10, -0.5), (10, 0.8)]
-    everything = data.select_samples(samples, split="train", step=None, order="worst", limit=None, recent=100)
-    assert everything[0]["prompt"] == "early"
-    recent = data.select_samples(samples, split="train", step=None, order="best", limit=None, recent=3)
-    assert {s["step"] for s in recent} == {9, 10, 11}
 
 
 def test_checkpoints_list_step_dirs_in_order_and_mark_the_manifests() -> None:

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from grpo_operator.kubectl_plugin import render
+from grpo_operator.kubectl_plugin import data, render
+
+from tests.unit.test_kubectl_plugin import sample as step_sample
 
 
 def sample(reward: float | None, **extra: Any) -> dict[str, Any]:
@@ -59,3 +61,44 @@ def test_malformed_components_are_left_out() -> None:
     )
     assert shown == "reward +1.0000  (ok +1)"
     assert render.sample_head(sample(1.0, components=["not", "a", "dict"])) == "reward +1.0000"
+
+
+SAMPLES = [
+    step_sample(1, "p1", 0.1),
+    step_sample(1, "p1", 0.9),
+    step_sample(2, "p2", 0.4),
+    step_sample(2, "p2", None),
+    step_sample(2, "p2", -1.0),
+    step_sample(2, "v", 0.7, "validation"),
+]
+
+
+def test_samples_default_to_the_newest_step_of_the_split() -> None:
+    chosen = data.select_samples(SAMPLES, split="train", step=None, order=None, limit=None)
+    assert [s["reward"] for s in chosen] == [0.4, None, -1.0]
+    val = data.select_samples(SAMPLES, split="validation", step=None, order=None, limit=None)
+    assert [s["prompt"] for s in val] == ["v"]
+
+
+def test_best_and_worst_rank_groups_by_mean_and_keep_unscored_last() -> None:
+    best = data.select_samples(SAMPLES, split="train", step=None, order="best", limit=1)
+    # Group p1 (mean 0.5) beats p2 (mean -0.3); its completions best first.
+    assert [(s["prompt"], s["reward"]) for s in best] == [("p1", 0.9), ("p1", 0.1)]
+    worst = data.select_samples(SAMPLES, split="train", step=2, order="worst", limit=None)
+    assert [s["reward"] for s in worst] == [-1.0, 0.4, None]
+
+
+def test_worst_looks_at_the_recent_steps_not_at_step_one_noise() -> None:
+    """Step 1's random policy fails everywhere; --worst without --step shows what fails now."""
+    samples = [step_sample(1, "early", -1.0), step_sample(1, "early", -1.0)]
+    for step in range(2, 12):
+        samples += [
+            step_sample(step, f"q{step}", 0.8),
+            step_sample(step, f"q{step}", 0.6 if step != 10 else -0.5),
+        ]
+    worst = data.select_samples(samples, split="train", step=None, order="worst", limit=1)
+    assert [(s["step"], s["reward"]) for s in worst] == [(10, -0.5), (10, 0.8)]
+    everything = data.select_samples(samples, split="train", step=None, order="worst", limit=None, recent=100)
+    assert everything[0]["prompt"] == "early"
+    recent = data.select_samples(samples, split="train", step=None, order="best", limit=None, recent=3)
+    assert {s["step"] for s in recent} == {9, 10, 11}

@@ -151,7 +151,8 @@ def parser() -> argparse.ArgumentParser:
         "rewards",
         "Per-step train reward, std, format failures, no-signal groups and validation reward.",
         f"  {PROG} rewards qwen-gsm8k\n  {PROG} rewards qwen-gsm8k --plot reward.png\n  {PROG} rewards qwen-gsm8k -o json\n"
-        f"  {PROG} rewards qwen-gsm8k --columns reward,kl,entropy,length,truncated",
+        f"  {PROG} rewards qwen-gsm8k --columns reward,kl,entropy,length,truncated\n"
+        f"  {PROG} rewards qwen-gsm8k --follow --plot reward.png   (a line per step, the PNG redrawn)",
     )
     _output(p)
     _reader_flags(p)
@@ -168,6 +169,13 @@ def parser() -> argparse.ArgumentParser:
         "(the defaults, with each reward component), kl, entropy, length, clip, lr, loss, metric-errors, "
         "seconds, health, or a reward component's name",
     )
+    p.add_argument(
+        "-f",
+        "--follow",
+        action="store_true",
+        help="keep printing each new step's line as the trainer writes it, until the job ends",
+    )
+    p.add_argument("--interval", type=float, default=5.0, help=argparse.SUPPRESS)
 
     p = sub(
         "checkpoints",

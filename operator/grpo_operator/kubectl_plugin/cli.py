@@ -43,8 +43,9 @@ from grpo_operator.kubectl_plugin.errors import (
     PluginError,
 )
 from grpo_operator.kubectl_plugin.output import emit, out, where
+from grpo_operator.kubectl_plugin.rewards_view import cmd_rewards
 from grpo_operator.kubectl_plugin.settings_view import cmd_compare, cmd_config
-from grpo_operator.kubectl_plugin.tail import Tail, read_jsonl
+from grpo_operator.kubectl_plugin.tail import Tail
 from grpo_operator.kubectl_plugin.volume import VolumeTransport, reader
 
 # The events `status` lists as restarts: those the operator posts when a gang restarts or the job fails.
@@ -241,35 +242,6 @@ def show(samples: list[dict[str, Any]], args: argparse.Namespace, follow: bool) 
         emit(samples, args.output)
     elif samples:
         out(("\n" if follow else "") + render.samples_text(samples))
-
-
-def cmd_rewards(kube: Kube, args: argparse.Namespace) -> int:
-    job = kube.job(args.job)
-    with open_reader(kube, job, args) as volume:
-        rows = read_jsonl(volume, data.METRICS_FILE, job, "per-step rewards")
-    if args.output:
-        emit(rows, args.output)
-    else:
-        try:
-            columns = render.reward_columns(args.columns, rows)
-        except ValueError as exc:
-            raise PluginError(f"--columns: {exc}") from exc
-        out(render.rewards_text(rows, columns))
-    if args.plot:
-        try:
-            from grpo_operator.kubectl_plugin.plot import plot_rows
-        except ImportError as exc:
-            raise PluginError(f"--plot needs matplotlib ({exc}): pip install matplotlib==3.11.2") from exc
-        title = f"GRPOJob {kube.namespace}/{args.job}"
-        try:
-            png = plot_rows(rows, Path(args.plot), title)
-        except ValueError as exc:
-            raise PluginError(
-                f"--plot {args.plot}: {exc} ({data.METRICS_FILE} has no record with a numeric step and "
-                "reward_mean); run it again after the first step"
-            ) from exc
-        out(f"reward curve written to {png}", err=True)
-    return EXIT_OK
 
 
 def checkpoint_listing(volume: VolumeTransport) -> dict[str, Any]:

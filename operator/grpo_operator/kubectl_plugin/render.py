@@ -445,10 +445,10 @@ def reward_columns(wanted: str | None, rows: Sequence[dict[str, Any]]) -> list[s
     return names
 
 
-def rewards_text(rows: Sequence[dict[str, Any]], columns: Sequence[str] | None = None) -> str:
-    chosen = list(columns) if columns is not None else reward_columns(None, rows)
+def reward_cells(rows: Sequence[dict[str, Any]], columns: Sequence[str]) -> tuple[list[str], list[list[str]]]:
+    """The header and one line of cells per row of the rewards table."""
     header, body = ["STEP"], [[str(step_of(r)) if step_of(r) is not None else "-"] for r in rows]
-    for name in chosen:
+    for name in columns:
         if name in REWARD_COLUMNS:
             title, key, show = REWARD_COLUMNS[name]
             header.append(title)
@@ -458,8 +458,25 @@ def rewards_text(rows: Sequence[dict[str, Any]], columns: Sequence[str] | None =
             header.append(name.upper())
             for line, r in zip(body, rows, strict=True):
                 line.append(_component(r, name))
-    text = table(header, body)
+    return header, body
+
+
+def rewards_text(rows: Sequence[dict[str, Any]], columns: Sequence[str] | None = None) -> str:
+    chosen = list(columns) if columns is not None else reward_columns(None, rows)
+    text = table(*reward_cells(rows, chosen))
     return f"{text}\n\nreward  {sparkline([as_float(r.get('reward_mean')) for r in rows])}"
+
+
+# Width of each column of `rewards --follow`, whose lines are printed before the later ones are known.
+FOLLOW_COLUMN_WIDTH = 10
+
+
+def follow_lines(rows: Sequence[dict[str, Any]], columns: Sequence[str], header: bool) -> list[str]:
+    """Lines of the rewards table at fixed widths, so lines printed step by step stay aligned."""
+    head, body = reward_cells(rows, columns)
+    widths = [max(len(h), FOLLOW_COLUMN_WIDTH) for h in head]
+    lines = [head, *body] if header else body
+    return ["   ".join(c.ljust(w) for c, w in zip(line, widths, strict=True)).rstrip() for line in lines]
 
 
 def _component(row: dict[str, Any], name: str) -> str:
