@@ -53,15 +53,17 @@ def local_command(
     supervisor (the same source) around the vLLM server, writing its termination message to
     ``termination_log``."""
     command = list(container["command"])
-    # The supervisor must write where the kubelet reads the termination message.
-    tail = ["--termination-log", container.get("terminationMessagePath"), "--", "vllm", "serve"]
-    if len(command) != 8 or command[:2] != ["python3", "-c"] or command[3:] != tail:
+    # The supervisor must write where the kubelet reads the termination message; with the job's volume
+    # mounted it also keeps vLLM's log there (--keep-log, a path already rewritten to the local volume).
+    kept = command[5:7] if command[5:6] == ["--keep-log"] else []
+    tail = ["--termination-log", container.get("terminationMessagePath"), *kept, "--", "vllm", "serve"]
+    if len(command) != 8 + len(kept) or command[:2] != ["python3", "-c"] or command[3:] != tail:
         raise ValueError(
             f"the vLLM container's command is {command}, expected python3 -c <supervisor> {' '.join(map(str, tail))}"
         )
     # The supervisor runs with vLLM's python (the image's python3); it writes the termination message to a
     # file of this run's: /dev/termination-log, where the kubelet reads it, is not writable here.
-    supervisor = [python, "-c", command[2], "--termination-log", str(termination_log), "--"]
+    supervisor = [python, "-c", command[2], "--termination-log", str(termination_log), *kept, "--"]
     args = list(container["args"])
     model, rest = args[0], args[1:]
     # `vllm serve MODEL` takes the model positionally; the API server module takes it as --model.

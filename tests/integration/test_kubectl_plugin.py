@@ -384,12 +384,15 @@ def test_status_watch_of_a_finished_job_reports_once_with_its_trend(trained: Tra
 
 def test_a_trainer_attempts_log_is_kept_on_the_volume(trained: Trained) -> None:
     kept = trained.plugin("logs", "tiny", "--attempt", "1")
-    assert "(trainer attempt 1, rank 0; kept on the job's volume)" in kept.stderr
+    assert "(trainer rank 0, attempt 1; kept on the job's volume)" in kept.stderr
     assert "validation at step" in kept.stdout and "TensorBoard: writing event files" in kept.stdout
     tail = trained.plugin("logs", "tiny", "--attempt", "1", "--tail", "3").stdout.splitlines()
     assert tail == kept.stdout.splitlines()[-3:]
     missing = trained.plugin("logs", "tiny", "--attempt", "7", check=3)
     assert "no log of trainer rank 0 in attempt 7" in missing.stderr and "attempt-1" in missing.stderr
+    # This job generates inside the trainer: there is no vLLM log, and the plugin says so.
+    vllm = trained.plugin("logs", "tiny", "--attempt", "1", "--role", "generation", check=3)
+    assert "no log of vLLM replica 0 in attempt 1" in vllm.stderr
 
 
 def test_after_the_pods_are_gone(kube: Cluster, trained: Trained) -> None:

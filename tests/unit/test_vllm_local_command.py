@@ -19,13 +19,16 @@ def test_the_local_vllm_runs_the_rendered_args_and_env_with_only_the_cpu_changes
     env = vllm_server.container_env(container)
     command, local_env = vllm_server.local_command(container, env, "/venv/bin/python", 45678, LOCAL_LOG)
 
-    # The pod: `vllm serve <args>` under the supervisor, which writes where the kubelet reads.
+    # The pod: `vllm serve <args>` under the supervisor, which writes where the kubelet reads and (the
+    # job's volume being ReadWriteMany) keeps vLLM's log on the volume.
+    kept = ["--keep-log", "/workspace/output/logs/attempt-1/vllm-0.log"]
     assert container["command"] == [
         "python3",
         "-c",
         VLLM_SUPERVISOR,
         "--termination-log",
         "/dev/termination-log",
+        *kept,
         "--",
         "vllm",
         "serve",
@@ -39,6 +42,7 @@ def test_the_local_vllm_runs_the_rendered_args_and_env_with_only_the_cpu_changes
         container["command"][2],
         "--termination-log",
         str(LOCAL_LOG),
+        *kept,
         "--",
     ]
     server = command[len(supervisor) :]

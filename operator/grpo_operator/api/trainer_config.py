@@ -38,6 +38,12 @@ def trainer_log_path(output_dir: str, attempt: int, rank: int) -> str:
     return f"{output_dir}/{TRAINER_LOGS_SUBDIR}/attempt-{attempt}/rank-{rank}.log"
 
 
+def generation_log_path(output_dir: str, attempt: int, replica: int) -> str:
+    """vLLM replica ``replica``'s output in a gang attempt, kept by the generation pod's supervisor where the
+    pod mounts the job's volume (a ReadWriteMany volume)."""
+    return f"{output_dir}/{TRAINER_LOGS_SUBDIR}/attempt-{attempt}/vllm-{replica}.log"
+
+
 VLLM_SERVER_PORT = 8000
 # TRL's vllm_group_port default: the weight-sync rendezvous, bound on trainer rank 0.
 WEIGHT_SYNC_PORT = 51216

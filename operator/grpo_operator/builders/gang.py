@@ -16,7 +16,7 @@ from typing import Any
 from grpo_operator.api.compat import drop_later_defaults
 from grpo_operator.api.gateway_config import GATEWAY_INTERNAL_TOKEN_ENV
 from grpo_operator.api.spec import EnvVar
-from grpo_operator.api.trainer_config import CONFIG_ENV, POLICY_PORT
+from grpo_operator.api.trainer_config import CONFIG_ENV, DEFAULT_OUTPUT_DIR, POLICY_PORT, generation_log_path
 from grpo_operator.builders.common import (
     ANNOTATION_CONFIG_HASH,
     ANNOTATION_HASH,
@@ -284,7 +284,10 @@ def generation_pod(
 
     mounts: list[dict[str, Any]] = [{"name": "dshm", "mountPath": "/dev/shm"}]
     volumes: list[dict[str, Any]] = [_shm_volume(settings)]
+    keep_log: list[str] = []
     if volume_shared_with_generation(job):
+        # The pod mounts the job's volume: vLLM's output is kept there too, past the pod's deletion.
+        keep_log = ["--keep-log", generation_log_path(DEFAULT_OUTPUT_DIR, attempt, replica)]
         mounts.append({"name": "workspace", "mountPath": WORKSPACE})
         volumes.append({"name": "workspace", "persistentVolumeClaim": {"claimName": pvc_claim_name(job)}})
     hf_home = hf_cache_dir(job, settings)
@@ -318,6 +321,7 @@ def generation_pod(
             VLLM_SUPERVISOR,
             "--termination-log",
             TERMINATION_LOG,
+            *keep_log,
             "--",
             "vllm",
             "serve",

@@ -1,12 +1,15 @@
-"""python3 -c <this> --termination-log PATH -- vllm serve ARGS: vLLM, its failures explained.
+"""python3 -c <this> --termination-log PATH [--keep-log FILE] -- vllm serve ARGS: vLLM, its failures explained.
 
 vLLM exits 0 when its engine dies, logging the cause kilobytes before its end: the kubelet would report
 nothing. A server stops only when told to, so any other exit writes the log's exception lines and tail
 to PATH (the termination message) and exits non-zero. Stdlib only, Python 3.9+ (the vLLM image's).
+
+--keep-log FILE also appends the output to FILE, which outlives the pod (a gang restart deletes every pod).
 """
 
 from __future__ import annotations
 
+import os
 import re
 import signal
 import subprocess
@@ -20,10 +23,36 @@ from typing import BinaryIO
 EXCEPTION = re.compile(r"(?:^|[)\]] )([A-Za-z_][\w.]*(?:Error|Exception|Interrupt): \S.*)")
 
 
-def pump(pipe: BinaryIO, out: BinaryIO, tail: deque[str]) -> None:
+class Kept:
+    """--keep-log FILE: a bounded copy (FILE, then FILE.1) on the job's volume; given up on an OSError."""
+
+    def __init__(self, path: str | None, limit: int = 16 << 20) -> None:
+        self.path, self.limit, self.lock, self.file, self.size = path, limit, threading.Lock(), None, 0
+        self.write(b"")
+
+    def write(self, line: bytes) -> None:
+        with self.lock:
+            try:
+                if self.path and (self.file is None or self.size + len(line) > self.limit):
+                    if self.file:
+                        self.file.close()
+                        os.replace(self.path, self.path + ".1")
+                    os.makedirs(os.path.dirname(self.path), exist_ok=True)
+                    self.file = open(self.path, "ab")  # noqa: SIM115
+                    self.size = self.file.tell()
+                if self.file:
+                    self.size += self.file.write(line[: self.limit])
+                    self.file.flush()
+            except OSError as e:
+                print(f"not keeping vLLM's log in {self.path}: {e}", file=sys.stderr)
+                self.path = self.file = None
+
+
+def pump(pipe: BinaryIO, out: BinaryIO, tail: deque[str], kept: Kept) -> None:
     for line in iter(pipe.readline, b""):
         out.write(line)
         out.flush()
+        kept.write(line)
         tail.append(line.decode(errors="replace").rstrip()[:1000])
 
 
@@ -41,7 +70,9 @@ def message(tail: list[str], status: str) -> bytes:
 
 
 def main(argv: list[str]) -> int:
-    path = argv[argv.index("--termination-log") + 1]
+    options = argv[: argv.index("--")] if "--" in argv else argv
+    path = options[options.index("--termination-log") + 1]
+    kept = Kept(options[options.index("--keep-log") + 1] if "--keep-log" in options else None)
     tail: deque[str] = deque(maxlen=1000)  # vLLM logs 100+ lines after the cause: a traceback per request
     command = argv[argv.index("--") + 1 :] if "--" in argv else []
     try:
@@ -61,7 +92,7 @@ def main(argv: list[str]) -> int:
         signal.signal(signal.SIGINT, forward)
         # Both streams: vLLM logs to stdout, Python prints uncaught tracebacks to stderr.
         pipes = ((child.stdout, sys.stdout.buffer), (child.stderr, sys.stderr.buffer))
-        readers = [threading.Thread(target=pump, args=(*p, tail), daemon=True) for p in pipes]
+        readers = [threading.Thread(target=pump, args=(*p, tail, kept), daemon=True) for p in pipes]
         for reader in readers:
             reader.start()
         returncode = child.wait()

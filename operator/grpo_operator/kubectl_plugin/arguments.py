@@ -213,7 +213,8 @@ def parser() -> argparse.ArgumentParser:
         "Logs of one of the job's pods (default: trainer rank 0 of the current attempt).",
         f"  {PROG} logs qwen-gsm8k -f\n  {PROG} logs qwen-gsm8k --role generation\n"
         f"  {PROG} logs qwen-gsm8k --role generation --replica 1\n  {PROG} logs qwen-gsm8k --rank 1 --tail 100\n"
-        f"  {PROG} logs qwen-gsm8k --attempt 1 --tail 50   (the first attempt's trainer, from the volume)",
+        f"  {PROG} logs qwen-gsm8k --attempt 1 --tail 50   (the first attempt's trainer, from the volume)\n"
+        f"  {PROG} logs qwen-gsm8k --attempt 1 --role generation   (its vLLM, with a ReadWriteMany volume)",
     )
     p.add_argument("--role", choices=("trainer", "generation", "metric", "rollouts"), default="trainer")
     p.add_argument(
@@ -234,8 +235,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--attempt",
         type=int,
-        help="a trainer gang attempt's log as kept on the job's volume, also once its pods are gone (after a "
-        "restart, a failure or the end); --rank is then the trainer process's global rank",
+        help="a gang attempt's log as kept on the job's volume, also once its pods are gone (after a "
+        "restart, a failure or the end): a trainer process's (--rank is then its global rank), or with "
+        "--role generation a vLLM server's (--replica; kept where the volume is ReadWriteMany)",
     )
     _reader_flags(p)
 

@@ -20,7 +20,7 @@ import urllib3
 from grpo_operator.api.event_reasons import RESTART_OR_FAILURE_REASONS
 from grpo_operator.api.status import TERMINAL_PHASES
 from grpo_operator.api.tracking import TENSORBOARD_SUBDIR, WANDB_SUBDIR
-from grpo_operator.api.trainer_config import TRAINER_LOGS_SUBDIR, trainer_log_path
+from grpo_operator.api.trainer_config import TRAINER_LOGS_SUBDIR, generation_log_path, trainer_log_path
 from grpo_operator.builders.common import (
     LABEL_ATTEMPT,
     LABEL_GENERATION_REPLICA,
@@ -380,18 +380,37 @@ _TAIL_BYTES_PER_LINE = 1024
 
 
 def attempt_log(kube: Kube, args: argparse.Namespace) -> int:
-    """A trainer process's output as the trainer kept it on the volume (log_capture.py)."""
-    if args.role != "trainer" or args.follow:
-        raise PluginError("--attempt reads the trainer's log kept on the volume: drop --role and --follow")
+    """A trainer process's or a vLLM server's output as kept on the volume (the trainer's log_capture.py,
+    the generation pod's supervisor)."""
+    if args.role not in ("trainer", "generation") or args.follow:
+        raise PluginError(
+            "--attempt reads a log kept on the volume: the trainer's (default) or vLLM's (--role generation); "
+            "drop --follow"
+        )
     job = kube.job(args.job)
-    path = trainer_log_path(data.OUTPUT_DIR, args.attempt, args.rank)
+    if args.role == "generation":
+        path = generation_log_path(data.OUTPUT_DIR, args.attempt, args.replica)
+        who = f"vLLM replica {args.replica}"
+    else:
+        path = trainer_log_path(data.OUTPUT_DIR, args.attempt, args.rank)
+        who = f"trainer rank {args.rank}"
     with open_reader(kube, job, args) as volume:
         size = volume.size(path)
         if size is None:
             kept = volume.list_dir(f"{data.OUTPUT_DIR}/{TRAINER_LOGS_SUBDIR}") or []
+            access = (((job.get("spec") or {}).get("checkpoints") or {}).get("volume") or {}).get(
+                "accessMode"
+            )
+            why = (
+                "; vLLM pods keep their log on the volume only when they can mount it "
+                "(spec.checkpoints.volume.accessMode: ReadWriteMany): the cause of a vLLM failure is in its "
+                "pod's termination message, which the job's events repeat"
+                if args.role == "generation" and access != "ReadWriteMany"
+                else ""
+            )
             raise NotFound(
-                f"no log of trainer rank {args.rank} in attempt {args.attempt} on the volume ({where(job)}); "
-                f"attempts kept: {', '.join(sorted(kept)) or 'none'}"
+                f"no log of {who} in attempt {args.attempt} on the volume ({where(job)}); "
+                f"attempts kept: {', '.join(sorted(kept)) or 'none'}{why}"
             )
         start = 0 if args.tail is None else max(0, size - args.tail * _TAIL_BYTES_PER_LINE)
         text = b"".join(volume.chunks(path, start, size - start)).decode("utf-8", errors="replace")
@@ -399,7 +418,7 @@ def attempt_log(kube: Kube, args: argparse.Namespace) -> int:
     lines = text.splitlines()
     if args.tail is not None:
         lines = lines[-args.tail :] if args.tail > 0 else []
-    out(f"# {path} (trainer attempt {args.attempt}, rank {args.rank}; kept on the job's volume)", err=True)
+    out(f"# {path} ({who}, attempt {args.attempt}; kept on the job's volume)", err=True)
     for line in lines:
         out(render.terminal_safe(line))
     return EXIT_OK
