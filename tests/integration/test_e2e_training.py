@@ -436,9 +436,9 @@ def test_two_vllm_replicas_share_a_job_and_one_killed_mid_run_costs_no_restart(
         assert served.count('"POST /collective_rpc HTTP/1.1" 200') >= 2, pod
     # The vLLM pods mount the job's ReadWriteMany volume, so each replica's log of the attempt is kept there
     # (the killed server's with its replacement's), past the pods' deletion.
-    for replica in (0, 1):
-        kept = (volume / "output" / "logs" / "attempt-1" / f"vllm-{replica}.log").read_text(errors="replace")
-        assert kept.count('"POST /v1/completions HTTP/1.1" 200') >= 2, replica
+    for index in (0, 1):
+        kept = (volume / "output" / "logs" / "attempt-1" / f"vllm-{index}.log").read_text(errors="replace")
+        assert kept.count('"POST /v1/completions HTTP/1.1" 200') >= 2, index
 
 
 def test_a_colocated_job_trains_with_vllm_inside_the_trainer_to_succeeded(

@@ -7,10 +7,17 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 from grpo_operator.api import TrainerConfig
-from grpo_operator.api.compat import LATER_FIELDS, RELEASED_FIELDS_FILE, spec_fields, wire_name
+from grpo_operator.api.compat import (
+    LATER_FIELDS,
+    RELEASED_FIELDS_FILE,
+    SNAPSHOT_ABOUT,
+    spec_fields,
+    wire_name,
+)
 from grpo_operator.api.spec import GRPOJobSpec
 from grpo_operator.builders import gang_hash, job_from_object
 from grpo_operator.builders.gang import gang_hash_input
@@ -75,8 +82,12 @@ def test_a_field_set_away_from_its_default_reaches_the_trainer_and_restarts_the_
         assert trainer_config_text(job, OperatorSettings()) != trainer_config_text(base, OperatorSettings())
 
 
-def _released() -> dict[str, object]:
+def _snapshot() -> dict[str, Any]:
     return dict(json.loads(Path(RELEASED_FIELDS_FILE).read_text()))
+
+
+def _released() -> dict[str, object]:
+    return dict(_snapshot()["spec"])
 
 
 def _unsafe_new_fields(fields: dict[tuple[str, ...], object], released: dict[str, object]) -> list[str]:
@@ -128,6 +139,55 @@ def test_released_defaults_are_unchanged() -> None:
         "released default implicitly; changing it changes the gang hash and restarts every running gang"
     )
     assert set(_released()) <= set(now), f"released fields removed: {sorted(set(_released()) - set(now))}"
+
+
+def test_the_snapshot_says_what_it_is_a_snapshot_of() -> None:
+    snapshot = _snapshot()
+    assert set(snapshot) == {"about", "release", "spec", "trainerJson"}
+    assert snapshot["about"] == SNAPSHOT_ABOUT and snapshot["release"]
+
+
+def test_every_trainer_json_key_added_since_the_release_stays_out_of_an_upgraded_jobs_file() -> None:
+    """An older trainer image (a job's pinned spec.trainer.image) reads the trainer.json a newer operator
+    writes, and refuses keys it does not know: a key added since the release must be absent while unused."""
+    released = dict(_snapshot()["trainerJson"])
+    unsafe = _unsafe_new_fields(spec_fields(TrainerConfig), released)
+    assert not unsafe, (
+        f"trainer.json keys added since the release with a non-None default: {unsafe}. The operator writes "
+        "them into every job's trainer.json, which a released trainer image refuses (it does not know them): "
+        "give the key a None default, or list it in grpo_operator.api.compat.LATER_FIELDS"
+    )
+    now = {".".join(path) for path in spec_fields(TrainerConfig)}
+    assert set(released) <= now, (
+        f"trainer.json keys of the release removed: {sorted(set(released) - now)}. A released operator "
+        "still writes them, and this trainer would refuse its trainer.json: keep them (ignored) until no "
+        "supported operator writes them"
+    )
+
+
+def test_an_upgraded_jobs_trainer_json_holds_only_keys_of_the_release() -> None:
+    """The file the operator writes now for a job of the release (every spec field at its released default)
+    has no key a released trainer image would not know."""
+    released = {tuple(k.split(".")) for k in _snapshot()["trainerJson"]}
+    text = trainer_config_text(job_from_object(job_object()), OperatorSettings())
+
+    def paths(value: object, prefix: tuple[str, ...] = ()) -> set[tuple[str, ...]]:
+        if not isinstance(value, dict):
+            return set()
+        found: set[tuple[str, ...]] = set()
+        for key, inner in value.items():
+            path = (*prefix, _python_name(key))
+            found |= {path} | paths(inner, path)
+        return found
+
+    unknown = sorted(".".join(p) for p in paths(json.loads(text)) - released)
+    assert not unknown, (
+        f"trainer.json of a released job holds keys a released trainer does not know: {unknown}"
+    )
+
+
+def _python_name(wire: str) -> str:
+    return "".join(f"_{c.lower()}" if c.isupper() else c for c in wire)
 
 
 def test_the_check_refuses_a_new_field_with_a_default() -> None:

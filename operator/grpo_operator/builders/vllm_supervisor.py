@@ -27,7 +27,8 @@ class Kept:
     """--keep-log FILE: a bounded copy (FILE, then FILE.1) on the job's volume; given up on an OSError."""
 
     def __init__(self, path: str | None, limit: int = 16 << 20) -> None:
-        self.path, self.limit, self.lock, self.file, self.size = path, limit, threading.Lock(), None, 0
+        self.path, self.limit, self.lock, self.size = path, limit, threading.Lock(), 0
+        self.file: BinaryIO | None = None
         self.write(b"")
 
     def write(self, line: bytes) -> None:
@@ -38,8 +39,8 @@ class Kept:
                         self.file.close()
                         os.replace(self.path, self.path + ".1")
                     os.makedirs(os.path.dirname(self.path), exist_ok=True)
-                    self.file = open(self.path, "ab")  # noqa: SIM115
-                    self.size = self.file.tell()
+                    file = self.file = open(self.path, "ab")  # noqa: SIM115
+                    self.size = file.tell()
                 if self.file:
                     self.size += self.file.write(line[: self.limit])
                     self.file.flush()
