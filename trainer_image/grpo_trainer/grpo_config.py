@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from grpo_operator.api.grpo_settings import trl_kwargs
 from grpo_operator.api.trainer_config import CONFIG_ENV, TrainerConfig
 from pydantic import ValidationError
 
@@ -177,24 +178,12 @@ def grpo_config_kwargs(
     mixed = precision(config.model.dtype, lora=g.lora.enabled, cuda=cuda)
     kwargs: dict[str, Any] = {
         "output_dir": staging_dir(config, attempt),
-        "num_generations": g.group_size,
         # One validation answer per prompt; validation is run by the trainer itself (progress.py).
         "num_generations_eval": 1,
         "per_device_train_batch_size": plan.per_device_batch_size,
         "gradient_accumulation_steps": plan.gradient_accumulation_steps,
-        "max_steps": g.steps,
-        "learning_rate": g.learning_rate,
-        "temperature": g.temperature,
-        "top_p": g.top_p,
-        "max_completion_length": g.max_completion_length,
-        "beta": g.beta,
-        "epsilon": g.epsilon,
-        "epsilon_high": g.epsilon_high,
-        "loss_type": g.loss_type,
-        # TRL's own advantage code still runs (and is overwritten, see trainer.py); keep it consistent.
-        "scale_rewards": g.scale_rewards,
-        "seed": g.seed,
-        "data_seed": g.seed,
+        # Every spec.grpo setting TRL has, from the one table of where each goes (api/grpo_settings.py).
+        **trl_kwargs(g),
         "logging_steps": 1,
         "save_strategy": "steps",
         "save_steps": config.checkpoints.every_steps,
@@ -212,22 +201,6 @@ def grpo_config_kwargs(
         "gradient_checkpointing": cuda,
         "use_cpu": not cuda,
     }
-    # Knobs TRL has its own default for: passed only when the spec (or its preset) sets them, so unset
-    # means TRL 1.16's default. trainer.json carries grpo.preset already resolved (TrainerConfig).
-    optional: dict[str, Any] = {
-        "importance_sampling_level": g.importance_sampling_level,
-        "num_iterations": g.num_iterations,
-        "mask_truncated_completions": g.mask_truncated_completions,
-        "top_k": g.top_k,
-        "min_p": g.min_p,
-        "repetition_penalty": g.repetition_penalty,
-        "chat_template_kwargs": g.chat_template_arguments() or None,
-        "vllm_importance_sampling_correction": g.vllm_importance_sampling_correction,
-        "vllm_importance_sampling_mode": g.vllm_importance_sampling_mode,
-        # TRL 1.16 deprecates vllm_importance_sampling_cap for this name.
-        "vllm_importance_sampling_clip_max": g.vllm_importance_sampling_cap,
-    }
-    kwargs.update({key: value for key, value in optional.items() if value is not None})
     if config.trainer.sharded:
         kwargs.update(fsdp_kwargs(config, cuda=cuda))
     gen = config.generation

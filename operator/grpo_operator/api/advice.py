@@ -16,6 +16,7 @@ from pydantic import BaseModel
 
 from grpo_operator.api.builtin_rewards import STOCK_METRIC_IMAGE
 from grpo_operator.api.compat import models_in, wire_name
+from grpo_operator.api.grpo_settings import trl_names
 from grpo_operator.api.resource import GRPOJob, compute_rollouts
 from grpo_operator.api.spec import GRPOJobSpec
 
@@ -26,34 +27,14 @@ DEFAULT_WARN_ROLLOUTS = 10_000_000
 
 # TRL's names (GRPOConfig fields, then GRPOTrainer's arguments) and where each setting lives in a GRPOJob,
 # for users coming from TRL. A value starting with "spec." is a field path; anything else says what takes
-# the setting's place. TRL 1.16 has no max_prompt_length: spec.grpo.maxPromptLength is the trainer's own.
+# the setting's place. The spec.grpo rows come from the table of where each GRPO setting goes
+# (grpo_settings.GRPO_SETTINGS); the rest are settings TRL has outside spec.grpo.
 TRL_NAMES: dict[str, str] = {
-    "num_generations": "spec.grpo.groupSize",
-    "max_steps": "spec.grpo.steps",
+    **trl_names(),
     "num_train_epochs": "spec.grpo.steps (a GRPOJob counts optimizer steps, not epochs)",
-    "learning_rate": "spec.grpo.learningRate",
     "per_device_train_batch_size": "spec.trainer.perDeviceBatchSize",
     "gradient_accumulation_steps": "derived: B*G / (trainer GPUs * spec.trainer.perDeviceBatchSize)",
     "generation_batch_size": "derived: B*G (spec.grpo.promptsPerStep * spec.grpo.groupSize)",
-    "max_completion_length": "spec.grpo.maxCompletionLength",
-    "temperature": "spec.grpo.temperature",
-    "top_p": "spec.grpo.topP",
-    "top_k": "spec.grpo.topK",
-    "min_p": "spec.grpo.minP",
-    "repetition_penalty": "spec.grpo.repetitionPenalty",
-    "chat_template_kwargs": "spec.grpo.chatTemplateKwargs",
-    "beta": "spec.grpo.beta",
-    "epsilon": "spec.grpo.epsilon",
-    "epsilon_high": "spec.grpo.epsilonHigh",
-    "loss_type": "spec.grpo.lossType",
-    "importance_sampling_level": "spec.grpo.importanceSamplingLevel",
-    "num_iterations": "spec.grpo.numIterations",
-    "mask_truncated_completions": "spec.grpo.maskTruncatedCompletions",
-    "scale_rewards": "spec.grpo.scaleRewards",
-    "vllm_importance_sampling_correction": "spec.grpo.vllmImportanceSamplingCorrection",
-    "vllm_importance_sampling_mode": "spec.grpo.vllmImportanceSamplingMode",
-    "vllm_importance_sampling_cap": "spec.grpo.vllmImportanceSamplingCap",
-    "seed": "spec.grpo.seed",
     "reward_weights": "spec.metric.rewardWeights",
     "save_steps": "spec.checkpoints.everySteps",
     "save_total_limit": "spec.checkpoints.keepLast",
