@@ -13,15 +13,16 @@ from typing import Any, get_args
 
 from pydantic import BaseModel
 
-# What the last release's jobs and trainer images hold: the spec's field paths and trainer.json's key paths
-# (Python names, dotted) with their defaults; written by `python -m hack.released_fields --update` at a
-# release, never by `make generate`.
+# What the upgrade baseline's jobs and trainer images hold: the spec's field paths and trainer.json's key
+# paths (Python names, dotted) with their defaults; written by `python -m hack.released_fields --update` at
+# a release, never by `make generate`.
 RELEASED_FIELDS_FILE = str(Path(__file__).with_name("released_fields.json"))
 SNAPSHOT_ABOUT = (
-    "What jobs and trainer images of the last release hold, for upgrade safety (tests/unit/test_compat.py): "
-    "`spec` is every field path of GRPOJob.spec (Python names, dotted) with its default; `trainerJson` is "
-    "every key path of trainer.json (TrainerConfig, Python names, dotted) with its default. Written by "
-    "`python -m hack.released_fields --update` at a release, never by `make generate`."
+    "What jobs and trainer images of the upgrade baseline hold, for upgrade safety "
+    "(tests/unit/test_compat.py): `spec` is every field path of GRPOJob.spec (Python names, dotted) with "
+    "its default; `trainerJson` is every key path of trainer.json (TrainerConfig, Python names, dotted) "
+    "with its default. `release` names the baseline. Written by `python -m hack.released_fields --update "
+    "--release ID` at a release, never by `make generate`."
 )
 
 # (path of field names from the spec, its default). Field names are the Python ones; the camelCase

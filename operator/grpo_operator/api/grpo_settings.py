@@ -88,7 +88,9 @@ GRPO_SETTINGS: tuple[GrpoSetting, ...] = (
     ),
     GrpoSetting("failure_score", "own", note="the reward of a rollout the metric could not score"),
     GrpoSetting(
-        "dynamic_sampling", "own", note="tied groups (no signal) are refilled with fresh prompts within the step, as DAPO does (trainer.py)"
+        "dynamic_sampling",
+        "own",
+        note="tied groups (no signal) are refilled with fresh prompts within the step, as DAPO does (trainer.py)",
     ),
     GrpoSetting("vllm_importance_sampling_correction", "when_set", ("vllm_importance_sampling_correction",)),
     GrpoSetting("vllm_importance_sampling_mode", "when_set", ("vllm_importance_sampling_mode",)),
@@ -101,7 +103,11 @@ GRPO_SETTINGS: tuple[GrpoSetting, ...] = (
     ),
     GrpoSetting("seed", "always", ("seed", "data_seed")),
     GrpoSetting("lora", "own", note="the PEFT LoRA adapter the trainer builds (peft_config of GRPOTrainer)"),
-    GrpoSetting("validation", "own", note="held-out prompts the trainer samples and scores itself every everySteps (ProgressCallback._validate)"),
+    GrpoSetting(
+        "validation",
+        "own",
+        note="held-out prompts the trainer samples and scores itself every everySteps (ProgressCallback._validate)",
+    ),
     GrpoSetting(
         "learning_health", "own", note="the trainer's learning-health diagnosis thresholds (learning_health)"
     ),
@@ -126,7 +132,5 @@ def trl_names() -> dict[str, str]:
     from grpo_operator.api.compat import wire_name
 
     return {
-        name: f"spec.grpo.{wire_name(s.field)}"
-        for s in GRPO_SETTINGS
-        for name in (*s.trl, *s.trl_aliases)
+        name: f"spec.grpo.{wire_name(s.field)}" for s in GRPO_SETTINGS for name in (*s.trl, *s.trl_aliases)
     }
