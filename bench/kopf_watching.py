@@ -30,12 +30,11 @@ from grpo_operator import __version__
 from grpo_operator.api.resource import GROUP, PLURAL, VERSION
 from grpo_operator.builders.common import LABEL_JOB
 from grpo_operator.cli import _configure_logging, _parser
-from grpo_operator.observability import start_http_server
 from grpo_operator.runtime import kopf_settings
 from grpo_operator.runtime.controller import Controller
 from grpo_operator.runtime.informer import ClusterCache, slim
 from grpo_operator.runtime.kube_client import CHILD_RESOURCES, NODE, Obj, Resource
-from grpo_operator.runtime.process import make_controller
+from grpo_operator.runtime.process import make_controller, serve_http, stop_serving
 from grpo_operator.runtime.wakeups import CHILD_SELECTOR, METADATA_ONLY_KINDS, managed_child
 from grpo_operator.settings import OperatorSettings, SettingsError
 
@@ -259,14 +258,7 @@ def build_registry(controller: Controller, cache: KopfCache) -> kopf.OperatorReg
         cache.jobs = kwargs[JOBS]
         cache.children = kwargs[CHILDREN]
         cache.nodes = kwargs[NODES]
-        app_runner, port = await start_http_server(
-            controller.metrics,
-            controller.health,
-            controller.settings.http_host,
-            controller.settings.http_port,
-        )
-        runner.append(app_runner)
-        controller.http_port = port
+        await serve_http(controller, runner)
         controller.start(watch=False)
         # The Controller reads its cache through ClusterCache's methods only; KopfCache has the same ones.
         controller.cache = cast(ClusterCache, cache)
@@ -279,10 +271,7 @@ def build_registry(controller: Controller, cache: KopfCache) -> kopf.OperatorReg
 
     @kopf.on.cleanup(registry=registry)
     async def cleanup(**_: Any) -> None:
-        log.info("grpo-operator stopping")
-        await controller.stop()
-        for app_runner in runner:
-            await app_runner.cleanup()
+        await stop_serving(controller, runner)
 
     register_watching(registry, controller, cache)
     return registry

@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from grpo_operator.api.base import describe_validation_error
 from grpo_operator.api.exit_codes import PERMANENT_EXIT_CODES
@@ -201,22 +201,18 @@ class OperatorSettings:
     component: str = "grpo-operator"
 
     def __post_init__(self) -> None:
-        if self.learning_health_defaults:
-            try:
-                LearningHealthSpec.model_validate(dict(self.learning_health_defaults))
-            except ValidationError as exc:
-                raise SettingsError(
-                    f"learning_health_defaults (Helm jobDefaults.learningHealth) is not valid: "
-                    f"{'; '.join(describe_validation_error(exc))}; use the keys and ranges of spec.grpo.learningHealth"
-                ) from None
-        if self.tracking_defaults:
-            try:
-                TrackingSpec.model_validate(dict(self.tracking_defaults))
-            except ValidationError as exc:
-                raise SettingsError(
-                    f"tracking_defaults (Helm jobDefaults.tracking) is not valid: "
-                    f"{'; '.join(describe_validation_error(exc))}; use the keys of spec.tracking"
-                ) from None
+        _check_defaults(
+            LearningHealthSpec,
+            self.learning_health_defaults,
+            "learning_health_defaults (Helm jobDefaults.learningHealth)",
+            "the keys and ranges of spec.grpo.learningHealth",
+        )
+        _check_defaults(
+            TrackingSpec,
+            self.tracking_defaults,
+            "tracking_defaults (Helm jobDefaults.tracking)",
+            "the keys of spec.tracking",
+        )
         if self.resync_seconds <= 0:
             raise SettingsError(f"resync_seconds must be > 0, got {self.resync_seconds}: use e.g. 30")
         if not 0 <= self.child_event_batch_seconds <= 10:
@@ -394,3 +390,15 @@ def _peer_problem(peer: Any) -> str:
     if "ipBlock" in peer and not isinstance(peer["ipBlock"].get("cidr"), str):
         return "has an ipBlock without a cidr"
     return ""
+
+
+def _check_defaults(model: type[BaseModel], value: Mapping[str, Any], setting: str, use: str) -> None:
+    """A platform default that is part of a job's spec, refused at start unless it validates as that part."""
+    if not value:
+        return
+    try:
+        model.model_validate(dict(value))
+    except ValidationError as exc:
+        raise SettingsError(
+            f"{setting} is not valid: {'; '.join(describe_validation_error(exc))}; use {use}"
+        ) from None

@@ -135,26 +135,27 @@ def metadata_body_and_availability(obj: Manifest) -> object:
 
 @dataclass(frozen=True)
 class ChildKind:
-    """What the operator knows of one kind of child."""
+    """What the operator knows of one kind of child. The defaults are the common case: a core namespaced
+    kind the operator applies (server-side apply), cached whole, a change waking its job at once."""
 
     kind: str
-    # The API resource.
-    group: str
-    version: str
     plural: str
-    namespaced: bool
     # The builders that produce objects of this kind (each takes the job, and some the settings, the
     # attempt and the rank or index); a kind another controller creates from the operator's object
     # (metric pods, from the Deployment's ReplicaSet) names only the operator's own builders.
     builders: tuple[Callable[..., Manifest | None], ...]
-    # The RBAC verbs the operator's runtime uses on the resource: exactly what the chart grants.
-    verbs: frozenset[str]
-    cache: Cache
-    wake: Wake
-    # What reconcile reads of an object of this kind: a change that leaves it equal wakes nobody.
-    view: Callable[[Manifest], object]
-    # The same, in words, for the docs.
+    # What reconcile reads of an object of this kind, in words, for the docs (``view`` below, in code).
     reads: str
+    # The API resource.
+    group: str = ""
+    version: str = "v1"
+    namespaced: bool = True
+    # The RBAC verbs the operator's runtime uses on the resource: exactly what the chart grants.
+    verbs: frozenset[str] = APPLIED_VERBS
+    cache: Cache = Cache.WHOLE
+    wake: Wake = Wake.IMMEDIATE
+    # What reconcile reads of an object of this kind: a change that leaves it equal wakes nobody.
+    view: Callable[[Manifest], object] = metadata_and_body
 
     @property
     def api_version(self) -> str:
@@ -174,135 +175,80 @@ _BODY = f"{_METADATA}, and the body it compares with its build"
 CHILD_KINDS: tuple[ChildKind, ...] = (
     ChildKind(
         kind="Secret",
-        group="",
-        version="v1",
         plural="secrets",
-        namespaced=True,
         builders=(gateway_token_secret,),
         verbs=CREATED_ONCE_VERBS,
         cache=Cache.NONE,
         wake=Wake.NEVER,
-        view=metadata_and_body,
         reads="nothing: created once under a name the API server picks, recorded in status.gatewayTokenSecret",
     ),
     ChildKind(
         kind="ConfigMap",
-        group="",
-        version="v1",
         plural="configmaps",
-        namespaced=True,
         builders=(trainer_config_map,),
-        verbs=APPLIED_VERBS,
         cache=Cache.METADATA_READ_ON_CHANGE,
-        wake=Wake.IMMEDIATE,
         view=resource_version,
         reads="any change (its data, read whole, is compared with its build)",
     ),
     ChildKind(
         kind="PersistentVolumeClaim",
-        group="",
-        version="v1",
         plural="persistentvolumeclaims",
-        namespaced=True,
         builders=(checkpoint_pvc,),
-        verbs=APPLIED_VERBS,
         cache=Cache.METADATA,
-        wake=Wake.IMMEDIATE,
-        view=metadata_and_body,
         reads=f"{_METADATA}, and the PV controller's bind-completed mark",
     ),
     ChildKind(
         kind="ServiceAccount",
-        group="",
-        version="v1",
         plural="serviceaccounts",
-        namespaced=True,
         builders=(trainer_service_account,),
-        verbs=APPLIED_VERBS,
-        cache=Cache.WHOLE,
-        wake=Wake.IMMEDIATE,
-        view=metadata_and_body,
         reads=_BODY,
     ),
     ChildKind(
         kind="Role",
         group="rbac.authorization.k8s.io",
-        version="v1",
         plural="roles",
-        namespaced=True,
         builders=(trainer_role,),
-        verbs=APPLIED_VERBS,
-        cache=Cache.WHOLE,
-        wake=Wake.IMMEDIATE,
-        view=metadata_and_body,
         reads=f"{_BODY} (rules)",
     ),
     ChildKind(
         kind="RoleBinding",
         group="rbac.authorization.k8s.io",
-        version="v1",
         plural="rolebindings",
-        namespaced=True,
         builders=(trainer_role_binding,),
-        verbs=APPLIED_VERBS,
-        cache=Cache.WHOLE,
-        wake=Wake.IMMEDIATE,
-        view=metadata_and_body,
         reads=f"{_BODY} (subjects, roleRef)",
     ),
     ChildKind(
         kind="Service",
-        group="",
-        version="v1",
         plural="services",
-        namespaced=True,
         builders=(trainer_service, generation_service, metric_service, gateway_service, policy_service),
-        verbs=APPLIED_VERBS,
-        cache=Cache.WHOLE,
-        wake=Wake.IMMEDIATE,
-        view=metadata_and_body,
         reads=f"{_BODY} (spec)",
     ),
     ChildKind(
         kind="NetworkPolicy",
         group="networking.k8s.io",
-        version="v1",
         plural="networkpolicies",
-        namespaced=True,
         builders=(
             generation_network_policy,
             metric_network_policy,
             gateway_network_policy,
             trainer_network_policy,
         ),
-        verbs=APPLIED_VERBS,
-        cache=Cache.WHOLE,
-        wake=Wake.IMMEDIATE,
-        view=metadata_and_body,
         reads=f"{_BODY} (spec)",
     ),
     ChildKind(
         kind="Deployment",
         group="apps",
-        version="v1",
         plural="deployments",
-        namespaced=True,
         builders=(metric_deployment, gateway_deployment),
-        verbs=APPLIED_VERBS,
-        cache=Cache.WHOLE,
         wake=Wake.BATCHED,
         view=metadata_body_and_availability,
         reads=f"{_BODY} (spec), available replicas, the ReplicaFailure condition",
     ),
     ChildKind(
         kind="Pod",
-        group="",
-        version="v1",
         plural="pods",
-        namespaced=True,
         builders=(generation_pod, trainer_pod),
         verbs=POD_VERBS,
-        cache=Cache.WHOLE,
         wake=Wake.BATCHED,
         view=whole_but_resource_version,
         reads="everything but the resourceVersion (phase, conditions, container states, node, Kueue's marks)",

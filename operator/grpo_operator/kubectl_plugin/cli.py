@@ -278,19 +278,21 @@ def cmd_export(kube: Kube, args: argparse.Namespace) -> int:
     with open_reader(kube, job, args) as volume:
         listing = checkpoint_listing(volume)
         steps = [c["step"] for c in listing["checkpoints"]]
-        if args.tensorboard:
-            source = f"{data.OUTPUT_DIR}/{TENSORBOARD_SUBDIR}"
-            if not volume.list_dir(source):
-                raise NotFound(
-                    f"no TensorBoard event files in {source} ({where(job)}): the trainer writes them only with "
-                    "spec.tracking.tensorBoard.enabled: true, from its first step on"
+        if args.tensorboard or args.wandb:
+            subdir, what, setting = (
+                (TENSORBOARD_SUBDIR, "TensorBoard event files", "spec.tracking.tensorBoard.enabled: true")
+                if args.tensorboard
+                else (
+                    WANDB_SUBDIR,
+                    "W&B runs",
+                    "spec.tracking.wandb (offline mode keeps them for `wandb sync`)",
                 )
-        elif args.wandb:
-            source = f"{data.OUTPUT_DIR}/{WANDB_SUBDIR}"
+            )
+            source = f"{data.OUTPUT_DIR}/{subdir}"
             if not volume.list_dir(source):
                 raise NotFound(
-                    f"no W&B runs in {source} ({where(job)}): the trainer writes them only with "
-                    "spec.tracking.wandb set (offline mode keeps them there for `wandb sync`)"
+                    f"no {what} in {source} ({where(job)}): the trainer writes them only with {setting}, "
+                    "from its first step on"
                 )
         elif args.step is not None:
             if args.step not in steps:

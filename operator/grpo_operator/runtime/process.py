@@ -40,14 +40,7 @@ def build_registry(controller: Controller) -> kopf.OperatorRegistry:
     @kopf.on.startup(registry=registry)
     async def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
         kopf_settings.configure(settings)
-        app_runner, port = await start_http_server(
-            controller.metrics,
-            controller.health,
-            controller.settings.http_host,
-            controller.settings.http_port,
-        )
-        runner.append(app_runner)
-        controller.http_port = port
+        await serve_http(controller, runner)
         controller.start()
         scope = (
             "all namespaces" if controller.settings.clusterwide else ", ".join(controller.settings.namespaces)
@@ -61,10 +54,7 @@ def build_registry(controller: Controller) -> kopf.OperatorRegistry:
 
     @kopf.on.cleanup(registry=registry)
     async def cleanup(**_: Any) -> None:
-        log.info("grpo-operator stopping")
-        await controller.stop()
-        for app_runner in runner:
-            await app_runner.cleanup()
+        await stop_serving(controller, runner)
 
     # No kopf resource handlers: the controller's own informers (runtime/informer.py) watch GRPOJobs,
     # every child kind and nodes into caches that reconcile reads from. kopf's per-object handler
@@ -72,6 +62,22 @@ def build_registry(controller: Controller) -> kopf.OperatorRegistry:
     # (docs/scaling.md, "kopf's own watching vs the runtime's informers", has the figures).
 
     return registry
+
+
+async def serve_http(controller: Controller, runner: list[web.AppRunner]) -> None:
+    """The operator's HTTP server (/metrics, /healthz, /readyz), its runner kept in ``runner`` for the stop."""
+    app_runner, port = await start_http_server(
+        controller.metrics, controller.health, controller.settings.http_host, controller.settings.http_port
+    )
+    runner.append(app_runner)
+    controller.http_port = port
+
+
+async def stop_serving(controller: Controller, runner: list[web.AppRunner]) -> None:
+    log.info("grpo-operator stopping")
+    await controller.stop()
+    for app_runner in runner:
+        await app_runner.cleanup()
 
 
 def make_controller(settings: OperatorSettings, kubeconfig: str | None = None) -> Controller:
