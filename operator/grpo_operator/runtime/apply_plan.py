@@ -101,11 +101,8 @@ class PlanExecution(EventRecorder):
         else:
             await asyncio.gather(*(self._write("create", m, failures, taken) for m in plan.creates))
             await self.emit_events(job, [(e.type, e.reason, e.message) for e in plan.events])
-        self._refusals[key] = tuple(failures)
-        if taken:
-            self._taken[key] = set(taken)
-        else:
-            self._taken.pop(key, None)
+        memory = self.jobs.know(key)
+        memory.refusals, memory.taken = tuple(failures), frozenset(taken)
         # Quota, admission webhooks and policy engines refuse children with 4xx: tell the user why.
         await self.emit_events(
             job,
@@ -206,7 +203,7 @@ class PlanExecution(EventRecorder):
                 raise
             resource_version = (written.get("metadata") or {}).get("resourceVersion")
             if not status:
-                self._written_rv[key] = str(resource_version)
+                self.jobs.know(key).written_rv = str(resource_version)
                 if self.cache is not None:
                     self.cache.put_job(written)
         if status:
@@ -220,7 +217,7 @@ class PlanExecution(EventRecorder):
                     raise StatusConflict from exc
                 self._api_error("patch", "GRPOJob/status", exc)
                 raise
-            self._written_rv[key] = str((updated.get("metadata") or {}).get("resourceVersion"))
+            self.jobs.know(key).written_rv = str((updated.get("metadata") or {}).get("resourceVersion"))
             if self.cache is not None:
                 # Decide the next reconcile from at least what we just wrote, never from an older copy.
                 self.cache.put_job(updated)
@@ -274,7 +271,7 @@ class PlanExecution(EventRecorder):
                 # What the operator just wrote is what it builds: no need to read it back.
                 job_key = (str(meta["namespace"]), str((meta.get("labels") or {}).get(LABEL_JOB)))
                 rv = str((written.get("metadata") or {}).get("resourceVersion"))
-                self._verified.setdefault(job_key, {})[(manifest["kind"], meta["name"])] = rv
+                self.jobs.know(job_key).verified[(manifest["kind"], meta["name"])] = rv
             self.cache.put_child(written)
         if verb != "apply":
             job = (meta.get("labels") or {}).get(LABEL_JOB, "?")

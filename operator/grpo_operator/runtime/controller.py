@@ -6,9 +6,11 @@ the queue — one job is never reconciled by two workers at once — and a resyn
 a missed watch event must not leave a job unattended. The loop holds no state that matters: an
 operator restarted at any point re-derives everything from the cluster.
 
-The controller is one class per concern, each in its own module: what wakes a job (wakeups.py),
-observing it (observe.py), carrying out its plan (apply_plan.py), its Events (events.py), over the state
-they share (controller_state.py); this module holds the workers that run one reconcile after another.
+The controller is one class assembled from mixins, one per concern and each in its own module: what wakes
+a job (wakeups.py), observing it (observe.py), carrying out its plan (apply_plan.py), its Events (events.py).
+They share the settings, the API client, the queue and the caches through controller_state.py, and what the
+operator remembers of each job between reconciles is one record per job (job_memory.py, ``self.jobs``);
+this module holds the workers that run one reconcile after another.
 """
 
 from __future__ import annotations
@@ -23,7 +25,8 @@ from kubernetes.client.exceptions import ApiException
 from grpo_operator.api.resource import KIND
 from grpo_operator.reconcile import Plan, reconcile
 from grpo_operator.runtime.apply_plan import PlanExecution, StatusConflict
-from grpo_operator.runtime.controller_state import Key, log
+from grpo_operator.runtime.controller_state import log
+from grpo_operator.runtime.job_memory import Key
 from grpo_operator.runtime.observe import Observation
 from grpo_operator.runtime.wakeups import Wakeups
 
@@ -81,7 +84,7 @@ class Controller(Wakeups, Observation, PlanExecution):
                 job = await self._get_job(namespace, name)
             except ApiException as exc:
                 if exc.status == 404:
-                    self.phases.pop(key, None)
+                    self.jobs.forget(key)
                     self.queue.discard(key)
                     self.metrics.reconciles.labels(result="gone").inc()
                     return None
@@ -97,7 +100,7 @@ class Controller(Wakeups, Observation, PlanExecution):
                 plan = reconcile(job, observed, now, self.settings)
             await self.execute(job, plan)
             # Read whole and acted on: not read again until it changes.
-            self._verified.setdefault(key, {}).update(verified)
+            self.jobs.know(key).verified.update(verified)
         except StatusConflict:
             self.metrics.reconciles.labels(result="conflict").inc()
             self.queue.add_after(key, 0.2)
@@ -119,7 +122,7 @@ class Controller(Wakeups, Observation, PlanExecution):
             self.metrics.reconcile_seconds.observe(time.perf_counter() - started)
         self.metrics.reconciles.labels(result="success").inc()
         self.queue.forget(key)
-        self.phases[key] = plan.phase
+        self.jobs.know(key).phase = plan.phase
         if plan.requeue_after is not None:
             self.queue.add_after(key, plan.requeue_after)
         return plan

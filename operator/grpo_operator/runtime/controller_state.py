@@ -1,8 +1,9 @@
 """What every part of the reconcile loop shares: the settings, the API client and its thread pools, the
-work queue, the metrics, the watch caches and what the operator remembers per job between reconciles.
+work queue, the metrics, the watch caches and what the operator remembers per job between reconciles
+(``jobs``, one record per job: job_memory.py).
 
-The controller is assembled from one class per concern (runtime/controller.py); each of them extends
-this one, so they share this state and the way API calls are run off the event loop.
+The controller is one class assembled from mixins, one per concern (runtime/controller.py); each of them
+extends this one, so they share this state and the way API calls are run off the event loop.
 """
 
 from __future__ import annotations
@@ -20,14 +21,13 @@ from typing import Any, TypeVar
 from kubernetes.client.exceptions import ApiException
 
 from grpo_operator.observability import HealthState, OperatorMetrics
-from grpo_operator.reconcile import Refusal
 from grpo_operator.runtime.informer import ClusterCache
+from grpo_operator.runtime.job_memory import JobMemories, Key
 from grpo_operator.runtime.kube_client import Kube
 from grpo_operator.runtime.workqueue import WorkQueue
 from grpo_operator.settings import OperatorSettings
 
 log = logging.getLogger("grpo_operator")
-Key = tuple[str, str]
 T = TypeVar("T")
 
 
@@ -44,8 +44,9 @@ class ControllerState:
     ) -> None:
         self.settings = settings
         self.kube = kube
-        self.phases: dict[Key, str | None] = {}
-        self.metrics = metrics or OperatorMetrics(lambda: self.phases)
+        # What the operator remembers of each job between reconciles (runtime/job_memory.py).
+        self.jobs = JobMemories()
+        self.metrics = metrics or OperatorMetrics(self.jobs.phases)
         requests = self.metrics.api_requests
         kube.count_requests(lambda verb, resource: requests.labels(verb=verb, resource=resource).inc())
         self.health = health or HealthState(stale_after=max(120.0, 4 * settings.resync_seconds))
@@ -57,18 +58,6 @@ class ControllerState:
         # at once, several hundred of those are in flight).
         self._job_writes = ThreadPoolExecutor(max_workers=settings.workers, thread_name_prefix="grpo-status")
         self._tasks: list[asyncio.Task[None]] = []
-        self._written_rv: dict[Key, str] = {}
-        # What the API server refused in each job's last executed plan. The next reconcile reads it:
-        # a refused child does not exist, so only the refusal says why it is missing. Lost on restart
-        # and rebuilt by the next attempt to create the child.
-        self._refusals: dict[Key, tuple[Refusal, ...]] = {}
-        # Names whose create the API server refused with 409 (taken) in each job's last executed plan. The
-        # caches hold only what the operator manages, so the next reconcile reads these names (a same-name
-        # object someone else made is found only this way) before deciding again.
-        self._taken: dict[Key, set[tuple[str, str]]] = {}
-        # Per job: the resourceVersion each ConfigMap of it had when the operator last wrote or read it whole.
-        # A ConfigMap whose cached metadata shows another is read again (READ_ON_CHANGE_KINDS).
-        self._verified: dict[Key, dict[tuple[str, str], str]] = {}
         self._recent_events: dict[tuple[Key, str, str], float] = {}
         self._events_in_flight: set[asyncio.Task[None]] = set()
         self._nodes: tuple[float, frozenset[str] | None] = (0.0, None)
@@ -94,9 +83,3 @@ class ControllerState:
 
     def _api_error(self, verb: str, kind: str, exc: ApiException) -> None:
         self.metrics.api_errors.labels(verb=verb, kind=kind, code=str(exc.status or 0)).inc()
-
-    def forget_job(self, key: Key) -> None:
-        """Drops what the operator remembers of a job that is gone."""
-        self._refusals.pop(key, None)
-        self._taken.pop(key, None)
-        self._verified.pop(key, None)

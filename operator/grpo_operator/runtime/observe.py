@@ -71,7 +71,7 @@ class Observation(ControllerState):
         observed = Observed(
             objects=tuple(objects),
             nodes=await self._node_names(),
-            refusals=self._refusals.get((namespace, name), ()),
+            refusals=memory.refusals if (memory := self.jobs.get((namespace, name))) else (),
             storage_classes=StorageClasses(*classes) if classes is not None else None,
             metadata_only=frozenset(partial),
         )
@@ -83,7 +83,8 @@ class Observation(ControllerState):
         """The cached children with each metadata-only one of READ_ON_CHANGE_KINDS that changed since the
         operator last wrote or read it replaced by the whole object (one GET); the (kind, name) of those
         still known by their metadata only; the resourceVersions read."""
-        known = self._verified.get((namespace, job), {})
+        memory = self.jobs.get((namespace, job))
+        known = memory.verified if memory is not None else {}
         out: list[Obj] = []
         partial: set[tuple[str, str]] = set()
         verified: dict[tuple[str, str], str] = {}
@@ -117,7 +118,8 @@ class Observation(ControllerState):
         other children was refused as taken, so a same-name object is never used before it is found."""
         meta = job["metadata"]
         namespace = meta["namespace"]
-        taken = self._taken.get((namespace, meta["name"])) or set()
+        memory = self.jobs.get((namespace, meta["name"]))
+        taken = memory.taken if memory is not None else frozenset()
         if not taken and not plan.verify:
             return []
         seen = {(o.get("kind"), (o.get("metadata") or {}).get("name")) for o in observed.objects}

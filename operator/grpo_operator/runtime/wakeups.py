@@ -15,8 +15,9 @@ from grpo_operator.api.resource import KIND
 from grpo_operator.builders.child_kinds import Cache, Wake, child_view, kinds_where
 from grpo_operator.builders.common import DEPLOYMENT_ROLES, LABEL_JOB, LABEL_MANAGED_BY, LABEL_ROLE, PART_OF
 from grpo_operator.builders.storage import ANNOTATION_JOB_UID
-from grpo_operator.runtime.controller_state import ControllerState, Key, log
+from grpo_operator.runtime.controller_state import ControllerState, log
 from grpo_operator.runtime.informer import ClusterCache
+from grpo_operator.runtime.job_memory import Key
 from grpo_operator.runtime.kube_client import CHILD_RESOURCES, GRPOJOB, NODE, STORAGE_CLASS, Obj
 
 # Children whose changes come in bursts wake the job batched (settings.child_event_batch_seconds).
@@ -41,13 +42,10 @@ class Wakeups(ControllerState):
     ) -> None:
         key = (namespace, name)
         if event_type == "DELETED":
-            self.phases.pop(key, None)
-            self._written_rv.pop(key, None)
-            self.forget_job(key)
+            self.jobs.forget(key)
             self.queue.discard(key)
             return
-        self.phases.setdefault(key, None)
-        if resource_version is not None and self._written_rv.get(key) == resource_version:
+        if resource_version is not None and self.jobs.know(key).written_rv == resource_version:
             return  # the echo of our own status patch: nothing new to decide
         self.queue.add(key)
         self.metrics.queue_depth.set(len(self.queue))
@@ -116,7 +114,7 @@ class Wakeups(ControllerState):
             # (deadlines, stalls) and reads nothing from the API server.
             for key in cached:
                 seen.add(key)
-                self.phases.setdefault(key, None)
+                self.jobs.know(key)
                 self.queue.add(key)
             namespaces = []
         for namespace in namespaces:
@@ -124,11 +122,10 @@ class Wakeups(ControllerState):
                 meta = job.get("metadata") or {}
                 key = (str(meta.get("namespace")), str(meta.get("name")))
                 seen.add(key)
-                self.phases.setdefault(key, (job.get("status") or {}).get("phase"))
+                self.jobs.know(key, (job.get("status") or {}).get("phase"))
                 self.queue.add(key)
-        for key in set(self.phases) - seen:
-            self.phases.pop(key, None)
-            self.forget_job(key)
+        for key in self.jobs.keys() - seen:
+            self.jobs.forget(key)
         self.metrics.queue_depth.set(len(self.queue))
 
 
