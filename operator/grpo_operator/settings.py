@@ -159,11 +159,10 @@ class OperatorSettings:
     pod_run_as_user: int = 65532
     pod_run_as_group: int = 65532
     pod_fs_group: int = 65532
-    # Trainer exit codes that mean "retrying cannot help" (invalid configuration, 2; a checkpoint of another
-    # job or other weights, 4; CUDA out of memory, 6; the client cancelled a client-rollout job, 7): the job
-    # fails at once instead of spending its backoffLimit. The default is the restart policy's
-    # (reconcile/restart_policy.py, DEFAULT_PERMANENT_EXIT_CODES; tests/unit/test_restart_policy.py keeps
-    # the two equal).
+    # Trainer exit codes that mean "retrying cannot help": the job fails at once instead of spending its
+    # backoffLimit. The default is every code the exit-code catalog marks permanent (api/exit_codes.py, also
+    # the restart policy's default; tests/unit/test_restart_policy.py keeps the two equal), listed with
+    # their meanings in docs/operations.md.
     permanent_exit_codes: tuple[int, ...] = PERMANENT_EXIT_CODES
 
     # --- platform limits (Helm: platformPolicy.*; the chart's admission policy enforces the same) ---------

@@ -340,3 +340,11 @@ def test_the_operations_doc_shows_the_table_as_it_is() -> None:
 def test_a_doc_without_the_markers_is_refused_with_what_to_do() -> None:
     with pytest.raises(MarkersMissing, match="put them back"):
         restart_table.render("# Operating GRPOJobs\n\nno table here\n")
+
+
+def test_the_operations_guide_states_the_default_permanent_exit_codes() -> None:
+    from pathlib import Path
+
+    table = (Path(__file__).resolve().parents[2] / "docs" / "operations.md").read_text()
+    codes = ",".join(str(c) for c in DEFAULT_PERMANENT_EXIT_CODES)
+    assert f"| `GRPO_OPERATOR_PERMANENT_EXIT_CODES` | `{codes}` |" in table
