@@ -178,10 +178,10 @@ def test_vllm_generation_still_holds_its_client_where_the_policy_server_reads_it
 
 
 def _vllm_generation_subclasses() -> dict[str, type[Any]]:
-    from grpo_trainer import colocate, weight_sync
+    from grpo_trainer import colocate, served_generation
 
     return {
-        "server (weight_sync.generation_class)": weight_sync.generation_class(None, None, None),
+        "server (served_generation.generation_class)": served_generation.generation_class(None, None, None),
         "colocate (colocate.generation_class)": colocate.generation_class(None),
     }
 

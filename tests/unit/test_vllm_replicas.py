@@ -214,7 +214,8 @@ def test_the_pool_answers_every_call_trl_makes_on_its_vllm_client() -> None:
 def test_the_served_model_probe_checks_every_serving_replica_and_reports_the_furthest(
     servers: list[Server],
 ) -> None:
-    from grpo_trainer.weight_sync import ServedModelProbe, _probe_served
+    from grpo_trainer.served_generation import probe_served
+    from grpo_trainer.weight_sync import ServedModelProbe
 
     class Probe(ServedModelProbe):
         def __init__(self) -> None:  # no tokenizer: the probe text's log-probabilities are given below
@@ -226,12 +227,12 @@ def test_the_served_model_probe_checks_every_serving_replica_and_reports_the_fur
             return [-1.0, -2.0] if client is servers[0] else [-1.5, -2.0]
 
     pool = pool_of(servers)
-    worst = _probe_served(Probe(), [-1.0, -2.0], pool)
+    worst = probe_served(Probe(), [-1.0, -2.0], pool)
     assert worst.mean_abs_diff == 0.25 and pool.report()["logprob_diff"] == {"0": 0.0, "1": 0.25}
     servers[1].up = False
-    assert _probe_served(Probe(), [-1.0, -2.0], pool).mean_abs_diff == 0.0
+    assert probe_served(Probe(), [-1.0, -2.0], pool).mean_abs_diff == 0.0
     assert pool.report()["serving"] == [0]
     servers[0].up = False
     with pytest.raises(NoReplicaServing) as raised:
-        _probe_served(Probe(), [-1.0, -2.0], pool)
+        probe_served(Probe(), [-1.0, -2.0], pool)
     assert lost_server(raised.value)

@@ -276,7 +276,8 @@ def build_trainer(
         probe = colocate.EngineProbe(tokenizer)
         extra["vllm_generation"] = colocate.generation_class(probe, config.model.dtype)
     elif served:
-        from grpo_trainer.weight_sync import ServedModelProbe, generation_class
+        from grpo_trainer.served_generation import generation_class
+        from grpo_trainer.weight_sync import ServedModelProbe
 
         gen = config.generation
         extra["vllm_generation"] = generation_class(

@@ -138,7 +138,7 @@ VLLM_CLIENT_ATTRIBUTE = "vllm_client"
 # these methods and reading these attributes TRL's own constructor sets.
 VLLM_GENERATION_MODULE = "trl.trainer.grpo_trainer"
 VLLM_GENERATION_NAME = "VLLMGeneration"
-# Both subclasses (weight_sync.generation_class for server mode, colocate.generation_class for colocate mode)
+# Both subclasses (served_generation.generation_class for server mode, colocate.generation_class for colocate mode)
 # override these, calling the original in _init_vllm; the colocate sync replaces TRL's (see below);
 # _iter_named_params yields TRL's tensors cast to the served dtype (weight_sync.served_tensors), so every
 # sync, and the metadata TRL reads from the same iteration, carries 16-bit tensors of fp32 masters.
