@@ -6,14 +6,12 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 from grpo_metric import MetricServer
 
-from tests.harness.ports import free_port
-from tests.trainer.toy import REPO, read_jsonl, trainer_config, trainer_env
+from tests.trainer.toy import REPO, read_jsonl, torchrun_command, trainer_config, trainer_env
 
 pytestmark = pytest.mark.trainer
 
@@ -48,17 +46,7 @@ def test_two_processes_under_torchrun(
     body = json.loads(config.read_text())
     body["trainer"].update(perDeviceBatchSize=per_device, gpusPerNode=2)
     config.write_text(json.dumps(body))
-    torchrun = Path(sys.executable).with_name("torchrun")
-    command = [
-        str(torchrun),
-        "--nnodes=1",
-        "--nproc-per-node=2",
-        "--node-rank=0",
-        "--master-addr=127.0.0.1",
-        f"--master-port={free_port()}",
-        "-m",
-        "grpo_trainer",
-    ]
+    command = torchrun_command(2)
     result = subprocess.run(
         command, cwd=REPO, env=trainer_env(config), capture_output=True, text=True, timeout=600
     )
@@ -97,17 +85,7 @@ def test_client_groups_are_broadcast_and_sliced_across_two_ranks(tmp_path: Path,
             gateway.submit(static_group(f"q{step}0:", [0.9, 0.6, 0.3, 0.2]))
             gateway.submit(static_group(f"q{step}1:", [0.2, 0.4, 0.6, 0.8]))  # rows 4-7: ranks 0 and 1
             gateway.submit(static_group(f"q{step}2:", [0.5, 0.5, 0.5, 0.5]))
-        torchrun = Path(sys.executable).with_name("torchrun")
-        command = [
-            str(torchrun),
-            "--nnodes=1",
-            "--nproc-per-node=2",
-            "--node-rank=0",
-            "--master-addr=127.0.0.1",
-            f"--master-port={free_port()}",
-            "-m",
-            "grpo_trainer",
-        ]
+        command = torchrun_command(2)
         log = (tmp_path / "torchrun.log").open("wb")
         env = trainer_env(config, GRPO_GATEWAY_WAIT_SECONDS="1")
         process = subprocess.Popen(command, cwd=REPO, env=env, stdout=log, stderr=log)
