@@ -125,6 +125,25 @@ _TOLERATION = _pick(
 )
 
 
+_ENVIRONMENT = _obj(
+    image=_TEXTS,
+    port=_opt(_ints(1, 65535, 0, 70000)),
+    replicas=_opt(_ints(1, 64, 0, 65)),
+    maxTurns=_opt(_ints(1, 64, 0, 65)),
+    maxTurnTokens=_opt(_ints(1, 131072, 0, 131073)),
+    runtimeClassName=_opt(_pick(st.just("gvisor"), st.just(""))),
+    egressCidrs=_opt(
+        _pick(
+            st.lists(st.sampled_from(["10.0.0.0/8", "2001:db8::/32", "192.168.1.0/24"]), max_size=2),
+            st.sampled_from([["10.0.0.0"], ["everywhere/8"], ["1" * 50 + "/8"]]),
+        )
+    ),
+    actionField=_opt(_pick(st.sampled_from(["message", "_a1"]), st.sampled_from(["1x", "a-b", "a" * 65]))),
+    errorBudget=_opt(_floats(0, 1, [-0.5, 1.5])),
+    reward=_opt(_pick(st.sampled_from(["Final", "Sum"]), st.just("Mean"))),
+)
+
+
 @st.composite
 def job_manifests(draw: st.DrawFn) -> dict[str, Any]:
     grpo = draw(
@@ -263,6 +282,12 @@ def job_manifests(draw: st.DrawFn) -> dict[str, Any]:
     for key in ("metric", "dataset"):
         if draw(st.integers(0, 9)) < (8 if client else 1):
             del spec[key]
+    # spec.environment: usually instead of spec.metric (as it must be), sometimes beside it (as it must not).
+    environment = draw(st.one_of(_ENVIRONMENT, st.just(_ABSENT), st.just(_ABSENT)))
+    if environment is not _ABSENT:
+        spec["environment"] = environment
+        if draw(st.integers(0, 9)) < 8:
+            spec.pop("metric", None)
     if client and draw(st.integers(0, 9)) < 8:
         # Mostly without the knobs a client-rollout job refuses, so that valid ones are common too.
         for knob in ("dynamicSampling", "validation", "numIterations", "topK", "vllmImportanceSamplingMode"):

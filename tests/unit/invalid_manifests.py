@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tests.unit.manifests import CLIENT, DELETE, Case, case
+from tests.unit.manifests import CLIENT, DELETE, ENVIRONMENT, Case, case
 
 INVALID_CASES: list[Case] = [
     case("group-size-1", "spec.grpo.groupSize", {"spec.grpo.groupSize": 1}),
@@ -378,5 +378,20 @@ INVALID_CASES: list[Case] = [
         "mlflow-uri-not-http",
         "spec.tracking.mlflow.trackingUri",
         {"spec.tracking": {"mlflow": {"trackingUri": "file:///tmp/mlruns"}}},
+    ),
+    case(
+        "environment-egress-not-a-cidr",
+        "spec.environment.egressCidrs[0]",
+        {**ENVIRONMENT, "spec.environment": {"image": "e:1", "egressCidrs": ["10.0.0.1"]}},
+    ),
+    case(
+        "environment-too-many-turns",
+        "spec.environment.maxTurns",
+        {**ENVIRONMENT, "spec.environment": {"image": "e:1", "maxTurns": 65}},
+    ),
+    case(
+        "environment-action-field-not-a-name",
+        "spec.environment.actionField",
+        {**ENVIRONMENT, "spec.environment": {"image": "e:1", "actionField": "a-b"}},
     ),
 ]

@@ -61,3 +61,9 @@ CLIENT: dict[str, Any] = {
     "spec.metric": DELETE,
     "spec.dataset": DELETE,
 }
+
+# A job whose episodes run against an environment server (spec.environment), which rewards them: no metric service.
+ENVIRONMENT: dict[str, Any] = {
+    "spec.environment": {"image": "ghcr.io/example/echo-env:1.0"},
+    "spec.metric": DELETE,
+}

@@ -31,7 +31,7 @@ from grpo_operator.api.spec import (
 )
 from grpo_operator.api.tracking import MlflowSpec, WandbSpec
 
-from tests.unit.manifests import CLIENT, DELETE, with_changes
+from tests.unit.manifests import CLIENT, DELETE, ENVIRONMENT, with_changes
 
 _SECRET = {"secretKeyRef": {"name": "s", "key": "k"}}
 
@@ -139,6 +139,19 @@ RULE_BREAKERS: dict[CelRule, dict[str, Any]] = {
     GRPOJobSpec.Rules.fsdp_not_asynchronous: {"spec.trainer.sharding": "FSDP", "spec.grpo.maxStaleness": 1},
     GRPOJobSpec.Rules.fsdp_not_with_client: {**CLIENT, "spec.trainer.sharding": "FSDP"},
     RolloutsSpec.Rules.client_only_for_client: {"spec.rollouts": {"source": "Metric", "client": {}}},
+    GRPOJobSpec.Rules.environment_not_with_metric: {**ENVIRONMENT, "spec.metric": {"image": "m:1"}},
+    GRPOJobSpec.Rules.environment_not_with_client: {
+        **CLIENT,
+        "spec.environment": ENVIRONMENT["spec.environment"],
+    },
+    GRPOJobSpec.Rules.environment_not_colocated: {**ENVIRONMENT, "spec.generation.mode": "Colocate"},
+    GRPOJobSpec.Rules.environment_not_asynchronous: {**ENVIRONMENT, "spec.grpo.maxStaleness": 1},
+    GRPOJobSpec.Rules.environment_not_with_dynamic_sampling: {**ENVIRONMENT, "spec.grpo.preset": "dapo"},
+    GRPOJobSpec.Rules.environment_not_with_validation: {
+        **ENVIRONMENT,
+        "spec.dataset.validation": "hf://openai/gsm8k:main#test",
+        "spec.grpo.validation": {"everySteps": 5},
+    },
 }
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tests.unit.manifests import CLIENT, Case, case
+from tests.unit.manifests import CLIENT, ENVIRONMENT, Case, case
 
 VALID_CASES: list[Case] = [
     case("minimal", "", {}),
@@ -290,4 +290,24 @@ VALID_CASES: list[Case] = [
     ),
     case("model-in-the-image", "", {"spec.model.name": "/models/qwen"}),
     case("explicit-null-optional", "", {"spec.grpo.epsilonHigh": None, "spec.dataset.validation": None}),
+    case("environment-minimal", "", ENVIRONMENT),
+    case(
+        "environment-sandboxed-with-egress",
+        "",
+        {
+            **ENVIRONMENT,
+            "spec.environment": {
+                "image": "ghcr.io/example/coder-env:1.0",
+                "port": 8001,
+                "replicas": 2,
+                "runtimeClassName": "gvisor",
+                "egressCidrs": ["10.40.0.0/16", "2001:db8::/32"],
+                "maxTurns": 4,
+                "maxTurnTokens": 256,
+                "actionFormat": "ToolCall",
+                "observationRole": "tool",
+                "reward": "Sum",
+            },
+        },
+    ),
 ]

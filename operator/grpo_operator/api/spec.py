@@ -20,9 +20,11 @@ import json
 
 from pydantic import Field, field_validator, model_validator
 
+from grpo_operator.api import environment as env_rules
 from grpo_operator.api.base import ApiModel, CelRule, CelRules
 from grpo_operator.api.compat import wire_name
 from grpo_operator.api.dataset_spec import DatasetSpec
+from grpo_operator.api.environment import EnvironmentSpec, check_environment_rules
 from grpo_operator.api.field_types import (
     CONFIG_KEY_PATTERN,
     DNS1123_LABEL_PATTERN,
@@ -215,20 +217,22 @@ class GRPOJobSpec(ApiModel):
             ".checkpoints.volume.accessMode",
         )
 
+        # A reward source: the metric service, the environment (it rewards its episodes) or a client.
         # Client-rollout jobs (spec.rollouts.source: Client) have no metric service and no dataset.
         metric_required = CelRule(
-            f"has(self.metric) || ({CLIENT_MODE})",
+            f"has(self.metric) || has(self.environment) || ({CLIENT_MODE})",
             "spec.metric is required: the metric service scores the completions the trainer samples. Set "
-            "spec.metric.image, or set spec.rollouts.source: Client to have a client (e.g. DSPy) send scored "
-            "rollouts instead",
+            "spec.metric.image, or spec.environment.image to run multi-turn episodes that the environment "
+            "rewards, or set spec.rollouts.source: Client to have a client (e.g. DSPy) send scored rollouts "
+            "instead",
             ".metric",
         )
 
         dataset_required = CelRule(
             f"has(self.dataset) || ({CLIENT_MODE})",
-            "spec.dataset is required: it holds the prompts the trainer samples completions for. Set "
-            "spec.dataset.train, or set spec.rollouts.source: Client to have a client (e.g. DSPy) send its "
-            "prompts with its scored rollouts",
+            "spec.dataset is required: it holds the prompts the trainer samples completions for (or resets "
+            "spec.environment's episodes with). Set spec.dataset.train, or set spec.rollouts.source: Client to "
+            "have a client (e.g. DSPy) send its prompts with its scored rollouts",
             ".dataset",
         )
 
@@ -357,6 +361,14 @@ class GRPOJobSpec(ApiModel):
             ".trainer.sharding",
         )
 
+        # spec.environment's (api/environment.py, with their pydantic twin check_environment_rules).
+        environment_not_with_metric = env_rules.ENVIRONMENT_NOT_WITH_METRIC
+        environment_not_with_client = env_rules.ENVIRONMENT_NOT_WITH_CLIENT
+        environment_not_colocated = env_rules.ENVIRONMENT_NOT_COLOCATED
+        environment_not_asynchronous = env_rules.ENVIRONMENT_NOT_ASYNCHRONOUS
+        environment_not_with_dynamic_sampling = env_rules.ENVIRONMENT_NOT_WITH_DYNAMIC_SAMPLING
+        environment_not_with_validation = env_rules.ENVIRONMENT_NOT_WITH_VALIDATION
+
     model: ModelSpec = Field(
         description="The model to fine-tune. Immutable, except tokenSecretRef.",
         json_schema_extra={"x-kubernetes-validations": [MODEL_IMMUTABLE.to_schema()]},
@@ -369,7 +381,15 @@ class GRPOJobSpec(ApiModel):
         description="GRPO hyper-parameters; groupSize, promptsPerStep and lora are immutable."
     )
     metric: MetricSpec | None = Field(
-        default=None, description="The reward (metric) service; required unless rollouts.source is Client."
+        default=None,
+        description="The reward (metric) service; required unless spec.environment is set or rollouts.source is "
+        "Client.",
+    )
+    environment: EnvironmentSpec | None = Field(
+        default=None,
+        description="A multi-turn environment (an image speaking OpenEnv's protocol): each prompt's episodes "
+        "alternate the model's turns with the environment's steps, and the environment rewards them. A job "
+        "has spec.metric or spec.environment.",
     )
     rollouts: RolloutsSpec | None = Field(
         default=None, description="Where scored rollouts come from; unset means the metric service."
@@ -434,6 +454,7 @@ class GRPOJobSpec(ApiModel):
                 )
             )
         self._client_mode_rules()
+        check_environment_rules(self)
         if self.grpo.validation.every_steps > 0 and self.dataset and self.dataset.validation is None:
             raise self.Rules.validation_needs_dataset.violation()
         if (
@@ -480,7 +501,7 @@ class GRPOJobSpec(ApiModel):
         """The pydantic twin of the client-mode rules, in the order the CRD lists them."""
         client = rollouts_source(self) == "Client"
         rules = self.Rules
-        if self.metric is None and not client:
+        if self.metric is None and self.environment is None and not client:
             raise rules.metric_required.violation()
         if self.dataset is None and not client:
             raise rules.dataset_required.violation()

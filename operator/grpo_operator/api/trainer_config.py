@@ -16,6 +16,7 @@ from pydantic import ConfigDict, Field, model_validator
 
 from grpo_operator.api.base import ApiModel
 from grpo_operator.api.compat import later_defaults_exclude
+from grpo_operator.api.environment import EnvironmentClientConfig
 from grpo_operator.api.spec import VOLUME_MOUNT_PATH as VOLUME_MOUNT_PATH
 from grpo_operator.api.spec import DatasetSpec, GRPOJobSpec, GRPOSpec, ModelSpec
 from grpo_operator.api.tracking import TrackingSpec
@@ -247,6 +248,8 @@ class TrainerConfig(_ConfigModel):
     # (a client sends scored rollouts).
     metric: MetricClientConfig | None = None
     rollouts: ClientRolloutsConfig | None = None
+    # Episodes against the job's environment service (spec.environment) instead of single-turn sampling.
+    environment: EnvironmentClientConfig | None = None
     checkpoints: CheckpointConfig = Field(default_factory=CheckpointConfig)
     tracking: TrackingSpec | None = None
     output_dir: str = Field(
@@ -270,13 +273,17 @@ class TrainerConfig(_ConfigModel):
 
     @model_validator(mode="after")
     def _one_rollout_source(self) -> TrainerConfig:
-        if (self.metric is None) == (self.rollouts is None):
+        sources = [self.metric is not None, self.rollouts is not None, self.environment is not None]
+        if sum(sources) != 1:
             raise ValueError(
                 "trainer.json needs exactly one of metric (the metric service scores what the trainer "
-                "generates) and rollouts (a client sends scored rollouts)"
+                "generates), rollouts (a client sends scored rollouts) and environment (episodes against the "
+                "job's environment service, which rewards them)"
             )
-        if self.metric is not None and self.dataset is None:
-            raise ValueError("trainer.json has a metric service but no dataset to take prompts from")
+        if (self.metric is not None or self.environment is not None) and self.dataset is None:
+            raise ValueError(
+                "trainer.json has a metric or environment service but no dataset to take prompts from"
+            )
         return self
 
     @classmethod
@@ -297,6 +304,7 @@ class TrainerConfig(_ConfigModel):
         checkpoint_dir: str = DEFAULT_CHECKPOINT_DIR,
         output_dir: str = DEFAULT_OUTPUT_DIR,
         gateway_url: str | None = None,
+        environment_url: str | None = None,
     ) -> TrainerConfig:
         """Render the trainer config for a job (pure: same inputs, same config). The ports are the
         operator's settings, the same values it puts on the pods and Services. A job whose rollouts come
@@ -322,7 +330,14 @@ class TrainerConfig(_ConfigModel):
             server_urls = [f"http://{host}:{vllm_port}" for host in hosts]
         metric: MetricClientConfig | None = None
         rollouts: ClientRolloutsConfig | None = None
-        if spec.metric is not None:
+        environment: EnvironmentClientConfig | None = None
+        if spec.environment is not None:
+            if not environment_url:
+                raise ValueError(
+                    "a job with spec.environment needs environment_url (the <job>-env Service's URL)"
+                )
+            environment = EnvironmentClientConfig.of(spec.environment, environment_url)
+        elif spec.metric is not None:
             if not metric_url:
                 raise ValueError("a job with spec.metric needs metric_url (the <job>-metric Service's URL)")
             metric = MetricClientConfig(
@@ -375,6 +390,7 @@ class TrainerConfig(_ConfigModel):
             ),
             metric=metric,
             rollouts=rollouts,
+            environment=environment,
             checkpoints=CheckpointConfig(
                 dir=checkpoint_dir,
                 every_steps=spec.checkpoints.every_steps,
