@@ -173,6 +173,35 @@ def test_a_colocated_job_counts_the_trainer_gpus_alone_and_runs_no_vllm_image(
     assert platform_violations(job_from_object(local).spec, installed.settings) == []
 
 
+def test_an_environment_jobs_image_and_gpus_are_judged_as_the_metric_services(
+    kube: Cluster, installed: Installed
+) -> None:
+    # No spec.metric: the environment server takes its place, image and GPUs (1 + 1 + 4 x 2 = 10 > 8).
+    job = grpojob(
+        "env",
+        environment={
+            "image": "registry.example.com/team/echo-env:1.0",
+            "replicas": 4,
+            "resources": {"limits": {"nvidia.com/gpu": 2}},
+        },
+    )
+    del job["spec"]["metric"]
+    local = {**job, "metadata": {"name": "env", "namespace": installed.namespace, "uid": "u"}}
+    (operator_message,) = platform_violations(job_from_object(local).spec, installed.settings)
+    assert "spec.environment.replicas 4 x 2 in spec.environment.resources" in operator_message
+    refused = apply_job(kube, job, installed.namespace, dry_run=True)
+    assert refused.returncode != 0 and operator_message in refused.stderr, refused.stderr
+    job["spec"]["environment"] = {"image": "registry.example.com/team/echo-env:1.0"}
+    proc = apply_job(kube, job, installed.namespace, dry_run=True)
+    assert proc.returncode == 0, proc.stderr
+    job["spec"]["environment"]["image"] = "docker.io/evil/echo-env:1"
+    local["spec"] = job["spec"]
+    (operator_message,) = platform_violations(job_from_object(local).spec, installed.settings)
+    refused = apply_job(kube, job, installed.namespace, dry_run=True)
+    assert refused.returncode != 0 and operator_message in refused.stderr, refused.stderr
+    assert "spec.environment.image 'docker.io/evil/echo-env:1'" in operator_message
+
+
 # --- the trainer's identity -------------------------------------------------------------------------------
 
 

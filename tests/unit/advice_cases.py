@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from tests.unit.manifests import DELETE
+
 # (id, changes to tests.unit.manifests.base_manifest, fields warned about, in advice.warnings order)
 WARNING_CASES: list[tuple[str, dict[str, Any], list[str]]] = [
     ("pinned", {}, []),
@@ -18,6 +20,11 @@ WARNING_CASES: list[tuple[str, dict[str, Any], list[str]]] = [
         "trainer-and-vllm-latest",
         {"spec.trainer.image": "t:latest", "spec.generation.image": "vllm/vllm-openai"},
         ["spec.trainer.image", "spec.generation.image"],
+    ),
+    (
+        "environment-latest",
+        {"spec.metric": DELETE, "spec.environment": {"image": "registry.example.com/team/echo-env:latest"}},
+        ["spec.environment.image"],
     ),
     # Colocated: no vLLM pod, so its image is not judged.
     (

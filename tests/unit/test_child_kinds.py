@@ -31,6 +31,7 @@ from grpo_operator.settings import OperatorSettings
 
 from tests.unit.test_builders import make_job
 from tests.unit.test_builders_rollouts import client_job
+from tests.unit.test_environment_builders import environment_job
 
 REPO = Path(__file__).resolve().parents[2]
 RBAC_TEMPLATE = REPO / "helm" / "grpo-operator" / "templates" / "operator-rbac.yaml"
@@ -41,9 +42,10 @@ SETTINGS = OperatorSettings()
 
 
 def jobs() -> list[Job]:
-    """A job with a metric service that creates its own volume, and a client-rollout job before and after
-    its gateway-token Secret is recorded: between them every child the builders can make."""
-    return [make_job(), client_job(), client_job(token_secret=None)]
+    """A job with a metric service that creates its own volume, a job with an environment server instead, and
+    a client-rollout job before and after its gateway-token Secret is recorded: between them every child the
+    builders can make."""
+    return [make_job(), environment_job(), client_job(), client_job(token_secret=None)]
 
 
 def built_children(job: Job) -> list[dict[str, Any]]:

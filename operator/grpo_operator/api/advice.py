@@ -57,7 +57,7 @@ TRL_NAMES: dict[str, str] = {
 
 _SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
 _HUB_URL = re.compile(r"^https?://(?:www\.)?huggingface\.co/([^/?#]+/[^/?#]+)")
-IMAGE_FIELDS = ("metric", "trainer", "generation")
+IMAGE_FIELDS = ("metric", "environment", "trainer", "generation")
 STOCK_REPOSITORY = "metric-builtin"
 
 
@@ -186,6 +186,7 @@ def warnings(spec: GRPOJobSpec, max_rollouts: int = DEFAULT_WARN_ROLLOUTS) -> li
     out: list[Advice] = []
     images = {
         "metric": spec.metric.image if spec.metric is not None else None,
+        "environment": spec.environment.image if spec.environment is not None else None,
         "trainer": spec.trainer.image,
         "generation": None if spec.generation.colocated() else spec.generation.image,
     }

@@ -306,7 +306,7 @@ field, the field it was probably meant to be, and TRL's `GRPOConfig` names with 
 
 **Warnings.** Some valid settings are probably mistakes. With the chart's admission policies, `kubectl
 apply` prints a warning for them (the job is still created), and `kubectl grpo check -f job.yaml` prints
-the same words without a cluster: a metric, trainer or vLLM image without a version (no tag, or
+the same words without a cluster: a metric, environment, trainer or vLLM image without a version (no tag, or
 `:latest`), a `model.name` that is a URL, and a run of more rollouts than the platform's threshold
 (Helm `admissionPolicies.warnings.warnAboveRollouts`, 10,000,000 unless set).
 

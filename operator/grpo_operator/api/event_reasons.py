@@ -46,6 +46,9 @@ METRIC_NOT_READY = EventReason(
     "The metric service has no ready pod for a reason that waiting will not fix (pods refused by the API "
     "server, unschedulable, image cannot be pulled, crash loop); posted once per cause.",
 )
+ENVIRONMENT_NOT_READY = EventReason(
+    "EnvironmentNotReady", "Warning", "The same for the environment server of a job with `spec.environment`."
+)
 GATEWAY_NOT_READY = EventReason(
     "GatewayNotReady", "Warning", "The same for a client-rollout job's rollout gateway."
 )
@@ -190,6 +193,7 @@ EVENT_REASONS: tuple[EventReason, ...] = (
     PREEMPTED,
     RUNNING,
     METRIC_NOT_READY,
+    ENVIRONMENT_NOT_READY,
     GATEWAY_NOT_READY,
     RESTARTING,
     GENERATION_REPLACED,

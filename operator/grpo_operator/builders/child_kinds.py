@@ -19,6 +19,11 @@ from typing import Any
 
 from grpo_operator.api.resource import GROUP
 from grpo_operator.builders.common import Manifest
+from grpo_operator.builders.environment import (
+    environment_deployment,
+    environment_network_policy,
+    environment_service,
+)
 from grpo_operator.builders.gang import generation_pod, generation_service, trainer_pod, trainer_service
 from grpo_operator.builders.metric import metric_deployment, metric_service
 from grpo_operator.builders.network import (
@@ -142,7 +147,7 @@ class ChildKind:
     plural: str
     # The builders that produce objects of this kind (each takes the job, and some the settings, the
     # attempt and the rank or index); a kind another controller creates from the operator's object
-    # (metric pods, from the Deployment's ReplicaSet) names only the operator's own builders.
+    # (metric and environment pods, from the Deployment's ReplicaSet) names only the operator's own builders.
     builders: tuple[Callable[..., Manifest | None], ...]
     # What reconcile reads of an object of this kind, in words, for the docs (``view`` below, in code).
     reads: str
@@ -220,7 +225,14 @@ CHILD_KINDS: tuple[ChildKind, ...] = (
     ChildKind(
         kind="Service",
         plural="services",
-        builders=(trainer_service, generation_service, metric_service, gateway_service, policy_service),
+        builders=(
+            trainer_service,
+            generation_service,
+            metric_service,
+            environment_service,
+            gateway_service,
+            policy_service,
+        ),
         reads=f"{_BODY} (spec)",
     ),
     ChildKind(
@@ -230,6 +242,7 @@ CHILD_KINDS: tuple[ChildKind, ...] = (
         builders=(
             generation_network_policy,
             metric_network_policy,
+            environment_network_policy,
             gateway_network_policy,
             trainer_network_policy,
         ),
@@ -239,7 +252,7 @@ CHILD_KINDS: tuple[ChildKind, ...] = (
         kind="Deployment",
         group="apps",
         plural="deployments",
-        builders=(metric_deployment, gateway_deployment),
+        builders=(metric_deployment, environment_deployment, gateway_deployment),
         wake=Wake.BATCHED,
         view=metadata_body_and_availability,
         reads=f"{_BODY} (spec), available replicas, the ReplicaFailure condition",

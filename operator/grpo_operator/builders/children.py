@@ -6,6 +6,11 @@ from typing import Any
 
 from grpo_operator.api.spec import GRPOJobSpec
 from grpo_operator.builders.common import Job, Manifest, client_rollouts
+from grpo_operator.builders.environment import (
+    environment_deployment,
+    environment_network_policy,
+    environment_service,
+)
 from grpo_operator.builders.gang import generation_services, trainer_service
 from grpo_operator.builders.metric import metric_deployment, metric_service
 from grpo_operator.builders.network import (
@@ -43,14 +48,20 @@ def job_from_object(obj: dict[str, Any], *, gateway_token_secret: str | None = N
 
 def infrastructure(job: Job, settings: OperatorSettings) -> list[Manifest]:
     """Children that live as long as the job runs or is suspended (everything except the gang pods and
-    the metric Deployment): config, volume, identity, Services, NetworkPolicies, and in a client-rollout
-    job the rollout gateway, which keeps the client's session through suspends and restarts (once its
-    token Secret is recorded: generated_secrets)."""
+    the metric and environment Deployments): config, volume, identity, Services, NetworkPolicies, and in a
+    client-rollout job the rollout gateway, which keeps the client's session through suspends and restarts
+    (once its token Secret is recorded: generated_secrets)."""
     if client_rollouts(job):
         rollouts = [gateway_service(job), policy_service(job)]
         policies = [gateway_network_policy(job)]
     else:
-        rollouts, policies = [metric_service(job)], [metric_network_policy(job)]
+        # The reward source: the metric service, or the environment server (which rewards its episodes).
+        rollouts, policies = [], []
+        if job.spec.metric is not None:
+            rollouts, policies = [metric_service(job)], [metric_network_policy(job)]
+        if job.spec.environment is not None:
+            rollouts.append(environment_service(job))
+            policies.append(environment_network_policy(job))
     out = [
         trainer_config_map(job, settings),
         trainer_service_account(job),
@@ -74,9 +85,14 @@ def infrastructure(job: Job, settings: OperatorSettings) -> list[Manifest]:
 
 
 def metric_workload(job: Job, settings: OperatorSettings) -> list[Manifest]:
-    """The metric Deployment: runs while the gang runs, stopped when suspended or finished. None in a
-    client-rollout job."""
-    return [] if client_rollouts(job) else [metric_deployment(job, settings)]
+    """The metric Deployment and the environment server's (those of the two the spec has): run while the
+    gang runs, stopped when suspended or finished. None in a client-rollout job."""
+    if client_rollouts(job):
+        return []
+    out = [metric_deployment(job, settings)] if job.spec.metric is not None else []
+    if job.spec.environment is not None:
+        out.append(environment_deployment(job, settings))
+    return out
 
 
 def generated_secrets(job: Job) -> list[tuple[Manifest, str]]:

@@ -21,7 +21,7 @@ from grpo_operator.api.trainer_config import (
 )
 
 Manifest = dict[str, Any]
-Role = Literal["trainer", "generation", "metric", "rollouts"]
+Role = Literal["trainer", "generation", "metric", "rollouts", "environment"]
 
 PART_OF = "grpo-operator"
 LABEL_NAME = "app.kubernetes.io/name"
@@ -49,9 +49,10 @@ APP_NAMES: dict[Role, str] = {
     "generation": "vllm",
     "metric": "grpo-metric",
     "rollouts": "grpo-rollouts",
+    "environment": "grpo-environment",
 }
 # Roles whose pods a Deployment of the job creates (owned by its ReplicaSet, not by the job itself).
-DEPLOYMENT_ROLES: frozenset[str] = frozenset({"metric", "rollouts"})
+DEPLOYMENT_ROLES: frozenset[str] = frozenset({"metric", "rollouts", "environment"})
 
 # Kueue's plain-pod integration (see docs/kueue.md).
 KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
@@ -99,6 +100,11 @@ def pvc_claim_name(job: Job) -> str:
 
 def metric_name(job: Job) -> str:
     return f"{job.name}-metric"
+
+
+def environment_name(job: Job) -> str:
+    """The environment server's Deployment, Service and NetworkPolicy (spec.environment)."""
+    return f"{job.name}-env"
 
 
 def generation_replicas(job: Job) -> range:
@@ -169,6 +175,13 @@ def metric_url(job: Job) -> str | None:
     if job.spec.metric is None:
         return None
     return f"http://{metric_name(job)}.{job.namespace}.svc:{job.spec.metric.port}"
+
+
+def environment_url(job: Job) -> str | None:
+    """The environment server's URL; None for a job without spec.environment."""
+    if job.spec.environment is None:
+        return None
+    return f"http://{environment_name(job)}.{job.namespace}.svc:{job.spec.environment.port}"
 
 
 def gateway_url(job: Job) -> str:

@@ -141,8 +141,9 @@ def gang_hash_input(job: Job) -> dict[str, Any]:
     Built from the spec, not from the rendered pods or trainer.json: a spec change must restart the
     gang, but an operator upgrade that renders pods or the config a little differently must not
     restart every running training job (new pods pick the new rendering up at their next start).
-    The metric image, replicas and resources, the run policy, retention and suspend are left out:
-    they change the metric Deployment or the operator's behaviour, never the running gang.
+    The metric image, replicas and resources (and the environment server's, its sandbox and its egress), the
+    run policy, retention and suspend are left out: they change the metric (or environment) Deployment or the
+    operator's behaviour, never the running gang.
     """
     spec = job.spec.to_dict()
     # Fields added after the first release count only when set away from their default (and inputs only
@@ -162,6 +163,11 @@ def gang_hash_input(job: Job) -> dict[str, Any]:
         shaped["metric"] = {
             k: v for k, v in spec["metric"].items() if k not in ("image", "replicas", "resources", "env")
         }
+    if "environment" in spec:
+        # What the trainer's episodes read (trainer.json's environment block, the Service's port); the rest
+        # shapes the environment's Deployment and NetworkPolicy only.
+        pod_only = ("image", "replicas", "resources", "env", "runtimeClassName", "egressCidrs")
+        shaped["environment"] = {k: v for k, v in spec["environment"].items() if k not in pod_only}
     checkpoints = {k: v for k, v in spec["checkpoints"].items() if k != "retention"}
     return {**shaped, "checkpoints": checkpoints}
 

@@ -13,6 +13,7 @@ from grpo_operator.builders.common import (
     client_rollouts,
     config_map_name,
     content_hash,
+    environment_url,
     gateway_url,
     generation_host,
     generation_replicas,
@@ -26,7 +27,7 @@ from grpo_operator.settings import OperatorSettings
 
 def trainer_config(job: Job, settings: OperatorSettings) -> TrainerConfig:
     """The config the trainer reads; the vLLM server is the job's `<job>-gen` Service (and with several
-    replicas, every replica's Service, in serverUrls). Every port comes
+    replicas, every replica's Service, in serverUrls), the environment server `<job>-env`. Every port comes
     from ``settings``, the same values the pods and Services are built with."""
     config = TrainerConfig.from_spec(
         job.namespace,
@@ -34,6 +35,7 @@ def trainer_config(job: Job, settings: OperatorSettings) -> TrainerConfig:
         job.uid,
         job.spec,
         metric_url=metric_url(job),
+        environment_url=environment_url(job),
         gateway_url=gateway_url(job) if client_rollouts(job) else None,
         generation_host=generation_host(job),
         generation_replica_hosts=[generation_host(job, r) for r in generation_replicas(job)],

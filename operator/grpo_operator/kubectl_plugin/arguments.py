@@ -216,13 +216,15 @@ def parser() -> argparse.ArgumentParser:
         f"  {PROG} logs qwen-gsm8k --attempt 1 --tail 50   (the first attempt's trainer, from the volume)\n"
         f"  {PROG} logs qwen-gsm8k --attempt 1 --role generation   (its vLLM, with a ReadWriteMany volume)",
     )
-    p.add_argument("--role", choices=("trainer", "generation", "metric", "rollouts"), default="trainer")
+    p.add_argument(
+        "--role", choices=("trainer", "generation", "metric", "environment", "rollouts"), default="trainer"
+    )
     p.add_argument(
         "--rank",
         type=int,
         default=0,
         help="trainer node rank; for generation, 0 is the vLLM pod in use and 1, 2, ... the failed ones it "
-        "replaced in this attempt; for metric, the pod's index by name",
+        "replaced in this attempt; for metric and environment, the pod's index by name",
     )
     p.add_argument(
         "--replica",

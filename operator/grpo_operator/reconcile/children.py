@@ -1,5 +1,5 @@
 """Upkeep of the job's children: create what is missing, update what drifted, report same-name objects
-that are not the job's, and delete pods and the metric service."""
+that are not the job's, and delete pods and the metric service (and environment server)."""
 
 from __future__ import annotations
 
@@ -22,6 +22,7 @@ from grpo_operator.builders.common import (
     LABEL_NODE_RANK,
     LABEL_ROLE,
     PART_OF,
+    environment_name,
     generation_pod_name,
     generation_replicas,
     metric_name,
@@ -142,7 +143,9 @@ def delete_pods(rp: ReconcilePass, observed: Observed, which: Any) -> None:
 
 
 def delete_metric_workload(rp: ReconcilePass, job: Job, observed: Observed) -> None:
+    """Stop the metric service and the environment server (whichever of them runs)."""
     _delete_deployment(rp, observed, metric_name(job))
+    _delete_deployment(rp, observed, environment_name(job))
 
 
 def delete_gateway(rp: ReconcilePass, job: Job, observed: Observed) -> None:

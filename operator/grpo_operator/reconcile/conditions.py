@@ -12,6 +12,8 @@ SUSPENDED = "Suspended"
 SUCCEEDED = "Succeeded"
 FAILED = "Failed"
 METRIC_READY = "MetricReady"
+# The environment server of a job with spec.environment (its counterpart of MetricReady).
+ENVIRONMENT_READY = "EnvironmentReady"
 # The rollout gateway of a client-rollout job (its counterpart of MetricReady).
 GATEWAY_READY = "GatewayReady"
 # An object with a child's name exists that the operator did not create for this job.
@@ -27,6 +29,7 @@ CONDITION_ORDER = (
     SCHEDULED,
     RUNNING,
     METRIC_READY,
+    ENVIRONMENT_READY,
     GATEWAY_READY,
     SERVED_MODEL_IN_SYNC,
     UPDATES_EFFECTIVE,

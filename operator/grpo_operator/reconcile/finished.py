@@ -8,6 +8,7 @@ from grpo_operator.api import event_reasons
 from grpo_operator.builders import Job
 from grpo_operator.reconcile.children import delete_gateway, delete_metric_workload, delete_pods
 from grpo_operator.reconcile.conditions import (
+    ENVIRONMENT_READY,
     FAILED,
     GATEWAY_READY,
     METRIC_READY,
@@ -45,7 +46,8 @@ def succeed(rp: ReconcilePass, job: Job, observed: Observed) -> None:
 
 def clean_up_finished(rp: ReconcilePass, job: Job, observed: Observed) -> None:
     """A finished job keeps its config, volume, Services and terminated trainer pods (for logs); the vLLM
-    server, still-running pods and the metric service are stopped; a failed client-rollout job's gateway too."""
+    server, still-running pods, the metric service and the environment server are stopped; a failed
+    client-rollout job's gateway too."""
     delete_pods(
         rp,
         observed,
@@ -53,6 +55,7 @@ def clean_up_finished(rp: ReconcilePass, job: Job, observed: Observed) -> None:
     )
     delete_metric_workload(rp, job, observed)
     rp.drop_condition(METRIC_READY)
+    rp.drop_condition(ENVIRONMENT_READY)
     if rp.new.get("phase") == "Failed":
         # A failed job's client must not wait on a gateway whose trainer never comes back: without the
         # gateway its next call fails at once. After success the gateway stays, answering status and

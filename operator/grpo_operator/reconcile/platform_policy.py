@@ -44,6 +44,7 @@ def _image_violations(spec: GRPOJobSpec, prefixes: tuple[str, ...]) -> list[str]
         return []
     images = (
         *([("spec.metric.image", spec.metric.image)] if spec.metric is not None else []),
+        *([("spec.environment.image", spec.environment.image)] if spec.environment is not None else []),
         ("spec.trainer.image", spec.trainer.image),
         # A colocated job runs no vLLM image: its engine is in the trainer image.
         *([] if spec.generation.colocated() else [("spec.generation.image", spec.generation.image)]),
@@ -217,6 +218,8 @@ class GpuCount:
     metric_replicas: int
     metric_resources: int  # GPU resources in spec.metric.resources, per metric pod
     generation_replicas: int = 1  # spec.generation.replicas: vLLM pods (0 when colocated)
+    environment_replicas: int = 0  # spec.environment.replicas (0 without spec.environment)
+    environment_resources: int = 0  # GPU resources in spec.environment.resources, per environment pod
 
     @property
     def total(self) -> int:
@@ -224,6 +227,7 @@ class GpuCount:
             self.generation_replicas * (self.generation + self.generation_resources)
             + self.nodes * (self.per_node + self.trainer_resources)
             + self.metric_replicas * self.metric_resources
+            + self.environment_replicas * self.environment_resources
         )
 
     def breakdown(self) -> str:
@@ -242,12 +246,17 @@ class GpuCount:
             out += f" + spec.trainer.nodes {self.nodes} x {self.trainer_resources} in spec.trainer.resources"
         if self.metric_resources:
             out += f" + spec.metric.replicas {self.metric_replicas} x {self.metric_resources} in spec.metric.resources"
+        if self.environment_resources:
+            out += (
+                f" + spec.environment.replicas {self.environment_replicas} x {self.environment_resources} in "
+                "spec.environment.resources"
+            )
         return out
 
 
 def gpu_count(spec: GRPOJobSpec, settings: OperatorSettings) -> GpuCount:
     """Every GPU request of every pod the job creates, by role (see GpuCount)."""
-    metric = spec.metric
+    metric, environment = spec.metric, spec.environment
     return GpuCount(
         generation=spec.generation.gpus,
         generation_replicas=spec.generation.server_count(),
@@ -257,11 +266,14 @@ def gpu_count(spec: GRPOJobSpec, settings: OperatorSettings) -> GpuCount:
         trainer_resources=resource_gpus(spec.trainer.resources, settings, skip=settings.gpu_resource),
         metric_replicas=metric.replicas if metric else 0,
         metric_resources=resource_gpus(metric.resources, settings) if metric else 0,
+        environment_replicas=environment.replicas if environment else 0,
+        environment_resources=resource_gpus(environment.resources, settings) if environment else 0,
     )
 
 
 def total_gpus(spec: GRPOJobSpec, settings: OperatorSettings | None = None) -> int:
-    """GPUs one job holds while it runs: every vLLM pod's, every trainer pod's and every metric pod's."""
+    """GPUs one job holds while it runs: every vLLM pod's, every trainer pod's, every metric pod's and every
+    environment pod's."""
     return gpu_count(spec, settings or OperatorSettings()).total
 
 

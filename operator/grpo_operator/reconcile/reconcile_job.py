@@ -7,7 +7,8 @@ reaches the same decisions after a restart, so children are never duplicated (de
 
 This module holds the entry and the job's lifecycle steps (invalid spec, platform limits, start,
 suspend, resume, active deadline); the gang's own course is in gang.py, the end of a job in
-finished.py, the metric service's condition in metric_readiness.py and child upkeep in children.py.
+finished.py, the metric service's (and environment server's) condition in metric_readiness.py and child upkeep
+in children.py.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from grpo_operator.reconcile.children import (
     split_strays,
 )
 from grpo_operator.reconcile.conditions import (
+    ENVIRONMENT_READY,
     FAILED,
     METRIC_READY,
     RUNNING,
@@ -232,6 +234,7 @@ def suspend(rp: ReconcilePass, job: Job, observed: Observed) -> None:
         rp.condition(RUNNING, "False", "Suspended", "the job is suspended")
         rp.drop_condition(SCHEDULED)
         rp.drop_condition(METRIC_READY)
+        rp.drop_condition(ENVIRONMENT_READY)
         rp.event(event_reasons.SUSPENDED, message)
 
 
