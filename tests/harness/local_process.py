@@ -1,9 +1,13 @@
 """TEST HARNESS — the process side of the local runner (tests/harness/local_runner.py): a pod's process,
-its environment and paths, the directories a kubelet would mount for spec.inputs, and the exit code a container runtime would report for it."""
+its environment and paths, the directories a kubelet would mount for spec.inputs, the exit code a container
+runtime would report for it, and a server started for a pod and waited for as its readiness probe would."""
 
 from __future__ import annotations
 
 import subprocess
+import time
+import urllib.parse
+import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO
@@ -94,3 +98,37 @@ def input_mounts(kube: Cluster, namespace: str, workdir: Path, pod: dict[str, An
             directory = Path(pv["spec"]["hostPath"]["path"]) / mount.get("subPath", "")
         out[mount["mountPath"]] = directory
     return out
+
+
+def serve_locally(
+    what: str,
+    pod: dict[str, Any],
+    command: list[str],
+    env: dict[str, str],
+    log: Path,
+    health_url: str,
+    cwd: Path,
+) -> Proc:
+    """Starts ``command`` for ``pod`` (its output appended to ``log``) and waits up to 60 s for ``health_url``
+    to answer, as the pod's readiness probe would; RuntimeError, naming ``what`` and the log, when it exits or
+    never answers."""
+    handle = log.open("ab")
+    popen = subprocess.Popen(command, env=env, stdout=handle, stderr=subprocess.STDOUT, cwd=cwd)
+    proc = Proc(pod["metadata"]["name"], pod["metadata"]["uid"], popen, log, handle)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(health_url, timeout=2):
+                return proc
+        except OSError:
+            if popen.poll() is not None:
+                raise RuntimeError(f"{what} exited with {popen.returncode}; see {log}") from None
+            time.sleep(0.3)
+    raise RuntimeError(
+        f"{what} did not answer {urllib.parse.urlsplit(health_url).path} within 60s; see {log}"
+    )
+
+
+def local_url(url: str, port: int) -> str:
+    """``url`` with its host (a Service's cluster DNS name) replaced by 127.0.0.1 and the local ``port``."""
+    return urllib.parse.urlunsplit(urllib.parse.urlsplit(url)._replace(netloc=f"127.0.0.1:{port}"))

@@ -1,11 +1,14 @@
-"""TEST HARNESS — runs a GRPOJob's metric server and trainer as local processes.
+"""TEST HARNESS — runs a GRPOJob's metric or environment server and trainer as local processes.
 
 The local cluster's nodes are simulated by kwok: pods get scheduled and reported Running, but no
 container ever starts. For the demo and the end-to-end tests, this runner plays the kubelet for one
 GRPOJob's pods, and only for them:
 
-- for the job's Running metric pod it starts the metric server: a local command given per image, with the
-  container's environment, or the image itself in a container (tests/harness/pod_container.py);
+- for the job's Running metric pod it starts the metric server, and for a spec.environment job's environment
+  pod the environment server (its port in ``PORT``): a local command given per image (``metric_commands``,
+  ``environment_commands``), with the container's environment, or the image itself in a container
+  (tests/harness/pod_container.py); it waits for /healthz or /health, as the readiness probe would (and
+  reports the pod Ready if kwok has not), before it starts the trainer;
 - for a client-rollout job's Running rollout gateway pod it starts ``python -m grpo_gateway`` with the
   gateway.json the operator rendered, on ``gateway_port`` (the client's port; free if 0) and free local ports
   for the internal and policy ports, up for ``linger_seconds`` after the job ends (the client terminates);
@@ -31,13 +34,13 @@ GRPOJob's pods, and only for them:
   (spec.generation.startupTimeoutSeconds). A job run without vLLM (below) has its generation pod reported
   Ready as soon as it started: there is no server to wait for.
 
-What differs from a real pod, and why: there is no cluster DNS here, so the metric URL's host (and the
-gateway's, vLLM's and the trainer's addresses of each other, its rendezvous among them) is rewritten to
-127.0.0.1 and a local port; paths under /workspace to the claim's directory, and the pod's emptyDir home
-directory (HOME) to a directory of the runner's. Nothing else in the rendered config is changed, except where a
-test asks for ``generation="in-process-transformers"``: then no vLLM server is started and the trainer
-samples in its own process (``generation.backend: transformers``), for tests about other things than
-generation that cannot afford vLLM's start-up. Only single-process trainer gangs (1 node x 1 GPU) run here.
+What differs from a real pod, and why: there is no cluster DNS here, so the metric and environment URLs'
+host (and the gateway's, vLLM's and the trainer's addresses of each other, its rendezvous among them) is
+rewritten to 127.0.0.1 and a local port; paths under /workspace to the claim's directory, and the pod's
+emptyDir home directory (HOME) to a directory of the runner's. Nothing else in the rendered config is
+changed, except where a test asks for ``generation="in-process-transformers"``: then no vLLM server is
+started and the trainer samples in its own process (``generation.backend: transformers``), for tests about
+other things than generation that cannot afford vLLM's start-up. Only 1 node x 1 GPU trainer gangs run here.
 """
 
 from __future__ import annotations
@@ -50,8 +53,6 @@ import signal
 import subprocess
 import sys
 import time
-import urllib.parse
-import urllib.request
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -63,7 +64,15 @@ from grpo_operator.builders.security import HOME_DIR
 from tests.harness import vllm_server
 from tests.harness.generation_ports import replica_of, rewrite_generation
 from tests.harness.kube import PROCESS_FINALIZER, Cluster
-from tests.harness.local_process import Proc, container_env, container_exit_code, input_mounts, rewrite_paths
+from tests.harness.local_process import (
+    Proc,
+    container_env,
+    container_exit_code,
+    input_mounts,
+    local_url,
+    rewrite_paths,
+    serve_locally,
+)
 from tests.harness.pod_logs import PodLog
 from tests.harness.ports import free_port
 from tests.harness.readiness import mark_ready, unready
@@ -77,6 +86,8 @@ TERMINAL = {"Succeeded", "Failed"}
 # The most a deleted pod's process gets between SIGTERM and SIGKILL here: the pod's
 # terminationGracePeriodSeconds (300 s for trainers) would let one hung process stall a test for minutes.
 MAX_GRACE_SECONDS = 60.0
+# Per image, the local command that serves it, or a function of (pod, port) that gives one.
+Commands = Mapping[str, list[str] | Callable[[dict[str, Any], int], list[str]]]
 
 
 @dataclass
@@ -84,12 +95,15 @@ class LocalJobRunner:
     kube: Cluster
     namespace: str
     job: str
-    # image -> the local command that serves it, or a function of (pod, port) that gives one
-    metric_commands: Mapping[str, list[str] | Callable[[dict[str, Any], int], list[str]]]
+    metric_commands: Commands
     workdir: Path
     python: str = sys.executable
     metric: Proc | None = None
     metric_port: int = 0
+    # The same for the environment server of a job with spec.environment (its port also in PORT).
+    environment_commands: Commands = field(default_factory=dict)
+    environment: Proc | None = None
+    environment_port: int = 0
     trainers: dict[str, Proc] = field(default_factory=dict)
     # Trainers whose pod was deleted, between SIGTERM and their exit (their pods are still held).
     stopping: dict[str, Proc] = field(default_factory=dict)
@@ -208,47 +222,59 @@ class LocalJobRunner:
         path.chmod(0o600)
         return path
 
-    # --- metric server -------------------------------------------------------------------------
+    # --- metric and environment servers -----------------------------------------------------------
     def ensure_metric(self) -> None:
-        running = [p for p in self.pods("metric") if p["status"].get("phase") == "Running"]
-        if self.metric and self.metric.popen.poll() is None:
-            if not running:  # the operator stopped the metric service
-                self.stop(self.metric)
-                self.metric = None
-            return
+        self.metric, self.metric_port = self.ensure_server(
+            "metric", self.metric, self.metric_port, self.metric_commands, "/healthz", "GRPO_METRIC_PORT"
+        )
+
+    def ensure_environment(self) -> None:
+        self.environment, self.environment_port = self.ensure_server(
+            "environment",
+            self.environment,
+            self.environment_port,
+            self.environment_commands,
+            "/health",
+            "PORT",
+        )
+
+    def ensure_server(
+        self, role: str, proc: Proc | None, port: int, commands: Commands, health: str, port_env: str
+    ) -> tuple[Proc | None, int]:
+        """Starts the server of the job's Running ``role`` pod (a Deployment's) on a free port and waits for
+        ``health``; stops it when the operator stopped the Deployment. The process and its port."""
+        running = [p for p in self.pods(role) if p["status"].get("phase") == "Running"]
+        if proc and proc.popen.poll() is None:
+            if not running:  # the operator stopped the service
+                self.stop(proc)
+                return None, port
+            return proc, port
         if not running:
-            return
-        pod = running[0]
-        container = pod["spec"]["containers"][0]
-        command = self.metric_commands.get(container["image"])
+            return proc, port
+        pod, port = running[0], free_port()
+        image = pod["spec"]["containers"][0]["image"]
+        command = commands.get(image)
         if not command:
-            raise RuntimeError(
-                f"no local command for metric image {container['image']!r}; pass --metric IMAGE=COMMAND"
-            )
-        self.metric_port = free_port()
+            raise RuntimeError(f"no local command for {role} image {image!r}; pass --{role} IMAGE=COMMAND")
         if callable(command):  # the pod's container itself (tests/harness/pod_container.py)
-            command = command(pod, self.metric_port)
-        env = {
-            **os.environ,
-            **self.local_home(container_env(pod)),
-            **self.secret_env(pod),
-            "GRPO_METRIC_PORT": str(self.metric_port),
-        }
-        log = self.workdir / "metric.log"
-        handle = log.open("ab")
-        popen = subprocess.Popen(command, env=env, stdout=handle, stderr=subprocess.STDOUT, cwd=REPO)
-        self.metric = Proc(pod["metadata"]["name"], pod["metadata"]["uid"], popen, log, handle)
+            command = command(pod, port)
+        env = {**os.environ, **self.local_home(container_env(pod)), **self.secret_env(pod)}
+        env[port_env] = str(port)
+        log, url = self.workdir / f"{role}.log", f"http://127.0.0.1:{port}{health}"
+        proc = serve_locally(f"{role} server", pod, command, env, log, url, REPO)
         self.serve_log(pod, log)
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{self.metric_port}/healthz", timeout=2):
-                    return
-            except OSError:
-                if popen.poll() is not None:
-                    raise RuntimeError(f"metric server exited with {popen.returncode}; see {log}") from None
-                time.sleep(0.3)
-        raise RuntimeError(f"metric server did not answer /healthz within 60s; see {log}")
+        if unready(pod):  # kwok reports these pods Ready itself; a kubelet would once the probe passed
+            mark_ready(self.kube, pod)
+        return proc, port
+
+    def services(self) -> list[Proc | None]:
+        """The servers the job's trainer talks to: the rollout gateway, or those of metric and environment."""
+        data = (self.kube.get("configmap", f"{self.job}-config", self.namespace) or {}).get("data") or {}
+        if "gateway.json" in data:
+            return [self.gateway]
+        config = json.loads(data.get("trainer.json") or "{}")
+        servers = {"metric": self.metric, "environment": self.environment}
+        return [proc for key, proc in servers.items() if key in config]
 
     # --- rollout gateway (client-rollout jobs) ---------------------------------------------------
     def client_rollouts(self) -> bool:
@@ -299,25 +325,10 @@ class LocalJobRunner:
         path.write_text(json.dumps(config, indent=2))
         env = {**os.environ, **self.local_home(container_env(pod)), **self.secret_env(pod)}
         env.update(GRPO_GATEWAY_CONFIG=str(path), PYTHONPATH=f"{REPO / 'operator'}:{REPO / 'trainer_image'}")
-        log = self.workdir / "gateway.log"
-        handle = log.open("ab")
-        popen = subprocess.Popen(
-            [self.python, "-m", "grpo_gateway"], env=env, stdout=handle, stderr=subprocess.STDOUT, cwd=REPO
-        )
-        self.gateway = Proc(pod["metadata"]["name"], pod["metadata"]["uid"], popen, log, handle)
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{self.gateway_port}/healthz", timeout=2):
-                    print(
-                        f"[local-runner] rollout gateway on http://127.0.0.1:{self.gateway_port}/v1/; log {log}"
-                    )
-                    return
-            except OSError:
-                if popen.poll() is not None:
-                    raise RuntimeError(f"rollout gateway exited with {popen.returncode}; see {log}") from None
-                time.sleep(0.3)
-        raise RuntimeError(f"rollout gateway did not answer /healthz within 60s; see {log}")
+        log, health = self.workdir / "gateway.log", f"http://127.0.0.1:{self.gateway_port}/healthz"
+        command = [self.python, "-m", "grpo_gateway"]
+        self.gateway = serve_locally("rollout gateway", pod, command, env, log, health, REPO)
+        print(f"[local-runner] rollout gateway on http://127.0.0.1:{self.gateway_port}/v1/; log {log}")
 
     def local_home(self, env: dict[str, str]) -> dict[str, str]:
         """``env`` with the pod's emptyDir HOME replaced by a directory of the runner's (a user's own HOME,
@@ -420,10 +431,9 @@ class LocalJobRunner:
         assert cm is not None, f"ConfigMap {self.job}-config missing"
         config = rewrite_paths(json.loads(cm["data"]["trainer.json"]), workspace, mounts)
         if "metric" in config:
-            url = urllib.parse.urlsplit(config["metric"]["url"])
-            config["metric"]["url"] = urllib.parse.urlunsplit(
-                url._replace(netloc=f"127.0.0.1:{self.metric_port}")
-            )
+            config["metric"]["url"] = local_url(config["metric"]["url"], self.metric_port)
+        if "environment" in config:
+            config["environment"]["url"] = local_url(config["environment"]["url"], self.environment_port)
         if "rollouts" in config:
             config["rollouts"]["gatewayUrl"] = f"http://127.0.0.1:{self.gateway_internal_port}"
             config["rollouts"]["policyPort"] = self.policy_port
@@ -497,6 +507,7 @@ class LocalJobRunner:
             self.ensure_gateway()
         else:
             self.ensure_metric()
+            self.ensure_environment()
         if self.generation == "vllm":
             self.ensure_generation()
         else:
@@ -527,8 +538,7 @@ class LocalJobRunner:
                 self.release(name, proc.uid)
             elif proc.kill_at is not None and time.monotonic() >= proc.kill_at:
                 proc.popen.kill()
-        service = self.gateway if client else self.metric
-        if not (service and service.popen.poll() is None):
+        if not all(service and service.popen.poll() is None for service in self.services()):
             return
         for name, pod in current.items():
             if name in self.trainers or name in self.finished or pod["metadata"].get("deletionTimestamp"):
@@ -557,10 +567,9 @@ class LocalJobRunner:
             self.release(name, server.uid)
         for served in list(self.pod_logs):
             served.stop()
-        if self.metric:
-            self.stop(self.metric, grace=5)
-        if self.gateway:
-            self.stop(self.gateway, grace=5)
+        for service in (self.metric, self.environment, self.gateway):
+            if service:
+                self.stop(service, grace=5)
 
     def run(self, timeout: float) -> str:
         self.workdir.mkdir(parents=True, exist_ok=True)

@@ -2,7 +2,7 @@
 kubelet for one GRPOJob's pods on the local cluster until the job ends.
 
     KUBECONFIG=... python -m tests.harness.run_local_job --namespace NS --job NAME --workdir DIR \
-        [--metric IMAGE=COMMAND ...] [--timeout SECONDS]
+        [--metric IMAGE=COMMAND ...] [--environment IMAGE=COMMAND ...] [--timeout SECONDS]
 
 Exits 0 when the job Succeeded, 1 otherwise.
 """
@@ -18,12 +18,12 @@ from tests.harness.kube import Cluster
 from tests.harness.local_runner import LocalJobRunner
 
 
-def parse_metric(values: list[str]) -> dict[str, list[str]]:
+def parse_metric(values: list[str], flag: str = "--metric") -> dict[str, list[str]]:
     out: dict[str, list[str]] = {}
     for value in values:
         image, sep, command = value.partition("=")
         if not sep:
-            raise SystemExit(f"--metric expects IMAGE=COMMAND, got {value!r}")
+            raise SystemExit(f"{flag} expects IMAGE=COMMAND, got {value!r}")
         out[image] = command.split()
     return out
 
@@ -35,6 +35,12 @@ def main() -> int:
     parser.add_argument("--namespace", required=True)
     parser.add_argument("--job", required=True)
     parser.add_argument("--metric", action="append", default=[], help="IMAGE=COMMAND (repeatable)")
+    parser.add_argument(
+        "--environment",
+        action="append",
+        default=[],
+        help="IMAGE=COMMAND of an environment server (repeatable)",
+    )
     parser.add_argument("--workdir", type=Path, required=True)
     parser.add_argument("--timeout", type=float, default=1800)
     args = parser.parse_args()
@@ -42,7 +48,12 @@ def main() -> int:
     if not kubeconfig:
         raise SystemExit("set KUBECONFIG to the cluster the job runs on")
     runner = LocalJobRunner(
-        Cluster(Path(kubeconfig)), args.namespace, args.job, parse_metric(args.metric), args.workdir
+        Cluster(Path(kubeconfig)),
+        args.namespace,
+        args.job,
+        parse_metric(args.metric),
+        args.workdir,
+        environment_commands=parse_metric(args.environment, "--environment"),
     )
     phase = runner.run(args.timeout)
     print(f"[local-runner] job {args.namespace}/{args.job} finished: {phase}")
