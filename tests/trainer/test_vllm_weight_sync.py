@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 from grpo_metric import MetricServer
 
-from tests.harness import vllm_server
+from tests.harness import openenv_env, vllm_server
 from tests.harness.ports import free_port
 from tests.helm.chart import CHART, metric_names
 from tests.trainer.toy import (
@@ -31,26 +31,21 @@ from tests.trainer.toy import (
     start_trainer,
     torchrun_command,
     train_prompts,
-    trainer_config,
     trainer_env,
+)
+from tests.trainer.vllm_runs import (
+    PROBE_IDS,
+    SAME,
+    get_text,
+    mean_diff,
+    run_trainer,
+    serve,
+    served_logprobs,
+    trained_logprobs,
+    vllm_config,
 )
 
 pytestmark = [pytest.mark.trainer, pytest.mark.slow, pytest.mark.vllm]
-
-# vLLM serves bfloat16 weights of a float32 trainer: the probe's mean |difference| stays near 0.01.
-SAME = 0.05
-
-
-def serve(model: Path, workdir: Path) -> vllm_server.VLLMProcess:
-    container = vllm_server.rendered_container(str(model), weightSync="Volume")
-    env = {**vllm_server.container_env(container), "HF_HOME": str(workdir / "hf")}
-    server = vllm_server.start(container, env, free_port(), workdir / "vllm.log")
-    try:
-        server.wait_healthy(900)
-    except BaseException:
-        server.stop()
-        raise
-    return server
 
 
 @pytest.fixture(scope="module")
@@ -60,80 +55,6 @@ def served_tiny(
     server = serve(tiny_model, tmp_path_factory.mktemp("vllm-tiny"))
     yield server
     server.stop()
-
-
-def served_logprobs(server: vllm_server.VLLMProcess, ids: list[int]) -> list[float]:
-    name = json.loads(_get(server.base_url + "/v1/models"))["data"][0]["id"]
-    answer = server.post(
-        "/v1/completions", {"model": name, "prompt": ids, "max_tokens": 1, "prompt_logprobs": 0}
-    )
-    entries = answer["choices"][0]["prompt_logprobs"][1:]
-    return [entry[str(token)]["logprob"] for token, entry in zip(ids[1:], entries, strict=True)]
-
-
-def _get(url: str) -> str:
-    import urllib.request
-
-    with urllib.request.urlopen(url, timeout=30) as response:
-        return str(response.read().decode())
-
-
-def trained_logprobs(model: Any, ids: list[int]) -> list[float]:
-    import torch
-
-    with torch.no_grad():
-        logits = model(input_ids=torch.tensor([ids])).logits.float()
-    logprobs = torch.log_softmax(logits[0, :-1], dim=-1)
-    return [float(x) for x in logprobs.gather(1, torch.tensor(ids[1:])[:, None])[:, 0]]
-
-
-def mean_diff(a: list[float], b: list[float]) -> float:
-    return sum(abs(x - y) for x, y in zip(a, b, strict=True)) / len(a)
-
-
-PROBE_IDS = list(range(3, 40))
-
-
-def vllm_config(
-    tmp_path: Path,
-    model: Path,
-    metric: MetricServer,
-    server: vllm_server.VLLMProcess,
-    steps: int = 3,
-    every_steps: int = 1,
-    **grpo: Any,
-) -> Path:
-    """trainer.json of a run that generates through ``server`` and syncs weights through the volume."""
-    port = int(server.base_url.rsplit(":", 1)[1])
-    config = trainer_config(
-        tmp_path, model, metric.url, steps=steps, every_steps=every_steps, keep_last=steps + 2
-    )
-    data = json.loads(config.read_text())
-    data["generation"] = {
-        "backend": "vllm-server",
-        "serverHost": "127.0.0.1",
-        "serverPort": port,
-        "startupTimeoutSeconds": 60,
-        "weightSync": "volume",
-        "weightSyncDir": str(tmp_path / "volume" / "weight-sync"),
-    }
-    data["grpo"].update(grpo)
-    config.write_text(json.dumps(data))
-    return config
-
-
-def run_trainer(
-    tmp_path: Path,
-    model: Path,
-    metric: MetricServer,
-    server: vllm_server.VLLMProcess,
-    steps: int = 3,
-    **grpo: Any,
-) -> Path:
-    config = vllm_config(tmp_path, model, metric, server, steps, **grpo)
-    process = start_trainer(config, tmp_path / "trainer.log")
-    assert process.wait(timeout=900) == 0, (tmp_path / "trainer.log").read_text()[-4000:]
-    return tmp_path
 
 
 def test_full_fine_tuning_serves_the_trained_weights_after_every_step(
@@ -452,9 +373,9 @@ def test_the_dashboards_vllm_queries_read_what_this_vllm_exports(
         if name.startswith("vllm:")
     }
     assert len(wanted) >= 6, wanted
-    name = json.loads(_get(served_tiny.base_url + "/v1/models"))["data"][0]["id"]
+    name = json.loads(get_text(served_tiny.base_url + "/v1/models"))["data"][0]["id"]
     served_tiny.post("/v1/completions", {"model": name, "prompt": "the", "max_tokens": 4})
-    samples = exported_samples(_get(served_tiny.base_url + "/metrics"))
+    samples = exported_samples(get_text(served_tiny.base_url + "/metrics"))
     assert not wanted - samples.keys(), f"not exported by this vLLM: {sorted(wanted - samples.keys())}"
     # The request above is counted where the token and request panels read it.
     assert samples["vllm:generation_tokens_total"] >= 4 and samples["vllm:request_success_total"] >= 1, (
@@ -581,3 +502,60 @@ def test_two_replicas_share_the_sampling_and_a_lost_one_rejoins_with_the_current
     first_reload = log.find('"POST /collective_rpc HTTP/1.1" 200')
     first_completion = log.find('"POST /v1/completions HTTP/1.1"')
     assert 0 <= first_reload < first_completion, log[-3000:]
+
+
+def test_three_turn_episodes_against_openenvs_template_train_exactly_the_sampled_tokens(
+    tmp_path: Path, tiny_model: Path, toy_metric: MetricServer, served_tiny: vllm_server.VLLMProcess
+) -> None:
+    # An environment no one here wrote: `openenv init`'s template (it echoes each message back, rewards its
+    # length, never ends an episode and serves one session at a time), served unchanged.
+    env = openenv_env.serve(openenv_env.generated_env(tmp_path), free_port(), tmp_path / "env.log")
+    try:
+        config = vllm_config(tmp_path, tiny_model, toy_metric, served_tiny, steps=2, maxCompletionLength=64)
+        data = json.loads(config.read_text())
+        del data["metric"]
+        data["grpo"].update(groupSize=2, promptsPerStep=2)
+        data["trainer"]["perDeviceBatchSize"] = 2
+        data["environment"] = {
+            "url": env.url,
+            "maxTurns": 3,
+            "maxTurnTokens": 6,
+            "maxObservationTokens": 12,
+            "observationField": "echoed_message",
+            "concurrency": 1,
+            "timeoutSeconds": 30,
+        }
+        config.write_text(json.dumps(data))
+        process = start_trainer(config, tmp_path / "trainer.log", GRPO_EPISODES_LOGGED_PER_STEP="100")
+        assert process.wait(timeout=900) == 0, (tmp_path / "trainer.log").read_text()[-4000:]
+    finally:
+        env.stop()
+
+    rows = read_jsonl(tmp_path / "out" / "metrics.jsonl")
+    assert [r["episodes"] for r in rows] == [4, 4], rows
+    assert all(r["environment_errors"] == 0 and r["environment_steps"] > 0 for r in rows), rows
+    episodes = read_jsonl(tmp_path / "out" / "episodes.jsonl")
+    assert len(episodes) == 8, episodes
+    multi_turn = 0
+    for episode in episodes:
+        turns = episode["turns"]
+        sampled = [t for turn in turns for t in turn["ids"]]
+        glue = [t for turn in turns for t in turn["observationIds"]]
+        trained, mask = episode["trainedIds"], episode["trainedMask"]
+        # The loss sees the model's tokens exactly as vLLM sampled them, and nothing else: every token under
+        # the mask is a sampled one, in order, and every environment token is outside it.
+        assert [t for t, m in zip(trained, mask, strict=True) if m] == sampled, episode
+        assert [t for t, m in zip(trained, mask, strict=True) if not m] == glue, episode
+        assert trained == [t for turn in turns for t in turn["ids"] + turn["observationIds"]], episode
+        for turn in turns:
+            assert turn["ids"] and len(turn["logprobs"]) == len(turn["ids"]), turn
+            assert all(lp is not None and lp <= 0 for lp in turn["logprobs"]), turn
+            if turn["observation"] is not None:
+                # What came back is the template's echo of the model's own turn.
+                assert turn["observation"].startswith(turn["text"][:8]), turn
+        # The template never ends an episode: each runs to maxTurns (or the token budget) and is truncated,
+        # rewarded with its last step's reward, 0.1 per character echoed.
+        assert episode["outcome"] == "truncated", episode
+        assert episode["reward"] == pytest.approx(turns[-1]["reward"]), episode
+        multi_turn += len(turns) == 3
+    assert multi_turn >= 4, [len(e["turns"]) for e in episodes]

@@ -52,6 +52,10 @@ def run(config: TrainerConfig, env: RuntimeEnv) -> int:
         from grpo_trainer.client_loop import run_client_loop
 
         return run_client_loop(config, env, plan, workspace, stop)
+    if config.environment is not None:
+        from grpo_trainer.environment_loop import run_environment_loop
+
+        return run_environment_loop(config, env, plan, workspace, stop)
     from grpo_trainer.metric_loop import run_metric_loop
 
     return run_metric_loop(config, env, plan, workspace, stop)

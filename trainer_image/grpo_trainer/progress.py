@@ -20,6 +20,7 @@ from transformers import TrainerCallback
 from grpo_trainer.async_generation import RolloutStep
 from grpo_trainer.client_rollouts import ClientReward
 from grpo_trainer.cost import CostLedger
+from grpo_trainer.environment_rollouts import EnvironmentReward
 from grpo_trainer.learning_health import LearningMonitor, StepFigures
 from grpo_trainer.metric_client import ErrorBudget
 from grpo_trainer.prom import TrainerMetrics, finite, logged_fields, set_logged_gauges
@@ -78,7 +79,7 @@ class Validation:
 
 @dataclass
 class ProgressCallback(TrainerCallback):  # type: ignore[misc]
-    reward: MetricReward | ClientReward
+    reward: MetricReward | ClientReward | EnvironmentReward
     total_steps: int
     output_dir: Path
     stop: StopFlag

@@ -18,6 +18,11 @@ LABELS = ("grpojob", "namespace")
 STALENESS_BUCKETS = (0, 1, 2, 3, 4, 6, 8)
 # Why groups sampled ahead were dropped (label reason of grpo_rollout_groups_dropped_total).
 DROP_REASONS = ("stale", "request_failed", "other_prompts")
+# How episodes ended (label outcome of grpo_episodes_total; episodes.py).
+EPISODE_OUTCOMES = ("done", "truncated", "format_failure", "environment_error")
+# Where an episode's tokens came from (label source of grpo_episode_tokens_total).
+EPISODE_TOKEN_SOURCES = ("model", "environment")
+ENVIRONMENT_STEP_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 STEP_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800)
 
 
@@ -65,6 +70,11 @@ class TrainerMetrics:
     generation_overlap_ratio: Gauge
     update_to_weight_ratio: Gauge
     updated_parameter_fraction: Gauge
+    # Environment jobs (spec.environment): labelled by outcome and by source as well.
+    episodes: Counter
+    episode_turns: Counter
+    episode_tokens: Counter
+    environment_step_seconds: Histogram
     # Labelled by component as well: set through set_component().
     reward_component_mean: Gauge
     # Labelled by reason as well (every reason of the table, 1 for the current one): set_learning_health().
@@ -104,6 +114,25 @@ class TrainerMetrics:
         )
         for reason in DROP_REASONS:
             dropped.labels(**values, reason=reason)  # every reason reads 0 from the start, for rate()
+        episodes = Counter(
+            "grpo_episodes_total",
+            "Environment jobs: episodes run, with the label outcome: done (the environment ended it), truncated "
+            "(maxTurns or the token budget ran out), format_failure (a tool call the model malformed), "
+            "environment_error (the environment failed: unscored, advantage 0).",
+            (*LABELS, "outcome"),
+            registry=reg,
+        )
+        for outcome in EPISODE_OUTCOMES:
+            episodes.labels(**values, outcome=outcome)
+        episode_tokens = Counter(
+            "grpo_episode_tokens_total",
+            "Environment jobs: tokens of the trained episodes, with the label source: model (sampled, in the "
+            "loss) or environment (observations and template glue, masked out).",
+            (*LABELS, "source"),
+            registry=reg,
+        )
+        for source in EPISODE_TOKEN_SOURCES:
+            episode_tokens.labels(**values, source=source)
         return TrainerMetrics(
             registry=reg,
             step=gauge("grpo_step", "Last completed optimizer step."),
@@ -225,6 +254,19 @@ class TrainerMetrics:
                 buckets=STALENESS_BUCKETS,
             ).labels(**values),
             rollout_groups_dropped=dropped,
+            episodes=episodes,
+            episode_turns=counter(
+                "grpo_episode_turns_total",
+                "Environment jobs: model turns of all episodes (over grpo_episodes_total: turns per episode).",
+            ),
+            episode_tokens=episode_tokens,
+            environment_step_seconds=Histogram(
+                "grpo_environment_step_seconds",
+                "Environment jobs: latency of each step of the environment, as the trainer measured it.",
+                LABELS,
+                registry=reg,
+                buckets=ENVIRONMENT_STEP_BUCKETS,
+            ).labels(**values),
             rollout_wait_seconds=counter(
                 "grpo_rollout_wait_seconds_total",
                 "Seconds the trainer waited for groups sampled ahead, or for a request in flight before a "

@@ -234,6 +234,8 @@ class ProjectGRPOTrainer(GRPOTrainer):  # type: ignore[misc]
         self.grpo_samples = LocalSamples()
         self.grpo_last_manifest: Manifest | None = None
         self.grpo_refill: RefillSource | None = None
+        self.grpo_current_rows: list[dict[str, Any]] = []
+        self.grpo_trained_rows: list[tuple[list[int], list[int]]] = []
         # spec.grpo.maxStaleness > 0: generation of the next steps overlaps training (async_generation.py).
         self.grpo_async: AsyncGeneration | None = None
         if max_staleness > 0 and self.use_vllm and self.vllm_mode == "server":
@@ -286,7 +288,19 @@ class ProjectGRPOTrainer(GRPOTrainer):  # type: ignore[misc]
     def _score_round(self, inputs: list[dict[str, Any]]) -> tuple[dict[str, Any], AdvantageResult, list[int]]:
         """One generation round through TRL, with our advantages. Returns TRL's output dict (advantages
         replaced), the global result and this rank's [format failures, errors, rollouts] counts."""
+        # Environment jobs' rollout_func resets each episode with its dataset row, which TRL does not pass it.
+        self.grpo_current_rows = inputs
         output = super()._generate_and_score_completions(inputs)
+        if "tool_mask" in output:
+            # Multi-turn episodes: what the loss sees, per row (the episode log compares it with what was sampled).
+            self.grpo_trained_rows = [
+                (ids, [int(m) for m in mask.tolist()[: len(ids)]])
+                for ids, mask in zip(
+                    _unpadded(output["completion_ids"], output["completion_mask"]),
+                    output["tool_mask"],
+                    strict=True,
+                )
+            ]
         self._log_masked_importance_weights(output)
         assert self.grpo_last_rewards is not None
         group_size = self.grpo_group_size

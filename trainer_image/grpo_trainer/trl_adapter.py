@@ -196,8 +196,15 @@ VLLM_CLIENT_METHODS = ("check_server", "_get", "generate", "get_server_info", "r
 ROLLOUT_FUNC_PARAMETER = "rollout_func"
 ROLLOUT_FUNC_KEYS = ("prompt_ids", "completion_ids", "logprobs")
 # Source fragments of _generate / _generate_and_score_completions that carry the behaviour above.
+# Environment jobs return ``env_mask`` too (1 on the model's tokens, 0 on the environment's), which TRL pops
+# from the extra fields and multiplies into the loss mask as it does its own tool mask.
 ROLLOUT_FUNC_CONTRACT = {
-    "_generate": ("self.rollout_func(prompts, self)", "sync_weights()", "extra_fields = {k: v"),
+    "_generate": (
+        "self.rollout_func(prompts, self)",
+        "sync_weights()",
+        "extra_fields = {k: v",
+        'tool_mask = extra_fields.pop("env_mask", None)',
+    ),
     "_generate_and_score_completions": (
         "if sampling_per_token_logps_list is not None",
         "inp[key] = values[i]",

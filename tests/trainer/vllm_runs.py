@@ -1,0 +1,103 @@
+"""Helpers of the trainer tests against a real vLLM server (PyPI's CPU build): starting one as the operator
+renders it, reading its log-probabilities, and a trainer run that generates through it."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from grpo_metric import MetricServer
+
+from tests.harness import vllm_server
+from tests.harness.ports import free_port
+from tests.trainer.toy import start_trainer, trainer_config
+
+# vLLM serves bfloat16 weights of a float32 trainer: the probe's mean |difference| stays near 0.01.
+SAME = 0.05
+
+
+def serve(model: Path, workdir: Path) -> vllm_server.VLLMProcess:
+    container = vllm_server.rendered_container(str(model), weightSync="Volume")
+    env = {**vllm_server.container_env(container), "HF_HOME": str(workdir / "hf")}
+    server = vllm_server.start(container, env, free_port(), workdir / "vllm.log")
+    try:
+        server.wait_healthy(900)
+    except BaseException:
+        server.stop()
+        raise
+    return server
+
+
+def served_logprobs(server: vllm_server.VLLMProcess, ids: list[int]) -> list[float]:
+    name = json.loads(get_text(server.base_url + "/v1/models"))["data"][0]["id"]
+    answer = server.post(
+        "/v1/completions", {"model": name, "prompt": ids, "max_tokens": 1, "prompt_logprobs": 0}
+    )
+    entries = answer["choices"][0]["prompt_logprobs"][1:]
+    return [entry[str(token)]["logprob"] for token, entry in zip(ids[1:], entries, strict=True)]
+
+
+def get_text(url: str) -> str:
+    import urllib.request
+
+    with urllib.request.urlopen(url, timeout=30) as response:
+        return str(response.read().decode())
+
+
+def trained_logprobs(model: Any, ids: list[int]) -> list[float]:
+    import torch
+
+    with torch.no_grad():
+        logits = model(input_ids=torch.tensor([ids])).logits.float()
+    logprobs = torch.log_softmax(logits[0, :-1], dim=-1)
+    return [float(x) for x in logprobs.gather(1, torch.tensor(ids[1:])[:, None])[:, 0]]
+
+
+def mean_diff(a: list[float], b: list[float]) -> float:
+    return sum(abs(x - y) for x, y in zip(a, b, strict=True)) / len(a)
+
+
+PROBE_IDS = list(range(3, 40))
+
+
+def vllm_config(
+    tmp_path: Path,
+    model: Path,
+    metric: MetricServer,
+    server: vllm_server.VLLMProcess,
+    steps: int = 3,
+    every_steps: int = 1,
+    **grpo: Any,
+) -> Path:
+    """trainer.json of a run that generates through ``server`` and syncs weights through the volume."""
+    port = int(server.base_url.rsplit(":", 1)[1])
+    config = trainer_config(
+        tmp_path, model, metric.url, steps=steps, every_steps=every_steps, keep_last=steps + 2
+    )
+    data = json.loads(config.read_text())
+    data["generation"] = {
+        "backend": "vllm-server",
+        "serverHost": "127.0.0.1",
+        "serverPort": port,
+        "startupTimeoutSeconds": 60,
+        "weightSync": "volume",
+        "weightSyncDir": str(tmp_path / "volume" / "weight-sync"),
+    }
+    data["grpo"].update(grpo)
+    config.write_text(json.dumps(data))
+    return config
+
+
+def run_trainer(
+    tmp_path: Path,
+    model: Path,
+    metric: MetricServer,
+    server: vllm_server.VLLMProcess,
+    steps: int = 3,
+    **grpo: Any,
+) -> Path:
+    config = vllm_config(tmp_path, model, metric, server, steps, **grpo)
+    process = start_trainer(config, tmp_path / "trainer.log")
+    assert process.wait(timeout=900) == 0, (tmp_path / "trainer.log").read_text()[-4000:]
+    return tmp_path

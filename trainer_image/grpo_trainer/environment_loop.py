@@ -1,0 +1,223 @@
+"""The environment loop (trainer.json ``environment`` and ``dataset`` set): each prompt's G episodes run
+against the job's environment service through the job's vLLM server (episodes.py), enter TRL through its
+rollout_func (environment_rollouts.py), and the environment's rewards train the policy. The shared steps
+are in steps.py.
+
+Rank 0 also keeps ``<outputDir>/episodes.jsonl``: per step, each episode's turns (the token ids vLLM
+sampled and their log-probabilities, the action, the observation and the tokens it added) next to the
+completion the loss saw and its mask, so what was trained can be checked against what was sampled.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from grpo_operator.api.learning_health import Thresholds
+from grpo_operator.api.trainer_config import TrainerConfig
+
+from grpo_trainer.environment_client import healthy
+from grpo_trainer.environment_rollouts import (
+    EnvironmentReward,
+    EpisodeBook,
+    make_rollout_func,
+    vllm_turn_sampler,
+)
+from grpo_trainer.episodes import ChatGlue, EpisodeRunner
+from grpo_trainer.errors import ConfigError, NotLearning
+from grpo_trainer.grpo_config import BatchPlan, RuntimeEnv
+from grpo_trainer.metric_client import ErrorBudget, MetricServiceUnavailable
+from grpo_trainer.metric_loop import DEFAULT_ERROR_WINDOW_STEPS, ERROR_WINDOW_ENV, load_prompts
+from grpo_trainer.progress import ProgressCallback
+from grpo_trainer.signals import StopFlag
+from grpo_trainer.steps import (
+    Workspace,
+    build_trainer,
+    close_status,
+    finish,
+    grpo_args,
+    load_tokenizer,
+    restore,
+    start_reporting,
+    tracking_options,
+    train,
+)
+
+log = logging.getLogger("grpo_trainer.environment_loop")
+
+# How long to wait for the environment's GET /health before giving up (it starts alongside the trainer).
+ENVIRONMENT_READY_TIMEOUT_ENV = "GRPO_ENVIRONMENT_READY_TIMEOUT_SECONDS"
+# Episodes of a step written to episodes.jsonl (all of them when the step has fewer).
+EPISODES_LOGGED_ENV = "GRPO_EPISODES_LOGGED_PER_STEP"
+DEFAULT_EPISODES_LOGGED = 16
+
+
+class EnvironmentUnavailable(MetricServiceUnavailable):
+    """The environment service did not become healthy in time, or its failures exceeded errorBudget (the
+    trainer exits as for an unavailable metric service)."""
+
+
+class EnvironmentErrorBudget(ErrorBudget):
+    def check(self, step: int) -> None:
+        if self.fraction > self.budget:
+            raise EnvironmentUnavailable(
+                f"environment failures at step {step}: {self.fraction:.1%} of a {self.window_steps}-step window "
+                f"of episodes failed on the environment's side (errors, timeouts, broken sessions, answers "
+                f"outside OpenEnv's protocol), above spec.environment.errorBudget={self.budget:.1%}; check the "
+                "environment pod's logs, or raise spec.environment.errorBudget"
+            )
+
+
+def wait_ready(url: str, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while not healthy(url):
+        if time.monotonic() > deadline:
+            raise EnvironmentUnavailable(
+                f"the environment service at {url} did not answer GET /health within {timeout:.0f}s; check the "
+                "environment pod (kubectl grpo logs JOB --role environment) and spec.environment.image"
+            )
+        time.sleep(1.0)
+
+
+@dataclass
+class EnvironmentProgressCallback(ProgressCallback):
+    """ProgressCallback plus the episodes' figures in metrics.jsonl and rank 0's episodes.jsonl."""
+
+    book: EpisodeBook = field(default_factory=EpisodeBook)
+    episodes_log: Path | None = None
+    logged_per_step: int = DEFAULT_EPISODES_LOGGED
+
+    def reward_seconds(self) -> float:
+        # The environment's time is inside the episodes, which are the step's generation.
+        return 0.0
+
+    def rollout_fields(self) -> dict[str, Any]:
+        stats = self.book.stats
+        self._write_episodes()
+        m = self.metrics
+        if m is not None:
+            outcomes = {
+                "done": stats.done,
+                "truncated": stats.truncated,
+                "format_failure": stats.format_failures,
+                "environment_error": stats.environment_errors,
+            }
+            for outcome, count in outcomes.items():
+                m.episodes.labels(**m.job_labels, outcome=outcome).inc(count)
+            m.episode_turns.inc(stats.turns)
+            m.episode_tokens.labels(**m.job_labels, source="model").inc(stats.model_tokens)
+            m.episode_tokens.labels(**m.job_labels, source="environment").inc(
+                stats.episode_tokens - stats.model_tokens
+            )
+            for seconds in stats.step_seconds:
+                m.environment_step_seconds.observe(seconds)
+        return stats.fields()
+
+    def _write_episodes(self) -> None:
+        if self.episodes_log is None or self.trainer is None:
+            return
+        step = int(self.trainer.state.global_step)
+        trained = list(getattr(self.trainer, "grpo_trained_rows", []))
+        with self.episodes_log.open("a", encoding="utf-8") as out:
+            for index, episode in enumerate(self.book.episodes[: self.logged_per_step]):
+                record: dict[str, Any] = {
+                    "step": step,
+                    "index": index,
+                    "outcome": episode.outcome,
+                    "reward": episode.reward,
+                    "reason": episode.reason,
+                    "promptIds": episode.prompt_ids,
+                    "prompt": episode.prompt_text,
+                    "turns": [
+                        {
+                            "ids": t.ids,
+                            "logprobs": t.logprobs,
+                            "text": t.text,
+                            "action": t.action,
+                            "observation": t.observation,
+                            "observationIds": t.glue_ids,
+                            "reward": t.reward,
+                            "stepSeconds": t.step_seconds,
+                        }
+                        for t in episode.turns
+                    ],
+                }
+                if index < len(trained):
+                    record["trainedIds"], record["trainedMask"] = trained[index]
+                out.write(json.dumps(record, allow_nan=False, default=_finite) + "\n")
+
+
+def _finite(value: Any) -> Any:
+    return None
+
+
+def run_environment_loop(
+    config: TrainerConfig, env: RuntimeEnv, plan: BatchPlan, workspace: Workspace, stop: StopFlag
+) -> int:
+    """Wait for the environment service, then train on episodes of the dataset's prompts."""
+    from grpo_trainer.cost import attempt_ledger
+    from grpo_trainer.learning_health import LearningMonitor
+
+    if config.environment is None or config.dataset is None:
+        raise ConfigError("the environment loop needs trainer.json's environment and dataset")
+    if config.generation.backend != "vllm-server":
+        raise ConfigError(
+            "episodes sample through the job's vLLM server, and generation.backend is "
+            f"{config.generation.backend}: use backend vllm-server"
+        )
+    settings = config.environment
+    if env.is_main:
+        wait_ready(settings.url, float(os.environ.get(ENVIRONMENT_READY_TIMEOUT_ENV, "600")))
+    tokenizer = load_tokenizer(config)
+    train_rows, _ = load_prompts(config, tokenizer)
+    args = grpo_args(config, plan, env)
+    reward = EnvironmentReward()
+    book = EpisodeBook()
+    glue = ChatGlue(tokenizer, config.grpo.chat_template_kwargs)
+
+    def runner_for(trainer: Any) -> EpisodeRunner:
+        return EpisodeRunner(
+            settings,
+            glue,
+            vllm_turn_sampler(trainer),
+            budget=int(config.grpo.max_completion_length),
+            format_failure_score=config.grpo.format_failure_score,
+        )
+
+    reporting = start_reporting(config, env, workspace)
+    window = int(os.environ.get(ERROR_WINDOW_ENV, DEFAULT_ERROR_WINDOW_STEPS))
+    callback = EnvironmentProgressCallback(
+        reward=reward,
+        total_steps=config.grpo.steps,
+        output_dir=workspace.output_dir,
+        stop=stop,
+        budget=EnvironmentErrorBudget(settings.error_budget, window),
+        is_main=env.is_main,
+        metrics=reporting.metrics,
+        status=reporting.status,
+        validation=None,
+        cost=attempt_ledger(config, env.world_size, 0, reporting.status),
+        learning=LearningMonitor(Thresholds.of(config.grpo.learning_health)),
+        answer_field=config.dataset.answer_field,
+        book=book,
+        episodes_log=Path(workspace.output_dir) / "episodes.jsonl" if env.is_main else None,
+        logged_per_step=int(os.environ.get(EPISODES_LOGGED_ENV, DEFAULT_EPISODES_LOGGED)),
+        **tracking_options(config, workspace),
+    )
+    rollout = make_rollout_func(runner_for, settings.concurrency, book)
+    trainer = build_trainer(
+        config, workspace, args, tokenizer, train_rows, reward, callback, reporting, rollout_func=rollout
+    )
+    resumed_step = restore(trainer, config, env, workspace, reporting)
+    train(trainer, config, workspace, resumed_step)
+    if callback.not_learning is not None:
+        close_status(reporting)
+        raise NotLearning(f"stopped as grpo.learningHealth.stopWhenUnhealthy asks: {callback.not_learning}")
+    code = finish(trainer, env, workspace, stopped_by_signal=callback.stopped_by_signal)
+    close_status(reporting)
+    return code

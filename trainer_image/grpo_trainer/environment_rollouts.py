@@ -1,0 +1,209 @@
+"""Episodes (episodes.py) entering TRL through its public ``rollout_func`` hook, and their rewards.
+
+TRL calls ``rollout_func`` on every rank with that rank's rows of the step (each prompt G times, after its
+weight sync to vLLM). Only rank 0 talks to vLLM, as in TRL's own server mode: the ranks' prompts and rows are
+gathered there, rank 0 runs every episode of the step (``spec.environment.concurrency`` at a time), and each
+rank takes its slice back. The episode's completion, ``env_mask`` (model tokens 1, environment tokens 0) and
+sampling log-probabilities go to TRL; its reward and outcome ride along as extra fields to
+:class:`EnvironmentReward`, TRL's reward function for these jobs, which returns None (NaN: left out of the
+group's statistics, advantage 0) for an episode the environment failed.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from grpo_metric.protocol import ScoreResult
+
+from grpo_trainer.episodes import Episode, EpisodeRunner, TurnSampler, run_episodes
+from grpo_trainer.reward import ScoredBatch
+
+# Extra fields rollout_func returns; TRL merges them into the rows its reward function receives.
+REWARD_FIELD = "environment_reward"
+OUTCOME_FIELD = "environment_outcome"
+REASON_FIELD = "environment_reason"
+PROMPT_TEXT_FIELD = "environment_prompt"
+EPISODE_TEXT_FIELD = "environment_episode"
+
+
+def sampled_logprobs(
+    ids: list[int], logprobs: list[list[float | None]], token_ids: list[list[int]] | None
+) -> list[float]:
+    """Each sampled token's log-probability from TRL's client answer (one entry per token; with top-k
+    alternatives the sampled token's own entry is found by id)."""
+    out: list[float] = []
+    for i, token in enumerate(ids):
+        entries = logprobs[i] if i < len(logprobs) else []
+        value: float | None = None
+        if token_ids is not None and i < len(token_ids) and token in token_ids[i]:
+            value = entries[token_ids[i].index(token)]
+        elif entries:
+            value = entries[0]
+        out.append(math.nan if value is None else float(value))
+    return out
+
+
+def vllm_turn_sampler(trainer: Any) -> TurnSampler:
+    """Rank 0: one model turn from the job's vLLM server(s), sampled as TRL samples the job's single-turn
+    completions (its sampling parameters), through the client that rides out a replaced server."""
+    from grpo_trainer.async_generation import sampling_params
+    from grpo_trainer.trl_adapter import vllm_client
+
+    client = vllm_client(trainer)
+    params = sampling_params(trainer.vllm_generation, 1)
+
+    def sample(context_ids: list[int], max_tokens: int) -> tuple[list[int], list[float]]:
+        answer = client.generate(prompts=[context_ids], **{**params, "max_tokens": max_tokens})
+        ids = [int(t) for t in answer["completion_ids"][0]]
+        token_ids = answer.get("logprob_token_ids")
+        return ids, sampled_logprobs(ids, answer["logprobs"][0], token_ids[0] if token_ids else None)
+
+    return sample
+
+
+@dataclass
+class EpisodeStats:
+    """The last step's episodes, all ranks' (rank 0's record, broadcast): metrics.jsonl and Prometheus."""
+
+    episodes: int = 0
+    turns: int = 0
+    model_tokens: int = 0
+    episode_tokens: int = 0
+    done: int = 0
+    truncated: int = 0
+    format_failures: int = 0
+    environment_errors: int = 0
+    step_seconds: list[float] = field(default_factory=list)
+    wall_seconds: float = 0.0
+
+    @classmethod
+    def of(cls, episodes: list[Episode], wall_seconds: float) -> EpisodeStats:
+        outcomes = [e.outcome for e in episodes]
+        return cls(
+            episodes=len(episodes),
+            turns=sum(len([t for t in e.turns if t.ids]) for e in episodes),
+            model_tokens=sum(e.model_tokens for e in episodes),
+            episode_tokens=sum(len(e.completion_ids) for e in episodes),
+            done=outcomes.count("done"),
+            truncated=outcomes.count("truncated"),
+            format_failures=outcomes.count("format_failure"),
+            environment_errors=outcomes.count("environment_error"),
+            step_seconds=[s for e in episodes for s in e.step_seconds],
+            wall_seconds=wall_seconds,
+        )
+
+    def fields(self) -> dict[str, Any]:
+        """metrics.jsonl's episode fields."""
+        steps = sorted(self.step_seconds)
+        n = max(1, self.episodes)
+        return {
+            "episodes": self.episodes,
+            "episode_turns_mean": round(self.turns / n, 4),
+            "episode_tokens_mean": round(self.episode_tokens / n, 2),
+            "episode_model_tokens_mean": round(self.model_tokens / n, 2),
+            "episodes_truncated": self.truncated,
+            "episode_format_failures": self.format_failures,
+            "environment_errors": self.environment_errors,
+            "environment_steps": len(steps),
+            "environment_step_seconds_p50": round(steps[len(steps) // 2], 4) if steps else None,
+            "environment_step_seconds_max": round(steps[-1], 4) if steps else None,
+            "episodes_seconds": round(self.wall_seconds, 4),
+        }
+
+
+@dataclass
+class EpisodeBook:
+    """What the last step's episodes were, on every rank: the stats, and rank 0's episodes for samples."""
+
+    stats: EpisodeStats = field(default_factory=EpisodeStats)
+    episodes: list[Episode] = field(default_factory=list)
+    total_seconds: float = 0.0
+
+
+def _gather(items: list[Any], world: int) -> list[Any]:
+    if world <= 1:
+        return items
+    from accelerate.utils import gather_object
+
+    return list(gather_object(items))
+
+
+def _broadcast(value: Any, world: int) -> Any:
+    if world <= 1:
+        return value
+    import torch.distributed as dist
+
+    box = [value]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def make_rollout_func(
+    runner_for: Callable[[Any], EpisodeRunner], concurrency: int, book: EpisodeBook
+) -> Callable[[list[Any], Any], dict[str, Any]]:
+    """TRL's rollout_func for environment jobs; ``runner_for(trainer)`` builds rank 0's EpisodeRunner once."""
+    runners: dict[int, EpisodeRunner] = {}
+
+    def rollout(prompts: list[Any], trainer: Any) -> dict[str, Any]:
+        rows = list(getattr(trainer, "grpo_current_rows", None) or [{} for _ in prompts])
+        if len(rows) != len(prompts):
+            raise RuntimeError(f"rollout_func got {len(prompts)} prompts but {len(rows)} rows")
+        world = int(trainer.accelerator.num_processes)
+        rank = int(trainer.accelerator.process_index)
+        all_prompts = _gather(list(prompts), world)
+        all_rows = _gather([{k: v for k, v in r.items() if k != "prompt"} for r in rows], world)
+        answer: tuple[list[Episode], float] | None = None
+        if rank == 0:
+            runner = runners.get(id(trainer))
+            if runner is None:
+                runner = runners[id(trainer)] = runner_for(trainer)
+            answer = run_episodes(runner, all_prompts, all_rows, concurrency)
+        episodes, seconds = _broadcast(answer, world)
+        book.stats = EpisodeStats.of(episodes, seconds)
+        book.episodes = episodes
+        book.total_seconds += seconds
+        n = len(prompts)
+        mine = episodes[rank * n : rank * n + n]
+        return {
+            "prompt_ids": [e.prompt_ids for e in mine],
+            "completion_ids": [e.completion_ids for e in mine],
+            "logprobs": [e.logprobs for e in mine],
+            "env_mask": [e.env_mask for e in mine],
+            REWARD_FIELD: [e.reward for e in mine],
+            OUTCOME_FIELD: [e.outcome for e in mine],
+            REASON_FIELD: [e.reason for e in mine],
+            PROMPT_TEXT_FIELD: [e.prompt_text for e in mine],
+            EPISODE_TEXT_FIELD: [e.text() for e in mine],
+        }
+
+    return rollout
+
+
+class EnvironmentReward:
+    """TRL's reward function for environment jobs: the environment's reward of each episode (forwarded by
+    rollout_func), None for an episode the environment failed; recorded for samples.jsonl and the step's
+    counters as MetricReward records a metric's scores."""
+
+    __name__ = "environment"  # TRL logs rewards/<__name__>/mean
+
+    def __init__(self) -> None:
+        self.last = ScoredBatch()
+
+    def __call__(self, prompts: list[Any], completions: list[Any], **kwargs: Any) -> list[float | None]:
+        results: list[ScoreResult] = []
+        for i, (reward, outcome, reason) in enumerate(
+            zip(kwargs[REWARD_FIELD], kwargs[OUTCOME_FIELD], kwargs[REASON_FIELD], strict=True)
+        ):
+            if outcome == "environment_error" or reward is None:
+                results.append(ScoreResult.error(f"e{i}", str(reason)))
+            elif outcome == "format_failure":
+                results.append(
+                    ScoreResult(f"e{i}", "format_failure", reward=float(reward), reason=str(reason))
+                )
+            else:
+                results.append(ScoreResult.ok(f"e{i}", float(reward)))
+        self.last = ScoredBatch(list(kwargs[PROMPT_TEXT_FIELD]), list(kwargs[EPISODE_TEXT_FIELD]), results)
+        return [r.reward if r.kind != "error" else None for r in results]
