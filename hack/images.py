@@ -94,6 +94,7 @@ IMAGES = (
     Image("metric-math", "metric-math", "examples/metrics/math_partial_credit/Dockerfile"),
     Image("metric-exact-match", "metric-exact-match", "examples/metrics/exact_match/Dockerfile"),
     Image("metric-tiny", "metric-tiny-demo", "examples/tiny/Dockerfile"),
+    Image("calculator-env", "calculator-env", "examples/environments/calculator/Dockerfile"),
 )  # fmt: skip
 
 

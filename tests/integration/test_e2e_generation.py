@@ -11,14 +11,16 @@ tests (docs/development.md, "vLLM on the CPU")."""
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.harness.kube import Cluster
+from tests.harness.kube import REPO, Cluster
 from tests.harness.status_watch import StatusWatch
 from tests.integration.test_e2e_training import run_tiny_job, tiny_job
+from tests.trainer.toy import read_jsonl
 
 pytestmark = [pytest.mark.trainer, pytest.mark.slow, pytest.mark.vllm]
 
@@ -88,3 +90,55 @@ def test_a_vllm_slower_than_its_startup_timeout_restarts_the_gang_and_fails_the_
     for attempt in (1, 2):
         log = (tmp_path / "run" / f"tiny-gen-{attempt}-0.log").read_text(errors="replace")
         assert "vllm.entrypoints.openai.api_server --model" in log, log[-2000:]
+
+
+# The calculator of examples/environments/calculator, run as its image runs it (uvicorn on the pod's port).
+CALCULATOR_IMAGE = "ghcr.io/grpo-operator/calculator-env:0.1.0"
+CALCULATOR_DIR = REPO / "examples" / "environments" / "calculator"
+
+
+def calculator_command(pod: dict[str, Any], port: int) -> list[str]:
+    return [
+        sys.executable, "-m", "uvicorn", "calculator_env:app", "--app-dir", str(CALCULATOR_DIR),
+        "--host", "127.0.0.1", "--port", str(port),
+    ]  # fmt: skip
+
+
+def test_an_environment_job_trains_on_calculator_episodes_through_vllm_to_succeeded_with_the_reward_rising(
+    kube: Cluster, namespace: str, tmp_path: Path
+) -> None:
+    """spec.environment end to end: the operator runs the example calculator as the environment pod, the
+    trainer plays each prompt's G episodes of up to 3 turns through the job's real vLLM server against it,
+    and the tiny model learns from the calculator's rewards (its format credit: the tiny model is far from
+    computing anything) until the job Succeeds."""
+    job = tiny_job()
+    spec = job["spec"]
+    del spec["metric"]
+    spec["grpo"]["validation"]["everySteps"] = 0
+    spec["grpo"]["maxCompletionLength"] = 40
+    spec["environment"] = {
+        "image": CALCULATOR_IMAGE,
+        "maxTurns": 3,
+        "maxTurnTokens": 8,
+        "observationField": "text",
+        "concurrency": 8,
+        "timeoutSeconds": 30,
+    }
+    phase, volume = run_tiny_job(
+        kube, namespace, job, tmp_path, environment_commands={CALCULATOR_IMAGE: calculator_command}
+    )
+    logs = "".join(p.read_text(errors="replace")[-3000:] for p in sorted((tmp_path / "run").glob("*.log")))
+    assert phase == "Succeeded", logs
+
+    rows = read_jsonl(volume / "output" / "metrics.jsonl")
+    assert [r["step"] for r in rows] == list(range(1, len(rows) + 1)) and len(rows) == spec["grpo"][
+        "steps"
+    ], rows
+    # B x G episodes a step, none failed on the environment's side, several turns each.
+    assert all(r["episodes"] == 32 and r["environment_errors"] == 0 for r in rows), rows
+    assert all(r["environment_steps"] >= 32 and r["episode_turns_mean"] > 1.0 for r in rows), rows
+    rewards = [r["reward_mean"] for r in rows]
+    first, last = sum(rewards[:3]) / 3, sum(rewards[-3:]) / 3
+    assert last > first + 0.05, rewards
+    episodes = read_jsonl(volume / "output" / "episodes.jsonl")
+    assert episodes and all(e["turns"] and e["turns"][0]["action"] is not None for e in episodes)

@@ -180,7 +180,11 @@ def test_gradient_accumulation_from_topology() -> None:
     assert spec.gradient_accumulation_steps() == 32 // 8 == 4
 
 
-@pytest.mark.parametrize("path", sorted(EXAMPLES.glob("*.yaml")), ids=lambda p: p.name)
+@pytest.mark.parametrize(
+    "path",
+    sorted([*EXAMPLES.glob("*.yaml"), *EXAMPLES.glob("environments/*/grpojob.yaml")]),
+    ids=lambda p: p.name,
+)
 def test_examples_are_valid(path: Path) -> None:
     job = GRPOJob.from_object(yaml.safe_load(path.read_text()))
     assert job.metadata.name and len(job.metadata.name) <= 40
