@@ -36,11 +36,14 @@ def generated_env(workdir: Path, name: str = "echo_env") -> Path:
     return workdir / name
 
 
-def serve(env_dir: Path, port: int, log: Path, timeout: float = 120) -> EnvironmentProcess:
-    """The environment's server (``uvicorn server.app:app``) on 127.0.0.1:``port``, once GET /health answers."""
+def serve(
+    env_dir: Path, port: int, log: Path, timeout: float = 120, app: str = "server.app:app"
+) -> EnvironmentProcess:
+    """The environment's server (``uvicorn APP``, the template's ``server.app:app`` by default, run in
+    ``env_dir``) on 127.0.0.1:``port``, once GET /health answers."""
     handle = log.open("wb")
     popen = subprocess.Popen(
-        [sys.executable, "-m", "uvicorn", "server.app:app", "--host", "127.0.0.1", "--port", str(port)],
+        [sys.executable, "-m", "uvicorn", app, "--host", "127.0.0.1", "--port", str(port)],
         cwd=env_dir,
         stdout=handle,
         stderr=handle,

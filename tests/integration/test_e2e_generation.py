@@ -115,11 +115,13 @@ def test_an_environment_job_trains_on_calculator_episodes_through_vllm_to_succee
     spec = job["spec"]
     del spec["metric"]
     spec["grpo"]["validation"]["everySteps"] = 0
-    spec["grpo"]["maxCompletionLength"] = 40
+    # Room for 3 turns of 8 tokens and 2 calculator messages of at most 12 tokens, with the template's glue.
+    spec["grpo"]["maxCompletionLength"] = 64
     spec["environment"] = {
         "image": CALCULATOR_IMAGE,
         "maxTurns": 3,
         "maxTurnTokens": 8,
+        "maxObservationTokens": 12,
         "observationField": "text",
         "concurrency": 8,
         "timeoutSeconds": 30,
@@ -142,3 +144,8 @@ def test_an_environment_job_trains_on_calculator_episodes_through_vllm_to_succee
     assert last > first + 0.05, rewards
     episodes = read_jsonl(volume / "output" / "episodes.jsonl")
     assert episodes and all(e["turns"] and e["turns"][0]["action"] is not None for e in episodes)
+    # What `kubectl grpo status` shows of them: the last step's episodes, in the job's status.
+    final = kube.get("grpojob", "tiny", namespace)
+    assert final is not None
+    assert final["status"]["episodes"]["count"] == 32, final["status"]
+    assert final["status"]["episodes"]["environmentErrorRatio"] == 0, final["status"]

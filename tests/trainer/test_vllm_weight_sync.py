@@ -36,9 +36,13 @@ from tests.trainer.toy import (
 from tests.trainer.vllm_runs import (
     PROBE_IDS,
     SAME,
+    check_async_rows,
+    environment_config,
+    exported_samples,
     get_text,
     mean_diff,
     run_trainer,
+    sequence_logprobs,
     serve,
     served_logprobs,
     trained_logprobs,
@@ -159,23 +163,6 @@ def test_asynchronous_grpo_trains_on_groups_one_step_stale_stamped_with_their_we
     assert "sampled ahead were dropped" not in log, log[-3000:]
 
 
-def sequence_logprobs(model_dir: Path, samples: list[dict[str, Any]], temperature: float) -> list[float]:
-    """Each sample's completion log-probability under the weights in ``model_dir``: the sum over its tokens,
-    at the sampling temperature, as TRL and vLLM compute it."""
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-    out = []
-    with torch.no_grad():
-        for sample in samples:
-            prompt, completion = sample["promptIds"], sample["completionIds"]
-            logits = model(input_ids=torch.tensor([prompt + completion])).logits[0].float() / temperature
-            logprobs = torch.log_softmax(logits[len(prompt) - 1 : -1], dim=-1)
-            out.append(float(logprobs.gather(1, torch.tensor(completion)[:, None]).sum()))
-    return out
-
-
 def test_the_importance_ratio_that_reaches_the_loss_is_trained_over_sampling_policy(
     tmp_path: Path, tiny_model: Path, toy_metric: MetricServer, served_tiny: vllm_server.VLLMProcess
 ) -> None:
@@ -220,14 +207,6 @@ def test_the_importance_ratio_that_reaches_the_loss_is_trained_over_sampling_pol
     assert (
         max(r["importance_sampling_ratio_max"] - r["importance_sampling_ratio_min"] for r in rows[1:]) > 0.05
     )
-
-
-def check_async_rows(rows: list[dict[str, Any]], eta: int) -> None:
-    """Each step's groups within the bound and stamped consistently: version + staleness = step - 1."""
-    for row in rows:
-        assert 0 <= row["staleness"] <= eta, row
-        assert row["policy_version"] + row["staleness"] == row["step"] - 1, row
-        assert row["groups_dropped"] == 0, row
 
 
 def test_asynchronous_grpo_under_torchrun_two_steps_ahead(
@@ -344,17 +323,6 @@ def test_asynchronous_grpo_killed_with_groups_in_flight_resumes_on_the_same_prom
     first = rows[checkpoint]
     assert (first["policy_version"], first["staleness"]) == (checkpoint, 0), first
     assert train_prompts(killed) == train_prompts(straight)
-
-
-def exported_samples(text: str) -> dict[str, float]:
-    """Each sample name of a Prometheus text exposition with the sum of its values over label sets."""
-    from prometheus_client.parser import text_string_to_metric_families
-
-    samples: dict[str, float] = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            samples[sample.name] = samples.get(sample.name, 0.0) + sample.value
-    return samples
 
 
 def test_the_dashboards_vllm_queries_read_what_this_vllm_exports(
@@ -511,21 +479,10 @@ def test_three_turn_episodes_against_openenvs_template_train_exactly_the_sampled
     # length, never ends an episode and serves one session at a time), served unchanged.
     env = openenv_env.serve(openenv_env.generated_env(tmp_path), free_port(), tmp_path / "env.log")
     try:
-        config = vllm_config(tmp_path, tiny_model, toy_metric, served_tiny, steps=2, maxCompletionLength=64)
-        data = json.loads(config.read_text())
-        del data["metric"]
-        data["grpo"].update(groupSize=2, promptsPerStep=2)
-        data["trainer"]["perDeviceBatchSize"] = 2
-        data["environment"] = {
-            "url": env.url,
-            "maxTurns": 3,
-            "maxTurnTokens": 6,
-            "maxObservationTokens": 12,
-            "observationField": "echoed_message",
-            "concurrency": 1,
-            "timeoutSeconds": 30,
-        }
-        config.write_text(json.dumps(data))
+        config = environment_config(
+            tmp_path, tiny_model, toy_metric, served_tiny, env.url, steps=2,
+            maxTurns=3, maxTurnTokens=6, maxObservationTokens=12, observationField="echoed_message", concurrency=1,
+        )  # fmt: skip
         process = start_trainer(config, tmp_path / "trainer.log", GRPO_EPISODES_LOGGED_PER_STEP="100")
         assert process.wait(timeout=900) == 0, (tmp_path / "trainer.log").read_text()[-4000:]
     finally:
@@ -559,3 +516,40 @@ def test_three_turn_episodes_against_openenvs_template_train_exactly_the_sampled
         assert episode["reward"] == pytest.approx(turns[-1]["reward"]), episode
         multi_turn += len(turns) == 3
     assert multi_turn >= 4, [len(e["turns"]) for e in episodes]
+
+
+def test_an_environment_that_errs_hangs_or_rewards_nan_fails_its_episodes_unscored_then_the_job(
+    tmp_path: Path, tiny_model: Path, toy_metric: MetricServer, served_tiny: vllm_server.VLLMProcess
+) -> None:
+    # Each step's 4 episodes: one fair, the others meet an exception, a 30 s hang and a NaN reward.
+    env = openenv_env.serve(
+        Path(__file__).parent / "environments", free_port(), tmp_path / "env.log", app="hostile_env:app"
+    )
+    try:
+        config = environment_config(
+            tmp_path, tiny_model, toy_metric, served_tiny, env.url, steps=3,
+            maxTurns=3, maxTurnTokens=4, observationField="text", concurrency=4, timeoutSeconds=3,
+        )  # fmt: skip
+        process = start_trainer(config, tmp_path / "trainer.log", GRPO_EPISODES_LOGGED_PER_STEP="100")
+        code = process.wait(timeout=900)
+    finally:
+        env.stop()
+    log = (tmp_path / "trainer.log").read_text()
+    rows = read_jsonl(tmp_path / "out" / "metrics.jsonl")
+    episodes = read_jsonl(tmp_path / "out" / "episodes.jsonl")
+    fair = [e for e in episodes if e["outcome"] == "done"]
+    failed = [e for e in episodes if e["outcome"] == "environment_error"]
+    # Step 1 trains on the fair episodes alone: the failed ones are unscored (reward none, never 0), so the
+    # step's mean is the fair episodes' 1.0, and each failure names what the environment did.
+    assert len(rows) == 1 and rows[0]["episodes"] == 4 and rows[0]["environment_errors"] == 3, rows
+    assert len(fair) == 1 and len(failed) == 3, episodes
+    assert rows[0]["reward_mean"] == pytest.approx(1.0), rows[0]
+    assert fair and all(e["reward"] == 1.0 for e in fair), fair
+    assert failed and all(e["reward"] is None for e in failed), failed
+    reasons = " | ".join(e["reason"] for e in failed)
+    assert "reported an error" in reasons and "did not answer a step within 3s" in reasons, reasons
+    # OpenEnv's JSON turns the NaN reward into null: a finished episode without a reward.
+    assert "ended the episode without a reward" in reasons, reasons
+    # Then errorBudget (5 % of a 20-step window) runs out: the job stops with the environment named, exit 3.
+    assert code == 3, log[-3000:]
+    assert "spec.environment.errorBudget" in log, log[-3000:]

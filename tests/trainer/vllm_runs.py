@@ -101,3 +101,59 @@ def run_trainer(
     process = start_trainer(config, tmp_path / "trainer.log")
     assert process.wait(timeout=900) == 0, (tmp_path / "trainer.log").read_text()[-4000:]
     return tmp_path
+
+
+def sequence_logprobs(model_dir: Path, samples: list[dict[str, Any]], temperature: float) -> list[float]:
+    """Each sample's completion log-probability under the weights in ``model_dir``: the sum over its tokens,
+    at the sampling temperature, as TRL and vLLM compute it."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    out = []
+    with torch.no_grad():
+        for sample in samples:
+            prompt, completion = sample["promptIds"], sample["completionIds"]
+            logits = model(input_ids=torch.tensor([prompt + completion])).logits[0].float() / temperature
+            logprobs = torch.log_softmax(logits[len(prompt) - 1 : -1], dim=-1)
+            out.append(float(logprobs.gather(1, torch.tensor(completion)[:, None]).sum()))
+    return out
+
+
+def check_async_rows(rows: list[dict[str, Any]], eta: int) -> None:
+    """Each step's groups within the bound and stamped consistently: version + staleness = step - 1."""
+    for row in rows:
+        assert 0 <= row["staleness"] <= eta, row
+        assert row["policy_version"] + row["staleness"] == row["step"] - 1, row
+        assert row["groups_dropped"] == 0, row
+
+
+def exported_samples(text: str) -> dict[str, float]:
+    """Each sample name of a Prometheus text exposition with the sum of its values over label sets."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    samples: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            samples[sample.name] = samples.get(sample.name, 0.0) + sample.value
+    return samples
+
+
+def environment_config(
+    tmp_path: Path,
+    model: Path,
+    metric: MetricServer,
+    server: vllm_server.VLLMProcess,
+    url: str,
+    steps: int,
+    **environment: Any,
+) -> Path:
+    """trainer.json of an environment job (2 prompts x 2 episodes a step) sampling through ``server``."""
+    config = vllm_config(tmp_path, model, metric, server, steps=steps, maxCompletionLength=64)
+    data = json.loads(config.read_text())
+    del data["metric"]
+    data["grpo"].update(groupSize=2, promptsPerStep=2)
+    data["trainer"]["perDeviceBatchSize"] = 2
+    data["environment"] = {"url": url, "timeoutSeconds": 30, **environment}
+    config.write_text(json.dumps(data))
+    return config

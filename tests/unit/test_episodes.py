@@ -152,3 +152,24 @@ def test_the_sampled_tokens_logprob_is_found_among_top_alternatives() -> None:
     assert sampled_logprobs([7, 8], [[-0.5], [-1.5]], None) == [-0.5, -1.5]
     assert sampled_logprobs([7], [[-0.1, -2.0]], [[3, 7]]) == [-2.0]
     assert math.isnan(sampled_logprobs([7], [[None]], None)[0])
+
+
+def test_kubectl_grpo_status_shows_the_last_steps_episodes() -> None:
+    from grpo_operator.kubectl_plugin import render
+
+    status = {
+        "phase": "Running",
+        "progress": {"step": 3, "totalSteps": 10, "display": "3/10"},
+        "episodes": {
+            "count": 32,
+            "turnsMean": 2.75,
+            "tokensMean": 51.5,
+            "environmentErrorRatio": 0.03125,
+            "truncatedRatio": 0.5,
+            "formatFailureRatio": 0.0,
+        },
+    }
+    text = render.status_text({"name": "j", "namespace": "ns", "status": status})
+    line = next(x for x in text.splitlines() if x.startswith("Episodes"))
+    assert "32 last step, 2.75 turns and 51.5 tokens each" in line, line
+    assert "environment failed 3.1%" in line and "truncated 50.0%" in line, line

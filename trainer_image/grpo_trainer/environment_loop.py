@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from grpo_operator.api.learning_health import Thresholds
+from grpo_operator.api.status import EpisodesStatus
 from grpo_operator.api.trainer_config import TrainerConfig
 
 from grpo_trainer.environment_client import healthy
@@ -117,6 +118,21 @@ class EnvironmentProgressCallback(ProgressCallback):
             for seconds in stats.step_seconds:
                 m.environment_step_seconds.observe(seconds)
         return stats.fields()
+
+    def status_sections(self) -> dict[str, Any]:
+        stats = self.book.stats
+        n = stats.episodes
+        if not n:
+            return {}
+        model = EpisodesStatus(
+            count=n,
+            turns_mean=round(stats.turns / n, 3),
+            tokens_mean=round(stats.episode_tokens / n, 1),
+            environment_error_ratio=round(stats.environment_errors / n, 4),
+            truncated_ratio=round(stats.truncated / n, 4),
+            format_failure_ratio=round(stats.format_failures / n, 4),
+        )
+        return {"episodes": model.model_dump(by_alias=True, exclude_none=True, mode="json")}
 
     def _write_episodes(self) -> None:
         if self.episodes_log is None or self.trainer is None:

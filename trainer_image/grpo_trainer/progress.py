@@ -307,6 +307,7 @@ class ProgressCallback(TrainerCallback):  # type: ignore[misc]
             if updates is not None:
                 body["updates"] = updates.status
             body["learning"] = self.learning.status(step)
+            body.update(self.status_sections() if fresh else {})
             changed = previous is None or previous.reason != diagnosis.reason
             self.status.update(body, force=changed or (updates is not None and updates.changed))
 
@@ -330,6 +331,10 @@ class ProgressCallback(TrainerCallback):  # type: ignore[misc]
 
     def rollout_fields(self) -> dict[str, Any]:
         """metrics.jsonl fields about where the step's rollouts came from (client-rollout jobs add some)."""
+        return {}
+
+    def status_sections(self) -> dict[str, Any]:
+        """Status sections of the loop's own (environment jobs: episodes), patched with the step's."""
         return {}
 
     @staticmethod

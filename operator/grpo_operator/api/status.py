@@ -131,7 +131,30 @@ TRAINER_STATUS_FIELDS = (
     "staleness",
     "updates",
     "learning",
+    "episodes",
 )
+
+
+class EpisodesStatus(_StatusModel):
+    """Environment jobs (spec.environment): the last step's episodes, written by trainer rank 0."""
+
+    count: int | None = Field(default=None, ge=0, description="Episodes the last step ran (B x G).")
+    turns_mean: float | None = Field(default=None, ge=0, description="Model turns per episode, on average.")
+    tokens_mean: float | None = Field(
+        default=None, ge=0, description="Tokens per episode (model and environment), on average."
+    )
+    environment_error_ratio: float | None = Field(
+        default=None,
+        ge=0,
+        le=1,
+        description="Fraction of the last step's episodes the environment failed (unscored, advantage 0).",
+    )
+    truncated_ratio: float | None = Field(
+        default=None, ge=0, le=1, description="Fraction cut by maxTurns or the token budget."
+    )
+    format_failure_ratio: float | None = Field(
+        default=None, ge=0, le=1, description="Fraction ended by a tool call the model malformed."
+    )
 
 
 class CostStatus(_StatusModel):
@@ -322,6 +345,9 @@ class GRPOJobStatus(_StatusModel):
         default=None,
         description="Why the job is or is not learning: a diagnosis over the last steps with the setting to "
         "change (trainer).",
+    )
+    episodes: EpisodesStatus | None = Field(
+        default=None, description="Environment jobs: the last step's episodes (trainer)."
     )
     restarts: int | None = Field(
         default=None, ge=0, description="Trainer gang restarts counted against backoffLimit."

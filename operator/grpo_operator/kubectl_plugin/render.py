@@ -249,6 +249,14 @@ def status_text(report: dict[str, Any], now: datetime | None = None) -> str:
             )
         if report.get("trendUnavailable"):
             lines.append(f"{'':<16}(no trend: {report['trendUnavailable']})")
+    episodes = status.get("episodes")
+    if isinstance(episodes, dict) and episodes.get("count"):
+        lines.append(
+            f"{'Episodes':<16}{_count(episodes.get('count'))} last step, {number(episodes.get('turnsMean'), 2)} turns and "
+            f"{number(episodes.get('tokensMean'), 1)} tokens each; environment failed "
+            f"{percent(episodes.get('environmentErrorRatio'))}, truncated {percent(episodes.get('truncatedRatio'))}, "
+            f"malformed tool calls {percent(episodes.get('formatFailureRatio'))}"
+        )
     served = status.get("servedModel")
     replicas = _count(served.get("replicas")) if isinstance(served, dict) else None
     serving = _count(served.get("replicasServing")) if isinstance(served, dict) else None
