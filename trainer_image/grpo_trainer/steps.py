@@ -444,6 +444,8 @@ def restore(
         if env.is_main:
             truncate_jsonl(workspace.output_dir / "metrics.jsonl", resumed_step)
             truncate_jsonl(workspace.output_dir / "samples.jsonl", resumed_step)
+            # Environment jobs: the replayed steps' episodes are logged again when they are trained.
+            truncate_jsonl(workspace.output_dir / "episodes.jsonl", resumed_step)
         if reporting.metrics is not None:
             # The newest checkpoint is the one resumed from, not "none yet": checkpoint age (dashboard,
             # GRPOJobCheckpointStale) keeps counting across a restart instead of starting from zero.

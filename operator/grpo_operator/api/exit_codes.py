@@ -57,8 +57,9 @@ EXIT_CODES: tuple[ExitCodeEntry, ...] = (
     ),
     ExitCodeEntry(
         ExitCode.METRIC_UNAVAILABLE,
-        "metric service never ready, or errors beyond `metric.errorBudget`: worth a restart once the "
-        "metric Deployment is healthy",
+        "metric service (or, for `spec.environment` jobs, environment service) never ready, or failures "
+        "beyond `metric.errorBudget` (`environment.errorBudget`): worth a restart once that Deployment is "
+        "healthy",
         permanent=False,
     ),
     ExitCodeEntry(
