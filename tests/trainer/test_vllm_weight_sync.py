@@ -553,3 +553,48 @@ def test_an_environment_that_errs_hangs_or_rewards_nan_fails_its_episodes_unscor
     # Then errorBudget (5 % of a 20-step window) runs out: the job stops with the environment named, exit 3.
     assert code == 3, log[-3000:]
     assert "spec.environment.errorBudget" in log, log[-3000:]
+
+
+def test_an_environment_job_killed_mid_episode_replays_the_step_and_trains_every_episode_once(
+    tmp_path: Path, tiny_model: Path, toy_metric: MetricServer, served_tiny: vllm_server.VLLMProcess
+) -> None:
+    """SIGKILL while a step's episodes talk to the calculator: nothing of that step was trained, so the
+    resumed trainer replays it from the checkpoint on the same prompts, and every step's episodes are
+    trained (and logged) once."""
+    calculator = REPO / "examples" / "environments" / "calculator"
+    env = openenv_env.serve(calculator, free_port(), tmp_path / "env.log", app="calculator_env:app")
+    steps = 5
+    try:
+        config = environment_config(
+            tmp_path, tiny_model, toy_metric, served_tiny, env.url, steps=steps,
+            maxTurns=3, maxTurnTokens=6, maxObservationTokens=12, observationField="text", concurrency=4,
+        )  # fmt: skip
+        data = json.loads(config.read_text())
+        data["checkpoints"]["everySteps"] = 2
+        config.write_text(json.dumps(data))
+        process = start_trainer(config, tmp_path / "killed.log")
+        deadline = time.monotonic() + 600
+        while len(read_jsonl(tmp_path / "out" / "metrics.jsonl")) < 3 and process.poll() is None:
+            assert time.monotonic() < deadline, "step 3 never came"
+            time.sleep(0.02)
+        # Step 4's episodes start as soon as step 3 is logged.
+        process.send_signal(signal.SIGKILL)
+        process.wait(timeout=60)
+        before = read_jsonl(tmp_path / "out" / "episodes.jsonl")
+        checkpoint = json.loads((tmp_path / "ckpt" / "latest.json").read_text())["step"]
+        assert checkpoint == 2 and {e["step"] for e in before} == {1, 2, 3}, (checkpoint, before)
+
+        resumed = start_trainer(config, tmp_path / "resumed.log")
+        assert resumed.wait(timeout=600) == 0, (tmp_path / "resumed.log").read_text()[-4000:]
+    finally:
+        env.stop()
+    rows = read_jsonl(tmp_path / "out" / "metrics.jsonl")
+    assert [r["step"] for r in rows] == list(range(1, steps + 1)), rows
+    episodes = read_jsonl(tmp_path / "out" / "episodes.jsonl")
+    assert sorted(e["step"] for e in episodes) == [s for s in range(1, steps + 1) for _ in range(4)], episodes
+
+    def prompts(records: list[dict[str, Any]], step: int) -> list[str]:
+        return sorted(e["prompt"] for e in records if e["step"] == step)
+
+    # The replayed step 3 reset its episodes with the prompts the killed attempt had for it.
+    assert prompts(episodes, 3) == prompts(before, 3)
