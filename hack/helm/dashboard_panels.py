@@ -277,6 +277,67 @@ ROWS: tuple[Row, ...] = (
         ),
     ),
     Row(
+        "Episodes (spec.environment)",
+        (
+            Panel(
+                "Episode outcomes",
+                "Environment jobs: share of episodes by how they ended: done (the environment ended them), "
+                "truncated (maxTurns or the token budget), format_failure (a malformed tool call), "
+                "environment_error (the environment failed them: unscored, against errorBudget).",
+                tuple(
+                    Target(
+                        f'sum by ({BY}) (rate(grpo_episodes_total{{{JOB}, outcome="{outcome}"}}[{RATE}]))\n/\n'
+                        f"sum by ({BY}) (rate(grpo_episodes_total{{{JOB}}}[{RATE}]))",
+                        f"{outcome} {{{{namespace}}}}/{{{{grpojob}}}}",
+                    )
+                    for outcome in ("done", "truncated", "format_failure", "environment_error")
+                ),
+                unit="percentunit",
+                min=0,
+                max=1,
+            ),
+            Panel(
+                "Turns and tokens per episode",
+                "Environment jobs: model turns per episode, and tokens per episode by source (model: sampled "
+                "and trained; environment: observations and template glue, masked out of the loss).",
+                (
+                    Target(
+                        ratio("grpo_episode_turns_total", "grpo_episodes_total"),
+                        "turns {{namespace}}/{{grpojob}}",
+                    ),
+                    *(
+                        Target(
+                            f'sum by ({BY}) (rate(grpo_episode_tokens_total{{{JOB}, source="{source}"}}[{RATE}]))'
+                            f"\n/\nsum by ({BY}) (rate(grpo_episodes_total{{{JOB}}}[{RATE}]))",
+                            f"{source} tokens {{{{namespace}}}}/{{{{grpojob}}}}",
+                        )
+                        for source in ("model", "environment")
+                    ),
+                ),
+                min=0,
+            ),
+            Panel(
+                "Environment step latency",
+                "Environment jobs: median and 95th percentile of one environment step, as the trainer "
+                "measured it (timeoutSeconds is where a step fails).",
+                (
+                    Target(
+                        f"histogram_quantile(0.5, sum by ({BY}, le) "
+                        f"(rate(grpo_environment_step_seconds_bucket{{{JOB}}}[{RATE}])))",
+                        "p50 {{namespace}}/{{grpojob}}",
+                    ),
+                    Target(
+                        f"histogram_quantile(0.95, sum by ({BY}, le) "
+                        f"(rate(grpo_environment_step_seconds_bucket{{{JOB}}}[{RATE}])))",
+                        "p95 {{namespace}}/{{grpojob}}",
+                    ),
+                ),
+                unit="s",
+                min=0,
+            ),
+        ),
+    ),
+    Row(
         "Throughput",
         (
             Panel(

@@ -162,7 +162,8 @@ def env_of(deployment: Doc) -> dict[str, str]:
 PROMQL_WORDS = {
     "sum", "max", "min", "avg", "count", "by", "without", "on", "ignoring", "and", "or", "unless",
     "rate", "increase", "time", "histogram_quantile", "le", "namespace", "grpojob", "result", "phase",
-    "reason", "counted", "verb", "kind", "code", "type", "component", "healthy", "h", "m", "s",
+    "reason", "counted", "verb", "kind", "code", "type", "component", "healthy", "outcome", "source", "h", "m",
+    "s",
 }  # fmt: skip
 
 
