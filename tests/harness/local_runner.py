@@ -36,7 +36,8 @@ GRPOJob's pods, and only for them:
 
 What differs from a real pod, and why: there is no cluster DNS here, so the metric and environment URLs'
 host (and the gateway's, vLLM's and the trainer's addresses of each other, its rendezvous among them) is
-rewritten to 127.0.0.1 and a local port; paths under /workspace to the claim's directory, and the pod's
+rewritten to 127.0.0.1 and a local port (a replaced metric or environment pod's server gets its predecessor's
+port, as a Service keeps its address); paths under /workspace to the claim's directory, and the pod's
 emptyDir home directory (HOME) to a directory of the runner's. Nothing else in the rendered config is
 changed, except where a test asks for ``generation="in-process-transformers"``: then no vLLM server is
 started and the trainer samples in its own process (``generation.backend: transformers``), for tests about
@@ -251,7 +252,8 @@ class LocalJobRunner:
             return proc, port
         if not running:
             return proc, port
-        pod, port = running[0], free_port()
+        # A replaced pod keeps its Service's address: the port of the previous server, when there was one.
+        pod, port = running[0], port or free_port()
         image = pod["spec"]["containers"][0]["image"]
         command = commands.get(image)
         if not command:

@@ -53,6 +53,10 @@ log = logging.getLogger("grpo_trainer.environment_loop")
 
 # How long to wait for the environment's GET /health before giving up (it starts alongside the trainer).
 ENVIRONMENT_READY_TIMEOUT_ENV = "GRPO_ENVIRONMENT_READY_TIMEOUT_SECONDS"
+# How long rank 0 waits, before a step's episodes, for an environment service that stopped answering GET /health
+# (the operator's Deployment replacing its pod) before the step runs anyway and its episodes fail.
+ENVIRONMENT_RIDE_OUT_ENV = "GRPO_ENVIRONMENT_RIDE_OUT_SECONDS"
+DEFAULT_RIDE_OUT_SECONDS = 300.0
 # Episodes of a step written to episodes.jsonl (all of them when the step has fewer).
 EPISODES_LOGGED_ENV = "GRPO_EPISODES_LOGGED_PER_STEP"
 DEFAULT_EPISODES_LOGGED = 16
@@ -72,6 +76,26 @@ class EnvironmentErrorBudget(ErrorBudget):
                 f"outside OpenEnv's protocol), above spec.environment.errorBudget={self.budget:.1%}; check the "
                 "environment pod's logs, or raise spec.environment.errorBudget"
             )
+
+
+def ride_out(url: str, timeout: float, stop: StopFlag) -> None:
+    """Before a step's episodes: an environment that does not answer (its pod being replaced) is waited for,
+    up to ``timeout``, so the replacement costs the episodes in flight when it went, not whole steps of failed
+    episodes. Past ``timeout`` (or at SIGTERM) the step runs and its episodes fail against the error budget."""
+    if healthy(url):
+        return
+    log.warning(
+        "the environment service at %s does not answer GET /health; waiting up to %.0fs", url, timeout
+    )
+    started = time.monotonic()
+    deadline = started + timeout
+    while time.monotonic() < deadline and not stop.is_set():
+        time.sleep(1.0)
+        if healthy(url):
+            log.warning(
+                "the environment service at %s answers again after %.1fs", url, time.monotonic() - started
+            )
+            return
 
 
 def wait_ready(url: str, timeout: float) -> None:
@@ -225,7 +249,10 @@ def run_environment_loop(
         logged_per_step=int(os.environ.get(EPISODES_LOGGED_ENV, DEFAULT_EPISODES_LOGGED)),
         **tracking_options(config, workspace),
     )
-    rollout = make_rollout_func(runner_for, settings.concurrency, book)
+    budget = float(os.environ.get(ENVIRONMENT_RIDE_OUT_ENV, DEFAULT_RIDE_OUT_SECONDS))
+    rollout = make_rollout_func(
+        runner_for, settings.concurrency, book, before_episodes=lambda: ride_out(settings.url, budget, stop)
+    )
     trainer = build_trainer(
         config, workspace, args, tokenizer, train_rows, reward, callback, reporting, rollout_func=rollout
     )

@@ -142,9 +142,13 @@ def _broadcast(value: Any, world: int) -> Any:
 
 
 def make_rollout_func(
-    runner_for: Callable[[Any], EpisodeRunner], concurrency: int, book: EpisodeBook
+    runner_for: Callable[[Any], EpisodeRunner],
+    concurrency: int,
+    book: EpisodeBook,
+    before_episodes: Callable[[], None] | None = None,
 ) -> Callable[[list[Any], Any], dict[str, Any]]:
-    """TRL's rollout_func for environment jobs; ``runner_for(trainer)`` builds rank 0's EpisodeRunner once."""
+    """TRL's rollout_func for environment jobs; ``runner_for(trainer)`` builds rank 0's EpisodeRunner once, and
+    ``before_episodes`` runs on rank 0 before each step's episodes (waiting for a replaced environment)."""
     runners: dict[int, EpisodeRunner] = {}
 
     def rollout(prompts: list[Any], trainer: Any) -> dict[str, Any]:
@@ -160,6 +164,8 @@ def make_rollout_func(
             runner = runners.get(id(trainer))
             if runner is None:
                 runner = runners[id(trainer)] = runner_for(trainer)
+            if before_episodes is not None:
+                before_episodes()
             answer = run_episodes(runner, all_prompts, all_rows, concurrency)
         episodes, seconds = _broadcast(answer, world)
         book.stats = EpisodeStats.of(episodes, seconds)
