@@ -39,4 +39,4 @@ def test_the_trainer_doc_shows_each_code_and_what_the_operator_does() -> None:
     assert "| 5 | non-finite training" in text
     assert "counted restart `NonFiniteTraining` from the last checkpoint |" in text
     assert "fails the job at once: `Failed`/`OutOfMemory` |" in text
-    assert "| 3 | metric service never ready" in text
+    assert "| 3 | metric service (or, for `spec.environment` jobs, environment service) never ready" in text
