@@ -75,7 +75,6 @@ def test_a_vllm_slower_than_its_startup_timeout_restarts_the_gang_and_fails_the_
 
     final = kube.get("grpojob", "tiny", namespace)
     assert final is not None
-    assert final["status"].get("restarts", 0) == 0 and final["status"].get("trainerAttempt", 1) == 1, final
     status = final["status"]
     assert status["restarts"] == 1 and status["trainerAttempt"] == 2
     assert status["reason"] == "BackoffLimitExceeded"
