@@ -167,7 +167,9 @@ def test_an_environment_job_trains_on_calculator_episodes_through_vllm_to_succee
     first, last = sum(rewards[:3]) / 3, sum(rewards[-3:]) / 3
     assert last > first + 0.05, rewards
     episodes = read_jsonl(volume / "output" / "episodes.jsonl")
-    assert episodes and all(e["turns"] and e["turns"][0]["action"] is not None for e in episodes)
+    # Every episode the environment carried acted (those in flight when its pod died failed, some at reset).
+    carried = [e for e in episodes if e["outcome"] != "environment_error"]
+    assert carried and all(e["turns"][0]["action"] is not None for e in carried), episodes
     # What `kubectl grpo status` shows of them: the last step's episodes, in the job's status.
     final = kube.get("grpojob", "tiny", namespace)
     assert final is not None
