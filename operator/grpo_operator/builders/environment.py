@@ -16,14 +16,12 @@ from grpo_operator.builders.common import (
     Manifest,
     cluster_ip_service,
     environment_name,
-    labels,
     metadata,
     quantity_map,
     selector_labels,
     with_hash,
 )
-from grpo_operator.builders.scheduling import image_pull_secrets, pod_placement
-from grpo_operator.builders.security import secure_pod_spec
+from grpo_operator.builders.user_service import user_service_deployment
 from grpo_operator.settings import OperatorSettings
 
 ENVIRONMENT_PORT_NAME = "http"
@@ -72,29 +70,14 @@ def environment_deployment(job: Job, settings: OperatorSettings) -> Manifest:
             "failureThreshold": 3,
         },
     }
-    pod_spec: dict[str, Any] = {
-        # User code: no Kubernetes API credentials and no service-link environment.
-        "automountServiceAccountToken": False,
-        "enableServiceLinks": False,
-        "containers": [container],
+    return user_service_deployment(
+        job,
+        settings,
+        environment_name(job),
+        "environment",
+        container,
+        spec.replicas,
         **({"runtimeClassName": spec.runtime_class_name} if spec.runtime_class_name else {}),
-        **pod_placement(job, settings, gpu=False),
-        **image_pull_secrets(job, settings),
-    }
-    return with_hash(
-        {
-            "apiVersion": "apps/v1",
-            "kind": "Deployment",
-            "metadata": metadata(job, environment_name(job), "environment"),
-            "spec": {
-                "replicas": spec.replicas,
-                "selector": {"matchLabels": selector_labels(job, "environment")},
-                "template": {
-                    "metadata": {"labels": labels(job, "environment")},
-                    "spec": secure_pod_spec(pod_spec, settings),
-                },
-            },
-        }
     )
 
 

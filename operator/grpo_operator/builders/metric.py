@@ -16,15 +16,10 @@ from grpo_operator.builders.common import (
     Job,
     Manifest,
     cluster_ip_service,
-    labels,
-    metadata,
     metric_name,
     quantity_map,
-    selector_labels,
-    with_hash,
 )
-from grpo_operator.builders.scheduling import image_pull_secrets, pod_placement
-from grpo_operator.builders.security import secure_pod_spec
+from grpo_operator.builders.user_service import user_service_deployment
 from grpo_operator.settings import OperatorSettings
 
 METRIC_PORT_NAME = "http"
@@ -98,29 +93,7 @@ def metric_deployment(job: Job, settings: OperatorSettings) -> Manifest:
             "failureThreshold": 6,
         },
     }
-    pod_spec: dict[str, Any] = {
-        # User code: no Kubernetes API credentials and no service-link environment.
-        "automountServiceAccountToken": False,
-        "enableServiceLinks": False,
-        "containers": [container],
-        **pod_placement(job, settings, gpu=False),
-        **image_pull_secrets(job, settings),
-    }
-    return with_hash(
-        {
-            "apiVersion": "apps/v1",
-            "kind": "Deployment",
-            "metadata": metadata(job, metric_name(job), "metric"),
-            "spec": {
-                "replicas": spec.replicas,
-                "selector": {"matchLabels": selector_labels(job, "metric")},
-                "template": {
-                    "metadata": {"labels": labels(job, "metric")},
-                    "spec": secure_pod_spec(pod_spec, settings),
-                },
-            },
-        }
-    )
+    return user_service_deployment(job, settings, metric_name(job), "metric", container, spec.replicas)
 
 
 def metric_service(job: Job) -> Manifest:
