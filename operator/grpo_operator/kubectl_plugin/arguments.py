@@ -34,8 +34,8 @@ Examples:
   {PROG} check -f job.yaml   (before applying it; no cluster needed)
 
 What the job's trainer wrote is shown with terminal control characters escaped (as \\u001b), and
-read in bounded amounts: a record over 1 MiB is skipped and a prompt or completion shown as text is
-cut at 64 Ki characters, each with a notice; of a file over 64 MiB only its newest 64 MiB are read.
+read in bounded amounts: a record over 1 MiB (an episode over 8 MiB) is skipped and a prompt,
+completion or observation shown as text is cut at 64 Ki characters, each with a notice; of a file over 64 MiB only its newest 64 MiB are read.
 
 Exit codes: 0 ok; 1 the request failed (the message says why); 2 bad arguments;
 3 not found (job, pod, checkpoint or file); 4 permission missing (the message lists which);
@@ -107,9 +107,12 @@ def parser() -> argparse.ArgumentParser:
 
     p = sub(
         "samples",
-        "Prompts, completions and their rewards (default: every sample of the newest step).",
+        "Prompts, completions and their rewards (default: every sample of the newest step); for a job with "
+        "spec.environment its episodes: each turn's text, action and observation, which tokens were trained, "
+        "and the reward.",
         f"  {PROG} samples qwen-gsm8k\n  {PROG} samples qwen-gsm8k --step 120 --best --limit 3\n"
-        f"  {PROG} samples qwen-gsm8k --split validation\n  {PROG} samples qwen-gsm8k --follow",
+        f"  {PROG} samples qwen-gsm8k --split validation\n  {PROG} samples qwen-gsm8k --follow\n"
+        f"  {PROG} samples calc-agent --worst --limit 1   (a job with spec.environment: its episodes)",
     )
     _output(p)
     _reader_flags(p)
@@ -139,9 +142,16 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--limit",
         type=int,
-        help="show at most this many samples (default: all), or groups with --best/--worst (default 3)",
+        help="show at most this many samples or episodes (default: all), or groups with --best/--worst "
+        "(default 3)",
     )
     p.add_argument("--split", choices=("train", "validation"), default="train", help="default train")
+    p.add_argument(
+        "--episodes",
+        action=argparse.BooleanOptionalAction,
+        help="the episodes of episodes.jsonl (turns, trained tokens, reward), the default for a job with "
+        "spec.environment; --no-episodes shows its samples.jsonl transcripts instead",
+    )
     p.add_argument(
         "-f", "--follow", action="store_true", help="keep printing new steps' samples as they come"
     )

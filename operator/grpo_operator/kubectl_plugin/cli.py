@@ -28,7 +28,7 @@ from grpo_operator.builders.common import (
     LABEL_NODE_RANK,
     LABEL_ROLE,
 )
-from grpo_operator.kubectl_plugin import data, render
+from grpo_operator.kubectl_plugin import data, episodes_view, render
 from grpo_operator.kubectl_plugin.arguments import PROG, parser
 from grpo_operator.kubectl_plugin.check import cmd_check
 from grpo_operator.kubectl_plugin.cluster_access import LOGS, PATCH_JOB, READER, Kube
@@ -192,19 +192,36 @@ def cmd_samples(kube: Kube, args: argparse.Namespace) -> int:
 def print_samples(
     volume: VolumeTransport, job: dict[str, Any], args: argparse.Namespace, finished: Callable[[], bool]
 ) -> int:
-    """``samples`` once the volume can be read; with ``--follow`` until ``finished()``."""
+    """``samples`` once the volume can be read; with ``--follow`` until ``finished()``. A job with
+    spec.environment (or ``--episodes``) shows episodes.jsonl's episodes instead of samples.jsonl."""
     limit = args.limit if args.limit is not None else (3 if args.order else None)
+    episodes = episodes_view.wanted(job, getattr(args, "episodes", None))
+    if episodes:
+        if args.split != "train":
+            raise PluginError(
+                "episodes are train only (an environment job is not validated); drop --split, or add "
+                "--no-episodes for samples.jsonl"
+            )
+        path, what, line_limit = data.EPISODES_FILE, "episodes", data.EPISODE_LINE_LIMIT
+        text: Callable[[list[dict[str, Any]]], str] = episodes_view.episodes_text
+        who = (
+            "; rank 0 writes it after each step of a job with spec.environment "
+            "(--no-episodes shows the transcripts in samples.jsonl)"
+        )
+    else:
+        path, what, line_limit = data.SAMPLES_FILE, f"{args.split} samples", data.LINE_LIMIT
+        text, who = render.samples_text, ""
     # Only the split asked for is kept, so the record cap applies to what can be shown.
     tail = Tail(
         volume,
-        data.SAMPLES_FILE,
+        path,
         lambda s: s.get("split", "train") == args.split and data.step_of(s) is not None,
+        line_limit,
     )
     samples = tail.first(complete=not args.follow)
     if samples is None and not args.follow:
-        raise NotFound(
-            f"no samples yet: {data.SAMPLES_FILE} does not exist on the job's volume ({where(job)})"
-        )
+        noun = "episodes" if episodes else "samples"
+        raise NotFound(f"no {noun} yet: {path} does not exist on the job's volume ({where(job)}){who}")
     samples = samples or []
     chosen = data.select_samples(
         samples, split=args.split, step=args.step, order=args.order, limit=limit, recent=args.recent
@@ -212,11 +229,11 @@ def print_samples(
     if not chosen and not args.follow:
         steps = sorted({data.step_of(s) or 0 for s in samples})
         raise NotFound(
-            f"no {args.split} samples"
+            f"no {what}"
             + (f" at step {args.step}" if args.step is not None else "")
-            + f" ({where(job)}; steps with {args.split} samples: {steps or 'none'})"
+            + f" ({where(job)}; steps with {what}: {steps or 'none'})"
         )
-    show(chosen, args, follow=False)
+    show(chosen, args, follow=False, text=text)
     if not args.follow:
         return EXIT_OK
     while True:
@@ -228,20 +245,26 @@ def print_samples(
                 data.select_samples(of_step, split=args.split, step=step, order=args.order, limit=limit),
                 args,
                 True,
+                text,
             )
         if terminal:
             return EXIT_OK
         time.sleep(args.interval)
 
 
-def show(samples: list[dict[str, Any]], args: argparse.Namespace, follow: bool) -> None:
+def show(
+    samples: list[dict[str, Any]],
+    args: argparse.Namespace,
+    follow: bool,
+    text: Callable[[list[dict[str, Any]]], str] = render.samples_text,
+) -> None:
     if args.output and (args.follow or follow):
         for s in samples:  # one JSON document per line, so a stream can be piped to jq
             out(json.dumps(s, ensure_ascii=False))
     elif args.output:
         emit(samples, args.output)
     elif samples:
-        out(("\n" if follow else "") + render.samples_text(samples))
+        out(("\n" if follow else "") + text(samples))
 
 
 def checkpoint_listing(volume: VolumeTransport) -> dict[str, Any]:

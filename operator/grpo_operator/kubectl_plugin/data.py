@@ -5,6 +5,8 @@ Layout (``/workspace`` is the claim's root in every pod that mounts it):
 - ``output/metrics.jsonl``: one record per optimisation step (``step``, ``reward_mean``, ``reward_std``,
   ``format_failure_ratio``, ``zero_std_group_ratio``, ``validation_mean`` on validation steps, ...);
 - ``output/samples.jsonl``: prompts and completions with their rewards (``split`` train or validation);
+- ``output/episodes.jsonl``: jobs with ``spec.environment``: each logged episode's turns, its reward, and the
+  token ids and mask the loss trained;
 - ``checkpoints/step-<N>/`` made visible by the manifest ``checkpoints/latest.json``;
 - ``output/model/``: the final model, once training has finished.
 
@@ -34,6 +36,7 @@ CHECKPOINT_DIR = DEFAULT_CHECKPOINT_DIR
 OUTPUT_DIR = DEFAULT_OUTPUT_DIR
 METRICS_FILE = f"{OUTPUT_DIR}/metrics.jsonl"
 SAMPLES_FILE = f"{OUTPUT_DIR}/samples.jsonl"
+EPISODES_FILE = f"{OUTPUT_DIR}/episodes.jsonl"
 MODEL_DIR = f"{OUTPUT_DIR}/model"
 MANIFEST_FILE = f"{CHECKPOINT_DIR}/latest.json"
 STEP_DIR = re.compile(r"^step-(\d+)$")
@@ -42,6 +45,9 @@ STEP_DIR = re.compile(r"^step-(\d+)$")
 # What the plugin reads of one file. The trainer's image is the tenant's code, so none of these files
 # can be trusted to be small: every read is bounded, and what is left out is said.
 LINE_LIMIT = 1 << 20  # one record; a sample with a 32k-token completion is ~150 KB
+# An episode carries its tokens three times (as sampled, their log-probabilities, as trained): a 32k-token
+# episode is ~1.5 MB.
+EPISODE_LINE_LIMIT = 8 << 20
 FILE_LIMIT = 64 << 20  # one read of a file: its newest part (the newest steps are at its end)
 RECORD_LIMIT = 100_000  # records kept from one read (64 MiB of `{}` lines would be 20 M dicts)
 MANIFEST_LIMIT = 64 << 10  # latest.json is a few hundred bytes
@@ -240,7 +246,9 @@ def select_samples(
         return chosen[:limit] if limit is not None else chosen
     groups: dict[tuple[Any, Any], list[dict[str, Any]]] = {}
     for sample in chosen:
-        groups.setdefault((step_of(sample), sample.get("prompt")), []).append(sample)
+        # A prompt that is not text (a list or object in a hostile file) cannot be a key: such share one group.
+        prompt = sample.get("prompt")
+        groups.setdefault((step_of(sample), prompt if isinstance(prompt, str) else None), []).append(sample)
     sign = -1.0 if order == "best" else 1.0
 
     def ranked(members: list[dict[str, Any]]) -> list[dict[str, Any]]:

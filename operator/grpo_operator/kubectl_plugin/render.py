@@ -356,16 +356,16 @@ def component_values(value: Any) -> dict[str, float]:
     return found
 
 
-def group_head(group: Sequence[dict[str, Any]]) -> str:
-    """One line over a group's completions: how many, their mean and std, and whether all tied (a group
-    whose rewards are all equal gives GRPO no signal)."""
+def group_head(group: Sequence[dict[str, Any]], noun: str = "completions") -> str:
+    """One line over a group's completions (or episodes): how many, their mean and std, and whether all
+    tied (a group whose rewards are all equal gives GRPO no signal)."""
     rewards = [r for r in (as_float(s.get("reward")) for s in group) if r is not None]
     if not rewards:
-        return f"GROUP  {len(group)} completions, none scored"
+        return f"GROUP  {len(group)} {noun}, none scored"
     mean = sum(rewards) / len(rewards)
     std = (sum((r - mean) ** 2 for r in rewards) / len(rewards)) ** 0.5
     tied = "  TIED (no signal)" if len(rewards) > 1 and max(rewards) == min(rewards) else ""
-    return f"GROUP  {len(group)} completions  mean {mean:+.4f}  std {std:.4f}{tied}"
+    return f"GROUP  {len(group)} {noun}  mean {mean:+.4f}  std {std:.4f}{tied}"
 
 
 def samples_text(samples: Sequence[dict[str, Any]], width: int = 100) -> str:

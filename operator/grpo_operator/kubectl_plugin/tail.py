@@ -17,13 +17,18 @@ class Tail:
     ``data.FILE_LIMIT`` bytes, then (``follow``) what is appended."""
 
     def __init__(
-        self, volume: VolumeTransport, path: str, keep: Callable[[dict[str, Any]], bool] | None = None
+        self,
+        volume: VolumeTransport,
+        path: str,
+        keep: Callable[[dict[str, Any]], bool] | None = None,
+        line_limit: int = data.LINE_LIMIT,
     ) -> None:
         self.volume = volume
         self.path = path
         self.keep = keep
+        self.line_limit = line_limit
         self.offset = 0
-        self.scanner = data.JsonlScanner(path)
+        self.scanner = data.JsonlScanner(path, line_limit=line_limit)
 
     def first(self, *, complete: bool) -> list[dict[str, Any]] | None:
         """The records of the newest part of the file (None when it does not exist); ``complete``
@@ -34,7 +39,7 @@ class Tail:
         start = max(0, size - data.FILE_LIMIT)
         if start:
             # From the byte before: the line it ends (or the newline itself) is dropped as partial.
-            self.scanner = data.JsonlScanner(self.path, skip_first=True)
+            self.scanner = data.JsonlScanner(self.path, line_limit=self.line_limit, skip_first=True)
             warn(
                 f"{self.path} is {data.size_text(size)}: only its newest {data.size_text(data.FILE_LIMIT)} "
                 "are read"
@@ -47,7 +52,7 @@ class Tail:
         if size is None:
             return []
         if size < self.offset:  # the file was replaced: read the new one from its start
-            self.offset, self.scanner = 0, data.JsonlScanner(self.path)
+            self.offset, self.scanner = 0, data.JsonlScanner(self.path, line_limit=self.line_limit)
         return self._read(min(size, self.offset + data.FILE_LIMIT), complete=False)
 
     def _read(self, end: int, complete: bool) -> list[dict[str, Any]]:
