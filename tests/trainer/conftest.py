@@ -6,6 +6,7 @@ from pathlib import Path
 import pytest
 from grpo_metric import MetricServer
 
+from tests.harness import vllm_server
 from tests.trainer.client_toy import CHAT_TEMPLATE
 from tests.trainer.toy import fraction_of_target
 
@@ -33,3 +34,18 @@ def chat_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     tokenizer.chat_template = CHAT_TEMPLATE
     tokenizer.save_pretrained(path)
     return path
+
+
+@pytest.fixture(scope="session")
+def served_tiny(
+    tiny_model: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[vllm_server.VLLMProcess]:
+    """One vLLM server of the untied tiny model for every module that trains against it (weight sync,
+    episodes). Sharing is safe: each run's first sync replaces all the served weights, so a run never
+    samples what an earlier one trained. The modules that start vLLM run one after another on one worker
+    (tests/conftest.py), so one server saves a start-up per module."""
+    from tests.trainer.vllm_runs import serve
+
+    server = serve(tiny_model, tmp_path_factory.mktemp("vllm-tiny"))
+    yield server
+    server.stop()

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from grpo_metric import MetricServer
+from grpo_operator.api.grpo_spec import GRPOSpec
 
 from tests.harness import vllm_server
 from tests.harness.ports import free_port
@@ -59,6 +60,8 @@ def mean_diff(a: list[float], b: list[float]) -> float:
 
 
 PROBE_IDS = list(range(3, 40))
+# The learning rate a GRPOJob trains at unless its spec says otherwise (1e-6).
+PRODUCTION_LR = float(GRPOSpec.model_fields["learning_rate"].default)
 
 
 def vllm_config(
@@ -148,9 +151,13 @@ def environment_config(
     steps: int,
     **environment: Any,
 ) -> Path:
-    """trainer.json of an environment job (2 prompts x 2 episodes a step) sampling through ``server``."""
-    config = vllm_config(tmp_path, model, metric, server, steps=steps, maxCompletionLength=64)
+    """trainer.json of an environment job (2 prompts x 2 episodes a step) sampling through ``server``, at
+    the numerics a GRPOJob gets by default: bf16 compute over fp32 masters, learning rate 1e-6."""
+    config = vllm_config(
+        tmp_path, model, metric, server, steps=steps, maxCompletionLength=64, learningRate=PRODUCTION_LR
+    )
     data = json.loads(config.read_text())
+    data["model"]["dtype"] = "bfloat16"
     del data["metric"]
     data["grpo"].update(groupSize=2, promptsPerStep=2)
     data["trainer"]["perDeviceBatchSize"] = 2

@@ -1,0 +1,165 @@
+"""Environment jobs (spec.environment) against a real vLLM server (PyPI's CPU build) and real OpenEnv
+servers, at the numerics a GRPOJob gets by default (bf16 compute over fp32 masters, lr 1e-6): episodes of
+several turns are trained on exactly the tokens vLLM sampled, an environment's failures are left unscored,
+and a job killed mid-episode replays its step. The vLLM server is the session's served_tiny
+(tests/trainer/conftest.py)."""
+
+from __future__ import annotations
+
+import json
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from grpo_metric import MetricServer
+
+from tests.harness import openenv_env, vllm_server
+from tests.harness.ports import free_port
+from tests.trainer.toy import REPO, read_jsonl, start_trainer
+from tests.trainer.vllm_runs import environment_config
+from tests.trainer.weights import changed_overall, load_weights
+
+pytestmark = [pytest.mark.trainer, pytest.mark.slow, pytest.mark.vllm]
+
+
+def test_three_turn_episodes_against_openenvs_template_train_exactly_the_sampled_tokens(
+    tmp_path: Path, tiny_model: Path, toy_metric: MetricServer, served_tiny: vllm_server.VLLMProcess
+) -> None:
+    # An environment no one here wrote: `openenv init`'s template (it echoes each message back, rewards its
+    # length, never ends an episode and serves one session at a time), served unchanged.
+    env = openenv_env.serve(openenv_env.generated_env(tmp_path), free_port(), tmp_path / "env.log")
+    try:
+        config = environment_config(
+            tmp_path, tiny_model, toy_metric, served_tiny, env.url, steps=2,
+            maxTurns=3, maxTurnTokens=6, maxObservationTokens=12, observationField="echoed_message", concurrency=1,
+        )  # fmt: skip
+        process = start_trainer(config, tmp_path / "trainer.log", GRPO_EPISODES_LOGGED_PER_STEP="100")
+        assert process.wait(timeout=900) == 0, (tmp_path / "trainer.log").read_text()[-4000:]
+    finally:
+        env.stop()
+
+    rows = read_jsonl(tmp_path / "out" / "metrics.jsonl")
+    assert [r["episodes"] for r in rows] == [4, 4], rows
+    assert all(r["environment_errors"] == 0 and r["environment_steps"] > 0 for r in rows), rows
+    # At bf16 the loss's log-probabilities of the sampled tokens are vLLM's, up to rounding: the importance
+    # ratio of every trained token stays within 5 % of 1 (a transcript re-tokenised differently than it was
+    # sampled gives ratios of e^2 and beyond).
+    for row in rows:
+        assert 0.95 < row["importance_sampling_ratio_min"] <= row["importance_sampling_ratio_max"] < 1.05, row
+    episodes = read_jsonl(tmp_path / "out" / "episodes.jsonl")
+    assert len(episodes) == 8, episodes
+    multi_turn = 0
+    for episode in episodes:
+        turns = episode["turns"]
+        sampled = [t for turn in turns for t in turn["ids"]]
+        glue = [t for turn in turns for t in turn["observationIds"]]
+        trained, mask = episode["trainedIds"], episode["trainedMask"]
+        # The loss sees the model's tokens exactly as vLLM sampled them, and nothing else: every token under
+        # the mask is a sampled one, in order, and every environment token is outside it.
+        assert [t for t, m in zip(trained, mask, strict=True) if m] == sampled, episode
+        assert [t for t, m in zip(trained, mask, strict=True) if not m] == glue, episode
+        assert trained == [t for turn in turns for t in turn["ids"] + turn["observationIds"]], episode
+        for turn in turns:
+            assert turn["ids"] and len(turn["logprobs"]) == len(turn["ids"]), turn
+            assert all(lp is not None and lp <= 0 for lp in turn["logprobs"]), turn
+            if turn["observation"] is not None:
+                # What came back is the template's echo of the model's own turn.
+                assert turn["observation"].startswith(turn["text"][:8]), turn
+        # The template never ends an episode: each runs to maxTurns (or the token budget) and is truncated,
+        # rewarded with its last step's reward, 0.1 per character echoed.
+        assert episode["outcome"] == "truncated", episode
+        assert episode["reward"] == pytest.approx(turns[-1]["reward"]), episode
+        multi_turn += len(turns) == 3
+    assert multi_turn >= 4, [len(e["turns"]) for e in episodes]
+
+    # And at lr 1e-6 the fp32 masters move in the first step. The embedding is left out: only the rows of
+    # tokens in a group with an advantage get a gradient, a minority of this tiny vocabulary's rows.
+    initial, step1 = load_weights(tiny_model), load_weights(tmp_path / "ckpt" / "step-1")
+    embed = "model.embed_tokens.weight"
+    body = [k for k in initial if k != embed]
+    moved = changed_overall({k: initial[k] for k in body}, {k: step1[k] for k in body})
+    assert moved >= 0.99, f"only {moved:.2%} of the weights moved in step 1 at lr 1e-6"
+
+
+def test_an_environment_that_errs_hangs_or_rewards_nan_fails_its_episodes_unscored_then_the_job(
+    tmp_path: Path, tiny_model: Path, toy_metric: MetricServer, served_tiny: vllm_server.VLLMProcess
+) -> None:
+    # Each step's 4 episodes: one fair, the others meet an exception, a 30 s hang and a NaN reward.
+    env = openenv_env.serve(
+        Path(__file__).parent / "environments", free_port(), tmp_path / "env.log", app="hostile_env:app"
+    )
+    try:
+        config = environment_config(
+            tmp_path, tiny_model, toy_metric, served_tiny, env.url, steps=3,
+            maxTurns=3, maxTurnTokens=4, observationField="text", concurrency=4, timeoutSeconds=3,
+        )  # fmt: skip
+        process = start_trainer(config, tmp_path / "trainer.log", GRPO_EPISODES_LOGGED_PER_STEP="100")
+        code = process.wait(timeout=900)
+    finally:
+        env.stop()
+    log = (tmp_path / "trainer.log").read_text()
+    rows = read_jsonl(tmp_path / "out" / "metrics.jsonl")
+    episodes = read_jsonl(tmp_path / "out" / "episodes.jsonl")
+    fair = [e for e in episodes if e["outcome"] == "done"]
+    failed = [e for e in episodes if e["outcome"] == "environment_error"]
+    # Step 1 trains on the fair episodes alone: the failed ones are unscored (reward none, never 0), so the
+    # step's mean is the fair episodes' 1.0, and each failure names what the environment did.
+    assert len(rows) == 1 and rows[0]["episodes"] == 4 and rows[0]["environment_errors"] == 3, rows
+    assert len(fair) == 1 and len(failed) == 3, episodes
+    assert rows[0]["reward_mean"] == pytest.approx(1.0), rows[0]
+    assert fair and all(e["reward"] == 1.0 for e in fair), fair
+    assert failed and all(e["reward"] is None for e in failed), failed
+    reasons = " | ".join(e["reason"] for e in failed)
+    assert "reported an error" in reasons and "did not answer a step within 3s" in reasons, reasons
+    # OpenEnv's JSON turns the NaN reward into null: a finished episode without a reward.
+    assert "ended the episode without a reward" in reasons, reasons
+    # Then errorBudget (5 % of a 20-step window) runs out: the job stops with the environment named, exit 3.
+    assert code == 3, log[-3000:]
+    assert "spec.environment.errorBudget" in log, log[-3000:]
+
+
+def test_an_environment_job_killed_mid_episode_replays_the_step_and_trains_every_episode_once(
+    tmp_path: Path, tiny_model: Path, toy_metric: MetricServer, served_tiny: vllm_server.VLLMProcess
+) -> None:
+    """SIGKILL while a step's episodes talk to the calculator: nothing of that step was trained, so the
+    resumed trainer replays it from the checkpoint on the same prompts, and every step's episodes are
+    trained (and logged) once."""
+    calculator = REPO / "examples" / "environments" / "calculator"
+    env = openenv_env.serve(calculator, free_port(), tmp_path / "env.log", app="calculator_env:app")
+    steps = 5
+    try:
+        config = environment_config(
+            tmp_path, tiny_model, toy_metric, served_tiny, env.url, steps=steps,
+            maxTurns=3, maxTurnTokens=6, maxObservationTokens=12, observationField="text", concurrency=4,
+        )  # fmt: skip
+        data = json.loads(config.read_text())
+        data["checkpoints"]["everySteps"] = 2
+        config.write_text(json.dumps(data))
+        process = start_trainer(config, tmp_path / "killed.log")
+        deadline = time.monotonic() + 600
+        while len(read_jsonl(tmp_path / "out" / "metrics.jsonl")) < 3 and process.poll() is None:
+            assert time.monotonic() < deadline, "step 3 never came"
+            time.sleep(0.02)
+        # Step 4's episodes start as soon as step 3 is logged.
+        process.send_signal(signal.SIGKILL)
+        process.wait(timeout=60)
+        before = read_jsonl(tmp_path / "out" / "episodes.jsonl")
+        checkpoint = json.loads((tmp_path / "ckpt" / "latest.json").read_text())["step"]
+        assert checkpoint == 2 and {e["step"] for e in before} == {1, 2, 3}, (checkpoint, before)
+
+        resumed = start_trainer(config, tmp_path / "resumed.log")
+        assert resumed.wait(timeout=600) == 0, (tmp_path / "resumed.log").read_text()[-4000:]
+    finally:
+        env.stop()
+    rows = read_jsonl(tmp_path / "out" / "metrics.jsonl")
+    assert [r["step"] for r in rows] == list(range(1, steps + 1)), rows
+    episodes = read_jsonl(tmp_path / "out" / "episodes.jsonl")
+    assert sorted(e["step"] for e in episodes) == [s for s in range(1, steps + 1) for _ in range(4)], episodes
+
+    def prompts(records: list[dict[str, Any]], step: int) -> list[str]:
+        return sorted(e["prompt"] for e in records if e["step"] == step)
+
+    # The replayed step 3 reset its episodes with the prompts the killed attempt had for it.
+    assert prompts(episodes, 3) == prompts(before, 3)
