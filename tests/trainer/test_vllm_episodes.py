@@ -163,3 +163,43 @@ def test_an_environment_job_killed_mid_episode_replays_the_step_and_trains_every
 
     # The replayed step 3 reset its episodes with the prompts the killed attempt had for it.
     assert prompts(episodes, 3) == prompts(before, 3)
+
+
+def test_a_metric_beside_the_environment_scores_each_episodes_final_answer(
+    tmp_path: Path, tiny_model: Path, served_tiny: vllm_server.VLLMProcess
+) -> None:
+    """spec.environment and spec.metric together: the environment (OpenEnv's template, rewarding each echo
+    by its length) runs the episode, the job's metric service scores the model's last turn against the
+    dataset row, and each trained reward is the two added, with the environment's part named."""
+    seen: list[str] = []
+
+    def final_answer_length(example: dict[str, Any], completion: str) -> dict[str, float]:
+        assert example["answer"] and "prompt" in example, example
+        seen.append(completion)
+        return {"answer_length": len(completion) / 100}
+
+    env = openenv_env.serve(openenv_env.generated_env(tmp_path), free_port(), tmp_path / "env.log")
+    try:
+        with MetricServer(final_answer_length) as metric:
+            config = environment_config(
+                tmp_path, tiny_model, metric, served_tiny, env.url, steps=2,
+                with_metric=True, maxTurns=2, maxTurnTokens=6, observationField="echoed_message", concurrency=1,
+            )  # fmt: skip
+            process = start_trainer(config, tmp_path / "trainer.log", GRPO_EPISODES_LOGGED_PER_STEP="100")
+            assert process.wait(timeout=900) == 0, (tmp_path / "trainer.log").read_text()[-4000:]
+    finally:
+        env.stop()
+
+    episodes = read_jsonl(tmp_path / "out" / "episodes.jsonl")
+    samples = [s for s in read_jsonl(tmp_path / "out" / "samples.jsonl") if s["split"] == "train"]
+    assert len(episodes) == len(samples) == 8, (episodes, samples)
+    # The metric saw each episode's final model turn, nothing of the environment's.
+    assert sorted(seen) == sorted(e["turns"][-1]["text"] for e in episodes), seen
+    for episode, sample in zip(episodes, samples, strict=True):
+        parts = sample["components"]
+        assert parts["environment"] == pytest.approx(episode["reward"]), (episode, sample)
+        assert parts["answer_length"] == pytest.approx(len(episode["turns"][-1]["text"]) / 100), parts
+        assert sample["reward"] == pytest.approx(parts["environment"] + parts["answer_length"]), sample
+    rows = read_jsonl(tmp_path / "out" / "metrics.jsonl")
+    assert all(r["environment_errors"] == 0 and r["metric_error_ratio"] == 0 for r in rows), rows
+    assert all(set(r["reward_components"]) == {"environment", "answer_length"} for r in rows), rows

@@ -149,6 +149,7 @@ def environment_config(
     server: vllm_server.VLLMProcess,
     url: str,
     steps: int,
+    with_metric: bool = False,
     **environment: Any,
 ) -> Path:
     """trainer.json of an environment job (2 prompts x 2 episodes a step) sampling through ``server``, at
@@ -158,7 +159,8 @@ def environment_config(
     )
     data = json.loads(config.read_text())
     data["model"]["dtype"] = "bfloat16"
-    del data["metric"]
+    if not with_metric:  # else the metric scores each episode's final answer too
+        del data["metric"]
     data["grpo"].update(groupSize=2, promptsPerStep=2)
     data["trainer"]["perDeviceBatchSize"] = 2
     data["environment"] = {"url": url, "timeoutSeconds": 30, **environment}

@@ -139,7 +139,6 @@ RULE_BREAKERS: dict[CelRule, dict[str, Any]] = {
     GRPOJobSpec.Rules.fsdp_not_asynchronous: {"spec.trainer.sharding": "FSDP", "spec.grpo.maxStaleness": 1},
     GRPOJobSpec.Rules.fsdp_not_with_client: {**CLIENT, "spec.trainer.sharding": "FSDP"},
     RolloutsSpec.Rules.client_only_for_client: {"spec.rollouts": {"source": "Metric", "client": {}}},
-    GRPOJobSpec.Rules.environment_not_with_metric: {**ENVIRONMENT, "spec.metric": {"image": "m:1"}},
     GRPOJobSpec.Rules.environment_not_with_client: {
         **CLIENT,
         "spec.environment": ENVIRONMENT["spec.environment"],

@@ -163,7 +163,7 @@ def test_load_config_errors_name_the_file_and_field(tmp_path: Path) -> None:
     sourceless = json.loads(config().dump_json())
     del sourceless["metric"]
     bad.write_text(json.dumps(sourceless))
-    with pytest.raises(ConfigError, match=r"exactly one of metric .*, rollouts .* and environment"):
+    with pytest.raises(ConfigError, match=r"needs one of metric .*, rollouts .* and environment"):
         load_config(str(bad))
     with pytest.raises(ConfigError, match="cannot read"):
         load_config(str(tmp_path / "missing.json"))

@@ -69,11 +69,6 @@ def refusal(changes: dict[str, Any]) -> RuleViolation:
     ("changes", "rule", "words"),
     [
         (
-            {**ENVIRONMENT, "spec.metric": {"image": "m:1"}},
-            GRPOJobSpec.Rules.environment_not_with_metric,
-            "not supported yet: the environment rewards its episodes. Remove spec.metric",
-        ),
-        (
             {**CLIENT, "spec.environment": {"image": IMAGE}},
             GRPOJobSpec.Rules.environment_not_with_client,
             "the client samples and scores its own rollouts",
@@ -114,7 +109,6 @@ def refusal(changes: dict[str, Any]) -> RuleViolation:
         ),
     ],
     ids=[
-        "metric",
         "client",
         "colocate",
         "async",
@@ -264,6 +258,21 @@ def test_an_environment_job_has_the_environment_server_and_no_metric_service() -
         ("NetworkPolicy", "math-env"),
         ("NetworkPolicy", "math-trainer"),
     }
+
+
+def test_a_job_with_an_environment_and_a_metric_runs_both_services_and_tells_the_trainer_both() -> None:
+    """The environment runs the episode, the metric scores its final answer: each keeps its Deployment,
+    Service and NetworkPolicy, and trainer.json carries both URLs."""
+    obj = environment_object()
+    obj["spec"]["metric"] = job_object()["spec"]["metric"]
+    job = job_from_object(obj)
+    children = [*infrastructure(job, SETTINGS), *metric_workload(job, SETTINGS)]
+    names = {(c["kind"], c["metadata"]["name"]) for c in children}
+    for name in ("math-env", "math-metric"):
+        assert {("Deployment", name), ("Service", name), ("NetworkPolicy", name)} <= names, name
+    config = json.loads(trainer_config_text(job, SETTINGS))
+    assert config["metric"]["url"] == "http://math-metric.team-a.svc:8080"
+    assert config["environment"]["url"] == "http://math-env.team-a.svc:8000"
 
 
 # --- trainer.json -------------------------------------------------------------------------------------------

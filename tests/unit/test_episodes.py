@@ -173,3 +173,51 @@ def test_kubectl_grpo_status_shows_the_last_steps_episodes() -> None:
     line = next(x for x in text.splitlines() if x.startswith("Episodes"))
     assert "32 last step, 2.75 turns and 51.5 tokens each" in line, line
     assert "environment failed 3.1%" in line and "truncated 50.0%" in line, line
+
+
+def test_a_metric_beside_the_environment_scores_final_answers_and_fails_apart() -> None:
+    """spec.metric with spec.environment: the metric sees each scored episode's last model turn and its
+    dataset row; the reward is the environment's plus the metric's, the environment's part named; a
+    malformed final answer is the model's format failure, a metric that cannot score leaves the episode
+    unscored and counted as the metric's error; an episode the environment failed never reaches the metric."""
+    from grpo_metric import FormatFailure, MetricServer
+    from grpo_trainer.metric_client import ClientSettings, MetricClient
+    from grpo_trainer.reward import MetricReward
+
+    seen: list[tuple[str, str]] = []
+
+    def score(example: dict[str, Any], completion: str) -> dict[str, float]:
+        seen.append((completion, example["answer"]))
+        if completion == "garbled":
+            raise FormatFailure("no number")
+        if completion == "crash":
+            raise RuntimeError("boom")
+        return {"correct": float(completion.strip() == example["answer"])}
+
+    with MetricServer(score) as server:
+        client = MetricClient(
+            ClientSettings(url=server.url, batch_size=8, concurrency=1, timeout_seconds=5, max_retries=0)
+        )
+        try:
+            reward = EnvironmentReward(MetricReward(client, format_failure_score=-1.0))
+            out = reward(
+                ["p"] * 5,
+                ["c"] * 5,
+                answer=["7", "7", "7", "7", "7"],
+                environment_reward=[0.25, 0.0, None, 0.5, 0.0],
+                environment_outcome=["done", "truncated", "environment_error", "done", "done"],
+                environment_reason=["", "no end", "the environment did not answer", "", ""],
+                environment_prompt=["p"] * 5,
+                environment_episode=["e"] * 5,
+                environment_final_answer=["7", "8", "7", "garbled", "crash"],
+            )
+        finally:
+            client.close()
+    assert out == [1.25, 0.0, None, -1.0, None]
+    assert sorted(seen) == sorted([("7", "7"), ("8", "7"), ("garbled", "7"), ("crash", "7")])
+    results = reward.last.results
+    assert results[0].components == {"environment": 0.25, "correct": 1.0}
+    assert results[3].kind == "format_failure" and "malformed" in results[3].reason
+    assert results[4].kind == "error" and "metric service" in results[4].reason
+    assert results[2].kind == "error" and "did not answer" in results[2].reason
+    assert reward.metric_errors == 1 and reward.last.errors == 2

@@ -32,9 +32,16 @@ from grpo_trainer.environment_rollouts import (
 from grpo_trainer.episodes import ChatGlue, EpisodeRunner
 from grpo_trainer.errors import ConfigError, NotLearning
 from grpo_trainer.grpo_config import BatchPlan, RuntimeEnv
-from grpo_trainer.metric_client import ErrorBudget, MetricServiceUnavailable
-from grpo_trainer.metric_loop import DEFAULT_ERROR_WINDOW_STEPS, ERROR_WINDOW_ENV, load_prompts
+from grpo_trainer.metric_client import ErrorBudget, MetricClient, MetricServiceUnavailable
+from grpo_trainer.metric_loop import (
+    DEFAULT_ERROR_WINDOW_STEPS,
+    ERROR_WINDOW_ENV,
+    METRIC_READY_TIMEOUT_ENV,
+    connect_metric,
+    load_prompts,
+)
 from grpo_trainer.progress import ProgressCallback
+from grpo_trainer.reward import MetricReward
 from grpo_trainer.signals import StopFlag
 from grpo_trainer.steps import (
     Workspace,
@@ -48,6 +55,7 @@ from grpo_trainer.steps import (
     tracking_options,
     train,
 )
+from grpo_trainer.trainer import StepStats
 
 log = logging.getLogger("grpo_trainer.environment_loop")
 
@@ -116,6 +124,19 @@ class EnvironmentProgressCallback(ProgressCallback):
     book: EpisodeBook = field(default_factory=EpisodeBook)
     episodes_log: Path | None = None
     logged_per_step: int = DEFAULT_EPISODES_LOGGED
+    # spec.metric.errorBudget, when a metric scores the episodes' final answers beside the environment.
+    metric_budget: ErrorBudget | None = None
+
+    def check_budgets(self, stats: StepStats, step: int) -> None:
+        # Each service is held to its own budget: the step's unscored episodes are the environment's failures
+        # plus the metric's (which scores only what the environment did not fail).
+        environment_errors = self.book.stats.environment_errors
+        if self.metric_budget is not None:
+            self.metric_budget.record(max(0, stats.metric_errors - environment_errors), stats.rollouts)
+            self.metric_budget.check(step)
+        if self.budget is not None:
+            self.budget.record(environment_errors, stats.rollouts)
+            self.budget.check(step)
 
     def reward_seconds(self) -> float:
         # The environment's time is inside the episodes, which are the step's generation.
@@ -199,10 +220,8 @@ def _finite(value: Any) -> Any:
 def run_environment_loop(
     config: TrainerConfig, env: RuntimeEnv, plan: BatchPlan, workspace: Workspace, stop: StopFlag
 ) -> int:
-    """Wait for the environment service, then train on episodes of the dataset's prompts."""
-    from grpo_trainer.cost import attempt_ledger
-    from grpo_trainer.learning_health import LearningMonitor
-
+    """Wait for the environment service (and the metric service, when one scores the final answers), then
+    train on episodes of the dataset's prompts."""
     if config.environment is None or config.dataset is None:
         raise ConfigError("the environment loop needs trainer.json's environment and dataset")
     if config.generation.backend != "vllm-server":
@@ -213,10 +232,34 @@ def run_environment_loop(
     settings = config.environment
     if env.is_main:
         wait_ready(settings.url, float(os.environ.get(ENVIRONMENT_READY_TIMEOUT_ENV, "600")))
+    metric = connect_metric(config) if config.metric is not None else None
+    try:
+        if metric is not None:
+            metric.wait_ready(float(os.environ.get(METRIC_READY_TIMEOUT_ENV, "600")))
+        return _train_episodes(config, env, plan, workspace, stop, metric)
+    finally:
+        if metric is not None:
+            metric.close()
+
+
+def _train_episodes(
+    config: TrainerConfig,
+    env: RuntimeEnv,
+    plan: BatchPlan,
+    workspace: Workspace,
+    stop: StopFlag,
+    metric: MetricClient | None,
+) -> int:
+    from grpo_trainer.cost import attempt_ledger
+    from grpo_trainer.learning_health import LearningMonitor
+
+    settings = config.environment
+    assert settings is not None and config.dataset is not None  # run_environment_loop checked
     tokenizer = load_tokenizer(config)
     train_rows, _ = load_prompts(config, tokenizer)
     args = grpo_args(config, plan, env)
-    reward = EnvironmentReward()
+    scorer = MetricReward(metric, config.grpo.format_failure_score, rank=env.rank) if metric else None
+    reward = EnvironmentReward(scorer)
     book = EpisodeBook()
     glue = ChatGlue(tokenizer, config.grpo.chat_template_kwargs)
 
@@ -227,6 +270,7 @@ def run_environment_loop(
             vllm_turn_sampler(trainer),
             budget=int(config.grpo.max_completion_length),
             format_failure_score=config.grpo.format_failure_score,
+            reward_optional=scorer is not None,
         )
 
     reporting = start_reporting(config, env, workspace)
@@ -247,6 +291,7 @@ def run_environment_loop(
         book=book,
         episodes_log=Path(workspace.output_dir) / "episodes.jsonl" if env.is_main else None,
         logged_per_step=int(os.environ.get(EPISODES_LOGGED_ENV, DEFAULT_EPISODES_LOGGED)),
+        metric_budget=ErrorBudget(config.metric.error_budget, window) if config.metric is not None else None,
         **tracking_options(config, workspace),
     )
     budget = float(os.environ.get(ENVIRONMENT_RIDE_OUT_ENV, DEFAULT_RIDE_OUT_SECONDS))

@@ -6,7 +6,9 @@ gathered there, rank 0 runs every episode of the step (``spec.environment.concur
 rank takes its slice back. The episode's completion, ``env_mask`` (model tokens 1, environment tokens 0) and
 sampling log-probabilities go to TRL; its reward and outcome ride along as extra fields to
 :class:`EnvironmentReward`, TRL's reward function for these jobs, which returns None (NaN: left out of the
-group's statistics, advantage 0) for an episode the environment failed.
+group's statistics, advantage 0) for an episode the environment failed. With a metric beside the
+environment, the metric scores each episode's final answer (the model's last turn) and the reward is the
+environment's plus the metric's, the environment's share kept as the ``environment`` component.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from typing import Any
 from grpo_metric.protocol import ScoreResult
 
 from grpo_trainer.episodes import Episode, EpisodeRunner, TurnSampler, run_episodes
-from grpo_trainer.reward import ScoredBatch
+from grpo_trainer.reward import MetricReward, ScoredBatch
 
 # Extra fields rollout_func returns; TRL merges them into the rows its reward function receives.
 REWARD_FIELD = "environment_reward"
@@ -27,6 +29,10 @@ OUTCOME_FIELD = "environment_outcome"
 REASON_FIELD = "environment_reason"
 PROMPT_TEXT_FIELD = "environment_prompt"
 EPISODE_TEXT_FIELD = "environment_episode"
+FINAL_ANSWER_FIELD = "environment_final_answer"
+EPISODE_FIELDS = frozenset(
+    {REWARD_FIELD, OUTCOME_FIELD, REASON_FIELD, PROMPT_TEXT_FIELD, EPISODE_TEXT_FIELD, FINAL_ANSWER_FIELD}
+)
 
 
 def sampled_logprobs(
@@ -183,6 +189,7 @@ def make_rollout_func(
             REASON_FIELD: [e.reason for e in mine],
             PROMPT_TEXT_FIELD: [e.prompt_text for e in mine],
             EPISODE_TEXT_FIELD: [e.text() for e in mine],
+            FINAL_ANSWER_FIELD: [e.final_answer for e in mine],
         }
 
     return rollout
@@ -191,12 +198,17 @@ def make_rollout_func(
 class EnvironmentReward:
     """TRL's reward function for environment jobs: the environment's reward of each episode (forwarded by
     rollout_func), None for an episode the environment failed; recorded for samples.jsonl and the step's
-    counters as MetricReward records a metric's scores."""
+    counters as MetricReward records a metric's scores. With ``metric``, the metric also scores each scored
+    episode's final answer: reward = environment's + metric's; the metric's format failure is the episode's
+    (grpo.formatFailureScore), its error leaves the episode unscored and is counted in ``metric_errors``."""
 
     __name__ = "environment"  # TRL logs rewards/<__name__>/mean
 
-    def __init__(self) -> None:
+    def __init__(self, metric: MetricReward | None = None) -> None:
+        self.metric = metric
         self.last = ScoredBatch()
+        # This rank's episodes of the last call the metric failed to score (not the environment's failures).
+        self.metric_errors = 0
 
     def __call__(self, prompts: list[Any], completions: list[Any], **kwargs: Any) -> list[float | None]:
         results: list[ScoreResult] = []
@@ -211,5 +223,52 @@ class EnvironmentReward:
                 )
             else:
                 results.append(ScoreResult.ok(f"e{i}", float(reward)))
+        self.metric_errors = 0
+        if self.metric is not None:
+            results = self._with_metric(results, kwargs)
         self.last = ScoredBatch(list(kwargs[PROMPT_TEXT_FIELD]), list(kwargs[EPISODE_TEXT_FIELD]), results)
         return [r.reward if r.kind != "error" else None for r in results]
+
+    def _with_metric(self, results: list[ScoreResult], kwargs: dict[str, Any]) -> list[ScoreResult]:
+        metric = self.metric
+        assert metric is not None
+        scored = [i for i, r in enumerate(results) if r.kind == "reward"]
+        if not scored:
+            return results
+        state = kwargs.get("trainer_state")
+        metric.calls += 1
+        columns = {
+            k: [v[i] for i in scored]
+            for k, v in kwargs.items()
+            if k not in EPISODE_FIELDS and _per_row(v, results)
+        }
+        items = metric.build_items(
+            [kwargs[PROMPT_TEXT_FIELD][i] for i in scored],
+            [kwargs[FINAL_ANSWER_FIELD][i] for i in scored],
+            columns,
+            tag=f"s{getattr(state, 'global_step', 0)}-c{metric.calls}",
+        )
+        out = list(results)
+        for i, answer in zip(scored, metric.client.score(items), strict=True):
+            environment = float(results[i].reward or 0.0)
+            if answer.kind == "reward" and answer.reward is not None:
+                components = {"environment": environment, **(answer.components or {})}
+                out[i] = ScoreResult.ok(results[i].id, environment + answer.reward, components)
+            elif answer.kind == "format_failure":
+                out[i] = ScoreResult(
+                    results[i].id,
+                    "format_failure",
+                    reward=metric.format_failure_score,
+                    reason=f"the metric found the final answer malformed: {answer.reason}",
+                )
+            else:
+                self.metric_errors += 1
+                out[i] = ScoreResult.error(
+                    results[i].id, f"the metric service did not score it: {answer.reason}"
+                )
+        return out
+
+
+def _per_row(values: Any, results: list[ScoreResult]) -> bool:
+    """A dataset column as TRL hands it to reward functions: one value per completion."""
+    return isinstance(values, list) and len(values) == len(results)

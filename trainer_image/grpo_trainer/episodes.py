@@ -18,6 +18,10 @@ How an episode ends decides its reward:
 - ``done``: the environment ended it; the reward is the final step's (``Final``) or the sum (``Sum``).
 - ``truncated``: ``maxTurns`` or the token budget (grpo.maxCompletionLength) ran out first; the reward is
   what the environment gave so far, or grpo.formatFailureScore when it gave none.
+
+With a metric beside the environment (``reward_optional``), an environment that gives no reward adds 0
+instead (the metric scores the final answer, environment_rollouts.py), and a done episode without one is
+not a failure.
 - ``format_failure``: the model's turn could not be made into an action (a ToolCall episode without a
   well-formed tool call): grpo.formatFailureScore, counted apart.
 - ``environment_error``: the environment failed (an error, a timeout, a broken session, an answer outside the
@@ -110,6 +114,12 @@ class Episode:
     @property
     def step_seconds(self) -> list[float]:
         return [t.step_seconds for t in self.turns if t.step_seconds is not None]
+
+    @property
+    def final_answer(self) -> str:
+        """The model's last turn: what a metric beside the environment scores."""
+        spoken = [t for t in self.turns if t.ids]
+        return spoken[-1].text if spoken else ""
 
     def text(self) -> str:
         """The episode after its prompt, as the model saw it: each turn, each observation."""
@@ -229,6 +239,8 @@ class EpisodeRunner:
     budget: int
     format_failure_score: float
     session: Callable[[], EnvironmentSession] | None = None
+    # A metric scores the final answer too: the environment's reward may be absent (it then adds 0).
+    reward_optional: bool = False
 
     def open_session(self) -> EnvironmentSession:
         if self.session is not None:
@@ -310,6 +322,8 @@ class EpisodeRunner:
         if done:
             final = episode.turns[-1].reward if episode.turns else first.reward
             reward = final if self.config.reward == "Final" else (sum(rewards) if rewards else None)
+            if reward is None and self.reward_optional:
+                reward = 0.0
             if reward is None:
                 raise EnvironmentFailure("the environment ended the episode without a reward")
             episode.outcome, episode.reward = "done", reward
@@ -319,10 +333,11 @@ class EpisodeRunner:
             episode.turns[-1].glue_ids = []
         given = [t.reward for t in episode.turns if t.reward is not None]
         episode.outcome = "truncated"
+        nothing = 0.0 if self.reward_optional else self.format_failure_score
         if self.config.reward == "Final":
-            episode.reward = given[-1] if given else self.format_failure_score
+            episode.reward = given[-1] if given else nothing
         else:
-            episode.reward = sum(rewards) if rewards else self.format_failure_score
+            episode.reward = sum(rewards) if rewards else nothing
         episode.reason = f"no end after {len(episode.turns)} turns and {len(episode.completion_ids)} tokens"
 
 

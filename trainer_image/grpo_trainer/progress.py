@@ -126,14 +126,17 @@ class ProgressCallback(TrainerCallback):  # type: ignore[misc]
     # -- called from inside the generation round (every rank, global numbers) ----------------------------
 
     def on_scored(self, stats: StepStats) -> None:
+        step = self.trainer.state.global_step + 1 if self.trainer is not None else 0
         if self.is_main:
-            step = self.trainer.state.global_step + 1 if self.trainer is not None else 0
             for skipped in stats.skipped:
                 log.warning("step %d: %s: %s", step, self.describe_group(skipped.index), skipped.describe())
+        self.check_budgets(stats, step)
+
+    def check_budgets(self, stats: StepStats, step: int) -> None:
+        """Hold the step's unscored rollouts against the error budget (raises when it is spent)."""
         if self.budget is None:
             return
         self.budget.record(stats.metric_errors, stats.rollouts)
-        step = self.trainer.state.global_step + 1 if self.trainer is not None else 0
         self.budget.check(step)
 
     def describe_group(self, index: int) -> str:

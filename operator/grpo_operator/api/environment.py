@@ -7,7 +7,7 @@ connection that sends ``{"type": "reset", "data": <dataset row>}``, then ``{"typ
 <action>}`` per model turn, and reads ``{"type": "observation", "data": {"observation": {...}, "reward":
 r, "done": d}}`` or ``{"type": "error", "data": {"message": ...}}`` back. ``GET /health`` is its readiness.
 
-The rules that tie ``spec.environment`` to the rest of the spec read spec.metric, spec.rollouts,
+The rules that tie ``spec.environment`` to the rest of the spec read spec.rollouts,
 spec.generation and spec.grpo, so they sit on ``GRPOJobSpec.Rules``: they are written here (bound there by
 name) with their pydantic twin, ``check_environment_rules``, which the spec's cross-object validator calls.
 """
@@ -94,7 +94,10 @@ class EnvironmentSpec(ApiModel):
     )
     reward: EnvironmentReward = Field(
         default="Final",
-        description="Final: the reward of the step that ended the episode. Sum: the sum of every step's.",
+        description="Final: the reward of the step that ended the episode. Sum: the sum of every step's. With "
+        "spec.metric set, the metric also scores the episode's final answer (the model's last turn) and the "
+        "episode's reward is the environment's plus the metric's; an environment that gives no reward then "
+        "adds 0.",
     )
     action_format: ActionFormat = Field(
         default="Text",
@@ -196,12 +199,6 @@ class EnvironmentClientConfig(ApiModel):
 
 _WITH_ENVIRONMENT = "has(self.environment)"
 
-ENVIRONMENT_NOT_WITH_METRIC = CelRule(
-    f"!{_WITH_ENVIRONMENT} || !has(self.metric)",
-    "spec.environment with spec.metric is not supported yet: the environment rewards its episodes. Remove "
-    "spec.metric",
-    ".metric",
-)
 ENVIRONMENT_NOT_WITH_CLIENT = CelRule(
     f"!{_WITH_ENVIRONMENT} || !({CLIENT_MODE})",
     "spec.environment is not supported when spec.rollouts.source is Client: the client samples and scores its "
@@ -241,8 +238,6 @@ def check_environment_rules(spec: GRPOJobSpec) -> None:
     if spec.environment is None:
         return
     grpo = spec.grpo
-    if spec.metric is not None:
-        raise ENVIRONMENT_NOT_WITH_METRIC.violation()
     if rollouts_source(spec) == "Client":
         raise ENVIRONMENT_NOT_WITH_CLIENT.violation()
     if spec.generation.colocated():

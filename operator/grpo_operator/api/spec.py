@@ -362,7 +362,6 @@ class GRPOJobSpec(ApiModel):
         )
 
         # spec.environment's (api/environment.py, with their pydantic twin check_environment_rules).
-        environment_not_with_metric = env_rules.ENVIRONMENT_NOT_WITH_METRIC
         environment_not_with_client = env_rules.ENVIRONMENT_NOT_WITH_CLIENT
         environment_not_colocated = env_rules.ENVIRONMENT_NOT_COLOCATED
         environment_not_asynchronous = env_rules.ENVIRONMENT_NOT_ASYNCHRONOUS

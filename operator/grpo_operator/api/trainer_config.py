@@ -244,8 +244,8 @@ class TrainerConfig(_ConfigModel):
     grpo: GRPOSpec
     trainer: TrainerTopology = Field(default_factory=TrainerTopology)
     generation: GenerationConfig = Field(default_factory=GenerationConfig)
-    # Exactly one of metric (the job's metric service scores rollouts the trainer generates) and rollouts
-    # (a client sends scored rollouts).
+    # metric (the job's metric service scores rollouts the trainer generates), rollouts (a client sends scored
+    # rollouts), environment (episodes), or environment and metric (the metric scores episodes' final answers).
     metric: MetricClientConfig | None = None
     rollouts: ClientRolloutsConfig | None = None
     # Episodes against the job's environment service (spec.environment) instead of single-turn sampling.
@@ -273,12 +273,15 @@ class TrainerConfig(_ConfigModel):
 
     @model_validator(mode="after")
     def _one_rollout_source(self) -> TrainerConfig:
-        sources = [self.metric is not None, self.rollouts is not None, self.environment is not None]
+        # The environment may run beside the metric (episodes, their final answers scored by the metric);
+        # otherwise exactly one source.
+        sources = [self.metric is not None or self.environment is not None, self.rollouts is not None]
         if sum(sources) != 1:
             raise ValueError(
-                "trainer.json needs exactly one of metric (the metric service scores what the trainer "
-                "generates), rollouts (a client sends scored rollouts) and environment (episodes against the "
-                "job's environment service, which rewards them)"
+                "trainer.json needs one of metric (the metric service scores what the trainer generates), "
+                "rollouts (a client sends scored rollouts) and environment (episodes against the job's "
+                "environment service, which rewards them; with metric too, the metric also scores each "
+                "episode's final answer)"
             )
         if (self.metric is not None or self.environment is not None) and self.dataset is None:
             raise ValueError(
@@ -337,7 +340,7 @@ class TrainerConfig(_ConfigModel):
                     "a job with spec.environment needs environment_url (the <job>-env Service's URL)"
                 )
             environment = EnvironmentClientConfig.of(spec.environment, environment_url)
-        elif spec.metric is not None:
+        if spec.metric is not None:
             if not metric_url:
                 raise ValueError("a job with spec.metric needs metric_url (the <job>-metric Service's URL)")
             metric = MetricClientConfig(
@@ -351,7 +354,7 @@ class TrainerConfig(_ConfigModel):
                 max_abs_reward=spec.metric.max_abs_reward,
                 reward_weights=spec.metric.reward_weights,
             )
-        else:
+        elif environment is None:
             if not gateway_url:
                 raise ValueError(
                     "a job with spec.rollouts.source: Client needs gateway_url (its rollout gateway)"
