@@ -18,7 +18,7 @@ from grpo_metric import MetricServer
 from tests.harness import openenv_env, vllm_server
 from tests.harness.ports import free_port
 from tests.trainer.toy import REPO, read_jsonl, start_trainer
-from tests.trainer.vllm_runs import environment_config
+from tests.trainer.vllm_runs import check_async_rows, environment_config
 from tests.trainer.weights import changed_overall, load_weights
 
 pytestmark = [pytest.mark.trainer, pytest.mark.slow, pytest.mark.vllm]
@@ -203,3 +203,45 @@ def test_a_metric_beside_the_environment_scores_each_episodes_final_answer(
     rows = read_jsonl(tmp_path / "out" / "metrics.jsonl")
     assert all(r["environment_errors"] == 0 and r["metric_error_ratio"] == 0 for r in rows), rows
     assert all(set(r["reward_components"]) == {"environment", "answer_length"} for r in rows), rows
+
+
+def test_asynchronous_episodes_run_a_step_ahead_stamped_with_the_weights_they_sampled(
+    tmp_path: Path, tiny_model: Path, toy_metric: MetricServer, served_tiny: vllm_server.VLLMProcess
+) -> None:
+    """spec.grpo.maxStaleness 1 on an environment job: the next step's episodes run against the calculator
+    while this one trains; each episode carries the policy version vLLM sampled all its turns with, within
+    the bound, and is still trained on exactly its sampled tokens."""
+    calculator = REPO / "examples" / "environments" / "calculator"
+    env = openenv_env.serve(calculator, free_port(), tmp_path / "env.log", app="calculator_env:app")
+    steps = 4
+    try:
+        config = environment_config(
+            tmp_path, tiny_model, toy_metric, served_tiny, env.url, steps=steps,
+            maxTurns=3, maxTurnTokens=6, maxObservationTokens=12, observationField="text", concurrency=4,
+        )  # fmt: skip
+        data = json.loads(config.read_text())
+        data["grpo"]["maxStaleness"] = 1
+        config.write_text(json.dumps(data))
+        process = start_trainer(config, tmp_path / "trainer.log", GRPO_EPISODES_LOGGED_PER_STEP="100")
+        assert process.wait(timeout=900) == 0, (tmp_path / "trainer.log").read_text()[-4000:]
+    finally:
+        env.stop()
+    rows = read_jsonl(tmp_path / "out" / "metrics.jsonl")
+    assert [r["step"] for r in rows] == list(range(1, steps + 1)), rows
+    check_async_rows(rows, eta=1)
+    # Later steps' episodes ran while the step before trained: a version behind.
+    assert any(r["staleness"] == 1 for r in rows[1:]), rows
+    version = {r["step"]: r["policy_version"] for r in rows}
+    episodes = read_jsonl(tmp_path / "out" / "episodes.jsonl")
+    assert len(episodes) == 4 * steps, episodes
+    for episode in episodes:
+        assert episode["policyVersion"] == version[episode["step"]], (
+            episode["step"],
+            episode["policyVersion"],
+        )
+        if episode["outcome"] == "environment_error":
+            continue
+        sampled = [t for turn in episode["turns"] for t in turn["ids"]]
+        trained, mask = episode["trainedIds"], episode["trainedMask"]
+        assert [t for t, m in zip(trained, mask, strict=True) if m] == sampled, episode
+    assert "were dropped" not in (tmp_path / "trainer.log").read_text()

@@ -42,12 +42,11 @@ def prompts(step: int) -> list[list[int]]:
 
 def push(producer: RolloutProducer, sampler: Sampler, version: int) -> None:
     """A weight push as the trainer makes it: the sampler serves ``version`` afterwards."""
-    with producer.pushing():
+    with producer.pushing(version=version):
         sampler.pushing = True
         time.sleep(0.02)
         sampler.served = version
         sampler.pushing = False
-    producer.served(version)
 
 
 @pytest.fixture
@@ -169,3 +168,24 @@ def test_eta_0_never_starts_a_producer() -> None:
 
     with pytest.raises(ValueError, match="maxStaleness >= 1"):
         RolloutProducer(never, max_staleness=0)
+
+
+def test_a_request_waiting_on_a_push_is_stamped_with_the_version_pushed(sampler: Sampler) -> None:
+    """The version changes inside the push's lock: the request that starts the moment the push ends is
+    stamped with the weights it samples from, never with the ones they replaced."""
+    producer = make(sampler, 2)
+    push(producer, sampler, 0)
+    producer.submit(1, prompts(1))
+    assert producer.take(1, prompts(1)).rollout is not None
+    with producer.pushing(version=1):
+        producer.submit(2, prompts(2))  # startable under either version: only the push holds it back
+        time.sleep(0.1)
+        assert len(sampler.calls) == 1
+        sampler.served = 1
+    taken = producer.take(2, prompts(2))
+    assert taken.rollout is not None and taken.rollout.version == 1 == sampler.calls[-1][1]
+    # A push that fails serves nothing new: the version stays.
+    with pytest.raises(RuntimeError), producer.pushing(version=2):
+        raise RuntimeError("the push broke")
+    assert producer.version == 1
+    producer.close()

@@ -79,11 +79,6 @@ def refusal(changes: dict[str, Any]) -> RuleViolation:
             "sampled from the job's vLLM server. Remove spec.generation.mode",
         ),
         (
-            {**ENVIRONMENT, "spec.grpo.maxStaleness": 2},
-            GRPOJobSpec.Rules.environment_not_asynchronous,
-            "asynchronous episodes are not built. Remove maxStaleness",
-        ),
-        (
             {**ENVIRONMENT, "spec.grpo.dynamicSampling": True},
             GRPOJobSpec.Rules.environment_not_with_dynamic_sampling,
             "Set dynamicSampling: false",
@@ -111,7 +106,6 @@ def refusal(changes: dict[str, Any]) -> RuleViolation:
     ids=[
         "client",
         "colocate",
-        "async",
         "dynamic-sampling",
         "dapo-preset",
         "validation",

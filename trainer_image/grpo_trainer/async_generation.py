@@ -5,15 +5,20 @@ The prompts of the next steps come from transformers' own data iterator: at ever
 trainer pulls the batches of up to η steps ahead (GRPOTrainer's sampler repeats each step's generation
 batch once per accumulation micro-step, so a step's first batch holds its prompts) and keeps them for
 the steps they belong to. The order of the data does not change; only when it is read.
+
+Environment jobs (a rollout_func) sample episodes ahead the same way: the producer runs a step's episodes
+(``episode_source``, set by the environment loop) with the weights it started them on, and every episode
+of the step is stamped with that version; the step's weight push waits for episodes in flight.
 """
 
 from __future__ import annotations
 
 import copy
+import json
 import logging
 import time
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any
@@ -67,6 +72,10 @@ class AsyncGeneration:
         self._submitted_upto = 0
         self._producer: RolloutProducer | None = None
         self.last: RolloutStep | None = None
+        # Seconds the last weight push waited for the producer's request in flight (rank 0).
+        self.push_waited = 0.0
+        # Environment jobs: runs a step's episodes on rank 0 from every rank's (prompts, rows), gathered.
+        self.episode_source: Callable[[list[Any], list[dict[str, Any]]], Any] | None = None
 
     # -- the data -------------------------------------------------------------------------------------------
 
@@ -109,6 +118,14 @@ class AsyncGeneration:
         from accelerate.utils import gather_object
 
         t = self.trainer
+        if self.episode_source is not None:
+            prompts_everywhere = gather_object(copy.deepcopy([x["prompt"] for x in batch]))
+            rows_everywhere = gather_object([without_prompt(x) for x in batch])
+            self._submitted_upto = step
+            if t.accelerator.is_main_process:
+                key = episode_keys(prompts_everywhere, rows_everywhere)
+                self.producer().submit(step, key, request=(prompts_everywhere, rows_everywhere))
+            return
         # As GRPOTrainer._generate_and_score_completions and _generate prepare them for the step itself.
         prompts = copy.deepcopy([x["prompt"] for x in batch])
         prompt_ids = t._tokenize_prompts(prompts)[0]
@@ -120,6 +137,13 @@ class AsyncGeneration:
     # -- the producer ---------------------------------------------------------------------------------------
 
     def producer(self) -> RolloutProducer:
+        if self._producer is None and self.episode_source is not None:
+            source = self.episode_source
+
+            def episodes(request: tuple[list[Any], list[dict[str, Any]]]) -> Any:
+                return source(*request)
+
+            self._producer = RolloutProducer(episodes, self.max_staleness)
         if self._producer is None:
             vg = self.trainer.vllm_generation
             client = vg.vllm_client
@@ -180,6 +204,26 @@ class AsyncGeneration:
             return completion_ids, None
         return completion_ids, [[lp[0] for lp in seq] for seq in logprobs]
 
+    def take_episodes(
+        self, prompts: list[Any], rows: list[dict[str, Any]], run_now: Callable[[], Any]
+    ) -> tuple[Any, RolloutStep]:
+        """Rank 0, in a step of an environment job: the step's episodes sampled ahead, or, when they were
+        dropped (or never sampled ahead), ``run_now()`` between two of the producer's requests; and the
+        step's record (policy version, staleness, why dropped)."""
+        step = self.trainer.state.global_step + 1
+        taken = self.producer().take(step, episode_keys(prompts, rows))
+        record = self._describe(step, taken)
+        record.groups = len(prompts) // max(1, int(self.trainer.num_generations))
+        record.waited_seconds += self.push_waited
+        if taken.rollout is not None:
+            return taken.rollout.payload, record
+        if record.dropped:
+            log.warning(
+                "step %d: its episodes run ahead were dropped (%s); running them now", step, record.detail
+            )
+        with self.producer().pushing():
+            return run_now(), record
+
     def push_if_due(self) -> float:
         """TRL's weight push when the trainer's step moved since the last one, between two of the producer's
         requests; returns the seconds spent waiting for the request in flight. Every rank calls it (the
@@ -190,12 +234,11 @@ class AsyncGeneration:
         main = t.accelerator.is_main_process
         started = time.monotonic()
         waited = 0.0
-        with self.producer().pushing() if main else nullcontext():
+        with self.producer().pushing(version=t.state.global_step) if main else nullcontext():
             waited = time.monotonic() - started
             t.vllm_generation.sync_weights()
-        if main:
-            self.producer().served(t.state.global_step)
         t._last_loaded_step = t.state.global_step
+        self.push_waited = waited
         return waited
 
     def _describe(self, step: int, taken: Taken) -> RolloutStep:
@@ -220,3 +263,14 @@ class AsyncGeneration:
         busy = self._producer.clock.overlap(step_started, now)
         record.overlap_seconds = max(0.0, busy - record.waited_seconds)
         return record
+
+
+def without_prompt(item: dict[str, Any]) -> dict[str, Any]:
+    """A dataset row as an episode's reset gets it: every column but the prompt."""
+    return {k: v for k, v in item.items() if k != "prompt"}
+
+
+def episode_keys(prompts: list[Any], rows: list[dict[str, Any]]) -> list[str]:
+    """What identifies a step's episodes: each one's prompt and row, as JSON (the same on both sides of the
+    producer, whatever the columns hold)."""
+    return [json.dumps([p, r], sort_keys=True, default=str) for p, r in zip(prompts, rows, strict=True)]

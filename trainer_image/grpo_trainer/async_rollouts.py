@@ -47,9 +47,12 @@ class Rollout:
     """The groups of one step, sampled by the producer."""
 
     step: int
-    prompts: list[list[int]]
+    # What identifies the step's groups (their prompts' token ids; for episodes, their prompts and rows).
+    prompts: list[Any]
     version: int
-    payload: Payload | None = None
+    # What ``generate`` is handed when it differs from ``prompts`` (episodes: the prompts and dataset rows).
+    request: Any = None
+    payload: Any = None
     error: BaseException | None = None
     started: float = 0.0
     finished: float = 0.0
@@ -91,9 +94,7 @@ class RolloutProducer:
     group) from the served weights and returns TRL's payload; it runs on this thread only while no weight
     push is under way."""
 
-    def __init__(
-        self, generate: Callable[[list[list[int]]], Payload], max_staleness: int, version: int | None = None
-    ):
+    def __init__(self, generate: Callable[[Any], Any], max_staleness: int, version: int | None = None):
         if max_staleness < 1:
             raise ValueError("the producer runs only with maxStaleness >= 1")
         self._generate = generate
@@ -114,10 +115,11 @@ class RolloutProducer:
 
     # -- the training thread ---------------------------------------------------------------------------
 
-    def submit(self, step: int, prompts: list[list[int]]) -> None:
-        """Queue the groups of ``step`` (later than every step queued before)."""
+    def submit(self, step: int, prompts: list[Any], request: Any = None) -> None:
+        """Queue the groups of ``step`` (later than every step queued before); ``generate`` gets ``request``
+        when given, else ``prompts``."""
         with self._cond:
-            self._queue.append(Rollout(step, prompts, version=-1))
+            self._queue.append(Rollout(step, prompts, version=-1, request=request))
             self._cond.notify_all()
 
     def pending(self) -> list[int]:
@@ -128,7 +130,7 @@ class RolloutProducer:
                 steps.append(self._in_flight.step)
             return sorted(steps)
 
-    def take(self, step: int, prompts: list[list[int]], stop: Callable[[], bool] | None = None) -> Taken:
+    def take(self, step: int, prompts: list[Any], stop: Callable[[], bool] | None = None) -> Taken:
         """The groups of ``step``, waiting for them while they are being sampled. Earlier steps' leftovers
         are discarded (they can only be left after a fallback)."""
         started = time.monotonic()
@@ -162,26 +164,25 @@ class RolloutProducer:
         return Taken(rollout, staleness, waited)
 
     @contextmanager
-    def pushing(self) -> Iterator[None]:
+    def pushing(self, version: int | None = None) -> Iterator[None]:
         """Around a weight push (or a synchronous generation that may push): waits for the request in
-        flight, and holds back new ones until the block ends."""
+        flight, and holds back new ones until the block ends. A push names the ``version`` it serves, which
+        takes effect before any request can start again: none is stamped with the version pushed over."""
         with self._cond:
             self._pushing = True
             while self._in_flight is not None:
                 self._cond.wait(0.5)
+        pushed = False
         try:
             yield
+            pushed = True
         finally:
             with self._cond:
+                if pushed and version is not None:
+                    self.version = version
                 self._pushing = False
                 self._broken = False
                 self._cond.notify_all()
-
-    def served(self, version: int) -> None:
-        """The server now holds the weights of ``version`` (called after a push)."""
-        with self._cond:
-            self.version = version
-            self._cond.notify_all()
 
     def discard_after(self, step: int) -> None:
         """Forget every step after ``step`` not sampled yet (their prompts are no longer coming)."""
@@ -218,7 +219,9 @@ class RolloutProducer:
                 self._in_flight = rollout
                 self.clock.running_since = rollout.started
             try:
-                rollout.payload = self._generate(rollout.prompts)
+                rollout.payload = self._generate(
+                    rollout.request if rollout.request is not None else rollout.prompts
+                )
             except BaseException as exc:  # handed to the training thread, which decides what to do
                 rollout.error = exc
                 log.warning(

@@ -26,7 +26,7 @@ from grpo_trainer.environment_client import healthy
 from grpo_trainer.environment_rollouts import (
     EnvironmentReward,
     EpisodeBook,
-    make_rollout_func,
+    EpisodeRollouts,
     vllm_turn_sampler,
 )
 from grpo_trainer.episodes import ChatGlue, EpisodeRunner
@@ -190,6 +190,7 @@ class EnvironmentProgressCallback(ProgressCallback):
                     "step": step,
                     "index": index,
                     "outcome": episode.outcome,
+                    "policyVersion": episode.policy_version,
                     "reward": episode.reward,
                     "reason": episode.reason,
                     "promptIds": episode.prompt_ids,
@@ -263,11 +264,11 @@ def _train_episodes(
     book = EpisodeBook()
     glue = ChatGlue(tokenizer, config.grpo.chat_template_kwargs)
 
-    def runner_for(trainer: Any) -> EpisodeRunner:
+    def runner_for(trainer: Any, ahead: bool) -> EpisodeRunner:
         return EpisodeRunner(
             settings,
             glue,
-            vllm_turn_sampler(trainer),
+            vllm_turn_sampler(trainer, ahead),
             budget=int(config.grpo.max_completion_length),
             format_failure_score=config.grpo.format_failure_score,
             reward_optional=scorer is not None,
@@ -295,12 +296,17 @@ def _train_episodes(
         **tracking_options(config, workspace),
     )
     budget = float(os.environ.get(ENVIRONMENT_RIDE_OUT_ENV, DEFAULT_RIDE_OUT_SECONDS))
-    rollout = make_rollout_func(
+    rollout = EpisodeRollouts(
         runner_for, settings.concurrency, book, before_episodes=lambda: ride_out(settings.url, budget, stop)
     )
     trainer = build_trainer(
         config, workspace, args, tokenizer, train_rows, reward, callback, reporting, rollout_func=rollout
     )
+    if trainer.grpo_async is not None:
+        # spec.grpo.maxStaleness: the producer runs the next steps' episodes while this one trains.
+        trainer.grpo_async.episode_source = lambda prompts, rows: rollout.run(
+            trainer, prompts, rows, ahead=True
+        )
     resumed_step = restore(trainer, config, env, workspace, reporting)
     train(trainer, config, workspace, resumed_step)
     if callback.not_learning is not None:

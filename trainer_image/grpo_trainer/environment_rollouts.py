@@ -52,17 +52,21 @@ def sampled_logprobs(
     return out
 
 
-def vllm_turn_sampler(trainer: Any) -> TurnSampler:
+def vllm_turn_sampler(trainer: Any, ahead: bool = False) -> TurnSampler:
     """Rank 0: one model turn from the job's vLLM server(s), sampled as TRL samples the job's single-turn
-    completions (its sampling parameters), through the client that rides out a replaced server."""
+    completions (its sampling parameters), through the client that rides out a replaced server; ``ahead``
+    (episodes run by the producer of an asynchronous job) without the ride-out, which pushes weights and so
+    belongs to the training thread: a lost server fails those episodes' request, and the step runs them
+    again itself."""
     from grpo_trainer.async_generation import sampling_params
     from grpo_trainer.trl_adapter import vllm_client
 
     client = vllm_client(trainer)
+    generate = getattr(trainer.vllm_generation, "raw_generate", client.generate) if ahead else client.generate
     params = sampling_params(trainer.vllm_generation, 1)
 
     def sample(context_ids: list[int], max_tokens: int) -> tuple[list[int], list[float]]:
-        answer = client.generate(prompts=[context_ids], **{**params, "max_tokens": max_tokens})
+        answer = generate(prompts=[context_ids], **{**params, "max_tokens": max_tokens})
         ids = [int(t) for t in answer["completion_ids"][0]]
         token_ids = answer.get("logprob_token_ids")
         return ids, sampled_logprobs(ids, answer["logprobs"][0], token_ids[0] if token_ids else None)
@@ -147,17 +151,38 @@ def _broadcast(value: Any, world: int) -> Any:
     return box[0]
 
 
-def make_rollout_func(
-    runner_for: Callable[[Any], EpisodeRunner],
-    concurrency: int,
-    book: EpisodeBook,
-    before_episodes: Callable[[], None] | None = None,
-) -> Callable[[list[Any], Any], dict[str, Any]]:
-    """TRL's rollout_func for environment jobs; ``runner_for(trainer)`` builds rank 0's EpisodeRunner once, and
-    ``before_episodes`` runs on rank 0 before each step's episodes (waiting for a replaced environment)."""
-    runners: dict[int, EpisodeRunner] = {}
+class EpisodeRollouts:
+    """TRL's rollout_func for environment jobs (``__call__``), and the step's episodes on rank 0 (``run``),
+    which an asynchronous job's producer also runs ahead (async_generation.py). ``runner_for(trainer,
+    ahead)`` builds rank 0's EpisodeRunner; ``before_episodes`` runs on rank 0 before each step's episodes
+    (waiting for a replaced environment)."""
 
-    def rollout(prompts: list[Any], trainer: Any) -> dict[str, Any]:
+    def __init__(
+        self,
+        runner_for: Callable[[Any, bool], EpisodeRunner],
+        concurrency: int,
+        book: EpisodeBook,
+        before_episodes: Callable[[], None] | None = None,
+    ) -> None:
+        self.runner_for = runner_for
+        self.concurrency = concurrency
+        self.book = book
+        self.before_episodes = before_episodes
+        self._runners: dict[tuple[int, bool], EpisodeRunner] = {}
+
+    def run(
+        self, trainer: Any, prompts: list[Any], rows: list[dict[str, Any]], ahead: bool = False
+    ) -> tuple[list[Episode], float]:
+        """Rank 0: every episode of a step, on the weights vLLM serves now."""
+        key = (id(trainer), ahead)
+        runner = self._runners.get(key)
+        if runner is None:
+            runner = self._runners[key] = self.runner_for(trainer, ahead)
+        if self.before_episodes is not None:
+            self.before_episodes()
+        return run_episodes(runner, prompts, rows, self.concurrency)
+
+    def __call__(self, prompts: list[Any], trainer: Any) -> dict[str, Any]:
         rows = list(getattr(trainer, "grpo_current_rows", None) or [{} for _ in prompts])
         if len(rows) != len(prompts):
             raise RuntimeError(f"rollout_func got {len(prompts)} prompts but {len(rows)} rows")
@@ -165,15 +190,25 @@ def make_rollout_func(
         rank = int(trainer.accelerator.process_index)
         all_prompts = _gather(list(prompts), world)
         all_rows = _gather([{k: v for k, v in r.items() if k != "prompt"} for r in rows], world)
-        answer: tuple[list[Episode], float] | None = None
+        answer: tuple[list[Episode], float, Any] | None = None
         if rank == 0:
-            runner = runners.get(id(trainer))
-            if runner is None:
-                runner = runners[id(trainer)] = runner_for(trainer)
-            if before_episodes is not None:
-                before_episodes()
-            answer = run_episodes(runner, all_prompts, all_rows, concurrency)
-        episodes, seconds = _broadcast(answer, world)
+            asynchronous = getattr(trainer, "grpo_async", None)
+            if asynchronous is not None and asynchronous.episode_source is not None:
+                (episodes, seconds), record = asynchronous.take_episodes(
+                    all_prompts, all_rows, lambda: self.run(trainer, all_prompts, all_rows)
+                )
+                version = record.policy_version
+                answer = (episodes, seconds, record)
+            else:
+                # TRL pushed the step's weights just before (version: the optimizer steps they hold).
+                version = int(trainer.state.global_step)
+                answer = (*self.run(trainer, all_prompts, all_rows), None)
+            for episode in answer[0]:
+                episode.policy_version = version
+        episodes, seconds, record = _broadcast(answer, world)
+        if record is not None:
+            trainer.grpo_async.last = record
+        book = self.book
         book.stats = EpisodeStats.of(episodes, seconds)
         book.episodes = episodes
         book.total_seconds += seconds
@@ -191,8 +226,6 @@ def make_rollout_func(
             EPISODE_TEXT_FIELD: [e.text() for e in mine],
             FINAL_ANSWER_FIELD: [e.final_answer for e in mine],
         }
-
-    return rollout
 
 
 class EnvironmentReward:

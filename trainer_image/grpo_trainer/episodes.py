@@ -83,6 +83,8 @@ class Episode:
     reward: float | None = None
     reason: str = ""
     reset_seconds: float | None = None
+    # The policy version (optimizer steps) of the weights vLLM sampled every turn with.
+    policy_version: int | None = None
 
     @property
     def completion_ids(self) -> list[int]:

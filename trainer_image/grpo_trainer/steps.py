@@ -291,8 +291,9 @@ def build_trainer(
             gen.server_urls,
             config.model.dtype,
         )
-        if "rollout_func" not in extra:
-            # Client rollouts are refused an eta at apply time: the client samples, not the trainer.
+        if config.rollouts is None:
+            # Client rollouts are refused an eta at apply time: the client samples, not the trainer. Episodes
+            # (a rollout_func too) run ahead through the same producer.
             extra["max_staleness"] = config.grpo.max_staleness or 0
     elif config.grpo.max_staleness:
         raise ConfigError(

@@ -256,6 +256,10 @@ class ProjectGRPOTrainer(GRPOTrainer):  # type: ignore[misc]
 
     def _generate(self, prompts: Any) -> Any:
         started = time.monotonic()
+        if self.grpo_async is not None and self.rollout_func is not None:
+            # Episodes sampled ahead: the step's weight push must wait for those in flight, which TRL's own
+            # push before rollout_func would not (it then finds the weights pushed and skips).
+            self.grpo_async.push_if_due()
         try:
             return super()._generate(prompts)
         finally:

@@ -212,12 +212,6 @@ ENVIRONMENT_NOT_COLOCATED = CelRule(
     "sampled from the job's vLLM server. Remove spec.generation.mode (Server is the default)",
     ".generation.mode",
 )
-ENVIRONMENT_NOT_ASYNCHRONOUS = CelRule(
-    f"!{_WITH_ENVIRONMENT} || !has(self.grpo.maxStaleness) || self.grpo.maxStaleness == 0",
-    "spec.grpo.maxStaleness > 0 is not supported with spec.environment yet: asynchronous episodes are not "
-    "built. Remove maxStaleness",
-    ".grpo.maxStaleness",
-)
 ENVIRONMENT_NOT_WITH_DYNAMIC_SAMPLING = CelRule(
     f"!{_WITH_ENVIRONMENT} || !{cel_effective('dynamic_sampling', 'false', 'self.grpo')}",
     "spec.grpo.dynamicSampling (set, or by spec.grpo.preset dapo) is not supported with spec.environment yet: "
@@ -242,8 +236,6 @@ def check_environment_rules(spec: GRPOJobSpec) -> None:
         raise ENVIRONMENT_NOT_WITH_CLIENT.violation()
     if spec.generation.colocated():
         raise ENVIRONMENT_NOT_COLOCATED.violation()
-    if grpo.max_staleness:
-        raise ENVIRONMENT_NOT_ASYNCHRONOUS.violation()
     if grpo.effective("dynamic_sampling"):
         raise ENVIRONMENT_NOT_WITH_DYNAMIC_SAMPLING.violation()
     if grpo.validation.every_steps > 0:

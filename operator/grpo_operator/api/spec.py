@@ -364,7 +364,6 @@ class GRPOJobSpec(ApiModel):
         # spec.environment's (api/environment.py, with their pydantic twin check_environment_rules).
         environment_not_with_client = env_rules.ENVIRONMENT_NOT_WITH_CLIENT
         environment_not_colocated = env_rules.ENVIRONMENT_NOT_COLOCATED
-        environment_not_asynchronous = env_rules.ENVIRONMENT_NOT_ASYNCHRONOUS
         environment_not_with_dynamic_sampling = env_rules.ENVIRONMENT_NOT_WITH_DYNAMIC_SAMPLING
         environment_not_with_validation = env_rules.ENVIRONMENT_NOT_WITH_VALIDATION
 
