@@ -52,7 +52,10 @@ OVERRIDDEN: tuple[Internal, ...] = (
     Internal(
         "_generate",
         ("prompts",),
-        "times every generation round (the weight sync to vLLM included): metrics.jsonl generation_seconds",
+        "times every generation round (the weight sync to vLLM included): metrics.jsonl generation_seconds; "
+        "with episodes run ahead (a rollout_func and maxStaleness) it pushes the step's weights first, between "
+        "the producer's runs, so that TRL's own push before rollout_func (when _last_loaded_step lags "
+        "global_step) finds them pushed",
     ),
     Internal(
         "training_step",
@@ -130,6 +133,8 @@ INSTANCE_ATTRIBUTES = (
     "eos_token_ids",
     # Asynchronous jobs: the step whose weights vLLM was last given (set to -1 in __init__).
     "_last_loaded_step",
+    # Whether the job's rollouts come from the project's rollout_func (episodes, client rollouts).
+    "rollout_func",
 )
 # Attribute of TRL's VLLMGeneration (server mode, rank 0) holding its VLLMClient.
 VLLM_CLIENT_ATTRIBUTE = "vllm_client"
