@@ -146,7 +146,7 @@ def test_a_rolebinding_whose_role_the_server_has_not_cached_yet_is_tried_again_b
         kube = RoleNotCachedYet(misses)
         ctl = controller(kube)  # type: ignore[arg-type]
         failures: list[Any] = []
-        await ctl._write("create-for-apply", BINDING, failures, [])
+        await ctl.executor._write("create-for-apply", BINDING, failures, [])
         # A 404 the cache explains does not become a ChildRejected; one that persists still does.
         assert [f.kind for f in failures] == (["RoleBinding"] if refused else [])
         assert kube.calls == (4 if refused else 3)

@@ -1,11 +1,19 @@
 """Carrying out a plan: the job's record and status, child patches, deletes, applies and pod creates, in
-the order a job's pods need, and what the API server refused (for the next reconcile and the user)."""
+the order a job's pods need, and what the API server refused (for the next reconcile and the user).
+
+The Controller's reconcile pass (runtime/controller.py) hands each plan to ``PlanExecutor.execute``. What it
+writes goes through the API (api_calls.py) and into the watch caches (wakeups.py), so the next reconcile
+sees it; the plan's Events and the refusals go to the EventRecorder (events.py); what the next reconcile
+needs to know (the job's own resourceVersion, refusals, taken names, children written whole) goes into the
+job's record (job_memory.py); a job to decide again soon goes back into the work queue.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import copy
 import json
+import logging
 from collections.abc import Callable
 from secrets import token_urlsafe
 
@@ -13,16 +21,21 @@ from kubernetes.client.exceptions import ApiException
 
 from grpo_operator.api.resource import KIND
 from grpo_operator.builders.common import LABEL_JOB
+from grpo_operator.observability import OperatorMetrics
 from grpo_operator.reconcile import Plan, Refusal
 from grpo_operator.reconcile.plan import SecretCreate
 from grpo_operator.reconcile.record import ANNOTATION_RECORD, read_record, record_annotation
-from grpo_operator.runtime.controller_state import log
+from grpo_operator.runtime.api_calls import ApiCalls
 from grpo_operator.runtime.events import EventRecorder
+from grpo_operator.runtime.job_memory import JobMemories, Key
 from grpo_operator.runtime.kube_client import GRPOJOB, Obj, resource_for
-from grpo_operator.runtime.wakeups import READ_ON_CHANGE_KINDS
+from grpo_operator.runtime.wakeups import READ_ON_CHANGE_KINDS, WatchCaches
+from grpo_operator.runtime.workqueue import WorkQueue
 
-# Waits before trying a RoleBinding the API server answered 404 again (PlanExecution._write_tolerating_role_cache): 1.7 s in
-# all, well past the few milliseconds its cache of Roles lags behind a create.
+log = logging.getLogger("grpo_operator")
+
+# Waits before trying a RoleBinding the API server answered 404 again (PlanExecutor._write_tolerating_role_cache):
+# 1.7 s in all, well past the few milliseconds its cache of Roles lags behind a create.
 ROLE_CACHE_RETRY_SECONDS = (0.2, 0.5, 1.0)
 
 
@@ -30,8 +43,25 @@ class StatusConflict(Exception):
     """The job changed between reading it and patching its status; decide again from the new state."""
 
 
-class PlanExecution(EventRecorder):
+class PlanExecutor:
     """Carries out a plan and remembers what the API server refused, for the next reconcile."""
+
+    def __init__(
+        self,
+        api: ApiCalls,
+        jobs: JobMemories,
+        queue: WorkQueue[Key],
+        caches: WatchCaches,
+        events: EventRecorder,
+        metrics: OperatorMetrics,
+    ) -> None:
+        self._api = api
+        self._kube = api.kube
+        self._jobs = jobs
+        self._queue = queue
+        self._caches = caches
+        self._events = events
+        self._metrics = metrics
 
     async def execute(self, job: Obj, plan: Plan) -> None:
         meta = job["metadata"]
@@ -65,14 +95,18 @@ class PlanExecution(EventRecorder):
                 # A uid in a patch is a precondition: it never reaches a newer object of the same name.
                 patch = {**patch, "metadata": {**patch.get("metadata", {}), "uid": ref.uid}}
             try:
-                await self._call(self.kube.merge_patch, resource_for(ref.kind), namespace, ref.name, patch)
+                await self._api.call(
+                    self._kube.merge_patch, resource_for(ref.kind), namespace, ref.name, patch
+                )
             except ApiException as exc:
                 if exc.status not in (404, 409):
-                    self._api_error("patch", ref.kind, exc)
+                    self._api.error("patch", ref.kind, exc)
                     raise
         for ref in plan.deletes:
             try:
-                await self._call(self.kube.delete, resource_for(ref.kind), namespace, ref.name, uid=ref.uid)
+                await self._api.call(
+                    self._kube.delete, resource_for(ref.kind), namespace, ref.name, uid=ref.uid
+                )
                 log.info("%s/%s: deleted %s %s", namespace, name, ref.kind, ref.name)
             except ApiException as exc:
                 if exc.status == 409:
@@ -85,7 +119,7 @@ class PlanExecution(EventRecorder):
                         ref.name,
                     )
                 elif exc.status != 404:
-                    self._api_error("delete", ref.kind, exc)
+                    self._api.error("delete", ref.kind, exc)
                     raise
         # Children within one group do not depend on each other: send them concurrently. The groups
         # stay in order, so pods are created only after their ConfigMap, PVC and ServiceAccount exist.
@@ -100,11 +134,10 @@ class PlanExecution(EventRecorder):
             )
         else:
             await asyncio.gather(*(self._write("create", m, failures, taken) for m in plan.creates))
-            await self.emit_events(job, [(e.type, e.reason, e.message) for e in plan.events])
-        memory = self.jobs.know(key)
-        memory.refusals, memory.taken = tuple(failures), frozenset(taken)
+            await self._events.emit(job, [(e.type, e.reason, e.message) for e in plan.events])
+        self._jobs.remember_outcome(key, failures, taken)
         # Quota, admission webhooks and policy engines refuse children with 4xx: tell the user why.
-        await self.emit_events(
+        await self._events.emit(
             job,
             [
                 ("Warning", "ChildRejected", f"the API server refused {f.kind} {f.name}: {f.message}")
@@ -112,7 +145,7 @@ class PlanExecution(EventRecorder):
             ],
         )
         if plan.restart is not None:
-            self.metrics.restarts.labels(
+            self._metrics.restarts.labels(
                 namespace=namespace,
                 grpojob=name,
                 reason=plan.restart.reason,
@@ -120,20 +153,20 @@ class PlanExecution(EventRecorder):
             ).inc()
         if plan.delete_job:
             try:
-                await self._call(self.kube.delete, GRPOJOB, namespace, name, uid=meta.get("uid"))
+                await self._api.call(self._kube.delete, GRPOJOB, namespace, name, uid=meta.get("uid"))
                 log.info("%s/%s: deleted after ttlSecondsAfterFinished", namespace, name)
             except ApiException as exc:
                 if exc.status == 409:
                     log.info("%s/%s: a newer job of this name exists; not deleted", namespace, name)
                 elif exc.status != 404:
-                    self._api_error("delete", KIND, exc)
+                    self._api.error("delete", KIND, exc)
                     raise
         if recorded:
             # The echo of the operator's own status write wakes nobody, but the names just recorded are what
             # the gateway and the gang wait for: decide again now.
-            self.queue.add(key)
+            self._queue.add(key)
         if failures:
-            self.queue.add_rate_limited(key, base=5.0)
+            self._queue.add_rate_limited(key, base=5.0)
         elif taken:
             # A create found the name taken, or an update found the object replaced, since the decision:
             # decide again (the next reconcile reads the object and reports a conflict if it is not the job's).
@@ -143,7 +176,7 @@ class PlanExecution(EventRecorder):
                 name,
                 _names(taken),
             )
-            self.queue.add_rate_limited(key)
+            self._queue.add_rate_limited(key)
 
     async def _create_secrets(
         self, key: tuple[str, str], wanted: list[SecretCreate], failures: list[Refusal]
@@ -159,9 +192,9 @@ class PlanExecution(EventRecorder):
             manifest["stringData"] = {item.key: token_urlsafe(32)}
             kind, prefix = str(manifest["kind"]), str(manifest["metadata"]["generateName"])
             try:
-                written = await self._call(self.kube.create, manifest)
+                written = await self._api.call(self._kube.create, manifest)
             except ApiException as exc:
-                self._api_error("create", kind, exc)
+                self._api.error("create", kind, exc)
                 # 409: a generated name collided (the API server retries those itself since 1.30): retry.
                 if exc.status is None or exc.status >= 500 or exc.status in (409, 429):
                     raise
@@ -193,34 +226,32 @@ class PlanExecution(EventRecorder):
             annotations = {ANNOTATION_RECORD: record_annotation(record)}
             body = {"metadata": {"resourceVersion": resource_version, "annotations": annotations}}
             try:
-                written = await self._call_in(
-                    self._job_writes, self.kube.merge_patch, GRPOJOB, namespace, name, body
-                )
+                written = await self._api.write_job(self._kube.merge_patch, GRPOJOB, namespace, name, body)
             except ApiException as exc:
                 if exc.status == 409:
                     raise StatusConflict from exc
-                self._api_error("patch", KIND, exc)
+                self._api.error("patch", KIND, exc)
                 raise
             resource_version = (written.get("metadata") or {}).get("resourceVersion")
             if not status:
-                self.jobs.know(key).written_rv = str(resource_version)
-                if self.cache is not None:
-                    self.cache.put_job(written)
+                self._jobs.remember_write(key, str(resource_version))
+                if (cache := self._caches.cluster) is not None:
+                    cache.put_job(written)
         if status:
             body = {"metadata": {"resourceVersion": resource_version}, "status": status}
             try:
-                updated = await self._call_in(
-                    self._job_writes, self.kube.merge_patch, GRPOJOB, namespace, name, body, "status"
+                updated = await self._api.write_job(
+                    self._kube.merge_patch, GRPOJOB, namespace, name, body, "status"
                 )
             except ApiException as exc:
                 if exc.status == 409:
                     raise StatusConflict from exc
-                self._api_error("patch", "GRPOJob/status", exc)
+                self._api.error("patch", "GRPOJob/status", exc)
                 raise
-            self.jobs.know(key).written_rv = str((updated.get("metadata") or {}).get("resourceVersion"))
-            if self.cache is not None:
+            self._jobs.remember_write(key, str((updated.get("metadata") or {}).get("resourceVersion")))
+            if (cache := self._caches.cluster) is not None:
                 # Decide the next reconcile from at least what we just wrote, never from an older copy.
-                self.cache.put_job(updated)
+                cache.put_job(updated)
             if status.get("phase"):
                 log.info(
                     "%s/%s: phase %s (%s) %s",
@@ -247,9 +278,9 @@ class PlanExecution(EventRecorder):
         Other 4xx (quota, admission policies) are collected for a ChildRejected event."""
         meta = manifest["metadata"]
         fn = {
-            "apply": self.kube.apply,
-            "create": self.kube.create,
-            "create-for-apply": self.kube.create_for_apply,
+            "apply": self._kube.apply,
+            "create": self._kube.create,
+            "create-for-apply": self._kube.create_for_apply,
         }[verb]
         try:
             written = await self._write_tolerating_role_cache(fn, manifest)
@@ -257,12 +288,13 @@ class PlanExecution(EventRecorder):
             if exc.status == 409:
                 taken.append((manifest["kind"], meta["name"]))
                 return
-            self._api_error("apply" if verb == "apply" else "create", manifest["kind"], exc)
+            self._api.error("apply" if verb == "apply" else "create", manifest["kind"], exc)
             if exc.status is None or exc.status >= 500 or exc.status == 429:
                 raise
             failures.append(Refusal(manifest["kind"], meta["name"], exc.status, _api_message(exc)))
             return
-        if self.cache is not None:
+        cache = self._caches.cluster
+        if cache is not None:
             # The next reconcile must see what this one wrote, not decide from a cache the watch has not
             # caught up with yet (it would create the child again, get 409 and back off).
             written.setdefault("kind", manifest["kind"])
@@ -271,8 +303,8 @@ class PlanExecution(EventRecorder):
                 # What the operator just wrote is what it builds: no need to read it back.
                 job_key = (str(meta["namespace"]), str((meta.get("labels") or {}).get(LABEL_JOB)))
                 rv = str((written.get("metadata") or {}).get("resourceVersion"))
-                self.jobs.know(job_key).verified[(manifest["kind"], meta["name"])] = rv
-            self.cache.put_child(written)
+                self._jobs.remember_verified(job_key, {(manifest["kind"], meta["name"]): rv})
+            cache.put_child(written)
         if verb != "apply":
             job = (meta.get("labels") or {}).get(LABEL_JOB, "?")
             log.info("%s/%s: created %s %s", meta["namespace"], job, manifest["kind"], meta["name"])
@@ -286,12 +318,12 @@ class PlanExecution(EventRecorder):
         as the chart's ServiceAccount). That is not a refusal to report to the user."""
         for delay in ROLE_CACHE_RETRY_SECONDS:
             try:
-                return await self._call(fn, manifest)
+                return await self._api.call(fn, manifest)
             except ApiException as exc:
                 if exc.status != 404 or manifest.get("kind") != "RoleBinding":
                     raise
                 await asyncio.sleep(delay)
-        return await self._call(fn, manifest)
+        return await self._api.call(fn, manifest)
 
 
 def _names(refs: list[tuple[str, str]]) -> str:

@@ -6,15 +6,26 @@ its own last write (whose watch event then wakes nobody), what the API server re
 which names it found taken, and the resourceVersions of the ConfigMaps it last wrote or read whole. All of it
 is lost on restart and rebuilt by the next reconcile. A record is added when a job is first seen and dropped,
 whole, when the job is gone: JobMemories is the only place that does either.
+
+The Controller (runtime/controller.py) makes the one JobMemories and hands it to the parts that use it:
+
+- Wakeups (wakeups.py) adds and drops records (a job seen, deleted, or gone at a resync) and asks
+  ``is_own_write`` of each GRPOJob watch event;
+- Observer (observe.py) reads ``refusals``, ``taken`` and ``verified`` before reconcile decides;
+- PlanExecutor (apply_plan.py) records ``remember_write``, ``remember_outcome`` and ``remember_verified``;
+- the Controller's reconcile pass records the phase and what the observation read whole.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from grpo_operator.reconcile import Refusal
 
 Key = tuple[str, str]
+# (kind, name) of one of a job's children.
+Ref = tuple[str, str]
 
 
 @dataclass
@@ -31,7 +42,7 @@ class JobMemory:
     taken: frozenset[tuple[str, str]] = frozenset()
     # (kind, name) -> the resourceVersion of each metadata-only child (a ConfigMap) when the operator last
     # wrote or read it whole; one whose cached metadata shows another is read again.
-    verified: dict[tuple[str, str], str] = field(default_factory=dict)
+    verified: dict[Ref, str] = field(default_factory=dict)
 
 
 class JobMemories:
@@ -59,3 +70,38 @@ class JobMemories:
 
     def phases(self) -> dict[Key, str | None]:
         return {key: record.phase for key, record in self._records.items()}
+
+    # --- what the parts of the controller record and read (see the module's docstring) -------------------
+
+    def remember_phase(self, key: Key, phase: str | None) -> None:
+        self.know(key).phase = phase
+
+    def remember_write(self, key: Key, resource_version: str) -> None:
+        """The job's resourceVersion after the operator's own write of it."""
+        self.know(key).written_rv = resource_version
+
+    def is_own_write(self, key: Key, resource_version: str) -> bool:
+        """Whether a watch event of the job at ``resource_version`` is the echo of the operator's own last
+        write (adds the record of a job not known yet)."""
+        return self.know(key).written_rv == resource_version
+
+    def remember_outcome(self, key: Key, refusals: Iterable[Refusal], taken: Iterable[Ref]) -> None:
+        """What the API server refused, and the names it found taken, in the plan just carried out."""
+        record = self.know(key)
+        record.refusals, record.taken = tuple(refusals), frozenset(taken)
+
+    def remember_verified(self, key: Key, verified: Mapping[Ref, str]) -> None:
+        """The resourceVersions of metadata-only children the operator just wrote or read whole."""
+        self.know(key).verified.update(verified)
+
+    def refusals(self, key: Key) -> tuple[Refusal, ...]:
+        record = self._records.get(key)
+        return record.refusals if record is not None else ()
+
+    def taken(self, key: Key) -> frozenset[Ref]:
+        record = self._records.get(key)
+        return record.taken if record is not None else frozenset()
+
+    def verified(self, key: Key) -> Mapping[Ref, str]:
+        record = self._records.get(key)
+        return record.verified if record is not None else {}

@@ -1,12 +1,18 @@
 """Observing a job: its children from the caches (or the API server where a cache is not usable), the
 bodies of metadata-only children that changed, same-name objects a create found taken, Kueue's Workloads
 and the node names. What this reads is what reconcile decides from (``Observed``).
+
+The Controller's reconcile pass (runtime/controller.py) calls the Observer: ``get_job``, ``observe`` and,
+once reconcile has a plan, ``probe``. Besides the API (api_calls.py) and the watch caches (wakeups.py), it
+reads what the operator remembers of the job (job_memory.py): what the API server refused and which names
+it found taken in the last plan, and the resourceVersions of the children it last wrote or read whole.
 """
 
 from __future__ import annotations
 
 import asyncio
 import copy
+import logging
 import time
 
 from kubernetes.client.exceptions import ApiException
@@ -14,7 +20,8 @@ from kubernetes.client.exceptions import ApiException
 from grpo_operator.builders.common import DEPLOYMENT_ROLES, KUEUE_GROUP_LABEL, LABEL_JOB, LABEL_ROLE
 from grpo_operator.reconcile import Observed, Plan
 from grpo_operator.reconcile.observed import StorageClasses
-from grpo_operator.runtime.controller_state import ControllerState, log
+from grpo_operator.runtime.api_calls import ApiCalls
+from grpo_operator.runtime.job_memory import JobMemories
 from grpo_operator.runtime.kube_client import (
     CHILD_RESOURCES,
     GRPOJOB,
@@ -23,24 +30,38 @@ from grpo_operator.runtime.kube_client import (
     Obj,
     resource_for,
 )
-from grpo_operator.runtime.wakeups import METADATA_ONLY_KINDS, READ_ON_CHANGE_KINDS
+from grpo_operator.runtime.wakeups import METADATA_ONLY_KINDS, READ_ON_CHANGE_KINDS, WatchCaches
+
+log = logging.getLogger("grpo_operator")
 
 # How long a listed set of node names is used when nodes are not watched (no RBAC to watch them).
 NODE_CACHE_SECONDS = 15.0
 
 
-class Observation(ControllerState):
+class Observer:
     """Reads what reconcile decides from: the job, its children, Kueue's Workloads and the node names."""
 
-    async def _get_job(self, namespace: str, name: str) -> Obj:
-        if self.cache is not None:
-            usable, job = self.cache.job(namespace, name)
+    def __init__(self, api: ApiCalls, jobs: JobMemories, caches: WatchCaches) -> None:
+        self._api = api
+        self._kube = api.kube
+        self._jobs = jobs
+        self._caches = caches
+        # The node names listed last, when nodes are not watched: (when, names).
+        self._nodes: tuple[float, frozenset[str] | None] = (0.0, None)
+        self._nodes_forbidden = False
+        self._workloads_forbidden = False
+
+    async def get_job(self, namespace: str, name: str) -> Obj:
+        """The job, from the cache where it is usable (a copy), else from the API server."""
+        cache = self._caches.cluster
+        if cache is not None:
+            usable, job = cache.job(namespace, name)
             if usable:
                 if job is None:
                     raise ApiException(status=404, reason="Not Found (not in the watch cache)")
                 # reconcile must not see the cache change under it, nor change the cache
                 return copy.deepcopy(job)
-        return await self._call(self.kube.get, GRPOJOB, namespace, name)
+        return await self._api.call(self._kube.get, GRPOJOB, namespace, name)
 
     async def observe(self, job: Obj) -> tuple[Observed, dict[tuple[str, str], str]]:
         """The job's children, and the resourceVersions of the metadata-only ones this call read whole."""
@@ -51,14 +72,15 @@ class Observation(ControllerState):
         lists: list[list[Obj]] = []
         partial: set[tuple[str, str]] = set()
         verified: dict[tuple[str, str], str] = {}
-        if self.cache is not None:
-            cached, missing = self.cache.children_of(namespace, name)
+        cache = self._caches.cluster
+        if cache is not None:
+            cached, missing = cache.children_of(namespace, name)
             # the cache replaces objects, never changes them in place
             cached, partial, verified = await self._read_changed(namespace, name, cached)
             lists.append(cached)
             resources = tuple(r for r in CHILD_RESOURCES if r.kind in missing)
         lists += await asyncio.gather(
-            *(self._call(self.kube.list, resource, namespace, selector) for resource in resources)
+            *(self._api.call(self._kube.list, resource, namespace, selector) for resource in resources)
         )
         objects: list[Obj] = []
         for items in lists:
@@ -67,11 +89,11 @@ class Observation(ControllerState):
                     continue  # a pod of an earlier job with the same name, on its way out
                 objects.append(obj)
         objects += await self._kueue_workloads(namespace, objects)
-        classes = self.cache.storage_class_modes() if self.cache is not None else None
+        classes = cache.storage_class_modes() if cache is not None else None
         observed = Observed(
             objects=tuple(objects),
             nodes=await self._node_names(),
-            refusals=memory.refusals if (memory := self.jobs.get((namespace, name))) else (),
+            refusals=self._jobs.refusals((namespace, name)),
             storage_classes=StorageClasses(*classes) if classes is not None else None,
             metadata_only=frozenset(partial),
         )
@@ -83,8 +105,7 @@ class Observation(ControllerState):
         """The cached children with each metadata-only one of READ_ON_CHANGE_KINDS that changed since the
         operator last wrote or read it replaced by the whole object (one GET); the (kind, name) of those
         still known by their metadata only; the resourceVersions read."""
-        memory = self.jobs.get((namespace, job))
-        known = memory.verified if memory is not None else {}
+        known = self._jobs.verified((namespace, job))
         out: list[Obj] = []
         partial: set[tuple[str, str]] = set()
         verified: dict[tuple[str, str], str] = {}
@@ -100,7 +121,7 @@ class Observation(ControllerState):
                 partial.add(ref)
                 continue
             try:
-                whole = await self._call(self.kube.get, resource_for(kind), namespace, ref[1])
+                whole = await self._api.call(self._kube.get, resource_for(kind), namespace, ref[1])
             except ApiException as exc:
                 if exc.status != 404:
                     raise
@@ -110,16 +131,16 @@ class Observation(ControllerState):
             out.append(whole)
         return out, partial, verified
 
-    async def _probe(self, job: Obj, observed: Observed, plan: Plan) -> list[Obj]:
+    async def probe(self, job: Obj, observed: Observed, plan: Plan) -> list[Obj]:
         """Reads every object the plan would create that the caches do not show and whose name a create
         found taken before. The caches hold only what the operator manages, so a same-name object someone
         else made is found only this way. Names never refused are not read: a create is a POST, which fails
-        with 409 rather than touch an existing object, and execute() creates no pod while any of the job's
-        other children was refused as taken, so a same-name object is never used before it is found."""
+        with 409 rather than touch an existing object, and PlanExecutor.execute creates no pod while any of
+        the job's other children was refused as taken, so a same-name object is never used before it is
+        found."""
         meta = job["metadata"]
         namespace = meta["namespace"]
-        memory = self.jobs.get((namespace, meta["name"]))
-        taken = memory.taken if memory is not None else frozenset()
+        taken = self._jobs.taken((namespace, meta["name"]))
         if not taken and not plan.verify:
             return []
         seen = {(o.get("kind"), (o.get("metadata") or {}).get("name")) for o in observed.objects}
@@ -134,8 +155,8 @@ class Observation(ControllerState):
 
         async def read(kind: str, name: str) -> Obj | None:
             # A list by name needs only the list permission the operator has for every child kind anyway.
-            items = await self._call(
-                self.kube.list, resource_for(kind), namespace, field_selector=f"metadata.name={name}"
+            items = await self._api.call(
+                self._kube.list, resource_for(kind), namespace, field_selector=f"metadata.name={name}"
             )
             return items[0] if items else None
 
@@ -160,7 +181,7 @@ class Observation(ControllerState):
         found: list[Obj] = []
         for group in groups:
             try:
-                workload = await self._call(self.kube.get, KUEUE_WORKLOAD, namespace, group)
+                workload = await self._api.call(self._kube.get, KUEUE_WORKLOAD, namespace, group)
             except ApiException as exc:
                 if exc.status == 403:
                     log.warning(
@@ -177,7 +198,8 @@ class Observation(ControllerState):
         return found
 
     async def _node_names(self) -> frozenset[str] | None:
-        watched = self.cache.node_names() if self.cache is not None else None
+        cache = self._caches.cluster
+        watched = cache.node_names() if cache is not None else None
         if watched is not None:
             return watched
         if self._nodes_forbidden:
@@ -186,7 +208,7 @@ class Observation(ControllerState):
         if time.monotonic() - fetched < NODE_CACHE_SECONDS:
             return names
         try:
-            nodes = await self._call(self.kube.list, NODE, None)
+            nodes = await self._api.call(self._kube.list, NODE, None)
         except ApiException as exc:
             if exc.status == 403:
                 log.warning(

@@ -1,13 +1,19 @@
 """What the controller watches, and how a change wakes a job: the informers' wiring (from the child kinds'
 records, builders/child_kinds.py), the GRPOJob and child events that queue a job, and the periodic resync.
 
-Events only put the job's key into the work queue; the workers decide. A resync re-queues every job
-periodically, because deadlines are time-based and a missed watch event must not leave a job unattended.
+Events only put the job's key into the work queue; the Controller's workers (runtime/controller.py) take it
+from there. A resync re-queues every job periodically, because deadlines are time-based and a missed watch
+event must not leave a job unattended. Wakeups adds a job's record to the operator's memory of jobs
+(job_memory.py) when it first sees the job and drops it when the job is gone.
+
+The watch caches the informers fill are kept in a ``WatchCaches`` the Controller makes and hands to the
+parts that read or update them (Wakeups, Observer in observe.py, PlanExecutor in apply_plan.py).
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 
 from kubernetes.client.exceptions import ApiException
 
@@ -15,10 +21,15 @@ from grpo_operator.api.resource import KIND
 from grpo_operator.builders.child_kinds import Cache, Wake, child_view, kinds_where
 from grpo_operator.builders.common import DEPLOYMENT_ROLES, LABEL_JOB, LABEL_MANAGED_BY, LABEL_ROLE, PART_OF
 from grpo_operator.builders.storage import ANNOTATION_JOB_UID
-from grpo_operator.runtime.controller_state import ControllerState, log
+from grpo_operator.observability import HealthState, OperatorMetrics
+from grpo_operator.runtime.api_calls import ApiCalls
 from grpo_operator.runtime.informer import ClusterCache
-from grpo_operator.runtime.job_memory import Key
+from grpo_operator.runtime.job_memory import JobMemories, Key
 from grpo_operator.runtime.kube_client import CHILD_RESOURCES, GRPOJOB, NODE, STORAGE_CLASS, Obj
+from grpo_operator.runtime.workqueue import WorkQueue
+from grpo_operator.settings import OperatorSettings
+
+log = logging.getLogger("grpo_operator")
 
 # Children whose changes come in bursts wake the job batched (settings.child_event_batch_seconds).
 BATCHED_KINDS = kinds_where(lambda k: k.wake is Wake.BATCHED)
@@ -34,38 +45,66 @@ METADATA_ONLY_KINDS = kinds_where(lambda k: k.cache in (Cache.METADATA, Cache.ME
 READ_ON_CHANGE_KINDS = kinds_where(lambda k: k.cache is Cache.METADATA_READ_ON_CHANGE)
 
 
-class Wakeups(ControllerState):
+class WatchCaches:
+    """The watch-backed caches, once started: ``cluster`` is None until the Controller starts watching (or
+    forever, for a controller that does not watch), and until a kind's cache is complete, and for kinds the
+    operator may not watch, the parts read from the API server instead."""
+
+    def __init__(self) -> None:
+        self.cluster: ClusterCache | None = None
+
+
+class Wakeups:
     """Queues jobs: on their own and their children's watch events, and all of them on every resync."""
+
+    def __init__(
+        self,
+        settings: OperatorSettings,
+        api: ApiCalls,
+        jobs: JobMemories,
+        queue: WorkQueue[Key],
+        caches: WatchCaches,
+        metrics: OperatorMetrics,
+        health: HealthState,
+    ) -> None:
+        self._settings = settings
+        self._api = api
+        self._jobs = jobs
+        self._queue = queue
+        self._caches = caches
+        self._metrics = metrics
+        self._health = health
 
     def job_event(
         self, event_type: str | None, namespace: str, name: str, resource_version: str | None
     ) -> None:
         key = (namespace, name)
         if event_type == "DELETED":
-            self.jobs.forget(key)
-            self.queue.discard(key)
+            self._jobs.forget(key)
+            self._queue.discard(key)
             return
-        if resource_version is not None and self.jobs.know(key).written_rv == resource_version:
+        if resource_version is not None and self._jobs.is_own_write(key, resource_version):
             return  # the echo of our own status patch: nothing new to decide
-        self.queue.add(key)
-        self.metrics.queue_depth.set(len(self.queue))
+        self._queue.add(key)
+        self._metrics.queue_depth.set(len(self._queue))
 
     def child_event(self, namespace: str, job: str, kind: str) -> None:
         if kind in BATCHED_KINDS:
             # The steps of one pod's start, and the gang's pods, arrive within moments of each other.
-            self.queue.add_batched((namespace, job), self.settings.child_event_batch_seconds)
+            self._queue.add_batched((namespace, job), self._settings.child_event_batch_seconds)
         else:
             # Rare and each worth acting on at once: a claim bound (the gang waits for it), a child deleted.
-            self.queue.add((namespace, job))
-        self.metrics.queue_depth.set(len(self.queue))
+            self._queue.add((namespace, job))
+        self._metrics.queue_depth.set(len(self._queue))
 
-    def watch(self) -> None:
-        """Starts the informers: GRPOJobs, every child kind, nodes and StorageClasses."""
+    def watch(self) -> ClusterCache:
+        """Starts the informers (GRPOJobs, every child kind, nodes and StorageClasses), whose events call
+        ``job_event`` and ``child_event``; returns their caches."""
         namespaces: list[str | None] = (
-            list(self.settings.namespaces) if not self.settings.clusterwide else [None]
+            list(self._settings.namespaces) if not self._settings.clusterwide else [None]
         )
-        self.cache = ClusterCache(
-            self.kube.watch_client(len(namespaces) * (len(CHILD_RESOURCES) + 1) + 1),
+        cache = ClusterCache(
+            self._api.kube.watch_client(len(namespaces) * (len(CHILD_RESOURCES) + 1) + 1),
             namespaces,
             job_resource=GRPOJOB,
             child_resources=CHILD_RESOURCES,
@@ -73,22 +112,23 @@ class Wakeups(ControllerState):
             job_label=LABEL_JOB,
             on_job=self.job_event,
             on_child=self.child_event,
-            timeout=self.settings.api_timeout_seconds,
+            timeout=self._settings.api_timeout_seconds,
             child_selector=CHILD_SELECTOR,
             keep_child=managed_child,
             metadata_only=METADATA_ONLY_KINDS,
             child_view=child_view,
             storage_class_resource=STORAGE_CLASS,
         )
-        self.cache.informers.start()
+        cache.informers.start()
+        return cache
 
-    async def _resync_loop(self) -> None:
+    async def resync_loop(self) -> None:
         while True:
             try:
                 await self.resync()
-                self.health.ready = True
+                self._health.ready = True
             except ApiException as exc:
-                self._api_error("list", KIND, exc)
+                self._api.error("list", KIND, exc)
                 if exc.status == 404:
                     log.warning(
                         "the GRPOJob CRD is not installed: kubectl apply -f crds/ (or install the Helm chart)"
@@ -101,32 +141,33 @@ class Wakeups(ControllerState):
                     log.warning("listing GRPOJobs failed (HTTP %s): %s", exc.status, exc.reason)
             except Exception:  # keep resyncing whatever happens; the next round may succeed
                 log.exception("listing GRPOJobs failed")
-            await asyncio.sleep(self.settings.resync_seconds)
+            await asyncio.sleep(self._settings.resync_seconds)
 
     async def resync(self) -> None:
         namespaces: list[str | None] = (
-            list(self.settings.namespaces) if not self.settings.clusterwide else [None]
+            list(self._settings.namespaces) if not self._settings.clusterwide else [None]
         )
         seen: set[Key] = set()
-        cached = self.cache.job_keys() if self.cache is not None else None
+        cache = self._caches.cluster
+        cached = cache.job_keys() if cache is not None else None
         if cached is not None:
             # Watched: the cache is the cluster's state; re-queueing re-runs time-based decisions
             # (deadlines, stalls) and reads nothing from the API server.
             for key in cached:
                 seen.add(key)
-                self.jobs.know(key)
-                self.queue.add(key)
+                self._jobs.know(key)
+                self._queue.add(key)
             namespaces = []
         for namespace in namespaces:
-            for job in await self._call(self.kube.list, GRPOJOB, namespace):
+            for job in await self._api.call(self._api.kube.list, GRPOJOB, namespace):
                 meta = job.get("metadata") or {}
                 key = (str(meta.get("namespace")), str(meta.get("name")))
                 seen.add(key)
-                self.jobs.know(key, (job.get("status") or {}).get("phase"))
-                self.queue.add(key)
-        for key in self.jobs.keys() - seen:
-            self.jobs.forget(key)
-        self.metrics.queue_depth.set(len(self.queue))
+                self._jobs.know(key, (job.get("status") or {}).get("phase"))
+                self._queue.add(key)
+        for key in self._jobs.keys() - seen:
+            self._jobs.forget(key)
+        self._metrics.queue_depth.set(len(self._queue))
 
 
 def managed_child(obj: Obj) -> bool:
