@@ -197,7 +197,8 @@ def test_a_metric_beside_the_environment_scores_each_episodes_final_answer(
     assert sorted(seen) == sorted(e["turns"][-1]["text"] for e in episodes), seen
     for episode, sample in zip(episodes, samples, strict=True):
         parts = sample["components"]
-        assert parts["environment"] == pytest.approx(episode["reward"]), (episode, sample)
+        assert parts["environment"] == pytest.approx(episode["environmentReward"]), (episode, sample)
+        assert episode["reward"] == pytest.approx(sample["reward"]), (episode, sample)
         assert parts["answer_length"] == pytest.approx(len(episode["turns"][-1]["text"]) / 100), parts
         assert sample["reward"] == pytest.approx(parts["environment"] + parts["answer_length"]), sample
     rows = read_jsonl(tmp_path / "out" / "metrics.jsonl")

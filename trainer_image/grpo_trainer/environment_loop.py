@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import time
 from dataclasses import dataclass, field
@@ -184,6 +185,10 @@ class EnvironmentProgressCallback(ProgressCallback):
             return
         step = int(self.trainer.state.global_step)
         trained = list(getattr(self.trainer, "grpo_trained_rows", []))
+        # The rewards the step trained on, every rank's in episode order (TRL gathers them): the environment's,
+        # plus the metric's when one scores the final answers; NaN (unscored) is written as null.
+        rewards = getattr(self.trainer, "grpo_last_rewards", None)
+        trained_rewards = [float(r) for r in rewards.tolist()] if rewards is not None else []
         with self.episodes_log.open("a", encoding="utf-8") as out:
             for index, episode in enumerate(self.book.episodes[: self.logged_per_step]):
                 record: dict[str, Any] = {
@@ -191,7 +196,10 @@ class EnvironmentProgressCallback(ProgressCallback):
                     "index": index,
                     "outcome": episode.outcome,
                     "policyVersion": episode.policy_version,
-                    "reward": episode.reward,
+                    "reward": _finite_or_none(trained_rewards[index])
+                    if index < len(trained_rewards)
+                    else None,
+                    "environmentReward": episode.reward,
                     "reason": episode.reason,
                     "promptIds": episode.prompt_ids,
                     "prompt": episode.prompt_text,
@@ -216,6 +224,10 @@ class EnvironmentProgressCallback(ProgressCallback):
 
 def _finite(value: Any) -> Any:
     return None
+
+
+def _finite_or_none(value: float) -> float | None:
+    return value if math.isfinite(value) else None
 
 
 def run_environment_loop(
