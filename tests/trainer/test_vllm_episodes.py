@@ -206,7 +206,7 @@ def test_a_metric_beside_the_environment_scores_each_episodes_final_answer(
     assert all(set(r["reward_components"]) == {"environment", "answer_length"} for r in rows), rows
 
 
-def test_asynchronous_episodes_run_a_step_ahead_stamped_with_the_weights_they_sampled(
+def test_asynchronous_episodes_run_a_step_ahead_stamped_with_their_weights_and_are_validated(
     tmp_path: Path, tiny_model: Path, toy_metric: MetricServer, served_tiny: vllm_server.VLLMProcess
 ) -> None:
     """spec.grpo.maxStaleness 1 on an environment job: the next step's episodes run against the calculator
@@ -222,6 +222,7 @@ def test_asynchronous_episodes_run_a_step_ahead_stamped_with_the_weights_they_sa
         )  # fmt: skip
         data = json.loads(config.read_text())
         data["grpo"]["maxStaleness"] = 1
+        data["grpo"]["validation"] = {"everySteps": 2, "maxPrompts": 4}
         config.write_text(json.dumps(data))
         process = start_trainer(config, tmp_path / "trainer.log", GRPO_EPISODES_LOGGED_PER_STEP="100")
         assert process.wait(timeout=900) == 0, (tmp_path / "trainer.log").read_text()[-4000:]
@@ -246,3 +247,15 @@ def test_asynchronous_episodes_run_a_step_ahead_stamped_with_the_weights_they_sa
         trained, mask = episode["trainedIds"], episode["trainedMask"]
         assert [t for t, m in zip(trained, mask, strict=True) if m] == sampled, episode
     assert "were dropped" not in (tmp_path / "trainer.log").read_text()
+
+    # Validation every 2 steps: one episode per validation prompt on the step's weights, its mean reward in
+    # that step's row, each episode in samples.jsonl.
+    validation = [s for s in read_jsonl(tmp_path / "out" / "samples.jsonl") if s["split"] == "validation"]
+    for row in rows:
+        mine = [s for s in validation if s["step"] == row["step"]]
+        if row["step"] % 2:
+            assert not mine and "validation_mean" not in row, row
+            continue
+        assert len(mine) == 4 and all(s["outcome"] and s["completion"] for s in mine), mine
+        scored = [s["reward"] for s in mine if s["reward"] is not None]
+        assert row["validation_mean"] == pytest.approx(sum(scored) / len(scored)), (row, mine)

@@ -145,11 +145,6 @@ RULE_BREAKERS: dict[CelRule, dict[str, Any]] = {
     },
     GRPOJobSpec.Rules.environment_not_colocated: {**ENVIRONMENT, "spec.generation.mode": "Colocate"},
     GRPOJobSpec.Rules.environment_not_with_dynamic_sampling: {**ENVIRONMENT, "spec.grpo.preset": "dapo"},
-    GRPOJobSpec.Rules.environment_not_with_validation: {
-        **ENVIRONMENT,
-        "spec.dataset.validation": "hf://openai/gsm8k:main#test",
-        "spec.grpo.validation": {"everySteps": 5},
-    },
 }
 
 

@@ -89,15 +89,6 @@ def refusal(changes: dict[str, Any]) -> RuleViolation:
             "by spec.grpo.preset dapo",
         ),
         (
-            {
-                **ENVIRONMENT,
-                "spec.dataset.validation": "hf://openai/gsm8k:main#test",
-                "spec.grpo.validation": {"everySteps": 10},
-            },
-            GRPOJobSpec.Rules.environment_not_with_validation,
-            "episodes are not validated. Set everySteps to 0",
-        ),
-        (
             {**ENVIRONMENT, "spec.dataset": None},
             GRPOJobSpec.Rules.dataset_required,
             "resets spec.environment's episodes with",
@@ -108,7 +99,6 @@ def refusal(changes: dict[str, Any]) -> RuleViolation:
         "colocate",
         "dynamic-sampling",
         "dapo-preset",
-        "validation",
         "no-dataset",
     ],
 )

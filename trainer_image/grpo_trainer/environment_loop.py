@@ -23,11 +23,15 @@ from grpo_operator.api.learning_health import Thresholds
 from grpo_operator.api.status import EpisodesStatus
 from grpo_operator.api.trainer_config import TrainerConfig
 
+from grpo_trainer.async_generation import without_prompt
 from grpo_trainer.environment_client import healthy
 from grpo_trainer.environment_rollouts import (
     EnvironmentReward,
     EpisodeBook,
     EpisodeRollouts,
+    broadcast,
+    episode_fields,
+    push_trained_weights,
     vllm_turn_sampler,
 )
 from grpo_trainer.episodes import ChatGlue, EpisodeRunner
@@ -43,6 +47,7 @@ from grpo_trainer.metric_loop import (
 )
 from grpo_trainer.progress import ProgressCallback
 from grpo_trainer.reward import MetricReward
+from grpo_trainer.sample_context import sample_context
 from grpo_trainer.signals import StopFlag
 from grpo_trainer.steps import (
     Workspace,
@@ -127,6 +132,59 @@ class EnvironmentProgressCallback(ProgressCallback):
     logged_per_step: int = DEFAULT_EPISODES_LOGGED
     # spec.metric.errorBudget, when a metric scores the episodes' final answers beside the environment.
     metric_budget: ErrorBudget | None = None
+    # Runs episodes for validation (rank 0), as for the steps.
+    rollouts: EpisodeRollouts | None = None
+
+    def _validate(self, step: int) -> None:
+        """One episode per validation prompt, on the weights of ``step`` (pushed to vLLM first, as a step's
+        generation pushes them), scored as training episodes are; the mean over the scored ones."""
+        assert self.trainer is not None and self.validation is not None and self.rollouts is not None
+        assert isinstance(self.reward, EnvironmentReward)
+        trainer = self.trainer
+        push_trained_weights(trainer)
+        started = time.monotonic()
+        answer: tuple[list[Any], list[Any], list[dict[str, Any]]] | None = None
+        if self.is_main:
+            rows = self.validation.rows
+            data = [without_prompt(row) for row in rows]
+            episodes, _ = self.rollouts.run(trainer, [row["prompt"] for row in rows], data)
+            columns = {key: [row.get(key) for row in data] for key in (data[0] if data else {})}
+            fields = {**columns, **episode_fields(episodes)}
+            answer = (episodes, self.reward.score(fields, path=self.validation.score_path), data)
+        episodes, results, data = broadcast(answer, int(trainer.accelerator.num_processes))
+        rewards = [r.reward if r.kind != "error" else None for r in results]
+        scored = [r for r in rewards if r is not None]
+        self.validation.last_mean = sum(scored) / len(scored) if scored else None
+        self.validation.last_step = step
+        if self.cost is not None:
+            # The metric scored each episode's final answer, if the job has one.
+            calls = len(episodes) if self.reward.metric is not None else 0
+            self.cost.add_validation(calls, time.monotonic() - started)
+        if not self.is_main:
+            return
+        log.info(
+            "validation at step %d: mean reward %s over %d episodes",
+            step,
+            self.validation.last_mean,
+            len(scored),
+        )
+        lines = [
+            {
+                "step": step,
+                "split": "validation",
+                "prompt": episode.prompt_text,
+                "completion": episode.text(),
+                "reward": reward,
+                "advantage": None,
+                "formatFailure": result.kind == "format_failure",
+                "outcome": episode.outcome,
+                **sample_context(self.answer_field, row, None, result.components),
+            }
+            for episode, result, reward, row in zip(episodes, results, rewards, data, strict=True)
+        ]
+        self._append(self.output_dir / "samples.jsonl", lines)
+        if self.tracker is not None:
+            self.tracker.validation(step, lines)
 
     def check_budgets(self, stats: StepStats, step: int) -> None:
         # Each service is held to its own budget: the step's unscored episodes are the environment's failures
@@ -269,7 +327,7 @@ def _train_episodes(
     settings = config.environment
     assert settings is not None and config.dataset is not None  # run_environment_loop checked
     tokenizer = load_tokenizer(config)
-    train_rows, _ = load_prompts(config, tokenizer)
+    train_rows, validation = load_prompts(config, tokenizer)
     args = grpo_args(config, plan, env)
     scorer = MetricReward(metric, config.grpo.format_failure_score, rank=env.rank) if metric else None
     reward = EnvironmentReward(scorer)
@@ -297,8 +355,10 @@ def _train_episodes(
         is_main=env.is_main,
         metrics=reporting.metrics,
         status=reporting.status,
-        validation=None,
-        cost=attempt_ledger(config, env.world_size, 0, reporting.status),
+        validation=validation,
+        cost=attempt_ledger(
+            config, env.world_size, len(validation.rows) if validation else 0, reporting.status
+        ),
         learning=LearningMonitor(Thresholds.of(config.grpo.learning_health)),
         answer_field=config.dataset.answer_field,
         book=book,
@@ -311,6 +371,7 @@ def _train_episodes(
     rollout = EpisodeRollouts(
         runner_for, settings.concurrency, book, before_episodes=lambda: ride_out(settings.url, budget, stop)
     )
+    callback.rollouts = rollout
     trainer = build_trainer(
         config, workspace, args, tokenizer, train_rows, reward, callback, reporting, rollout_func=rollout
     )

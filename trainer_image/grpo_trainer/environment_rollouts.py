@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from grpo_metric.protocol import ScoreResult
+from grpo_metric.protocol import SCORE_PATH, ScoreResult
 
 from grpo_trainer.episodes import Episode, EpisodeRunner, TurnSampler, run_episodes
 from grpo_trainer.reward import MetricReward, ScoredBatch
@@ -141,7 +141,7 @@ def _gather(items: list[Any], world: int) -> list[Any]:
     return list(gather_object(items))
 
 
-def _broadcast(value: Any, world: int) -> Any:
+def broadcast(value: Any, world: int) -> Any:
     if world <= 1:
         return value
     import torch.distributed as dist
@@ -149,6 +149,17 @@ def _broadcast(value: Any, world: int) -> Any:
     box = [value]
     dist.broadcast_object_list(box, src=0)
     return box[0]
+
+
+def push_trained_weights(trainer: Any) -> None:
+    """Every rank: vLLM gets the weights of the last optimizer step unless it serves them already, as TRL
+    pushes them before a generation round (an asynchronous job's push waits between its producer's runs)."""
+    asynchronous = getattr(trainer, "grpo_async", None)
+    if asynchronous is not None:
+        asynchronous.push_if_due()
+    elif trainer.state.global_step != trainer._last_loaded_step:
+        trainer.vllm_generation.sync_weights()
+        trainer._last_loaded_step = trainer.state.global_step
 
 
 class EpisodeRollouts:
@@ -205,7 +216,7 @@ class EpisodeRollouts:
                 answer = (*self.run(trainer, all_prompts, all_rows), None)
             for episode in answer[0]:
                 episode.policy_version = version
-        episodes, seconds, record = _broadcast(answer, world)
+        episodes, seconds, record = broadcast(answer, world)
         if record is not None:
             trainer.grpo_async.last = record
         book = self.book
@@ -219,13 +230,20 @@ class EpisodeRollouts:
             "completion_ids": [e.completion_ids for e in mine],
             "logprobs": [e.logprobs for e in mine],
             "env_mask": [e.env_mask for e in mine],
-            REWARD_FIELD: [e.reward for e in mine],
-            OUTCOME_FIELD: [e.outcome for e in mine],
-            REASON_FIELD: [e.reason for e in mine],
-            PROMPT_TEXT_FIELD: [e.prompt_text for e in mine],
-            EPISODE_TEXT_FIELD: [e.text() for e in mine],
-            FINAL_ANSWER_FIELD: [e.final_answer for e in mine],
+            **episode_fields(mine),
         }
+
+
+def episode_fields(episodes: list[Episode]) -> dict[str, list[Any]]:
+    """What EnvironmentReward reads of each episode, by the extra field rollout_func hands TRL."""
+    return {
+        REWARD_FIELD: [e.reward for e in episodes],
+        OUTCOME_FIELD: [e.outcome for e in episodes],
+        REASON_FIELD: [e.reason for e in episodes],
+        PROMPT_TEXT_FIELD: [e.prompt_text for e in episodes],
+        EPISODE_TEXT_FIELD: [e.text() for e in episodes],
+        FINAL_ANSWER_FIELD: [e.final_answer for e in episodes],
+    }
 
 
 class EnvironmentReward:
@@ -244,6 +262,13 @@ class EnvironmentReward:
         self.metric_errors = 0
 
     def __call__(self, prompts: list[Any], completions: list[Any], **kwargs: Any) -> list[float | None]:
+        results = self.score(kwargs)
+        self.last = ScoredBatch(list(kwargs[PROMPT_TEXT_FIELD]), list(kwargs[EPISODE_TEXT_FIELD]), results)
+        return [r.reward if r.kind != "error" else None for r in results]
+
+    def score(self, kwargs: dict[str, Any], path: str = SCORE_PATH) -> list[ScoreResult]:
+        """Each episode's result from its fields (``episode_fields``) and dataset columns; ``path``: the
+        metric's route (validation may have its own)."""
         results: list[ScoreResult] = []
         for i, (reward, outcome, reason) in enumerate(
             zip(kwargs[REWARD_FIELD], kwargs[OUTCOME_FIELD], kwargs[REASON_FIELD], strict=True)
@@ -258,11 +283,12 @@ class EnvironmentReward:
                 results.append(ScoreResult.ok(f"e{i}", float(reward)))
         self.metric_errors = 0
         if self.metric is not None:
-            results = self._with_metric(results, kwargs)
-        self.last = ScoredBatch(list(kwargs[PROMPT_TEXT_FIELD]), list(kwargs[EPISODE_TEXT_FIELD]), results)
-        return [r.reward if r.kind != "error" else None for r in results]
+            results = self._with_metric(results, kwargs, path)
+        return results
 
-    def _with_metric(self, results: list[ScoreResult], kwargs: dict[str, Any]) -> list[ScoreResult]:
+    def _with_metric(
+        self, results: list[ScoreResult], kwargs: dict[str, Any], path: str
+    ) -> list[ScoreResult]:
         metric = self.metric
         assert metric is not None
         scored = [i for i, r in enumerate(results) if r.kind == "reward"]
@@ -282,7 +308,7 @@ class EnvironmentReward:
             tag=f"s{getattr(state, 'global_step', 0)}-c{metric.calls}",
         )
         out = list(results)
-        for i, answer in zip(scored, metric.client.score(items), strict=True):
+        for i, answer in zip(scored, metric.client.score(items, path=path), strict=True):
             environment = float(results[i].reward or 0.0)
             if answer.kind == "reward" and answer.reward is not None:
                 components = {"environment": environment, **(answer.components or {})}

@@ -219,12 +219,6 @@ ENVIRONMENT_NOT_WITH_DYNAMIC_SAMPLING = CelRule(
     "dynamicSampling: false",
     ".grpo.dynamicSampling",
 )
-ENVIRONMENT_NOT_WITH_VALIDATION = CelRule(
-    f"!{_WITH_ENVIRONMENT} || self.grpo.validation.everySteps == 0",
-    "spec.grpo.validation.everySteps > 0 is not supported with spec.environment yet: validation scores single "
-    "completions with a metric service, and episodes are not validated. Set everySteps to 0",
-    ".grpo.validation.everySteps",
-)
 
 
 def check_environment_rules(spec: GRPOJobSpec) -> None:
@@ -238,5 +232,3 @@ def check_environment_rules(spec: GRPOJobSpec) -> None:
         raise ENVIRONMENT_NOT_COLOCATED.violation()
     if grpo.effective("dynamic_sampling"):
         raise ENVIRONMENT_NOT_WITH_DYNAMIC_SAMPLING.violation()
-    if grpo.validation.every_steps > 0:
-        raise ENVIRONMENT_NOT_WITH_VALIDATION.violation()

@@ -365,7 +365,6 @@ class GRPOJobSpec(ApiModel):
         environment_not_with_client = env_rules.ENVIRONMENT_NOT_WITH_CLIENT
         environment_not_colocated = env_rules.ENVIRONMENT_NOT_COLOCATED
         environment_not_with_dynamic_sampling = env_rules.ENVIRONMENT_NOT_WITH_DYNAMIC_SAMPLING
-        environment_not_with_validation = env_rules.ENVIRONMENT_NOT_WITH_VALIDATION
 
     model: ModelSpec = Field(
         description="The model to fine-tune. Immutable, except tokenSecretRef.",
