@@ -17,8 +17,8 @@ from grpo_metric import MetricServer
 
 from tests.harness import openenv_env, vllm_server
 from tests.harness.ports import free_port
-from tests.trainer.toy import REPO, read_jsonl, start_trainer
-from tests.trainer.vllm_runs import check_async_rows, environment_config
+from tests.trainer.toy import read_jsonl, start_trainer
+from tests.trainer.vllm_runs import calculator_config, check_async_rows, environment_config, serve_calculator
 from tests.trainer.weights import changed_overall, load_weights
 
 pytestmark = [pytest.mark.trainer, pytest.mark.slow, pytest.mark.vllm]
@@ -126,14 +126,10 @@ def test_an_environment_job_killed_mid_episode_replays_the_step_and_trains_every
     """SIGKILL while a step's episodes talk to the calculator: nothing of that step was trained, so the
     resumed trainer replays it from the checkpoint on the same prompts, and every step's episodes are
     trained (and logged) once."""
-    calculator = REPO / "examples" / "environments" / "calculator"
-    env = openenv_env.serve(calculator, free_port(), tmp_path / "env.log", app="calculator_env:app")
+    env = serve_calculator(tmp_path)
     steps = 5
     try:
-        config = environment_config(
-            tmp_path, tiny_model, toy_metric, served_tiny, env.url, steps=steps,
-            maxTurns=3, maxTurnTokens=6, maxObservationTokens=12, observationField="text", concurrency=4,
-        )  # fmt: skip
+        config = calculator_config(tmp_path, tiny_model, toy_metric, served_tiny, env.url, steps)
         data = json.loads(config.read_text())
         data["checkpoints"]["everySteps"] = 2
         config.write_text(json.dumps(data))
@@ -211,19 +207,15 @@ def test_asynchronous_episodes_run_a_step_ahead_stamped_with_their_weights_and_a
 ) -> None:
     """spec.grpo.maxStaleness 1 on an environment job: the next step's episodes run against the calculator
     while this one trains; each episode carries the policy version vLLM sampled all its turns with, within
-    the bound, and is still trained on exactly its sampled tokens."""
-    calculator = REPO / "examples" / "environments" / "calculator"
-    env = openenv_env.serve(calculator, free_port(), tmp_path / "env.log", app="calculator_env:app")
+    the bound, and is still trained on exactly its sampled tokens. Validation runs its own episodes every
+    second step on that step's weights."""
+    env = serve_calculator(tmp_path)
     steps = 4
     try:
-        config = environment_config(
-            tmp_path, tiny_model, toy_metric, served_tiny, env.url, steps=steps,
-            maxTurns=3, maxTurnTokens=6, maxObservationTokens=12, observationField="text", concurrency=4,
+        config = calculator_config(
+            tmp_path, tiny_model, toy_metric, served_tiny, env.url, steps,
+            maxStaleness=1, validation={"everySteps": 2, "maxPrompts": 4},
         )  # fmt: skip
-        data = json.loads(config.read_text())
-        data["grpo"]["maxStaleness"] = 1
-        data["grpo"]["validation"] = {"everySteps": 2, "maxPrompts": 4}
-        config.write_text(json.dumps(data))
         process = start_trainer(config, tmp_path / "trainer.log", GRPO_EPISODES_LOGGED_PER_STEP="100")
         assert process.wait(timeout=900) == 0, (tmp_path / "trainer.log").read_text()[-4000:]
     finally:

@@ -10,9 +10,9 @@ from typing import Any
 from grpo_metric import MetricServer
 from grpo_operator.api.grpo_spec import GRPOSpec
 
-from tests.harness import vllm_server
+from tests.harness import openenv_env, vllm_server
 from tests.harness.ports import free_port
-from tests.trainer.toy import start_trainer, trainer_config
+from tests.trainer.toy import REPO, start_trainer, trainer_config
 
 # vLLM serves bfloat16 weights of a float32 trainer: the probe's mean |difference| stays near 0.01.
 SAME = 0.05
@@ -164,5 +164,34 @@ def environment_config(
     data["grpo"].update(groupSize=2, promptsPerStep=2)
     data["trainer"]["perDeviceBatchSize"] = 2
     data["environment"] = {"url": url, "timeoutSeconds": 30, **environment}
+    config.write_text(json.dumps(data))
+    return config
+
+
+CALCULATOR = REPO / "examples" / "environments" / "calculator"
+
+
+def serve_calculator(tmp_path: Path) -> openenv_env.EnvironmentProcess:
+    """The calculator environment of examples/, served as its image serves it."""
+    return openenv_env.serve(CALCULATOR, free_port(), tmp_path / "env.log", app="calculator_env:app")
+
+
+def calculator_config(
+    tmp_path: Path,
+    model: Path,
+    metric: MetricServer,
+    server: vllm_server.VLLMProcess,
+    url: str,
+    steps: int,
+    **grpo: Any,
+) -> Path:
+    """trainer.json of a job whose episodes run against the calculator: up to 3 turns of at most 6 tokens,
+    4 episodes at a time; ``grpo`` overrides spec.grpo fields."""
+    config = environment_config(
+        tmp_path, model, metric, server, url, steps=steps,
+        maxTurns=3, maxTurnTokens=6, maxObservationTokens=12, observationField="text", concurrency=4,
+    )  # fmt: skip
+    data = json.loads(config.read_text())
+    data["grpo"].update(grpo)
     config.write_text(json.dumps(data))
     return config
