@@ -107,6 +107,8 @@ def test_an_environment_that_errs_hangs_or_rewards_nan_fails_its_episodes_unscor
     # Step 1 trains on the fair episodes alone: the failed ones are unscored (reward none, never 0), so the
     # step's mean is the fair episodes' 1.0, and each failure names what the environment did.
     assert len(rows) == 1 and rows[0]["episodes"] == 4 and rows[0]["environment_errors"] == 3, rows
+    # They are the environment's failures, not the metric's: no MetricErrors diagnosis, alert or budget.
+    assert rows[0]["metric_error_ratio"] == 0, rows
     assert len(fair) == 1 and len(failed) == 3, episodes
     assert rows[0]["reward_mean"] == pytest.approx(1.0), rows[0]
     assert fair and all(e["reward"] == 1.0 for e in fair), fair

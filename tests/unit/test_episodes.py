@@ -146,6 +146,8 @@ def test_failed_episodes_are_unscored_not_zero_and_format_failures_are_counted_a
     )
     assert out == [1.0, None, -1.0, 0.5]
     assert reward.last.errors == 1 and reward.last.format_failures == 1
+    # The environment's failure is not the metric's (metric_error_ratio, MetricErrors, grpo_metric_errors_total).
+    assert reward.last.metric_errors == 0 and reward.last.environment_errors == 1
 
 
 def test_the_sampled_tokens_logprob_is_found_among_top_alternatives() -> None:
@@ -221,3 +223,5 @@ def test_a_metric_beside_the_environment_scores_final_answers_and_fails_apart() 
     assert results[4].kind == "error" and "metric service" in results[4].reason
     assert results[2].kind == "error" and "did not answer" in results[2].reason
     assert reward.metric_errors == 1 and reward.last.errors == 2
+    # Only the metric's failure is the metric's: the environment's is counted apart.
+    assert reward.last.metric_errors == 1 and reward.last.environment_errors == 1

@@ -187,14 +187,13 @@ class EnvironmentProgressCallback(ProgressCallback):
             self.tracker.validation(step, lines)
 
     def check_budgets(self, stats: StepStats, step: int) -> None:
-        # Each service is held to its own budget: the step's unscored episodes are the environment's failures
-        # plus the metric's (which scores only what the environment did not fail).
-        environment_errors = self.book.stats.environment_errors
+        # Each service is held to its own budget: stats.metric_errors counts the metric's failures alone (it
+        # scores only what the environment did not fail), the book the environment's.
         if self.metric_budget is not None:
-            self.metric_budget.record(max(0, stats.metric_errors - environment_errors), stats.rollouts)
+            self.metric_budget.record(stats.metric_errors, stats.rollouts)
             self.metric_budget.check(step)
         if self.budget is not None:
-            self.budget.record(environment_errors, stats.rollouts)
+            self.budget.record(self.book.stats.environment_errors, stats.rollouts)
             self.budget.check(step)
 
     def reward_seconds(self) -> float:

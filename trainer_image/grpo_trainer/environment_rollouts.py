@@ -263,7 +263,12 @@ class EnvironmentReward:
 
     def __call__(self, prompts: list[Any], completions: list[Any], **kwargs: Any) -> list[float | None]:
         results = self.score(kwargs)
-        self.last = ScoredBatch(list(kwargs[PROMPT_TEXT_FIELD]), list(kwargs[EPISODE_TEXT_FIELD]), results)
+        self.last = ScoredBatch(
+            list(kwargs[PROMPT_TEXT_FIELD]),
+            list(kwargs[EPISODE_TEXT_FIELD]),
+            results,
+            environment_errors=sum(r.kind == "error" for r in results) - self.metric_errors,
+        )
         return [r.reward if r.kind != "error" else None for r in results]
 
     def score(self, kwargs: dict[str, Any], path: str = SCORE_PATH) -> list[ScoreResult]:

@@ -54,6 +54,9 @@ class ScoredBatch:
     results: list[ScoreResult] = field(default_factory=list)
     # The items as sent: their dataset row (the reference answer among its columns) and why each ended.
     items: list[ScoreItem] = field(default_factory=list)
+    # Of the errors, those that are not the metric's (an environment that failed the episode): counted apart
+    # (grpo_episodes_total, environment_errors) and against the environment's own budget.
+    environment_errors: int = 0
 
     @property
     def format_failures(self) -> int:
@@ -62,6 +65,12 @@ class ScoredBatch:
     @property
     def errors(self) -> int:
         return sum(r.kind == "error" for r in self.results)
+
+    @property
+    def metric_errors(self) -> int:
+        """What the metric service failed to score: the step's metric_error_ratio, grpo_metric_errors_total,
+        spec.metric.errorBudget and the MetricErrors diagnosis."""
+        return self.errors - self.environment_errors
 
     def component_totals(self) -> dict[str, tuple[float, int]]:
         """Each reward component's (sum, count) over the scored completions (format failures and errors

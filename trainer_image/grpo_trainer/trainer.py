@@ -320,7 +320,11 @@ class ProjectGRPOTrainer(GRPOTrainer):  # type: ignore[misc]
         self.grpo_last_result = result
         scored = getattr(self.reward_funcs[0], "last", None)
         ff = scored.format_failures if scored is not None else 0
-        err = scored.errors if scored is not None else int(torch.isnan(self.grpo_last_rewards).sum().item())
+        err = (
+            scored.metric_errors
+            if scored is not None
+            else int(torch.isnan(self.grpo_last_rewards).sum().item())
+        )
         return output, result, [ff, err, n_local]
 
     def _component_means(self) -> dict[str, float]:
