@@ -18,7 +18,13 @@ from grpo_metric import MetricServer
 from tests.harness import openenv_env, vllm_server
 from tests.harness.ports import free_port
 from tests.trainer.toy import read_jsonl, start_trainer
-from tests.trainer.vllm_runs import calculator_config, check_async_rows, environment_config, serve_calculator
+from tests.trainer.vllm_runs import (
+    calculator_config,
+    check_async_rows,
+    environment_config,
+    serve_calculator,
+    train_logging_every_episode,
+)
 from tests.trainer.weights import changed_overall, load_weights
 
 pytestmark = [pytest.mark.trainer, pytest.mark.slow, pytest.mark.vllm]
@@ -35,8 +41,7 @@ def test_three_turn_episodes_against_openenvs_template_train_exactly_the_sampled
             tmp_path, tiny_model, toy_metric, served_tiny, env.url, steps=2,
             maxTurns=3, maxTurnTokens=6, maxObservationTokens=12, observationField="echoed_message", concurrency=1,
         )  # fmt: skip
-        process = start_trainer(config, tmp_path / "trainer.log", GRPO_EPISODES_LOGGED_PER_STEP="100")
-        assert process.wait(timeout=900) == 0, (tmp_path / "trainer.log").read_text()[-4000:]
+        train_logging_every_episode(config, tmp_path)
     finally:
         env.stop()
 
@@ -183,8 +188,7 @@ def test_a_metric_beside_the_environment_scores_each_episodes_final_answer(
                 tmp_path, tiny_model, metric, served_tiny, env.url, steps=2,
                 with_metric=True, maxTurns=2, maxTurnTokens=6, observationField="echoed_message", concurrency=1,
             )  # fmt: skip
-            process = start_trainer(config, tmp_path / "trainer.log", GRPO_EPISODES_LOGGED_PER_STEP="100")
-            assert process.wait(timeout=900) == 0, (tmp_path / "trainer.log").read_text()[-4000:]
+            train_logging_every_episode(config, tmp_path)
     finally:
         env.stop()
 
@@ -218,8 +222,7 @@ def test_asynchronous_episodes_run_a_step_ahead_stamped_with_their_weights_and_a
             tmp_path, tiny_model, toy_metric, served_tiny, env.url, steps,
             maxStaleness=1, validation={"everySteps": 2, "maxPrompts": 4},
         )  # fmt: skip
-        process = start_trainer(config, tmp_path / "trainer.log", GRPO_EPISODES_LOGGED_PER_STEP="100")
-        assert process.wait(timeout=900) == 0, (tmp_path / "trainer.log").read_text()[-4000:]
+        train_logging_every_episode(config, tmp_path)
     finally:
         env.stop()
     rows = read_jsonl(tmp_path / "out" / "metrics.jsonl")

@@ -195,3 +195,9 @@ def calculator_config(
     data["grpo"].update(grpo)
     config.write_text(json.dumps(data))
     return config
+
+
+def train_logging_every_episode(config: Path, tmp_path: Path) -> None:
+    """Run the environment job of ``config`` to its end (exit 0), every episode of every step logged."""
+    process = start_trainer(config, tmp_path / "trainer.log", GRPO_EPISODES_LOGGED_PER_STEP="100")
+    assert process.wait(timeout=900) == 0, (tmp_path / "trainer.log").read_text()[-4000:]
