@@ -102,8 +102,15 @@ def test_default_dtype_at_a_production_learning_rate_trains_and_serves_bf16(
     base, step1, step2 = (
         weights(d) for d in (tiny_model, tmp_path / "ckpt" / "step-1", tmp_path / "ckpt" / "step-2")
     )
-    moved = sum(int((step1[k] != v).sum()) for k, v in base.items()) / sum(v.numel() for v in base.values())
-    assert moved >= 0.99, f"only {moved:.2%} of the weights moved in step 1 at lr 1e-6"
+    # The embedding is judged apart: only the rows of tokens in a group with an advantage get a gradient,
+    # and which tokens those are depends on what vLLM sampled (counting it in swung the overall figure
+    # across 99 %). Every other weight gets a gradient every step.
+    embed = "model.embed_tokens.weight"
+    body = [k for k in base if k != embed]
+    moved = sum(int((step1[k] != base[k]).sum()) for k in body) / sum(base[k].numel() for k in body)
+    assert moved >= 0.99, f"only {moved:.2%} of the non-embedding weights moved in step 1 at lr 1e-6"
+    rows_moved = int((step1[embed] != base[embed]).any(dim=1).sum())
+    assert rows_moved > 0, "no embedding row moved in step 1 at lr 1e-6"
     # The last sync (before step 3) carried step 2's masters, cast to the bf16 vLLM serves.
     sent = weights(tmp_path / "volume" / "weight-sync" / "v000003")
     assert {t.dtype for t in sent.values()} == {torch.bfloat16}
