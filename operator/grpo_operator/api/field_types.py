@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from typing import Annotated, Any
 
-from pydantic import AfterValidator, BeforeValidator, WithJsonSchema
+from pydantic import AfterValidator, BeforeValidator, Field, WithJsonSchema
 
 # Characters a container image reference or model id never contains. Spelled out rather than \s
 # because RE2 (API server) and Rust regex (pydantic) disagree on what \s covers beyond ASCII.
@@ -28,6 +28,16 @@ DNS1123_LABEL_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 ENV_NAME_PATTERN = r"^[-._a-zA-Z][-._a-zA-Z0-9]*$"
 # Keys of a Secret or ConfigMap as Kubernetes accepts them.
 CONFIG_KEY_PATTERN = r"^[-._a-zA-Z0-9]+$"
+
+# The name of a Secret or ConfigMap the spec refers to (its field says which, in its description), and one
+# of its keys: the one definition the models that point at a key share.
+ObjectName = Annotated[str, Field(min_length=1, max_length=253, pattern=DNS1123_SUBDOMAIN_PATTERN)]
+ObjectKey = Annotated[
+    str,
+    Field(
+        min_length=1, max_length=253, pattern=CONFIG_KEY_PATTERN, description="The key whose value is used."
+    ),
+]
 
 
 def _integral_float_to_int(value: Any) -> Any:

@@ -7,21 +7,14 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from grpo_operator.api.base import ApiModel, CelRule, CelRules
-from grpo_operator.api.field_types import CONFIG_KEY_PATTERN, DNS1123_SUBDOMAIN_PATTERN, NO_SPACE_PATTERN
+from grpo_operator.api.field_types import NO_SPACE_PATTERN, ObjectKey, ObjectName
 
 
 class SecretKeySelector(ApiModel):
     """One key of a Secret in the job's namespace."""
 
-    name: str = Field(
-        min_length=1,
-        max_length=253,
-        pattern=DNS1123_SUBDOMAIN_PATTERN,
-        description="Name of the Secret (in the job's namespace).",
-    )
-    key: str = Field(
-        min_length=1, max_length=253, pattern=CONFIG_KEY_PATTERN, description="The key whose value is used."
-    )
+    name: ObjectName = Field(description="Name of the Secret (in the job's namespace).")
+    key: ObjectKey
 
 
 class ModelSpec(ApiModel):

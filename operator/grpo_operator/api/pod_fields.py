@@ -9,10 +9,10 @@ from pydantic import AfterValidator, Field, WithJsonSchema, model_validator
 
 from grpo_operator.api.base import ApiModel, CelRule, CelRules
 from grpo_operator.api.field_types import (
-    CONFIG_KEY_PATTERN,
-    DNS1123_SUBDOMAIN_PATTERN,
     ENV_NAME_PATTERN,
     INTEGRAL_FLOAT,
+    ObjectKey,
+    ObjectName,
     Quantity,
 )
 
@@ -20,15 +20,8 @@ from grpo_operator.api.field_types import (
 class KeyRef(ApiModel):
     """One key of a Secret or ConfigMap in the job's namespace."""
 
-    name: str = Field(
-        min_length=1,
-        max_length=253,
-        pattern=DNS1123_SUBDOMAIN_PATTERN,
-        description="Name of the Secret or ConfigMap (in the job's namespace).",
-    )
-    key: str = Field(
-        min_length=1, max_length=253, pattern=CONFIG_KEY_PATTERN, description="The key whose value is used."
-    )
+    name: ObjectName = Field(description="Name of the Secret or ConfigMap (in the job's namespace).")
+    key: ObjectKey
     optional: bool | None = Field(
         default=None,
         description="true: a missing object or key leaves the variable unset instead of failing.",
@@ -172,9 +165,4 @@ class Affinity(ApiModel):
 class ImagePullSecret(ApiModel):
     """A Secret of type kubernetes.io/dockerconfigjson in the job's namespace."""
 
-    name: str = Field(
-        min_length=1,
-        max_length=253,
-        pattern=DNS1123_SUBDOMAIN_PATTERN,
-        description="Name of the Secret.",
-    )
+    name: ObjectName = Field(description="Name of the Secret.")
