@@ -166,15 +166,17 @@ def parse_components(raw: Any) -> dict[str, float]:
     for name, value in raw.items():
         if not isinstance(name, str) or not COMPONENT_NAME.match(name):
             raise ProtocolError(f"component name {str(name)[:40]!r} is not {COMPONENT_NAME_RULE}")
-        number = _finite(value)
+        number = finite_number(value)
         if number is None:
             raise ProtocolError(f"component {name!r} is {str(value)[:40]!r}, not a finite number")
         out[name] = number
     return out
 
 
-def _finite(value: Any) -> float | None:
-    """``value`` as a finite float, or None (not a number, a bool, NaN, infinite, or an int past float range)."""
+def finite_number(value: Any) -> float | None:
+    """``value`` as a finite float, or None (not a number, a bool, NaN, infinite, or an int past float range):
+    JSON allows integers no float holds, and Python's json reads NaN. The kubectl plugin reads the trainer's
+    JSON figures with it too (kubectl_plugin/data.py)."""
     if isinstance(value, bool) or not isinstance(value, int | float):
         return None
     try:

@@ -17,11 +17,11 @@ status): through its API model only, so a status that does not validate is left 
 from __future__ import annotations
 
 import json
-import math
 import re
 from dataclasses import dataclass
 from typing import Any
 
+from grpo_metric.protocol import finite_number as as_float
 from pydantic import ValidationError
 
 from grpo_operator.api.learning_health import LearningStatus, describe
@@ -205,17 +205,6 @@ def series(rows: list[dict[str, Any]], key: str) -> list[float | None]:
     for row in rows:
         out.append(as_float(row.get(key)))
     return out
-
-
-def as_float(value: Any) -> float | None:
-    """A finite number, or None: JSON allows integers no float holds, and Python's json reads NaN."""
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return None
-    try:
-        number = float(value)
-    except OverflowError:
-        return None
-    return number if math.isfinite(number) else None
 
 
 # Steps --best/--worst rank the groups of when no --step is given: the policy as it is now, not step 1's.
