@@ -25,7 +25,6 @@ from collections.abc import Iterable, Sequence
 from typing import Any, cast
 
 import kopf
-from aiohttp import web
 from grpo_operator import __version__
 from grpo_operator.api.resource import GROUP, PLURAL, VERSION
 from grpo_operator.builders.common import LABEL_JOB
@@ -34,7 +33,7 @@ from grpo_operator.runtime import kopf_settings
 from grpo_operator.runtime.controller import Controller
 from grpo_operator.runtime.informer import ClusterCache, slim
 from grpo_operator.runtime.kube_client import CHILD_RESOURCES, NODE, Obj, Resource
-from grpo_operator.runtime.process import make_controller, serve_http, stop_serving
+from grpo_operator.runtime.process import lifecycle_registry, make_controller, run_operator
 from grpo_operator.runtime.wakeups import CHILD_SELECTOR, METADATA_ONLY_KINDS, managed_child
 from grpo_operator.settings import OperatorSettings, SettingsError
 
@@ -245,20 +244,13 @@ def configure(settings: kopf.OperatorSettings) -> None:
 
 
 def build_registry(controller: Controller, cache: KopfCache) -> kopf.OperatorRegistry:
-    registry = kopf.OperatorRegistry()
-    runner: list[web.AppRunner] = []
-
-    @kopf.on.login(registry=registry)
-    def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
-        return kopf.login_via_client(**kwargs)
-
-    @kopf.on.startup(registry=registry)
-    async def startup(settings: kopf.OperatorSettings, **kwargs: Any) -> None:
+    def prepare(settings: kopf.OperatorSettings, kwargs: dict[str, Any]) -> None:
         configure(settings)
         cache.jobs = kwargs[JOBS]
         cache.children = kwargs[CHILDREN]
         cache.nodes = kwargs[NODES]
-        await serve_http(controller, runner)
+
+    def start() -> None:
         controller.start(watch=False)
         # The Controller reads its cache through ClusterCache's methods only; KopfCache has the same ones.
         controller.cache = cast(ClusterCache, cache)
@@ -269,25 +261,9 @@ def build_registry(controller: Controller, cache: KopfCache) -> kopf.OperatorReg
             controller.settings.resync_seconds,
         )
 
-    @kopf.on.cleanup(registry=registry)
-    async def cleanup(**_: Any) -> None:
-        await stop_serving(controller, runner)
-
+    registry = lifecycle_registry(controller, prepare, start)
     register_watching(registry, controller, cache)
     return registry
-
-
-async def run_operator(controller: Controller) -> None:
-    kopf_config = kopf.OperatorSettings()
-    configure(kopf_config)
-    settings = controller.settings
-    await kopf.operator(
-        registry=build_registry(controller, KopfCache()),
-        settings=kopf_config,
-        clusterwide=settings.clusterwide,
-        namespaces=() if settings.clusterwide else list(settings.namespaces),
-        standalone=True,
-    )
 
 
 def _settings(args: Any, namespaces: Iterable[str] | None) -> OperatorSettings:
@@ -316,7 +292,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     controller = make_controller(settings, args.kubeconfig)
     log.info("grpo-operator %s starting (kopf's own watching)", __version__)
     with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(run_operator(controller))
+        asyncio.run(
+            run_operator(controller, registry=build_registry(controller, KopfCache()), configure=configure)
+        )
     return 0
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from typing import Any
 
 import kopf
@@ -28,19 +29,8 @@ log = logging.getLogger("grpo_operator")
 def build_registry(controller: Controller) -> kopf.OperatorRegistry:
     """A fresh kopf registry per operator, so several can run in one process (tests) without sharing
     lifecycle handlers."""
-    registry = kopf.OperatorRegistry()
-    runner: list[web.AppRunner] = []
 
-    @kopf.on.login(registry=registry)
-    def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
-        # A fresh registry has none of kopf's default login handlers: use the same credentials as the
-        # reconcile loop (in-cluster ServiceAccount, else $KUBECONFIG).
-        return kopf.login_via_client(**kwargs)
-
-    @kopf.on.startup(registry=registry)
-    async def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
-        kopf_settings.configure(settings)
-        await serve_http(controller, runner)
+    def start() -> None:
         controller.start()
         scope = (
             "all namespaces" if controller.settings.clusterwide else ", ".join(controller.settings.namespaces)
@@ -52,14 +42,39 @@ def build_registry(controller: Controller) -> kopf.OperatorRegistry:
             controller.settings.resync_seconds,
         )
 
-    @kopf.on.cleanup(registry=registry)
-    async def cleanup(**_: Any) -> None:
-        await stop_serving(controller, runner)
-
     # No kopf resource handlers: the controller's own informers (runtime/informer.py) watch GRPOJobs,
     # every child kind and nodes into caches that reconcile reads from. kopf's per-object handler
     # machinery would watch the same streams a second time and cost CPU per event for nothing
     # (docs/scaling.md, "kopf's own watching vs the runtime's informers", has the figures).
+    return lifecycle_registry(controller, lambda settings, _: kopf_settings.configure(settings), start)
+
+
+def lifecycle_registry(
+    controller: Controller,
+    prepare: Callable[[kopf.OperatorSettings, dict[str, Any]], None],
+    start: Callable[[], None],
+) -> kopf.OperatorRegistry:
+    """A fresh kopf registry with the operator's lifecycle: login; startup (``prepare`` with kopf's settings
+    and the startup handler's arguments, the HTTP server, then ``start``); cleanup. bench/kopf_watching.py
+    builds its variant of the operator on it."""
+    registry = kopf.OperatorRegistry()
+    runner: list[web.AppRunner] = []
+
+    @kopf.on.login(registry=registry)
+    def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
+        # A fresh registry has none of kopf's default login handlers: use the same credentials as the
+        # reconcile loop (in-cluster ServiceAccount, else $KUBECONFIG).
+        return kopf.login_via_client(**kwargs)
+
+    @kopf.on.startup(registry=registry)
+    async def startup(settings: kopf.OperatorSettings, **kwargs: Any) -> None:
+        prepare(settings, kwargs)
+        await serve_http(controller, runner)
+        start()
+
+    @kopf.on.cleanup(registry=registry)
+    async def cleanup(**_: Any) -> None:
+        await stop_serving(controller, runner)
 
     return registry
 
@@ -87,13 +102,20 @@ def make_controller(settings: OperatorSettings, kubeconfig: str | None = None) -
     return Controller(settings, kube)
 
 
-async def run_operator(controller: Controller, stop_flag: asyncio.Event | None = None) -> None:
-    """Run until SIGINT/SIGTERM (or ``stop_flag``)."""
+async def run_operator(
+    controller: Controller,
+    stop_flag: asyncio.Event | None = None,
+    *,
+    registry: kopf.OperatorRegistry | None = None,
+    configure: Callable[[kopf.OperatorSettings], None] = kopf_settings.configure,
+) -> None:
+    """Run until SIGINT/SIGTERM (or ``stop_flag``); ``registry`` and ``configure`` are the operator's unless
+    given (bench/kopf_watching.py gives its own)."""
     kopf_config = kopf.OperatorSettings()
-    kopf_settings.configure(kopf_config)
+    configure(kopf_config)
     settings = controller.settings
     await kopf.operator(
-        registry=build_registry(controller),
+        registry=registry if registry is not None else build_registry(controller),
         settings=kopf_config,
         clusterwide=settings.clusterwide,
         namespaces=() if settings.clusterwide else list(settings.namespaces),
