@@ -1,5 +1,6 @@
-"""Upgrading the operator must not disturb the jobs it already runs: fields added to the spec after the first
-release (grpo_operator.api.compat.LATER_FIELDS) change neither the gang hash nor trainer.json while they
+"""Upgrading the operator must not disturb the jobs it already runs: fields added to the spec after the upgrade
+baseline (grpo_operator.api.compat.LATER_FIELDS; the baseline is the development commit released_fields.json
+names, no release yet) change neither the gang hash nor trainer.json while they
 hold their defaults, so no running gang restarts and an older trainer image (pinned in a job's
 spec.trainer.image, and strict about unknown keys) still reads its config."""
 
@@ -108,7 +109,7 @@ def _unsafe_new_fields(fields: dict[tuple[str, ...], object], released: dict[str
 def test_every_field_added_since_the_release_is_none_defaulted_or_handled_for_upgrades() -> None:
     unsafe = _unsafe_new_fields(spec_fields(GRPOJobSpec), _released())
     assert not unsafe, (
-        f"spec fields added since the release with a non-None default: {unsafe}. Jobs the operator already "
+        f"spec fields added since the upgrade baseline with a non-None default: {unsafe}. Jobs the operator already "
         "runs get them at their default, which would change the gang hash (restarting every running gang) "
         "and trainer.json (an older trainer image refuses unknown keys): give the field a None default, or "
         "list it in grpo_operator.api.compat.LATER_FIELDS (docs/development.md, 'A new spec field')"
@@ -135,10 +136,10 @@ def test_released_defaults_are_unchanged() -> None:
     }
     changed = {k: (v, now[k]) for k, v in released.items() if k in now and now[k] != v}
     assert not changed, (
-        f"released spec fields whose default changed (released, now): {changed}. A running job holds the "
-        "released default implicitly; changing it changes the gang hash and restarts every running gang"
+        f"baseline spec fields whose default changed (baseline, now): {changed}. A running job holds the "
+        "baseline default implicitly; changing it changes the gang hash and restarts every running gang"
     )
-    assert set(_released()) <= set(now), f"released fields removed: {sorted(set(_released()) - set(now))}"
+    assert set(_released()) <= set(now), f"baseline fields removed: {sorted(set(_released()) - set(now))}"
 
 
 def test_the_snapshot_says_what_it_is_a_snapshot_of() -> None:
@@ -149,25 +150,25 @@ def test_the_snapshot_says_what_it_is_a_snapshot_of() -> None:
 
 def test_every_trainer_json_key_added_since_the_release_stays_out_of_an_upgraded_jobs_file() -> None:
     """An older trainer image (a job's pinned spec.trainer.image) reads the trainer.json a newer operator
-    writes, and refuses keys it does not know: a key added since the release must be absent while unused."""
+    writes, and refuses keys it does not know: a key added since the upgrade baseline must be absent while unused."""
     released = dict(_snapshot()["trainerJson"])
     unsafe = _unsafe_new_fields(spec_fields(TrainerConfig), released)
     assert not unsafe, (
-        f"trainer.json keys added since the release with a non-None default: {unsafe}. The operator writes "
-        "them into every job's trainer.json, which a released trainer image refuses (it does not know them): "
+        f"trainer.json keys added since the upgrade baseline with a non-None default: {unsafe}. The operator writes "
+        "them into every job's trainer.json, which a baseline trainer image refuses (it does not know them): "
         "give the key a None default, or list it in grpo_operator.api.compat.LATER_FIELDS"
     )
     now = {".".join(path) for path in spec_fields(TrainerConfig)}
     assert set(released) <= now, (
-        f"trainer.json keys of the release removed: {sorted(set(released) - now)}. A released operator "
+        f"trainer.json keys of the baseline removed: {sorted(set(released) - now)}. A baseline operator "
         "still writes them, and this trainer would refuse its trainer.json: keep them (ignored) until no "
         "supported operator writes them"
     )
 
 
 def test_an_upgraded_jobs_trainer_json_holds_only_keys_of_the_release() -> None:
-    """The file the operator writes now for a job of the release (every spec field at its released default)
-    has no key a released trainer image would not know."""
+    """The file the operator writes now for a job of the baseline (every spec field at its baseline default)
+    has no key a baseline trainer image would not know."""
     released = {tuple(k.split(".")) for k in _snapshot()["trainerJson"]}
     text = trainer_config_text(job_from_object(job_object()), OperatorSettings())
 
@@ -182,7 +183,7 @@ def test_an_upgraded_jobs_trainer_json_holds_only_keys_of_the_release() -> None:
 
     unknown = sorted(".".join(p) for p in paths(json.loads(text)) - released)
     assert not unknown, (
-        f"trainer.json of a released job holds keys a released trainer does not know: {unknown}"
+        f"trainer.json of a baseline job holds keys a baseline trainer does not know: {unknown}"
     )
 
 

@@ -1,4 +1,5 @@
-"""Spec fields added after the first release, and their defaults.
+"""Spec fields added after the upgrade baseline (the development commit released_fields.json names; no
+release yet), and their defaults.
 
 An upgraded operator finds them, at their defaults, in every job it already runs. Two things must not
 change for those jobs: the gang hash (a change restarts the running gang) and trainer.json (an older
