@@ -21,7 +21,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from grpo_metric.protocol import finite_number as as_float
+from grpo_metric.protocol import finite_number
 from pydantic import ValidationError
 
 from grpo_operator.api.learning_health import LearningStatus, describe
@@ -198,6 +198,11 @@ def checkpoints(entries: list[str], manifest: dict[str, Any] | None) -> list[Che
             step = int(match.group(1))
             found.append(Checkpoint(step, f"{CHECKPOINT_DIR}/{entry}", step == latest))
     return sorted(found, key=lambda c: c.step)
+
+
+# A finite number, or None: the trainer's JSON figures as the plugin shows them (one definition, the metric
+# protocol's).
+as_float = finite_number
 
 
 def series(rows: list[dict[str, Any]], key: str) -> list[float | None]:
