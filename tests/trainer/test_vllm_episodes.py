@@ -256,3 +256,51 @@ def test_asynchronous_episodes_run_a_step_ahead_stamped_with_their_weights_and_a
         assert len(mine) == 4 and all(s["outcome"] and s["completion"] for s in mine), mine
         scored = [s["reward"] for s in mine if s["reward"] is not None]
         assert row["validation_mean"] == pytest.approx(sum(scored) / len(scored)), (row, mine)
+
+
+def test_dynamic_sampling_replaces_tied_groups_of_episodes_and_trains_the_refills_token_for_token(
+    tmp_path: Path, tiny_model: Path, toy_metric: MetricServer, served_tiny: vllm_server.VLLMProcess
+) -> None:
+    """spec.grpo.dynamicSampling on an environment job: a group of episodes that all got the same reward is
+    dropped and a new group runs on another prompt in its place. The environment ties three rows in four,
+    so most steps refill; every trained episode, a refill's included, is trained on exactly the tokens vLLM
+    sampled, and a replaced one is logged as not trained."""
+    env = openenv_env.serve(
+        Path(__file__).parent / "environments", free_port(), tmp_path / "env.log", app="tied_env:app"
+    )
+    steps = 3
+    try:
+        config = environment_config(
+            tmp_path, tiny_model, toy_metric, served_tiny, env.url, steps=steps,
+            maxTurns=2, maxTurnTokens=6, observationField="text", concurrency=4,
+        )  # fmt: skip
+        data = json.loads(config.read_text())
+        data["grpo"]["dynamicSampling"] = True
+        config.write_text(json.dumps(data))
+        train_logging_every_episode(config, tmp_path)
+    finally:
+        env.stop()
+
+    rows = read_jsonl(tmp_path / "out" / "metrics.jsonl")
+    episodes = read_jsonl(tmp_path / "out" / "episodes.jsonl")
+    assert [r["step"] for r in rows] == list(range(1, steps + 1)), rows
+    assert sum(r["refill_rounds"] for r in rows) > 0, rows
+    for row in rows:
+        mine = [e for e in episodes if e["step"] == row["step"]]
+        # Every episode run is counted and logged: the step's 4 and 4 more for each refill round.
+        assert row["episodes"] == len(mine) == 4 * (1 + row["refill_rounds"]), (row, mine)
+        assert sorted({e["round"] for e in mine}) == list(range(1 + row["refill_rounds"])), mine
+        # The step trains on 4 episodes, as many as without dynamic sampling.
+        assert sum(e["trained"] for e in mine) == 4, mine
+        for e in mine:
+            assert e["reward"] == pytest.approx(e["environmentReward"]), e
+            if not e["trained"]:
+                # Only a tied group is replaced: the environment's tie is 0.5 for every episode.
+                assert e["reward"] == 0.5 and "trainedIds" not in e, e
+                continue
+            sampled = [t for turn in e["turns"] for t in turn["ids"]]
+            trained, mask = e["trainedIds"], e["trainedMask"]
+            assert [t for t, m in zip(trained, mask, strict=True) if m] == sampled, e
+    # A refill round's episode reached the loss in some step, and a tied one was left out.
+    assert any(e["round"] > 0 and e["trained"] for e in episodes), episodes
+    assert any(e["trained"] is False for e in episodes), episodes

@@ -144,7 +144,6 @@ RULE_BREAKERS: dict[CelRule, dict[str, Any]] = {
         "spec.environment": ENVIRONMENT["spec.environment"],
     },
     GRPOJobSpec.Rules.environment_not_colocated: {**ENVIRONMENT, "spec.generation.mode": "Colocate"},
-    GRPOJobSpec.Rules.environment_not_with_dynamic_sampling: {**ENVIRONMENT, "spec.grpo.preset": "dapo"},
 }
 
 

@@ -79,16 +79,6 @@ def refusal(changes: dict[str, Any]) -> RuleViolation:
             "sampled from the job's vLLM server. Remove spec.generation.mode",
         ),
         (
-            {**ENVIRONMENT, "spec.grpo.dynamicSampling": True},
-            GRPOJobSpec.Rules.environment_not_with_dynamic_sampling,
-            "Set dynamicSampling: false",
-        ),
-        (
-            {**ENVIRONMENT, "spec.grpo.preset": "dapo"},
-            GRPOJobSpec.Rules.environment_not_with_dynamic_sampling,
-            "by spec.grpo.preset dapo",
-        ),
-        (
             {**ENVIRONMENT, "spec.dataset": None},
             GRPOJobSpec.Rules.dataset_required,
             "resets spec.environment's episodes with",
@@ -97,8 +87,6 @@ def refusal(changes: dict[str, Any]) -> RuleViolation:
     ids=[
         "client",
         "colocate",
-        "dynamic-sampling",
-        "dapo-preset",
         "no-dataset",
     ],
 )
@@ -118,11 +106,10 @@ def test_a_job_needs_a_reward_source_and_the_message_names_the_environment() -> 
     assert "has(self.environment)" in GRPOJobSpec.Rules.metric_required.rule
 
 
-def test_an_environment_job_is_valid_and_a_preset_without_dynamic_sampling_is_too() -> None:
+def test_an_environment_job_is_valid_with_dynamic_sampling_set_or_by_the_dapo_preset() -> None:
     GRPOJob.model_validate(with_changes(ENVIRONMENT))
-    GRPOJob.model_validate(
-        with_changes({**ENVIRONMENT, "spec.grpo.preset": "dapo", "spec.grpo.dynamicSampling": False})
-    )
+    GRPOJob.model_validate(with_changes({**ENVIRONMENT, "spec.grpo.dynamicSampling": True}))
+    GRPOJob.model_validate(with_changes({**ENVIRONMENT, "spec.grpo.preset": "dapo"}))
 
 
 # --- the manifests --------------------------------------------------------------------------------------------

@@ -134,6 +134,18 @@ def test_an_episode_without_the_trained_tokens_says_so_rather_than_guess() -> No
     assert "    model · 4 tokens, training not recorded" in lines and "MISMATCH" not in "\n".join(lines)
 
 
+def test_an_episode_dynamic_sampling_replaced_says_it_was_not_trained_and_a_refill_names_its_round() -> None:
+    replaced = episode(0, reward=0.0, round=0, trained=False)
+    del replaced["trainedIds"], replaced["trainedMask"]
+    refill = episode(1, round=1, trained=True)
+    lines = episodes_view.episodes_text([replaced, refill]).splitlines()
+    heads = [line for line in lines if line.startswith("EPISODE")]
+    assert heads == [
+        "EPISODE 0  done  reward +0.0000  3 turns  15 tokens, not trained (tied group replaced)",
+        "EPISODE 1  done  reward +1.0000  3 turns  refill round 1  9 of 15 tokens trained",
+    ]
+
+
 # -- hostile records --------------------------------------------------------------------------------
 
 PAYLOAD = "".join(ATTACKS.values())

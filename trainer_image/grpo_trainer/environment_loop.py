@@ -193,7 +193,8 @@ class EnvironmentProgressCallback(ProgressCallback):
             self.metric_budget.record(stats.metric_errors, stats.rollouts)
             self.metric_budget.check(step)
         if self.budget is not None:
-            self.budget.record(self.book.stats.environment_errors, stats.rollouts)
+            # Out of every episode run, refill rounds' included.
+            self.budget.record(self.book.stats.environment_errors, self.book.stats.episodes)
             self.budget.check(step)
 
     def reward_seconds(self) -> float:
@@ -240,22 +241,38 @@ class EnvironmentProgressCallback(ProgressCallback):
     def _write_episodes(self) -> None:
         if self.episodes_log is None or self.trainer is None:
             return
-        step = int(self.trainer.state.global_step)
-        trained = list(getattr(self.trainer, "grpo_trained_rows", []))
-        # The rewards the step trained on, every rank's in episode order (TRL gathers them): the environment's,
-        # plus the metric's when one scores the final answers; NaN (unscored) is written as null.
-        rewards = getattr(self.trainer, "grpo_last_rewards", None)
-        trained_rewards = [float(r) for r in rewards.tolist()] if rewards is not None else []
+        trainer = self.trainer
+        step = int(trainer.state.global_step)
+        world = max(1, int(trainer.accelerator.num_processes))
+        # Rank 0's trained rows by where they were sampled: (round, row); a row of a tied group that dynamic
+        # sampling replaced was not trained.
+        sources, rows = (
+            getattr(trainer, "grpo_trained_sources", []),
+            getattr(trainer, "grpo_trained_rows", []),
+        )
+        trained = dict(zip(sources, rows, strict=True)) if len(sources) == len(rows) else {}
+        # The rewards of each round, every rank's in episode order (TRL gathers them): the environment's, plus
+        # the metric's when one scores the final answers; NaN (unscored) is written as null.
+        round_rewards: list[list[float]] = list(getattr(trainer, "grpo_round_rewards", []))
+        logged = [
+            (r, p, episode)
+            for r, episodes in enumerate(self.book.rounds)
+            for p, episode in enumerate(episodes)
+        ]
         with self.episodes_log.open("a", encoding="utf-8") as out:
-            for index, episode in enumerate(self.book.episodes[: self.logged_per_step]):
+            for index, (round_index, position, episode) in enumerate(logged[: self.logged_per_step]):
+                rewards = round_rewards[round_index] if round_index < len(round_rewards) else []
+                # Another rank's row: whether it was trained is that rank's to know.
+                rank0_row = position < len(self.book.rounds[round_index]) // world
+                row = trained.get((round_index, position)) if rank0_row else None
                 record: dict[str, Any] = {
                     "step": step,
                     "index": index,
+                    "round": round_index,
+                    "trained": (row is not None) if rank0_row else None,
                     "outcome": episode.outcome,
                     "policyVersion": episode.policy_version,
-                    "reward": _finite_or_none(trained_rewards[index])
-                    if index < len(trained_rewards)
-                    else None,
+                    "reward": _finite_or_none(rewards[position]) if position < len(rewards) else None,
                     "environmentReward": episode.reward,
                     "reason": episode.reason,
                     "promptIds": episode.prompt_ids,
@@ -274,8 +291,8 @@ class EnvironmentProgressCallback(ProgressCallback):
                         for t in episode.turns
                     ],
                 }
-                if index < len(trained):
-                    record["trainedIds"], record["trainedMask"] = trained[index]
+                if row is not None:
+                    record["trainedIds"], record["trainedMask"] = row
                 out.write(json.dumps(record, allow_nan=False, default=_finite) + "\n")
 
 

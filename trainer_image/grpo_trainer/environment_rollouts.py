@@ -126,11 +126,27 @@ class EpisodeStats:
 
 @dataclass
 class EpisodeBook:
-    """What the last step's episodes were, on every rank: the stats, and rank 0's episodes for samples."""
+    """What the last step's episodes were, on every rank: the stats, and every rank's episodes of each
+    generation round (one, or more when dynamic sampling ran new groups in place of tied ones)."""
 
     stats: EpisodeStats = field(default_factory=EpisodeStats)
-    episodes: list[Episode] = field(default_factory=list)
+    rounds: list[list[Episode]] = field(default_factory=list)
     total_seconds: float = 0.0
+    # Wall time of this step's rounds.
+    step_seconds: float = 0.0
+
+    def record(self, round_index: int, episodes: list[Episode], seconds: float) -> None:
+        """A round's episodes; round 0 starts the step. The stats cover every round's."""
+        if round_index == 0:
+            self.rounds, self.step_seconds = [], 0.0
+        self.rounds.append(episodes)
+        self.step_seconds += seconds
+        self.total_seconds += seconds
+        self.stats = EpisodeStats.of([e for r in self.rounds for e in r], self.step_seconds)
+
+    @property
+    def episodes(self) -> list[Episode]:
+        return [e for r in self.rounds for e in r]
 
 
 def _gather(items: list[Any], world: int) -> list[Any]:
@@ -219,10 +235,7 @@ class EpisodeRollouts:
         episodes, seconds, record = broadcast(answer, world)
         if record is not None:
             trainer.grpo_async.last = record
-        book = self.book
-        book.stats = EpisodeStats.of(episodes, seconds)
-        book.episodes = episodes
-        book.total_seconds += seconds
+        self.book.record(int(getattr(trainer, "grpo_round", 0)), episodes, seconds)
         n = len(prompts)
         mine = episodes[rank * n : rank * n + n]
         return {

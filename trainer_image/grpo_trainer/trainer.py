@@ -235,7 +235,13 @@ class ProjectGRPOTrainer(GRPOTrainer):  # type: ignore[misc]
         self.grpo_last_manifest: Manifest | None = None
         self.grpo_refill: RefillSource | None = None
         self.grpo_current_rows: list[dict[str, Any]] = []
+        # Multi-turn episodes, this rank's trained batch row by row: what the loss sees (ids, mask) and where
+        # the row was sampled (generation round of the step, 0 unless dynamic sampling refilled; row of it).
         self.grpo_trained_rows: list[tuple[list[int], list[int]]] = []
+        self.grpo_trained_sources: list[tuple[int, int]] = []
+        # Every rank's rewards of each generation round of the step; the round under way (rollout_func reads it).
+        self.grpo_round_rewards: list[list[float]] = []
+        self.grpo_round = 0
         # spec.grpo.maxStaleness > 0: generation of the next steps overlaps training (async_generation.py).
         self.grpo_async: AsyncGeneration | None = None
         if max_staleness > 0 and self.use_vllm and self.vllm_mode == "server":
@@ -294,19 +300,11 @@ class ProjectGRPOTrainer(GRPOTrainer):  # type: ignore[misc]
         replaced), the global result and this rank's [format failures, errors, rollouts] counts."""
         # Environment jobs' rollout_func resets each episode with its dataset row, which TRL does not pass it.
         self.grpo_current_rows = inputs
+        self.grpo_round = len(self.grpo_round_rewards)
         output = super()._generate_and_score_completions(inputs)
-        if "tool_mask" in output:
-            # Multi-turn episodes: what the loss sees, per row (the episode log compares it with what was sampled).
-            self.grpo_trained_rows = [
-                (ids, [int(m) for m in mask.tolist()[: len(ids)]])
-                for ids, mask in zip(
-                    _unpadded(output["completion_ids"], output["completion_mask"]),
-                    output["tool_mask"],
-                    strict=True,
-                )
-            ]
         self._log_masked_importance_weights(output)
         assert self.grpo_last_rewards is not None
+        self.grpo_round_rewards.append([float(r) for r in self.grpo_last_rewards.tolist()])
         group_size = self.grpo_group_size
         result = compute_advantages(
             self.grpo_last_rewards,
@@ -382,6 +380,8 @@ class ProjectGRPOTrainer(GRPOTrainer):  # type: ignore[misc]
     def _generate_and_score_completions(self, inputs: list[dict[str, Any]]) -> dict[str, Any]:
         if not getattr(self.model, "training", False):
             return super()._generate_and_score_completions(inputs)  # type: ignore[no-any-return]
+        self.grpo_round_rewards = []
+        self.grpo_trained_sources = [(0, i) for i in range(len(inputs))]
         output, result, local_counts = self._score_round(inputs)
         self._record_samples(len(inputs), output, result)
         ff, err, rollouts = self._global_counts(local_counts)
@@ -406,6 +406,16 @@ class ProjectGRPOTrainer(GRPOTrainer):  # type: ignore[misc]
         )
         if self.grpo_dynamic_sampling and self.grpo_refill is not None:
             output = self._refill_tied_groups(inputs, output, result, stats)
+        if "tool_mask" in output:
+            # Multi-turn episodes: what the loss sees, per row (the episode log compares it with what was sampled).
+            self.grpo_trained_rows = [
+                (ids, [int(m) for m in mask.tolist()[: len(ids)]])
+                for ids, mask in zip(
+                    _unpadded(output["completion_ids"], output["completion_mask"]),
+                    output["tool_mask"],
+                    strict=True,
+                )
+            ]
         self.grpo_step_stats = stats
         if self.grpo_on_scored is not None:
             self.grpo_on_scored(stats)
@@ -437,6 +447,7 @@ class ProjectGRPOTrainer(GRPOTrainer):  # type: ignore[misc]
         tied = result.tied_groups[first_group : first_group + groups_local].tolist()
         keep_rows = [i for i in range(n_local) if not tied[i // group_size]]
         merged = self._select_rows(output, keep_rows)
+        sources = [(0, i) for i in keep_rows]
         missing = sum(tied)
         rounds = 0
         while rounds < MAX_REFILL_ROUNDS:
@@ -453,6 +464,7 @@ class ProjectGRPOTrainer(GRPOTrainer):  # type: ignore[misc]
             rows = [g * group_size + j for g in take for j in range(group_size)]
             if rows:
                 merged = self._concat(merged, self._select_rows(extra_out, rows))
+                sources += [(rounds, i) for i in rows]
                 missing -= len(take)
         stats.refill_rounds = rounds
         replaced = self._global_counts([sum(tied) - missing])[0]
@@ -461,6 +473,8 @@ class ProjectGRPOTrainer(GRPOTrainer):  # type: ignore[misc]
             # Out of rounds: train on the tied groups we still need (advantage 0, so they only dilute).
             fill = [i for i in range(n_local) if tied[i // group_size]][: missing * group_size]
             merged = self._concat(merged, self._select_rows(output, fill))
+            sources += [(0, i) for i in fill]
+        self.grpo_trained_sources = sources
         mask = merged["completion_mask"]
         merged["num_items_in_batch"] = self.accelerator.gather(mask.sum()).sum()
         return merged

@@ -20,7 +20,6 @@ from pydantic import ConfigDict, Field
 
 from grpo_operator.api.base import ApiModel, CelRule
 from grpo_operator.api.field_types import INTEGRAL_FLOAT, NO_SPACE_PATTERN, K8sInt
-from grpo_operator.api.grpo_presets import cel_effective
 from grpo_operator.api.pod_fields import ENV_LIST_SCHEMA, EnvList, ResourceRequirements
 from grpo_operator.api.rollouts import CLIENT_MODE, rollouts_source
 from grpo_operator.api.workloads import COLOCATED
@@ -212,23 +211,13 @@ ENVIRONMENT_NOT_COLOCATED = CelRule(
     "sampled from the job's vLLM server. Remove spec.generation.mode (Server is the default)",
     ".generation.mode",
 )
-ENVIRONMENT_NOT_WITH_DYNAMIC_SAMPLING = CelRule(
-    f"!{_WITH_ENVIRONMENT} || !{cel_effective('dynamic_sampling', 'false', 'self.grpo')}",
-    "spec.grpo.dynamicSampling (set, or by spec.grpo.preset dapo) is not supported with spec.environment yet: "
-    "the trainer cannot drop tied groups of episodes and run new ones to refill the step. Set "
-    "dynamicSampling: false",
-    ".grpo.dynamicSampling",
-)
 
 
 def check_environment_rules(spec: GRPOJobSpec) -> None:
     """The pydantic twin of the rules above, in the order the CRD lists them: raises the first one broken."""
     if spec.environment is None:
         return
-    grpo = spec.grpo
     if rollouts_source(spec) == "Client":
         raise ENVIRONMENT_NOT_WITH_CLIENT.violation()
     if spec.generation.colocated():
         raise ENVIRONMENT_NOT_COLOCATED.violation()
-    if grpo.effective("dynamic_sampling"):
-        raise ENVIRONMENT_NOT_WITH_DYNAMIC_SAMPLING.violation()

@@ -364,7 +364,6 @@ class GRPOJobSpec(ApiModel):
         # spec.environment's (api/environment.py, with their pydantic twin check_environment_rules).
         environment_not_with_client = env_rules.ENVIRONMENT_NOT_WITH_CLIENT
         environment_not_colocated = env_rules.ENVIRONMENT_NOT_COLOCATED
-        environment_not_with_dynamic_sampling = env_rules.ENVIRONMENT_NOT_WITH_DYNAMIC_SAMPLING
 
     model: ModelSpec = Field(
         description="The model to fine-tune. Immutable, except tokenSecretRef.",

@@ -186,7 +186,13 @@ def episode_head(record: dict[str, Any], counted: Training) -> str:
     parts.append(f"reward {reward:+.4f}" if reward is not None else "reward - (not scored)")
     turns = _turns(record)
     parts.append(f"{len(turns)} turn" if len(turns) == 1 else f"{len(turns)} turns")
-    if counted.recorded:
+    round_index = record.get("round")
+    if isinstance(round_index, int) and not isinstance(round_index, bool) and round_index > 0:
+        parts.append(f"refill round {round_index}")
+    if record.get("trained") is False:
+        # Dynamic sampling dropped its group (every reward equal) for a group with something to learn.
+        parts.append(f"{_tokens(counted.total)}, not trained (tied group replaced)")
+    elif counted.recorded:
         parts.append(f"{counted.trained} of {_tokens(counted.total)} trained")
     else:
         parts.append(f"{_tokens(counted.total)}, training not recorded")
