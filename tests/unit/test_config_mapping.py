@@ -304,3 +304,31 @@ def test_fsdp_in_a_hand_written_trainer_json_is_refused_where_the_api_refuses_it
         grpo_config_kwargs(_sharded(config("transformers"), lora=lora), plan_batches(64, 8, 8, 8), cuda=True)
     with pytest.raises(ConfigError, match="maxStaleness"):
         grpo_config_kwargs(_sharded(config(), max_staleness=1), plan_batches(64, 8, 8, 8), cuda=True)
+
+
+def test_the_other_ranks_outwait_rank_0_riding_out_a_replaced_vllm_server_or_a_steps_episodes() -> None:
+    from grpo_operator.api.environment import EnvironmentClientConfig
+
+    plan = plan_batches(64, 8, 8, 8)
+    server = config()
+    gen = server.generation
+    timeout = grpo_config_kwargs(server, plan, cuda=False)["ddp_timeout"]
+    # A failed request, the replacement's whole start-up budget, the push into it, the request again.
+    assert timeout >= gen.startup_timeout_seconds + 3 * gen.request_timeout_seconds
+    assert timeout == 1800 + 3 * 600 + 300
+    # In-process generation has no server to wait for: transformers' default.
+    assert grpo_config_kwargs(config("transformers"), plan, cuda=False)["ddp_timeout"] == 1800
+    # Rank 0 runs all 512 episodes of a step, 16 at a time, each up to 4 turns of a request and a step.
+    env = EnvironmentClientConfig(url="http://math-env:8000", max_turns=4, concurrency=16, timeout_seconds=60)
+    episodes = server.model_copy(update={"environment": env})
+    assert grpo_config_kwargs(episodes, plan, cuda=False)["ddp_timeout"] == timeout + 32 * 4 * (600 + 60)
+
+
+def test_a_start_up_budget_longer_than_transformers_collective_timeout_raises_it() -> None:
+    grpo_config = pytest.importorskip("trl.trainer.grpo_config", reason="needs the [trainer] extra (TRL)")
+    c = config()
+    slow = c.model_copy(
+        update={"generation": c.generation.model_copy(update={"startup_timeout_seconds": 7200})}
+    )
+    kwargs = grpo_config_kwargs(slow, plan_batches(64, 8, 8, 8), cuda=False)
+    assert grpo_config.GRPOConfig(**kwargs).ddp_timeout == 7200 + 3 * 600 + 300

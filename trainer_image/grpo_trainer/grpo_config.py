@@ -3,6 +3,7 @@ TRL's GRPOConfig keyword arguments. Pure: no torch import, so the mapping is tes
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -168,6 +169,31 @@ def precision(dtype: str, *, lora: bool, cuda: bool) -> Precision:
     return Precision(load_dtype=dtype if lora else "float32", bf16=autocast_bf16, fp16=autocast_fp16)
 
 
+# transformers' default TrainingArguments.ddp_timeout: how long a process waits in a collective (seconds).
+DEFAULT_COLLECTIVE_TIMEOUT_SECONDS = 1800
+# What a replacement's wait leaves out: rank 0 joining the new server's weight transport and probing it.
+COLLECTIVE_MARGIN_SECONDS = 300
+
+
+def collective_timeout_seconds(config: TrainerConfig, plan: BatchPlan) -> int:
+    """How long every other trainer process may wait in a collective (TrainingArguments.ddp_timeout) while
+    rank 0 does, alone, what it may legitimately take that long to do: with a vLLM server, a request that
+    fails, the wait for the replaced server (generation.startupTimeoutSeconds), the weights pushed into it
+    and the request again; with an environment, every episode of the step, each of up to maxTurns turns a
+    generation request and an environment step at their timeouts, ``concurrency`` at a time. Below this
+    the others would give up in the step's broadcast while rank 0 rides out a replacement it is allowed to
+    wait for, and the gang would restart for nothing. Never below transformers' default."""
+    gen = config.generation
+    if gen.backend != "vllm-server":
+        return DEFAULT_COLLECTIVE_TIMEOUT_SECONDS
+    wait = gen.startup_timeout_seconds + 3 * gen.request_timeout_seconds
+    env = config.environment
+    if env is not None:
+        waves = -(-plan.completions_per_step // env.concurrency)
+        wait += waves * env.max_turns * (gen.request_timeout_seconds + env.timeout_seconds)
+    return max(DEFAULT_COLLECTIVE_TIMEOUT_SECONDS, math.ceil(wait + COLLECTIVE_MARGIN_SECONDS))
+
+
 def grpo_config_kwargs(
     config: TrainerConfig, plan: BatchPlan, *, cuda: bool, attempt: int = 0
 ) -> dict[str, Any]:
@@ -200,6 +226,7 @@ def grpo_config_kwargs(
         "fp16": mixed.fp16,
         "gradient_checkpointing": cuda,
         "use_cpu": not cuda,
+        "ddp_timeout": collective_timeout_seconds(config, plan),
     }
     if config.trainer.sharded:
         kwargs.update(fsdp_kwargs(config, cuda=cuda))

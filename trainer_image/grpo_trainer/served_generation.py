@@ -85,7 +85,8 @@ def generation_class(
     it, and repeats the request. The new server starts from the base model, so nothing is generated before
     that push. Only rank 0 talks to vLLM and the trainers are data-parallel (each rank holds the whole
     model), so the push needs no other rank; the others wait in the step's broadcast of the completions
-    meanwhile, whose timeout is the process group's (TrainingArguments.ddp_timeout, 1800 s).
+    meanwhile, whose timeout is the process group's (TrainingArguments.ddp_timeout, derived from this budget
+    by grpo_config.collective_timeout_seconds so that they outwait it).
 
     With several ``server_urls`` (spec.generation.replicas) the client is a ReplicaPool: a replica that is
     lost leaves the pool and the others serve; the wait above happens only when none is left."""
