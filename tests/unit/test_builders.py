@@ -228,6 +228,8 @@ def test_generation_pod_runs_vllm_in_the_mode_trl_needs() -> None:
     assert "--data-parallel-size" not in args
     assert env_of(pod)["VLLM_SERVER_DEV_MODE"] == "1"
     assert container["readinessProbe"]["httpGet"] == {"path": "/health", "port": "http"}
+    # A server busy with a step's requests answers /health late, not never: 10 s, not the kubelet's 1 s.
+    assert container["readinessProbe"]["timeoutSeconds"] == 10
     assert container["ports"][0]["containerPort"] == 8000
     assert container["resources"]["requests"]["nvidia.com/gpu"] == "4"
     assert container["resources"]["limits"]["nvidia.com/gpu"] == "4"
@@ -277,6 +279,8 @@ def test_trainer_pods_carry_the_contract_environment() -> None:
             "--node-rank=$(NODE_RANK)",
             "--master-addr=$(MASTER_ADDR)",
             "--master-port=$(MASTER_PORT)",
+            # A node that starts first waits for the others as long as the operator's start-up deadline.
+            "--rdzv-conf=timeout=1800",
             "-m",
             "grpo_trainer",
         ]

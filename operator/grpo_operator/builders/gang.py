@@ -99,6 +99,17 @@ TRAINER_ARGS = [
 ]
 
 
+def trainer_args(job: Job) -> list[str]:
+    """torchrun's arguments. Its static rendezvous gives up after 600 s unless told otherwise, so a trainer
+    pod that starts before another node's (whose image is still being pulled, say) would exit and cost a
+    restart the operator's own clock (runPolicy.startupDeadlineSeconds) still allows: it waits as long."""
+    timeout = f"--rdzv-conf=timeout={job.spec.run_policy.startup_deadline_seconds}"
+    return [*TRAINER_ARGS[:-2], timeout, *TRAINER_ARGS[-2:]]
+
+
+# How long the vLLM pod's readiness probe waits for GET /health.
+VLLM_PROBE_TIMEOUT_SECONDS = 10
+
 # Variables of the vLLM container the operator fixes: TRL's weight-update routes exist only in dev mode.
 RESERVED_GENERATION_ENV = frozenset({"VLLM_SERVER_DEV_MODE"})
 # The Hugging Face access token variable both vLLM and the trainer (huggingface_hub) read.
@@ -346,6 +357,9 @@ def generation_pod(
         "readinessProbe": {
             "httpGet": {"path": "/health", "port": "http"},
             "periodSeconds": 10,
+            # The kubelet's default of 1 s is short for an API server busy tokenising a step's prompts:
+            # three slow answers in a row would take a healthy server out of its Service mid-step.
+            "timeoutSeconds": VLLM_PROBE_TIMEOUT_SECONDS,
             "failureThreshold": 3,
         },
         "resources": _resources(
@@ -478,7 +492,7 @@ def trainer_pod(job: Job, settings: OperatorSettings, attempt: int, rank: int, r
         "image": spec.trainer.image,
         "imagePullPolicy": settings.image_pull_policy,
         "command": TRAINER_COMMAND,
-        "args": TRAINER_ARGS,
+        "args": trainer_args(job),
         "env": trainer_env(job, settings, attempt, rank, resume_from),
         "ports": ports,
         "resources": _resources(
