@@ -389,6 +389,24 @@ INVALID_CASES: list[Case] = [
         "spec.environment.maxTurns",
         {**ENVIRONMENT, "spec.environment": {"image": "e:1", "maxTurns": 65}},
     ),
+    # spec.budget (issue 49): the cap the operator suspends the job at.
+    case("budget-gpu-hours-0", "spec.budget.gpuHours", {"spec.budget": {"gpuHours": 0}}),
+    case("budget-gpu-hours-negative", "spec.budget.gpuHours", {"spec.budget": {"gpuHours": -5}}),
+    case("budget-gpu-hours-text", "spec.budget.gpuHours", {"spec.budget": {"gpuHours": "100"}}),
+    case("budget-without-a-limit", "spec.budget.gpuHours", {"spec.budget": {"warnAtPercent": 90}}),
+    case(
+        "budget-warn-at-0", "spec.budget.warnAtPercent", {"spec.budget": {"gpuHours": 10, "warnAtPercent": 0}}
+    ),
+    case(
+        "budget-warn-above-100",
+        "spec.budget.warnAtPercent",
+        {"spec.budget": {"gpuHours": 10, "warnAtPercent": 101}},
+    ),
+    case(
+        "budget-warn-fraction",
+        "spec.budget.warnAtPercent",
+        {"spec.budget": {"gpuHours": 10, "warnAtPercent": 80.5}},
+    ),
     case(
         "environment-action-field-not-a-name",
         "spec.environment.actionField",

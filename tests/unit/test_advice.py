@@ -68,7 +68,9 @@ def test_unknown_fields_get_trl_names_and_near_misses() -> None:
         "spec.metric.env[0].valu": "unknown field; did you mean spec.metric.env[0].value?",
         "spec.wibble": found["spec.wibble"],
     }
-    assert found["spec.wibble"].startswith("unknown field; the fields of spec are checkpoints, dataset,")
+    assert found["spec.wibble"].startswith(
+        "unknown field; the fields of spec are budget, checkpoints, dataset,"
+    )
 
 
 def test_a_manifest_with_unknown_fields_is_still_judged_on_the_rest() -> None:

@@ -15,6 +15,7 @@ import pydantic
 import pytest
 from grpo_operator.api import GRPOJob, GRPOJobSpec
 from grpo_operator.api.base import ApiModel, CelRule, CelRules, RuleViolation
+from grpo_operator.api.budget import BudgetSpec
 from grpo_operator.api.builtin_rewards import BuiltinReward
 from grpo_operator.api.resource import NameRules
 from grpo_operator.api.rollouts import RolloutsSpec
@@ -106,6 +107,7 @@ RULE_BREAKERS: dict[CelRule, dict[str, Any]] = {
     InputSpec.Rules.sub_path_inside_claim: {
         "spec.inputs": [{"name": "m", "claim": "c", "subPath": "a/../b"}]
     },
+    BudgetSpec.Rules.sets_a_limit: {"spec.budget": {"warnAtPercent": 90}},
     GRPOJobSpec.Rules.batch_divides_evenly: {"spec.trainer.perDeviceBatchSize": 3},
     GRPOJobSpec.Rules.validation_needs_dataset: {"spec.grpo.validation": {"everySteps": 10}},
     GRPOJobSpec.Rules.model_on_volume_needs_rwx: {"spec.model.name": "/workspace/models/qwen"},

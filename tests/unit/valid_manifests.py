@@ -289,6 +289,8 @@ VALID_CASES: list[Case] = [
         },
     ),
     case("model-in-the-image", "", {"spec.model.name": "/models/qwen"}),
+    case("budget-gpu-hours", "", {"spec.budget": {"gpuHours": 12.5}}),
+    case("budget-whole-gpu-hours-and-warning", "", {"spec.budget": {"gpuHours": 500, "warnAtPercent": 100}}),
     case("explicit-null-optional", "", {"spec.grpo.epsilonHigh": None, "spec.dataset.validation": None}),
     case("environment-minimal", "", ENVIRONMENT),
     case(

@@ -156,7 +156,25 @@ LEARNING_RECOVERED = EventReason(
     "The learning-health diagnosis is Healthy again after a NotLearning warning.",
 )
 SUSPENDED = EventReason("Suspended", "Normal", "`spec.suspend` was set to true.")
-RESUMED = EventReason("Resumed", "Normal", "`spec.suspend` was set back to false.")
+BUDGET_NEARLY_SPENT = EventReason(
+    "BudgetNearlySpent",
+    "Warning",
+    "The job has spent `spec.budget.warnAtPercent` (default 80 %) of `spec.budget.gpuHours`; the message "
+    "gives the GPU-hours spent and the budget. Posted once, when the `WithinBudget` condition turns to reason "
+    "BudgetNearlySpent.",
+)
+BUDGET_EXHAUSTED = EventReason(
+    "BudgetExhausted",
+    "Warning",
+    "The job has spent `spec.budget.gpuHours`: it is suspended as `spec.suspend` would (pods stopped after a "
+    "checkpoint, volume and status kept; phase `Suspended`, reason `BudgetExhausted`), never failed. The "
+    "message gives the GPU-hours spent and the budget; raising the budget above them resumes the job.",
+)
+RESUMED = EventReason(
+    "Resumed",
+    "Normal",
+    "`spec.suspend` was set back to false, or a job suspended by its budget got a larger one (or none).",
+)
 SUCCEEDED = EventReason("Succeeded", "Normal", "Training finished.")
 FAILED = EventReason(
     "Failed", "Warning", "The job failed; the message is the reason.", restart_or_failure=True
@@ -211,6 +229,8 @@ EVENT_REASONS: tuple[EventReason, ...] = (
     LEARNING_SOLVED,
     LEARNING_RECOVERED,
     SUSPENDED,
+    BUDGET_NEARLY_SPENT,
+    BUDGET_EXHAUSTED,
     RESUMED,
     SUCCEEDED,
     FAILED,

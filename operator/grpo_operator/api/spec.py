@@ -22,6 +22,7 @@ from pydantic import Field, field_validator, model_validator
 
 from grpo_operator.api import environment as env_rules
 from grpo_operator.api.base import ApiModel, CelRule, CelRules
+from grpo_operator.api.budget import BudgetSpec
 from grpo_operator.api.compat import wire_name
 from grpo_operator.api.dataset_spec import DatasetSpec
 from grpo_operator.api.environment import EnvironmentSpec, check_environment_rules
@@ -435,6 +436,10 @@ class GRPOJobSpec(ApiModel):
         default=False,
         description="true stops all pods (keeping the volume and status); false resumes from the last "
         "checkpoint.",
+    )
+    budget: BudgetSpec | None = Field(
+        default=None,
+        description="What the job may spend before the operator suspends it (docs/platform.md, Budgets).",
     )
 
     @model_validator(mode="after")

@@ -153,8 +153,8 @@ def gang_hash_input(job: Job) -> dict[str, Any]:
     gang, but an operator upgrade that renders pods or the config a little differently must not
     restart every running training job (new pods pick the new rendering up at their next start).
     The metric image, replicas and resources (and the environment server's, its sandbox and its egress), the
-    run policy, retention and suspend are left out: they change the metric (or environment) Deployment or the
-    operator's behaviour, never the running gang.
+    run policy, retention, suspend and the budget are left out: they change the metric (or environment)
+    Deployment or the operator's behaviour, never the running gang.
     """
     spec = job.spec.to_dict()
     # Fields added after the first release count only when set away from their default (and inputs only

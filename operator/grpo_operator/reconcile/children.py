@@ -95,11 +95,12 @@ def _drift(manifest: Manifest, current: Manifest, observed: Observed) -> list[Dr
     return drifted_fields(manifest, current)
 
 
-def check_conflicts(rp: ReconcilePass, job: Job, desired: list[Manifest]) -> None:
+def check_conflicts(rp: ReconcilePass, job: Job, desired: list[Manifest], *, suspended: bool) -> None:
     """Objects under a child's name that the operator did not create for this job: reported on the job
-    (condition Conflict and an event) and never touched; while any exists, no pod is created."""
+    (condition Conflict and an event) and never touched; while any exists, no pod is created. A suspended
+    job (spec.suspend, or its budget spent) wants no pods."""
     wanted = [(m["kind"], m["metadata"]["name"]) for m in desired]
-    if not job.spec.suspend:
+    if not suspended:
         attempt = max(rp.attempt, 1)
         wanted += [("Pod", generation_pod_name(job, attempt, 0, r)) for r in generation_replicas(job)]
         wanted += [("Pod", trainer_pod_name(job, attempt, rank)) for rank in range(job.spec.trainer.nodes)]

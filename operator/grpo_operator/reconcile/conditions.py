@@ -25,6 +25,8 @@ SERVED_MODEL_IN_SYNC = "ServedModelInSync"
 UPDATES_EFFECTIVE = "UpdatesEffective"
 # Whether the job learns: trainer rank 0's diagnosis over its last steps (status.learning).
 LEARNING_HEALTHY = "LearningHealthy"
+# Whether the job's spend (status.cost) is under spec.budget.gpuHours (reconcile/budget.py).
+WITHIN_BUDGET = "WithinBudget"
 CONDITION_ORDER = (
     SCHEDULED,
     RUNNING,
@@ -34,6 +36,7 @@ CONDITION_ORDER = (
     SERVED_MODEL_IN_SYNC,
     UPDATES_EFFECTIVE,
     LEARNING_HEALTHY,
+    WITHIN_BUDGET,
     SUSPENDED,
     SUCCEEDED,
     FAILED,

@@ -25,6 +25,7 @@ from grpo_operator.builders import Job, generated_secrets, infrastructure, job_f
 from grpo_operator.builders.children import metric_workload
 from grpo_operator.builders.common import client_rollouts
 from grpo_operator.reconcile import ownership
+from grpo_operator.reconcile.budget import Budget, budget_condition, read_budget, resumed_cause
 from grpo_operator.reconcile.children import (
     check_conflicts,
     delete_metric_workload,
@@ -117,15 +118,18 @@ def reconcile(job_obj: dict[str, Any], observed: Observed, now: datetime, settin
     if get_condition(list(rp.old.get("conditions") or []), PLATFORM_POLICY) is not None:
         rp.condition(PLATFORM_POLICY, "True", "Allowed", "the job meets the platform's limits")
 
+    budget = read_budget(rp, job)
+    budget_condition(rp, budget)
+    suspended = job.spec.suspend or (budget is not None and budget.exhausted)
     desired = infrastructure(job, settings)
-    if not job.spec.suspend:
+    if not suspended:
         desired += metric_workload(job, settings)
-    check_conflicts(rp, job, desired)
+    check_conflicts(rp, job, desired, suspended=suspended)
     ensure_secrets(rp, generated_secrets(job))
     ensure(rp, observed, infrastructure(job, settings))
 
-    if job.spec.suspend:
-        suspend(rp, job, observed)
+    if suspended:
+        suspend(rp, job, observed, budget)
         return rp.finish()
     if rp.plan.secrets:
         return awaiting_secrets(rp)
@@ -141,7 +145,7 @@ def reconcile(job_obj: dict[str, Any], observed: Observed, now: datetime, settin
         rp.set_phase("Pending", "ChildConflict", rp.conflict)
         return rp.finish()
     if rp.old_phase == "Suspended":
-        resume(rp, job)
+        resume(rp, resumed_cause(rp, budget))
     elif rp.attempt == 0:
         start(rp, job)
 
@@ -221,24 +225,38 @@ def start(rp: ReconcilePass, job: Job) -> None:
     rp.event(event_reasons.CREATED, f"{message}; {preset}" if preset else message)
 
 
-def suspend(rp: ReconcilePass, job: Job, observed: Observed) -> None:
+def suspend(rp: ReconcilePass, job: Job, observed: Observed, budget: Budget | None) -> None:
+    """spec.suspend, or a spent budget (spec.suspend's words win when both hold): the same path for both."""
     delete_pods(rp, observed, lambda pod: pod.role in GANG_ROLES)
     delete_metric_workload(rp, job, observed)
-    if rp.old_phase != "Suspended":
+    if job.spec.suspend:
+        reason, event = "Suspended", event_reasons.SUSPENDED
         message = (
             "spec.suspend is true: all pods are stopped; the volume and status are kept. "
             "Set spec.suspend to false to resume from the last checkpoint."
         )
-        rp.set_phase("Suspended", "Suspended", message)
-        rp.condition(SUSPENDED, "True", "Suspended", message)
+        if budget is not None and budget.exhausted:
+            message += (
+                f" The job has also spent {budget.figures()}: it resumes only once spec.budget.gpuHours is "
+                "raised above that, or removed."
+            )
+    else:
+        assert budget is not None, "suspended without spec.suspend: the budget is spent"
+        event = event_reasons.BUDGET_EXHAUSTED
+        reason, message = event.reason, budget.exhausted_message()
+    entering = rp.old_phase != "Suspended" or rp.old.get("reason") != reason
+    if entering or rp.old.get("message") != truncate(message):
+        rp.set_phase("Suspended", reason, message)
+        rp.condition(SUSPENDED, "True", reason, message)
+    if entering:
         rp.condition(RUNNING, "False", "Suspended", "the job is suspended")
         rp.drop_condition(SCHEDULED)
         rp.drop_condition(METRIC_READY)
         rp.drop_condition(ENVIRONMENT_READY)
-        rp.event(event_reasons.SUSPENDED, message)
+        rp.event(event, message)
 
 
-def resume(rp: ReconcilePass, job: Job) -> None:
+def resume(rp: ReconcilePass, cause: str) -> None:
     attempt = rp.attempt + 1
     rp.new["trainerAttempt"] = attempt
     rp.new.setdefault("restarts", 0)
@@ -247,7 +265,7 @@ def resume(rp: ReconcilePass, job: Job) -> None:
     where = resume_point(rp)
     rp.set_phase("Pending", "Resumed", f"resumed with gang attempt {attempt}, {where}")
     rp.condition(SUSPENDED, "False", "Resumed", f"resumed, {where}")
-    rp.event(event_reasons.RESUMED, f"spec.suspend is false: starting gang attempt {attempt}, {where}")
+    rp.event(event_reasons.RESUMED, f"{cause}: starting gang attempt {attempt}, {where}")
     if rp.checkpoint_path:
         rp.event(event_reasons.RESUMED_FROM_CHECKPOINT, f"gang attempt {attempt} {where}")
 

@@ -1,0 +1,93 @@
+"""spec.budget against a real API server and the operator running for real: a job whose status.cost passes
+its budget is warned, then suspended with its volume and checkpoint kept, and a raised budget resumes it from
+that checkpoint. The tests play trainer rank 0 by writing status.cost and status.checkpoint, as
+tests/integration/test_operator.py describes."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.harness.kube import Cluster, wait_for
+from tests.harness.operator_process import Operator
+from tests.integration.operator_helpers import (
+    CKPT,
+    env_of,
+    gang,
+    report_checkpoint,
+    run_job,
+    status,
+    wait_event,
+    wait_phase,
+    wait_reasons,
+    wait_status,
+)
+
+pytestmark = pytest.mark.slow
+
+
+def report_cost(
+    kube: Cluster, namespace: str, name: str, generation_seconds: float, training_seconds: float
+) -> None:
+    """What trainer rank 0 writes after a step: the GPU-seconds so far (status subresource, merge patch)."""
+    patch = {
+        "status": {
+            "cost": {"generationGpuSeconds": generation_seconds, "trainingGpuSeconds": training_seconds}
+        }
+    }
+    kube.kubectl(
+        "patch",
+        "grpojob",
+        name,
+        "-n",
+        namespace,
+        "--subresource=status",
+        "--type=merge",
+        "-p",
+        json.dumps(patch),
+    )
+
+
+def test_a_job_over_its_budget_is_suspended_and_a_raised_budget_resumes_it(
+    kube: Cluster, namespace: str, operator: Operator
+) -> None:
+    run_job(kube, namespace, "math", budget={"gpuHours": 1})
+    report_checkpoint(kube, namespace, "math", 5, CKPT)
+
+    report_cost(kube, namespace, "math", 1800, 1260)  # 0.85 GPU-hours: past the default 80 %
+    warning = wait_event(kube, namespace, "math", "BudgetNearlySpent")
+    assert warning["type"] == "Warning" and "spent 0.85 of its 1 GPU-hours" in warning["message"]
+    assert status(kube, namespace, "math")["phase"] == "Running"
+
+    report_cost(kube, namespace, "math", 2400, 1308)  # 1.03 GPU-hours
+    s = wait_status(
+        kube, namespace, "math", "suspended by its budget", lambda s: s.get("reason") == "BudgetExhausted"
+    )
+    assert s["phase"] == "Suspended" and s["restarts"] == 0
+    assert "spent 1.03 of its 1 GPU-hours" in s["message"] and "Raise spec.budget.gpuHours" in s["message"]
+    wait_for("the pods to stop", lambda: not gang(kube, namespace, "math"))
+    wait_for("the metric service to stop", lambda: kube.get("deployment", "math-metric", namespace) is None)
+    assert kube.get("pvc", "math-ckpt", namespace) is not None
+    assert status(kube, namespace, "math")["checkpoint"]["path"] == CKPT
+    assert wait_event(kube, namespace, "math", "BudgetExhausted")["type"] == "Warning"
+
+    kube.kubectl(
+        "patch",
+        "grpojob",
+        "math",
+        "-n",
+        namespace,
+        "--type=merge",
+        "-p",
+        '{"spec":{"budget":{"gpuHours":2}}}',
+    )
+    s = wait_phase(kube, namespace, "math", "Running")
+    assert s["trainerAttempt"] == 2 and s["restarts"] == 0
+    for name, pod in gang(kube, namespace, "math").items():
+        assert name.startswith(("math-gen-2-", "math-trainer-2-"))
+        if "trainer" in name:
+            assert env_of(pod)["RESUME_FROM"] == CKPT
+    wait_reasons(
+        kube, namespace, "math", {"BudgetNearlySpent", "BudgetExhausted", "Resumed", "ResumedFromCheckpoint"}
+    )
