@@ -91,3 +91,48 @@ def test_a_job_over_its_budget_is_suspended_and_a_raised_budget_resumes_it(
     wait_reasons(
         kube, namespace, "math", {"BudgetNearlySpent", "BudgetExhausted", "Resumed", "ResumedFromCheckpoint"}
     )
+
+
+def test_the_forecast_is_in_the_status_from_apply_and_follows_the_measured_steps(
+    kube: Cluster, namespace: str, operator: Operator
+) -> None:
+    run_job(kube, namespace, "fc")
+    s = wait_status(kube, namespace, "fc", "the forecast from the spec", lambda s: "forecast" in s)
+    forecast = s["forecast"]
+    assert forecast["basis"] == "Spec" and "gpuHours" not in forecast
+    assert forecast["gpus"] == forecast["trainingGpus"] + forecast["generationGpus"] > 0
+    steps = forecast["steps"]
+
+    # What trainer rank 0 writes after its fifth step: 0.1 GPU-hours spent, 0.02 a step, 5 steps run.
+    patch = {
+        "status": {
+            "progress": {"step": 5, "totalSteps": steps},
+            "cost": {
+                "generationGpuSeconds": 200,
+                "trainingGpuSeconds": 160,
+                "steps": 5,
+                "stepGpuSecondsStd": 3,
+            },
+        }
+    }
+    kube.kubectl(
+        "patch",
+        "grpojob",
+        "fc",
+        "-n",
+        namespace,
+        "--subresource=status",
+        "--type=merge",
+        "-p",
+        json.dumps(patch),
+    )
+    s = wait_status(
+        kube,
+        namespace,
+        "fc",
+        "the measured forecast",
+        lambda s: s.get("forecast", {}).get("basis") == "Measured",
+    )
+    assert s["forecast"]["gpuHours"] == pytest.approx(0.02 * steps, rel=1e-2)
+    assert s["forecast"]["gpuHoursLow"] < s["forecast"]["gpuHours"] < s["forecast"]["gpuHoursHigh"]
+    assert s["forecast"]["fromSteps"] == 5 and steps > 5

@@ -51,6 +51,7 @@ def test_the_plan_and_the_gpu_counts_come_from_the_job() -> None:
             "metricCallsPlanned": 320,
             "generationGpuSeconds": 23.0,
             "trainingGpuSeconds": 20.0,
+            "steps": 1,
         }
     }
 

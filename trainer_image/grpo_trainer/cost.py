@@ -31,6 +31,11 @@ class CostLedger:
     metric_calls: int = 0
     generation_gpu_seconds: float = 0.0
     training_gpu_seconds: float = 0.0
+    steps: int = 0
+    # GPU-seconds of each step of this attempt (the forecast's spread: api/forecast.py), running sums.
+    attempt_steps: int = 0
+    _step_sum: float = 0.0
+    _step_squares: float = 0.0
 
     @staticmethod
     def plan(
@@ -58,6 +63,7 @@ class CostLedger:
         self.metric_calls = _count(previous.get("metricCalls"))
         self.generation_gpu_seconds = _seconds(previous.get("generationGpuSeconds"))
         self.training_gpu_seconds = _seconds(previous.get("trainingGpuSeconds"))
+        self.steps = _count(previous.get("steps"))
 
     def add_step(
         self, rollouts: int, metric_calls: int, generation_seconds: float, other_seconds: float
@@ -65,8 +71,24 @@ class CostLedger:
         """One step's use: ``other_seconds`` is its time outside generation and scoring (training)."""
         self.rollouts += max(0, rollouts)
         self.metric_calls += max(0, metric_calls)
-        self.generation_gpu_seconds += max(0.0, generation_seconds) * self.generation_gpus
-        self.training_gpu_seconds += max(0.0, other_seconds) * self.trainer_gpus
+        generation = max(0.0, generation_seconds) * self.generation_gpus
+        training = max(0.0, other_seconds) * self.trainer_gpus
+        self.generation_gpu_seconds += generation
+        self.training_gpu_seconds += training
+        self.steps += 1
+        self.attempt_steps += 1
+        if self.attempt_steps > 1:  # the attempt's first step carries its warm-up: not a typical step
+            self._step_sum += generation + training
+            self._step_squares += (generation + training) ** 2
+
+    def step_std(self) -> float | None:
+        """Standard deviation of this attempt's GPU-seconds per step (its first step left out); None before
+        two such steps."""
+        n = self.attempt_steps - 1
+        if n < 2:
+            return None
+        mean = self._step_sum / n
+        return math.sqrt(max(0.0, (self._step_squares - n * mean * mean) / (n - 1)))
 
     def add_validation(self, metric_calls: int, generation_seconds: float) -> None:
         self.metric_calls += max(0, metric_calls)
@@ -80,8 +102,14 @@ class CostLedger:
             metric_calls_planned=self.metric_calls_planned,
             generation_gpu_seconds=round(self.generation_gpu_seconds, 1),
             training_gpu_seconds=round(self.training_gpu_seconds, 1),
+            steps=self.steps,
+            step_gpu_seconds_std=_rounded(self.step_std()),
         )
         return {"cost": cost.model_dump(by_alias=True, exclude_none=True, mode="json")}
+
+
+def _rounded(value: float | None) -> float | None:
+    return round(value, 2) if value is not None and math.isfinite(value) else None
 
 
 def _generation_gpus(job: dict[str, Any] | None) -> int:

@@ -54,20 +54,24 @@ class BudgetSpec(ApiModel):
         return self
 
 
+def finite_count(value: Any) -> float | None:
+    """``value`` as a float when it is a finite non-negative number (not a bool), else None; an int too large
+    for a float is None too (the trainer writes the status: no value may crash a reader)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    try:
+        number = float(value)
+    except OverflowError:
+        return None
+    return number if math.isfinite(number) and number >= 0 else None
+
+
 def spent_gpu_hours(cost: Any) -> float | None:
     """GPU-hours spent so far according to ``status.cost`` (the trainer's report, read defensively: an entry
     that is not a finite non-negative number counts as 0); None when the trainer reported no GPU time yet."""
     if not isinstance(cost, dict):
         return None
-    seconds = [cost.get(key) for key in COUNTED_COST_FIELDS]
-    numbers = [
-        float(value)
-        for value in seconds
-        if isinstance(value, int | float)
-        and not isinstance(value, bool)
-        and math.isfinite(value)
-        and value >= 0
-    ]
+    numbers = [number for key in COUNTED_COST_FIELDS if (number := finite_count(cost.get(key))) is not None]
     if not numbers:
         return None
     return sum(numbers) / 3600.0

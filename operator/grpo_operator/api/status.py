@@ -14,6 +14,7 @@ from typing import Literal
 from pydantic import ConfigDict, Field, model_validator
 
 from grpo_operator.api.base import ApiModel
+from grpo_operator.api.forecast import ForecastStatus
 from grpo_operator.api.learning_health import LearningStatus
 
 Phase = Literal["Pending", "Initializing", "Running", "Restarting", "Suspended", "Succeeded", "Failed"]
@@ -193,6 +194,18 @@ class CostStatus(_StatusModel):
         description="GPU-seconds of training: the steps' time outside generation and scoring times the "
         "trainer gang's GPUs (nodes x gpusPerNode).",
     )
+    steps: int | None = Field(
+        default=None,
+        ge=0,
+        description="Optimisation steps run so far, every gang attempt's, steps a restart redid included: "
+        "what the GPU-seconds above were spent on (the forecast's per-step figure).",
+    )
+    step_gpu_seconds_std: float | None = Field(
+        default=None,
+        ge=0,
+        description="Standard deviation of the GPU-seconds per step over the current gang attempt's steps, its "
+        "first (warm-up) step left out; from its third step on (the forecast's spread).",
+    )
 
 
 class CheckpointStatus(_StatusModel):
@@ -348,6 +361,11 @@ class GRPOJobStatus(_StatusModel):
     )
     episodes: EpisodesStatus | None = Field(
         default=None, description="Environment jobs: the last step's episodes (trainer)."
+    )
+    forecast: ForecastStatus | None = Field(
+        default=None,
+        description="GPU-hours projected for the whole run, from the spec before the first steps and from "
+        "the measured steps after (operator; docs/platform.md, Budgets).",
     )
     restarts: int | None = Field(
         default=None, ge=0, description="Trainer gang restarts counted against backoffLimit."

@@ -42,6 +42,7 @@ from grpo_operator.kubectl_plugin.errors import (
     NotFound,
     PluginError,
 )
+from grpo_operator.kubectl_plugin.forecast_view import budget_of
 from grpo_operator.kubectl_plugin.output import emit, out, where
 from grpo_operator.kubectl_plugin.rewards_view import cmd_rewards
 from grpo_operator.kubectl_plugin.settings_view import cmd_compare, cmd_config
@@ -80,6 +81,10 @@ def status_report(
     name = job["metadata"]["name"]
     status = job.get("status") or {}
     report: dict[str, Any] = {"name": name, "namespace": kube.namespace, "status": status}
+    # The budget the forecast is shown against (spec.budget.gpuHours; absent without one).
+    budget = budget_of(job)
+    if budget is not None:
+        report["budgetGpuHours"] = budget
     # The learning-health diagnosis as validated data with its one-line summary (None when status.learning
     # is absent or malformed): what `status` prints first.
     report["learning"] = data.learning_report(status)

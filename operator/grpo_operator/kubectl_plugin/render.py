@@ -11,6 +11,7 @@ from typing import Any
 from grpo_operator.api.builtin_rewards import COMPONENT_NAME_PATTERN, MAX_REWARD_COMPONENTS
 from grpo_operator.api.learning_health import REASONS, describe
 from grpo_operator.kubectl_plugin.data import as_float, learning_status, step_of
+from grpo_operator.kubectl_plugin.forecast_view import gpu_hours_lines
 
 BARS = "▁▂▃▄▅▆▇█"
 # C0 controls but newline and tab, DEL, and C1 controls (U+009B is CSI on its own): what a terminal
@@ -142,7 +143,10 @@ def cost_lines(status: dict[str, Any]) -> list[str]:
 
 
 def gpu_time(seconds: float) -> str:
-    """GPU time in the unit that fits: a tiny job's 12.6 GPU-seconds are not '0.00 GPU-h'."""
+    """GPU time in the unit that fits: a tiny job's 12.6 GPU-seconds are not '0.00 GPU-h' (and a forged
+    huge one is three digits, not three hundred)."""
+    if seconds >= 3.6e9:
+        return f"{seconds / 3600:.3g} GPU-h"
     if seconds < 60:
         return f"{seconds:.1f} GPU-s"
     if seconds < 3600:
@@ -234,6 +238,7 @@ def status_text(report: dict[str, Any], now: datetime | None = None) -> str:
         )
     lines.append(f"{'Step':<16}{step}{timing}")
     lines.extend(cost_lines(status))
+    lines.extend(gpu_hours_lines(status, report.get("budgetGpuHours")))
     trend = report.get("trend") or {}
     if trend.get("steps"):
         lines.append(trend_line("Reward", trend["reward"], number))

@@ -47,6 +47,7 @@ from grpo_operator.reconcile.conditions import (
     truncate,
 )
 from grpo_operator.reconcile.finished import clean_up_finished, ttl
+from grpo_operator.reconcile.forecast import forecast_status
 from grpo_operator.reconcile.gang import run_gang
 from grpo_operator.reconcile.gang_restart import restart_or_fail
 from grpo_operator.reconcile.learning_health import learning_condition
@@ -106,6 +107,7 @@ def reconcile(job_obj: dict[str, Any], observed: Observed, now: datetime, settin
 
     rp.new["observedGeneration"] = rp.generation
     rp.new["rollouts"] = compute_rollouts(job.spec)
+    forecast_status(rp, job)
 
     if rp.old_phase in TERMINAL_PHASES:
         clean_up_finished(rp, job, observed)

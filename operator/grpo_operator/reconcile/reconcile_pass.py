@@ -27,6 +27,7 @@ OWNED_STATUS_FIELDS = (
     "startTime",
     "completionTime",
     "observedGeneration",
+    "forecast",
     GATEWAY_TOKEN_SECRET_FIELD,
 )
 
