@@ -247,3 +247,43 @@ def test_accelerate_still_makes_an_fsdp_state_only_the_way_allow_fsdp_on_cpu_rep
     missing = [f for f in trl_adapter.ACCELERATE_FSDP_STATE_CONTRACT if f not in source]
     assert not missing, f"accelerate's AcceleratorState.__init__ no longer contains {missing}: {UPGRADE}"
     assert version("accelerate") == "1.15.0", f"accelerate {version('accelerate')}: {UPGRADE}"
+
+
+def test_single_turn_rollouts_tokenize_prompts_as_trl_does(tiny_model: Any) -> None:
+    """Single-turn jobs sampled by vLLM servers enter TRL through rollout_func (single_turn.py), which
+    tokenizes the prompts itself: the ids must be the ones TRL's own sampling would send, for plain text
+    and for conversations (chat template, generation prompt, the job's chatTemplateKwargs)."""
+    from types import SimpleNamespace
+
+    from grpo_trainer.single_turn import tokenize_prompts
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model)
+    tokenizer.chat_template = (
+        "{% for m in messages %}<|{{ m.role }}|>{{ m.content }}\n{% endfor %}"
+        "{% if add_generation_prompt %}<|assistant|>{% if enable_thinking == 'false' %}/no_think{% endif %}"
+        "{% endif %}"
+    )
+    trainer = SimpleNamespace(
+        processing_class=tokenizer,
+        chat_template_kwargs={"enable_thinking": "false"},
+        chat_template=None,
+        tools=None,
+        environment_factories=None,
+        _is_vlm=False,
+    )
+    plain = ["q1a: ", "what is 2 + 2?"]
+    chats = [
+        [{"role": "system", "content": "be brief"}, {"role": "user", "content": "q1a:"}],
+        [{"role": "user", "content": "what is 2 + 2?"}],
+    ]
+    for prompts in (plain, chats):
+        tokenized = GRPOTrainer._tokenize_prompts(trainer, prompts)  # type: ignore[arg-type]
+        trl_ids = [list(map(int, ids)) for ids in tokenized[0]]
+        assert tokenize_prompts(trainer, prompts) == trl_ids, (
+            f"single_turn.tokenize_prompts no longer matches GRPOTrainer._tokenize_prompts: {UPGRADE}"
+        )
+    assert (
+        tokenize_prompts(trainer, chats)[0]
+        != tokenize_prompts(SimpleNamespace(processing_class=tokenizer, chat_template_kwargs={}), chats)[0]
+    ), "the chat template kwargs must reach the template"

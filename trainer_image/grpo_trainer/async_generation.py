@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from grpo_trainer.async_rollouts import Payload, RolloutProducer, Taken
+from grpo_trainer.single_turn import tokenize_prompts
 
 log = logging.getLogger("grpo_trainer.async_generation")
 
@@ -126,9 +127,9 @@ class AsyncGeneration:
                 key = episode_keys(prompts_everywhere, rows_everywhere)
                 self.producer().submit(step, key, request=(prompts_everywhere, rows_everywhere))
             return
-        # As GRPOTrainer._generate_and_score_completions and _generate prepare them for the step itself.
+        # As the step's own rollout_func tokenizes them (single_turn.py).
         prompts = copy.deepcopy([x["prompt"] for x in batch])
-        prompt_ids = t._tokenize_prompts(prompts)[0]
+        prompt_ids = tokenize_prompts(t, prompts)
         everyone = gather_object(prompt_ids)
         self._submitted_upto = step
         if t.accelerator.is_main_process:
@@ -167,8 +168,9 @@ class AsyncGeneration:
     # -- the step -------------------------------------------------------------------------------------------
 
     def generate_single_turn(self, prompt_ids: list[list[int]], images: Any, num_generations: int) -> Any:
-        """GRPOTrainer._generate_single_turn in training: the weight push of a new step, then the step's
-        groups from the producer, or sampled on the spot when they were dropped. Every rank calls it."""
+        """A training step's single-turn completions (single_turn.SingleTurnRollouts): the weight push of a new
+        step, then the step's groups from the producer, or sampled on the spot when they were dropped. Every
+        rank calls it."""
         from accelerate.utils import broadcast_object_list, gather_object
 
         t = self.trainer

@@ -295,6 +295,14 @@ def build_trainer(
             # Client rollouts are refused an eta at apply time: the client samples, not the trainer. Episodes
             # (a rollout_func too) run ahead through the same producer.
             extra["max_staleness"] = config.grpo.max_staleness or 0
+        if "rollout_func" not in extra:
+            from grpo_trainer.single_turn import SingleTurnRollouts
+
+            # Single-turn completions enter TRL through its rollout_func, as episodes and client rollouts do.
+            extra["rollout_func"] = SingleTurnRollouts()
+        # TRL warns at start that rollout_func is experimental; trl_adapter.py records what the trainer
+        # relies on in it, and tests/trainer/test_trl_adapter.py checks that on every TRL upgrade.
+        os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
     elif config.grpo.max_staleness:
         raise ConfigError(
             "grpo.maxStaleness > 0 overlaps the vLLM server's sampling with training, and generation.backend is "

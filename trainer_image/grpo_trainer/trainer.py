@@ -263,8 +263,9 @@ class ProjectGRPOTrainer(GRPOTrainer):  # type: ignore[misc]
     def _generate(self, prompts: Any) -> Any:
         started = time.monotonic()
         if self.grpo_async is not None and self.rollout_func is not None:
-            # Episodes sampled ahead: the step's weight push must wait for those in flight, which TRL's own
-            # push before rollout_func would not (it then finds the weights pushed and skips).
+            # Groups or episodes sampled ahead: the weight push of the step (or of the validation that
+            # follows it) must wait between the producer's requests, which TRL's own push before
+            # rollout_func would not (it then finds the weights pushed and skips).
             self.grpo_async.push_if_due()
         try:
             return super()._generate(prompts)
@@ -276,24 +277,6 @@ class ProjectGRPOTrainer(GRPOTrainer):  # type: ignore[misc]
             return super().get_batch_samples(epoch_iterator, num_batches, device)  # type: ignore[no-any-return]
         batch_samples = self.grpo_async.batch_samples(epoch_iterator, num_batches)
         return batch_samples, self._get_num_items_in_batch(batch_samples, device)
-
-    def _generate_single_turn(
-        self,
-        prompt_ids: Any,
-        images: Any,
-        multimodal_fields: Any,
-        num_generations: Any,
-        *args: Any,
-        **kwargs: Any,
-    ) -> Any:
-        if self.grpo_async is not None and not getattr(self.model, "training", False):
-            # Validation: its weight push, if one is due, must not land during a request sampled ahead.
-            self.grpo_async.push_if_due()
-        if self.grpo_async is None or not getattr(self.model, "training", False):
-            return super()._generate_single_turn(  # type: ignore[no-untyped-call]
-                prompt_ids, images, multimodal_fields, num_generations, *args, **kwargs
-            )
-        return self.grpo_async.generate_single_turn(prompt_ids, images, num_generations)
 
     def _score_round(self, inputs: list[dict[str, Any]]) -> tuple[dict[str, Any], AdvantageResult, list[int]]:
         """One generation round through TRL, with our advantages. Returns TRL's output dict (advantages

@@ -6,7 +6,9 @@ checkpoint publishing, refusing non-finite steps), so ``ProjectGRPOTrainer`` ove
 and reads private results. Each one is recorded here with the parameters TRL gave it and why the trainer
 needs it; tests/trainer/test_trl_adapter.py compares the record with the installed TRL and fails, naming
 the item, when an upgrade changes any of them. Code outside ``trainer.py`` reaches TRL internals only
-through the functions below.
+through the functions below. Where a job's completions come from (single-turn sampling from the vLLM
+servers, episodes, a client's groups) is not among them: each enters through TRL's public ``rollout_func``
+hook (single_turn.py), whose contract is recorded here too.
 
 To upgrade TRL: install the new version, run that test, re-read the TRL source behind every item it
 names (and the ``why`` of the others), adapt ``trainer.py`` and this module, then set ``WRITTEN_FOR``.
@@ -53,9 +55,9 @@ OVERRIDDEN: tuple[Internal, ...] = (
         "_generate",
         ("prompts",),
         "times every generation round (the weight sync to vLLM included): metrics.jsonl generation_seconds; "
-        "with episodes run ahead (a rollout_func and maxStaleness) it pushes the step's weights first, between "
-        "the producer's runs, so that TRL's own push before rollout_func (when _last_loaded_step lags "
-        "global_step) finds them pushed",
+        "with groups or episodes sampled ahead (a rollout_func and maxStaleness) it pushes the step's weights "
+        "first, between the producer's runs, so that TRL's own push before rollout_func (when "
+        "_last_loaded_step lags global_step) finds them pushed",
     ),
     Internal(
         "training_step",
@@ -79,13 +81,6 @@ OVERRIDDEN: tuple[Internal, ...] = (
         "maxStaleness steps ahead from the same iterator (async_generation.py), and count the step's items "
         "with _get_num_items_in_batch as the original does",
     ),
-    Internal(
-        "_generate_single_turn",
-        ("prompt_ids", "images", "multimodal_fields", "num_generations"),
-        "syncs the weights to vLLM when the step moved (self._last_loaded_step) and samples through "
-        "vllm_generation.generate: asynchronous jobs push between the sampling thread's requests and take the "
-        "step's groups from it; it returns (completion_ids, logprobs with the sampled token's only)",
-    ),
 )
 
 # Methods called from outside the class (validation, resume); only through the functions below.
@@ -93,15 +88,10 @@ CALLED: tuple[Internal, ...] = (
     Internal(
         "_generate",
         ("prompts",),
-        "validation generates through TRL's configured backend (vLLM server, colocated engine or transformers); element "
+        "validation generates through TRL's configured backend (the rollout_func of vLLM server jobs, a "
+        "colocated engine or transformers); element "
         "GENERATE_COMPLETIONS_INDEX of the returned tuple is the completion texts, element "
         "GENERATE_COMPLETION_IDS_INDEX their token ids",
-    ),
-    Internal(
-        "_tokenize_prompts",
-        ("prompts",),
-        "asynchronous jobs tokenize the prompts of the steps ahead as _generate does for the step itself; "
-        "element 0 of the result is the prompt token ids",
     ),
     Internal(
         "_get_num_items_in_batch",
@@ -133,8 +123,12 @@ INSTANCE_ATTRIBUTES = (
     "eos_token_ids",
     # Asynchronous jobs: the step whose weights vLLM was last given (set to -1 in __init__).
     "_last_loaded_step",
-    # Whether the job's rollouts come from the project's rollout_func (episodes, client rollouts).
+    # The project's rollout_func (single-turn sampling from vLLM servers, episodes, client rollouts); None
+    # when TRL samples in the training processes itself (colocated engine, transformers).
     "rollout_func",
+    # single_turn.py: validation's answers per prompt, and the chat-template arguments TRL tokenizes with.
+    "num_generations_eval",
+    "chat_template_kwargs",
 )
 # Attribute of TRL's VLLMGeneration (server mode, rank 0) holding its VLLMClient.
 VLLM_CLIENT_ATTRIBUTE = "vllm_client"
