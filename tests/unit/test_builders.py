@@ -224,6 +224,10 @@ def test_generation_pod_runs_vllm_in_the_mode_trl_needs() -> None:
     assert flag("--logprobs-mode") == "processed_logprobs"
     assert flag("--max-logprobs") == "-1"
     assert flag("--max-model-len") == "4096"
+    # Unset: vLLM's auto-fit (-1), the model's context lowered to what the KV cache can hold, so a 128k-token
+    # model on a smaller memory share starts instead of refusing after its model load.
+    unset = generation_pod(make_job(generation={"gpus": 1}), SETTINGS, 2, 0)["spec"]["containers"][0]["args"]
+    assert unset[unset.index("--max-model-len") + 1] == "-1"
     assert flag("--revision") == "main"
     assert "--data-parallel-size" not in args
     assert env_of(pod)["VLLM_SERVER_DEV_MODE"] == "1"

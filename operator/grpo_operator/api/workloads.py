@@ -320,7 +320,8 @@ class GenerationSpec(ApiModel):
     )
     max_model_len: Annotated[int, Field(ge=1, le=1_048_576), INTEGRAL_FLOAT] | None = Field(
         default=None,
-        description="vLLM context length; unset means the model's (prompt + completion must fit).",
+        description="vLLM context length (prompt + completion must fit). Unset: the model's own, lowered by "
+        "the vLLM pods to what fits their KV-cache memory (vLLM's auto-fit) instead of failing to start.",
     )
     startup_timeout_seconds: K8sInt = Field(
         default=1800,

@@ -296,8 +296,11 @@ def generation_pod(
         args += ["--weight-transfer-config", '{"backend":"nccl"}']
     # No --data-parallel-size: the spec requires gpus == tensorParallelSize, because TRL 1.16 supports
     # vLLM data parallelism only for MoE models (scripts/vllm_serve.py:38-40).
-    if gen.max_model_len is not None:
-        args += ["--max-model-len", str(gen.max_model_len)]
+    # Unset: -1, vLLM's auto-fit (the model's own context length, lowered to what the KV cache can hold on
+    # these GPUs). Without it a long-context model (128k tokens and more) whose full context does not fit
+    # at this gpuMemoryUtilization makes vLLM refuse to start, after the whole model load, and the job
+    # spends its start-up budget on restarts that fail the same way.
+    args += ["--max-model-len", str(gen.max_model_len) if gen.max_model_len is not None else "-1"]
 
     mounts: list[dict[str, Any]] = [{"name": "dshm", "mountPath": "/dev/shm"}]
     volumes: list[dict[str, Any]] = [_shm_volume(settings)]
