@@ -11,18 +11,10 @@ import time
 from typing import Any
 from uuid import uuid4
 
+from echo_types import EchoAction, EchoObservation
 from openenv.core.env_server.http_server import create_app
 from openenv.core.env_server.interfaces import Environment
-from openenv.core.env_server.types import Action, Observation, State
-from pydantic import Field
-
-
-class EchoAction(Action):  # type: ignore[misc]
-    message: str = Field(...)
-
-
-class EchoObservation(Observation):  # type: ignore[misc]
-    text: str = ""
+from openenv.core.env_server.types import State
 
 
 class HostileEnvironment(Environment):  # type: ignore[misc]
