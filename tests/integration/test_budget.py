@@ -136,3 +136,23 @@ def test_the_forecast_is_in_the_status_from_apply_and_follows_the_measured_steps
     assert s["forecast"]["gpuHours"] == pytest.approx(0.02 * steps, rel=1e-2)
     assert s["forecast"]["gpuHoursLow"] < s["forecast"]["gpuHours"] < s["forecast"]["gpuHoursHigh"]
     assert s["forecast"]["fromSteps"] == 5 and steps > 5
+
+    # The last step: the final figure, without a spread (removed from the stored status by the merge patch).
+    patch["status"]["progress"]["step"] = steps
+    patch["status"]["cost"].update({"steps": steps, "generationGpuSeconds": 400})
+    kube.kubectl(
+        "patch",
+        "grpojob",
+        "fc",
+        "-n",
+        namespace,
+        "--subresource=status",
+        "--type=merge",
+        "-p",
+        json.dumps(patch),
+    )
+    s = wait_status(
+        kube, namespace, "fc", "the final forecast", lambda s: s.get("forecast", {}).get("atStep") == steps
+    )
+    assert s["forecast"]["gpuHours"] == pytest.approx(560 / 3600, rel=1e-2)
+    assert "gpuHoursLow" not in s["forecast"] and "gpuHoursHigh" not in s["forecast"]

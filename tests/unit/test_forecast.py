@@ -121,6 +121,11 @@ def test_settled_keeps_the_stored_forecast_while_it_moves_less_than_five_percent
     assert settled(first, moved)["gpuHours"] == moved.gpu_hours
     last = forecast(spec(), measured(step=500, spent_hours=20.1, steps_run=500))
     assert settled(first, last)["gpuHours"] == 20.1, "the last step writes the final figure"
+    spread = settled(None, forecast(spec(), measured(step=499, spent_hours=20.0, steps_run=499, std=30)))
+    final = settled(spread, last)
+    assert final["gpuHoursLow"] is None and final["gpuHoursHigh"] is None, (
+        "null: the merge patch removes them"
+    )
     assert settled({"basis": "Spec", "gpus": "five"}, nudged)["basis"] == MEASURED, "a forged one is replaced"
     before = settled(None, forecast(spec(), {}))
     assert settled(before, forecast(spec(), measured(step=1, spent_hours=0.1, steps_run=1))) is before

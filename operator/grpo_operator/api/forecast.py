@@ -171,6 +171,9 @@ def settled(old: Any, new: ForecastStatus) -> dict[str, Any]:
     fresh = new.model_dump(by_alias=True, exclude_none=True, mode="json")
     if not isinstance(old, dict):
         return fresh
+    # The status is written as a JSON merge patch: a key the new forecast lacks (the spread at the last step)
+    # is removed only by naming it with null.
+    fresh.update({key: None for key in old if key not in fresh})
     try:
         previous = ForecastStatus.model_validate(old)
     except ValidationError:
