@@ -160,9 +160,8 @@ def terminate_pod(kube: Cluster, namespace: str, name: str, exit_code: int, mess
     kube.terminate_pod(namespace, name, exit_code, message)
 
 
-def report_checkpoint(kube: Cluster, namespace: str, name: str, step: int, path: str) -> None:
-    """What trainer rank 0 writes after a verified checkpoint (status subresource, merge patch)."""
-    patch = {"status": {"checkpoint": {"lastStep": step, "path": path, "time": "2026-11-29T08:00:00Z"}}}
+def patch_job_status(kube: Cluster, namespace: str, name: str, status: dict[str, Any]) -> None:
+    """Write ``status`` into the job's as trainer rank 0 does (status subresource, merge patch)."""
     kube.kubectl(
         "patch",
         "grpojob",
@@ -172,8 +171,29 @@ def report_checkpoint(kube: Cluster, namespace: str, name: str, step: int, path:
         "--subresource=status",
         "--type=merge",
         "-p",
-        json.dumps(patch),
+        json.dumps({"status": status}),
     )
+
+
+def report_checkpoint(kube: Cluster, namespace: str, name: str, step: int, path: str) -> None:
+    """What trainer rank 0 writes after a verified checkpoint."""
+    patch_job_status(
+        kube,
+        namespace,
+        name,
+        {"checkpoint": {"lastStep": step, "path": path, "time": "2026-11-29T08:00:00Z"}},
+    )
+
+
+def wait_resumed_from(kube: Cluster, namespace: str, name: str, checkpoint: str) -> None:
+    """A suspended job resumed: Running again with gang attempt 2, no restart counted, its trainers told to
+    resume from ``checkpoint``."""
+    s = wait_phase(kube, namespace, name, "Running")
+    assert s["trainerAttempt"] == 2 and s["restarts"] == 0, s
+    for pod_name, pod in gang(kube, namespace, name).items():
+        assert pod_name.startswith((f"{name}-gen-2-", f"{name}-trainer-2-")), pod_name
+        if "trainer" in pod_name:
+            assert env_of(pod)["RESUME_FROM"] == checkpoint
 
 
 def events_of(kube: Cluster, namespace: str, name: str) -> list[dict[str, Any]]:

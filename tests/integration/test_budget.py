@@ -5,7 +5,7 @@ tests/integration/test_operator.py describes."""
 
 from __future__ import annotations
 
-import json
+from typing import Any
 
 import pytest
 
@@ -13,14 +13,14 @@ from tests.harness.kube import Cluster, wait_for
 from tests.harness.operator_process import Operator
 from tests.integration.operator_helpers import (
     CKPT,
-    env_of,
     gang,
+    patch_job_status,
     report_checkpoint,
     run_job,
     status,
     wait_event,
-    wait_phase,
     wait_reasons,
+    wait_resumed_from,
     wait_status,
 )
 
@@ -30,23 +30,9 @@ pytestmark = pytest.mark.slow
 def report_cost(
     kube: Cluster, namespace: str, name: str, generation_seconds: float, training_seconds: float
 ) -> None:
-    """What trainer rank 0 writes after a step: the GPU-seconds so far (status subresource, merge patch)."""
-    patch = {
-        "status": {
-            "cost": {"generationGpuSeconds": generation_seconds, "trainingGpuSeconds": training_seconds}
-        }
-    }
-    kube.kubectl(
-        "patch",
-        "grpojob",
-        name,
-        "-n",
-        namespace,
-        "--subresource=status",
-        "--type=merge",
-        "-p",
-        json.dumps(patch),
-    )
+    """What trainer rank 0 writes after a step: the GPU-seconds so far."""
+    cost = {"generationGpuSeconds": generation_seconds, "trainingGpuSeconds": training_seconds}
+    patch_job_status(kube, namespace, name, {"cost": cost})
 
 
 def test_a_job_over_its_budget_is_suspended_and_a_raised_budget_resumes_it(
@@ -82,12 +68,7 @@ def test_a_job_over_its_budget_is_suspended_and_a_raised_budget_resumes_it(
         "-p",
         '{"spec":{"budget":{"gpuHours":2}}}',
     )
-    s = wait_phase(kube, namespace, "math", "Running")
-    assert s["trainerAttempt"] == 2 and s["restarts"] == 0
-    for name, pod in gang(kube, namespace, "math").items():
-        assert name.startswith(("math-gen-2-", "math-trainer-2-"))
-        if "trainer" in name:
-            assert env_of(pod)["RESUME_FROM"] == CKPT
+    wait_resumed_from(kube, namespace, "math", CKPT)
     wait_reasons(
         kube, namespace, "math", {"BudgetNearlySpent", "BudgetExhausted", "Resumed", "ResumedFromCheckpoint"}
     )
@@ -104,28 +85,11 @@ def test_the_forecast_is_in_the_status_from_apply_and_follows_the_measured_steps
     steps = forecast["steps"]
 
     # What trainer rank 0 writes after its fifth step: 0.1 GPU-hours spent, 0.02 a step, 5 steps run.
-    patch = {
-        "status": {
-            "progress": {"step": 5, "totalSteps": steps},
-            "cost": {
-                "generationGpuSeconds": 200,
-                "trainingGpuSeconds": 160,
-                "steps": 5,
-                "stepGpuSecondsStd": 3,
-            },
-        }
+    report: dict[str, Any] = {
+        "progress": {"step": 5, "totalSteps": steps},
+        "cost": {"generationGpuSeconds": 200, "trainingGpuSeconds": 160, "steps": 5, "stepGpuSecondsStd": 3},
     }
-    kube.kubectl(
-        "patch",
-        "grpojob",
-        "fc",
-        "-n",
-        namespace,
-        "--subresource=status",
-        "--type=merge",
-        "-p",
-        json.dumps(patch),
-    )
+    patch_job_status(kube, namespace, "fc", report)
     s = wait_status(
         kube,
         namespace,
@@ -138,19 +102,9 @@ def test_the_forecast_is_in_the_status_from_apply_and_follows_the_measured_steps
     assert s["forecast"]["fromSteps"] == 5 and steps > 5
 
     # The last step: the final figure, without a spread (removed from the stored status by the merge patch).
-    patch["status"]["progress"]["step"] = steps
-    patch["status"]["cost"].update({"steps": steps, "generationGpuSeconds": 400})
-    kube.kubectl(
-        "patch",
-        "grpojob",
-        "fc",
-        "-n",
-        namespace,
-        "--subresource=status",
-        "--type=merge",
-        "-p",
-        json.dumps(patch),
-    )
+    report["progress"]["step"] = steps
+    report["cost"].update({"steps": steps, "generationGpuSeconds": 400})
+    patch_job_status(kube, namespace, "fc", report)
     s = wait_status(
         kube, namespace, "fc", "the final forecast", lambda s: s.get("forecast", {}).get("atStep") == steps
     )

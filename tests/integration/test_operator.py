@@ -39,6 +39,7 @@ from tests.integration.operator_helpers import (
     wait_event,
     wait_phase,
     wait_reasons,
+    wait_resumed_from,
     wait_status,
 )
 
@@ -321,12 +322,7 @@ def test_suspend_stops_the_pods_and_resume_continues_from_the_checkpoint(
     kube.kubectl(
         "patch", "grpojob", "math", "-n", namespace, "--type=merge", "-p", '{"spec":{"suspend":false}}'
     )
-    s = wait_phase(kube, namespace, "math", "Running")
-    assert s["trainerAttempt"] == 2 and s["restarts"] == 0
-    for name, pod in gang(kube, namespace, "math").items():
-        assert name.startswith(("math-gen-2-", "math-trainer-2-"))
-        if "trainer" in name:
-            assert env_of(pod)["RESUME_FROM"] == CKPT
+    wait_resumed_from(kube, namespace, "math", CKPT)
     wait_reasons(kube, namespace, "math", {"Suspended", "Resumed", "ResumedFromCheckpoint"})
 
 
