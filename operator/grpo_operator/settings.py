@@ -22,12 +22,13 @@ from pydantic import BaseModel, ValidationError
 
 from grpo_operator.api.base import describe_validation_error
 from grpo_operator.api.exit_codes import PERMANENT_EXIT_CODES
+from grpo_operator.api.fast_network import NETWORK_SETTINGS, scalar
 from grpo_operator.api.learning_health import LearningHealthSpec
 from grpo_operator.api.tracking import TrackingSpec
 from grpo_operator.api.trainer_config import TRAINER_METRICS_PORT, VLLM_SERVER_PORT, WEIGHT_SYNC_PORT
 
 ENV_PREFIX = "GRPO_OPERATOR_"
-POD_SECURITY_LEVELS = ("restricted", "baseline")
+POD_SECURITY_LEVELS = ("restricted", "baseline", "privileged")
 MAX_ID = 2**31 - 1
 _DNS1123_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
 # Field metadata key marking a setting the trainer must see too (in trainer.json or its environment):
@@ -151,14 +152,34 @@ class OperatorSettings:
         default_factory=lambda: {"cpu": "8", "memory": "64Gi"}
     )
     # Pod Security Standard every job pod meets (builders/security.py, docs/platform.md): "restricted"
-    # (non-root, RuntimeDefault seccomp, no capabilities; tenant namespaces may enforce restricted) or
-    # "baseline" (the same, but the image's own user, root included; namespaces may enforce baseline).
+    # (non-root, RuntimeDefault seccomp, no capabilities; tenant namespaces may enforce restricted),
+    # "baseline" (the same, but the image's own user, root included; namespaces may enforce baseline) or
+    # "privileged" (baseline plus the IPC_LOCK capability of ipc_lock, which only the privileged standard
+    # allows: namespaces must enforce nothing). No pod is ever privileged: true, at any level.
     pod_security: str = "restricted"
     # User and group job containers run as under "restricted" (the project's images use 65532), and the
     # group that owns the job's volume (fsGroup, both levels) so the trainer can write checkpoints.
     pod_run_as_user: int = 65532
     pod_run_as_group: int = 65532
     pod_fs_group: int = 65532
+
+    # --- fast networks: RDMA and secondary networks for NCCL (docs/platform.md, "Fast networks") -----------
+    # Applied to every trainer and vLLM pod (weights go from trainer rank 0 to the vLLM workers over NCCL,
+    # gradients between trainer nodes), never to the metric service. All JSON objects; off while empty.
+    # Extra resources each such pod requests (requests = limits), e.g. the RDMA shared device plugin's
+    # {"rdma/rdma_shared_device_a": "1"} or an SR-IOV VF {"nvidia.com/hostdev": "1"}. Whole numbers only:
+    # device plugins advertise countable devices. Replaces a job's own request of the same resource.
+    network_resources: Mapping[str, str] = field(default_factory=dict)
+    # Annotations of those pods, e.g. Multus {"k8s.v1.cni.cncf.io/networks": "rdma-net"}.
+    network_pod_annotations: Mapping[str, str] = field(default_factory=dict)
+    # Variables of their containers, e.g. {"NCCL_SOCKET_IFNAME": "net1", "NCCL_IB_HCA": "mlx5_0",
+    # "NCCL_IB_GID_INDEX": "3"}. They win over a job's own variables of the same name (dropped): which
+    # interface and HCA carry the traffic is a fact of the nodes, not of the job.
+    network_env: Mapping[str, str] = field(default_factory=dict)
+    # Add the IPC_LOCK capability to trainer and vLLM containers (RDMA pins buffers beyond the memlock
+    # limit with it). Requires pod_security "privileged"; effective only for a container running as root.
+    ipc_lock: bool = False
+
     # Trainer exit codes that mean "retrying cannot help": the job fails at once instead of spending its
     # backoffLimit. The default is every code the exit-code catalog marks permanent (api/exit_codes.py, also
     # the restart policy's default; tests/unit/test_restart_policy.py keeps the two equal), listed with
@@ -249,6 +270,7 @@ class OperatorSettings:
                 f"pod_security ({ENV_PREFIX}POD_SECURITY, Helm: jobDefaults.podSecurity.level) is "
                 f"{self.pod_security!r}: use one of {', '.join(POD_SECURITY_LEVELS)}"
             )
+        self._check_fast_network()
         for name in ("pod_run_as_user", "pod_run_as_group", "pod_fs_group"):
             value = getattr(self, name)
             if not 0 < value <= MAX_ID:
@@ -299,6 +321,44 @@ class OperatorSettings:
                 f"default_queue_name {default_queue!r} is not in allowed_queue_names "
                 f"{list(allowed_queues)}: add it there (Helm: platformPolicy.queue.allowed) "
                 "or pick one of them as the default"
+            )
+
+    def _check_fast_network(self) -> None:
+        """The fast-network settings, refused at start-up unless every job pod could carry them."""
+        for name, (helm_key, problem) in NETWORK_SETTINGS.items():
+            value: Any = getattr(self, name)
+            where = f"{name} ({ENV_PREFIX}{name.upper()}, Helm: jobDefaults.fastNetwork.{helm_key})"
+            if not isinstance(value, Mapping):
+                raise SettingsError(f"{where} is not an object: give it as a JSON object of names to values")
+            for key, raw in value.items():
+                text = scalar(raw)
+                found = "a value that is not a string or number" if text is None else problem(key, text)
+                if found:
+                    raise SettingsError(f"{where} has {key!r}: {found}")
+            # Kept as strings: Helm renders a number in the values as a JSON number.
+            object.__setattr__(self, name, {key: scalar(raw) for key, raw in value.items()})
+        gpus = [key for key in self.network_resources if self.is_gpu_resource(key)]
+        if gpus:
+            raise SettingsError(
+                f"network_resources ({ENV_PREFIX}NETWORK_RESOURCES, Helm: jobDefaults.fastNetwork.resources) "
+                f"names the GPU resource {gpus[0]!r}: GPUs are requested by each job (spec.*.gpus); leave it out"
+            )
+        if self.ipc_lock and self.pod_security != "privileged":
+            raise SettingsError(
+                f"ipc_lock ({ENV_PREFIX}IPC_LOCK, Helm: jobDefaults.fastNetwork.ipcLock) adds the IPC_LOCK "
+                f"capability to trainer and vLLM pods, which the {self.pod_security!r} Pod Security Standard "
+                "forbids (restricted allows adding only NET_BIND_SERVICE, baseline a list without IPC_LOCK), so "
+                f"tenant namespaces would refuse every job pod: set pod_security ({ENV_PREFIX}POD_SECURITY, Helm: "
+                "jobDefaults.podSecurity.level) to 'privileged' and label the tenant namespaces "
+                "pod-security.kubernetes.io/enforce=privileged, or turn ipc_lock off and raise the nodes' "
+                "memlock limit instead (docs/platform.md, Fast networks)"
+            )
+        if self.pod_security == "privileged" and not self.ipc_lock:
+            raise SettingsError(
+                f"pod_security ({ENV_PREFIX}POD_SECURITY, Helm: jobDefaults.podSecurity.level) is 'privileged' "
+                f"but ipc_lock ({ENV_PREFIX}IPC_LOCK, Helm: jobDefaults.fastNetwork.ipcLock) is off, and nothing "
+                "else needs the privileged standard: use 'baseline' (pods run as the image's own user) or "
+                "'restricted', or turn ipc_lock on"
             )
 
     @classmethod

@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 from grpo_operator.api import TrainerConfig
+from grpo_operator.api.pod_env import RESERVED_TRAINER_ENV
 from grpo_operator.builders import Job, gang_hash, gang_pods, infrastructure, job_from_object, metric_workload
 from grpo_operator.builders.common import (
     ANNOTATION_HASH,
@@ -18,7 +19,7 @@ from grpo_operator.builders.common import (
     generation_pod_name,
     trainer_pod_name,
 )
-from grpo_operator.builders.gang import RESERVED_TRAINER_ENV, VLLM_SUPERVISOR, generation_pod, trainer_pod
+from grpo_operator.builders.gang import VLLM_SUPERVISOR, generation_pod, trainer_pod
 from grpo_operator.settings import OperatorSettings, SettingsError
 
 SETTINGS = OperatorSettings()

@@ -170,7 +170,7 @@ def test_baseline_runs_images_as_their_own_user_and_is_not_restricted() -> None:
 @pytest.mark.parametrize(
     ("env", "words"),
     [
-        ({"GRPO_OPERATOR_POD_SECURITY": "privileged"}, "restricted, baseline"),
+        ({"GRPO_OPERATOR_POD_SECURITY": "unconfined"}, "restricted, baseline, privileged"),
         ({"GRPO_OPERATOR_POD_RUN_AS_USER": "0"}, "non-root id"),
         ({"GRPO_OPERATOR_POD_FS_GROUP": "-1"}, "GRPO_OPERATOR_POD_FS_GROUP"),
     ],

@@ -14,7 +14,7 @@ from importlib import resources
 from typing import Any
 
 from grpo_operator.api.compat import drop_later_defaults
-from grpo_operator.api.gateway_config import GATEWAY_INTERNAL_TOKEN_ENV
+from grpo_operator.api.pod_env import HF_TOKEN_ENV, RESERVED_GENERATION_ENV, RESERVED_TRAINER_ENV
 from grpo_operator.api.spec import EnvVar
 from grpo_operator.api.trainer_config import CONFIG_ENV, DEFAULT_OUTPUT_DIR, POLICY_PORT, generation_log_path
 from grpo_operator.builders.common import (
@@ -52,6 +52,7 @@ from grpo_operator.builders.common import (
     trainer_service_name,
     with_hash,
 )
+from grpo_operator.builders.fast_network import with_fast_network
 from grpo_operator.builders.inputs import input_volumes
 from grpo_operator.builders.rollouts import gateway_token_env
 from grpo_operator.builders.scheduling import image_pull_secrets, kueue_labels, pod_placement
@@ -59,31 +60,6 @@ from grpo_operator.builders.security import secure_pod_spec
 from grpo_operator.builders.tracking import tracking_env
 from grpo_operator.builders.trainer_configmap import config_hash
 from grpo_operator.settings import OperatorSettings
-
-# Environment the trainer contract fixes (docs/operations.md); a spec.trainer.env entry with one of
-# these names is ignored, because the operator must control rank, topology and resume point.
-RESERVED_TRAINER_ENV = frozenset(
-    {
-        CONFIG_ENV,
-        "RESUME_FROM",
-        "RANK",
-        "WORLD_SIZE",
-        "NODE_RANK",
-        "NNODES",
-        "NPROC_PER_NODE",
-        "MASTER_ADDR",
-        "MASTER_PORT",
-        "GRPO_JOB_NAMESPACE",
-        "GRPO_JOB_NAME",
-        "GRPO_TRAINER_ATTEMPT",
-        "GRPO_VLLM_URL",
-        "GRPO_METRIC_URL",
-        "VLLM_HOST_IP",
-        "POD_NAME",
-        # The rollout gateway's internal token: rank 0's from the job's Secret, no one else's.
-        GATEWAY_INTERNAL_TOKEN_ENV,
-    }
-)
 
 # torchrun expands nothing itself: Kubernetes substitutes $(VAR) from the container's env, so the
 # command needs no shell in the image.
@@ -109,11 +85,6 @@ def trainer_args(job: Job) -> list[str]:
 
 # How long the vLLM pod's readiness probe waits for GET /health.
 VLLM_PROBE_TIMEOUT_SECONDS = 10
-
-# Variables of the vLLM container the operator fixes: TRL's weight-update routes exist only in dev mode.
-RESERVED_GENERATION_ENV = frozenset({"VLLM_SERVER_DEV_MODE"})
-# The Hugging Face access token variable both vLLM and the trainer (huggingface_hub) read.
-HF_TOKEN_ENV = "HF_TOKEN"
 
 
 def _env_with_user(
@@ -386,7 +357,7 @@ def generation_pod(
         **pod_placement(job, settings, gpu=True),
         **image_pull_secrets(job, settings),
     }
-    return {
+    pod = {
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": _pod_metadata(
@@ -400,6 +371,7 @@ def generation_pod(
         ),
         "spec": secure_pod_spec(pod_spec, settings),
     }
+    return with_fast_network(pod, settings)
 
 
 def generation_service(job: Job, settings: OperatorSettings, replica: int = 0) -> Manifest:
@@ -542,7 +514,7 @@ def trainer_pod(job: Job, settings: OperatorSettings, attempt: int, rank: int, r
         **pod_placement(job, settings, gpu=True),
         **image_pull_secrets(job, settings),
     }
-    return {
+    pod = {
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": _pod_metadata(
@@ -550,6 +522,7 @@ def trainer_pod(job: Job, settings: OperatorSettings, attempt: int, rank: int, r
         ),
         "spec": secure_pod_spec(pod_spec, settings),
     }
+    return with_fast_network(pod, settings)
 
 
 def trainer_service(job: Job, settings: OperatorSettings) -> Manifest:

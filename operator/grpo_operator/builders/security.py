@@ -4,7 +4,9 @@ Under the default level, ``restricted``, every pod meets the Kubernetes *restric
 Standard, so a tenant namespace may enforce it: a numeric non-root user, the container runtime's
 default seccomp profile, no privilege escalation, every capability dropped, and only configMap,
 persistentVolumeClaim and emptyDir volumes. ``baseline`` lifts the non-root requirement alone, for
-images that must run as root, and needs namespaces that enforce no more than *baseline*.
+images that must run as root, and needs namespaces that enforce no more than *baseline*. ``privileged``
+is baseline plus the IPC_LOCK capability on trainer and vLLM containers (settings.ipc_lock, added by
+builders/fast_network.py), which only the *privileged* standard allows; pods stay unprivileged otherwise.
 
 Running an image as a user it was not built for (the stock vLLM image runs as root) works only if
 what it writes is writable by that user and nothing asks the user database for its name. Every
@@ -44,7 +46,8 @@ def pod_security_context(settings: OperatorSettings) -> dict[str, Any]:
 
 
 def container_security_context() -> dict[str, Any]:
-    # The same at both levels: the non-root user is set for the whole pod (pod_security_context).
+    # The same at every level: the non-root user is set for the whole pod (pod_security_context); the one
+    # capability the privileged level adds is added to trainer and vLLM containers alone (fast_network.py).
     return {"allowPrivilegeEscalation": False, "privileged": False, "capabilities": {"drop": ["ALL"]}}
 
 
