@@ -153,6 +153,13 @@ def test_example_grpojobs_validate_against_the_crd_schema(schema_dir: Path) -> N
             {"metrics.podMonitors.generation.allowFrom[0].podSelector.matchLabel.app": "prometheus"},
             "additional properties 'matchLabel' not allowed",
         ),
+        ({"jobDefaults.fastNetwork.resources.rdma": "1"}, "invalid propertyName 'rdma'"),
+        ({"jobDefaults.fastNetwork.resources.rdma/hca": "0"}, "rdma~1hca': minimum: got 0, want 1"),
+        ({"jobDefaults.fastNetwork.env.NCCL-IB-HCA": "mlx5_0"}, "invalid propertyName 'NCCL-IB-HCA'"),
+        ({"jobDefaults.fastNetwork.ipcLoc": "true"}, "additional properties 'ipcLoc' not allowed"),
+        # IPC_LOCK is allowed by the privileged Pod Security Standard alone, and nothing else needs that level.
+        ({"jobDefaults.fastNetwork.ipcLock": "true"}, "podSecurity/level': value must be 'privileged'"),
+        ({"jobDefaults.podSecurity.level": "privileged"}, "podSecurity/level': 'not' failed"),
         (
             {
                 "metrics.podMonitors.generation.allowFrom[0].ipBlock.cidr": "10.0.0.0/8",

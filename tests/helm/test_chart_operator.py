@@ -124,6 +124,12 @@ def test_operator_settings_and_flags_parse_as_the_operator_parses_them(values: P
     assert settings.pod_run_as_user == pod_security["runAsUser"]
     assert settings.pod_run_as_group == pod_security["runAsGroup"]
     assert settings.pod_fs_group == pod_security["fsGroup"]
+    fast_network = job_defaults["fastNetwork"]
+    # Numbers in the values (a device count, NCCL_IB_GID_INDEX: 3) reach the pods as strings.
+    assert settings.network_resources == {k: str(v) for k, v in fast_network["resources"].items()}
+    assert settings.network_pod_annotations == fast_network["podAnnotations"]
+    assert settings.network_env == {k: str(v) for k, v in fast_network["env"].items()}
+    assert settings.ipc_lock == fast_network["ipcLock"]
     assert settings.vllm_port == job_defaults["vllmPort"]
     assert settings.model_cache_claim == job_defaults["modelCacheClaim"]
     assert dict(settings.tracking_defaults) == job_defaults["tracking"]

@@ -132,3 +132,76 @@ def test_weights_leave_for_vllm_in_the_served_dtype() -> None:
     assert sent["w"].dtype == torch.bfloat16 and torch.equal(sent["w"], master.to(torch.bfloat16))
     assert sent["n"] is counter and sent["b"] is already
     assert dict(served_tensors(iter([("w", master)]), None))["w"] is master
+
+
+class _RecordingClient:
+    """Stands in for TRL's VLLMClient: records the metadata and the tensors a sync sends, as they are sent."""
+
+    def __init__(self) -> None:
+        self.metadata: list[tuple[str, str, list[int]]] = []
+        self.sent: list[tuple[str, torch.dtype, int]] = []
+
+    def update_named_params(self, metadata: list[Any], params: Any) -> None:
+        self.metadata = list(metadata)
+        self.sent = [(name, t.dtype, t.numel() * t.element_size()) for name, t in params]
+
+    def reset_prefix_cache(self) -> None:
+        pass
+
+
+def _sync(model: torch.nn.Module, dtype: str) -> _RecordingClient:
+    """One server-mode weight sync through the trainer's own VLLMGeneration subclass (TRL's sync_weights and
+    _iter_named_params, the project's cast), with no vLLM: what reaches update_named_params is what a real
+    client would broadcast or write."""
+    from contextlib import nullcontext
+    from types import SimpleNamespace
+
+    from grpo_trainer.served_generation import generation_class
+
+    cls: Any = generation_class(None, None, None, served_dtype=dtype)
+    # Built without __init__, which would start a vLLM client: the attributes the sync reads are set below.
+    generation = object.__new__(cls)
+    client = _RecordingClient()
+    generation.__dict__.update(
+        mode="server",
+        model=model,
+        vllm_client=client,
+        accelerator=SimpleNamespace(is_main_process=True),
+        _dist=SimpleNamespace(is_fsdp=False, gather_params=lambda params: nullcontext()),
+        _weight_metadata=None,
+    )
+    generation.sync_weights()
+    return client
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_a_sync_sends_the_served_dtype_never_the_fp32_masters(
+    tmp_path: Path, tiny_model: Path, dtype: str
+) -> None:
+    """Full fine-tuning holds fp32 masters; vLLM gets every parameter once, cast to the dtype it serves:
+    parameters x 2 bytes, the figure docs/trainer.md ("Weight sync") states."""
+    model = _load(tiny_model, kwargs_for(tmp_path, tiny_model, dtype, lora=False, cuda=True))
+    assert {p.dtype for p in model.parameters()} == {torch.float32}
+    client = _sync(model, dtype)
+    parameters = sum(p.numel() for p in model.parameters())
+    assert {sent_dtype for _, sent_dtype, _ in client.sent} == {getattr(torch, dtype)}
+    assert {meta_dtype for _, meta_dtype, _ in client.metadata} == {dtype}
+    assert sum(size for _, _, size in client.sent) == parameters * 2
+    assert [name for name, _, _ in client.sent] == [name for name, _, _ in client.metadata]
+
+
+def test_a_lora_sync_sends_the_whole_merged_model_in_the_served_dtype(
+    tmp_path: Path, tiny_model: Path
+) -> None:
+    """LoRA: the adapter (fp32) is merged into the bf16 base and every base parameter is sent, none of the
+    adapter's own: the whole model's bytes each sync."""
+    from peft import LoraConfig, get_peft_model
+
+    base = _load(tiny_model, kwargs_for(tmp_path, tiny_model, "bfloat16", lora=True, cuda=True))
+    base_parameters = sum(p.numel() for p in base.parameters())
+    config = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM")
+    model = get_peft_model(base, config)
+    client = _sync(model, "bfloat16")
+    assert {sent_dtype for _, sent_dtype, _ in client.sent} == {torch.bfloat16}
+    assert not any("lora_" in name for name, _, _ in client.sent)
+    assert sum(size for _, _, size in client.sent) == base_parameters * 2
