@@ -21,6 +21,7 @@ from grpo_operator.reconcile.restart_policy import (
     CHILD_DRIFTED,
     DEADLINE_EXCEEDED,
     DEFAULT_PERMANENT_EXIT_CODES,
+    DRIVER_TOO_OLD,
     EVICTED,
     EVICTED_BY_KUEUE,
     GENERATION_FAILED,
@@ -68,6 +69,19 @@ def _exit(code: int) -> Callable[[], tuple[World, Plan]]:
 def _oom_killed() -> tuple[World, Plan]:
     world = running_world()
     world.terminate(TRAINER, 137, "", reason="OOMKilled")
+    return world, world.step()
+
+
+def _driver_too_old() -> tuple[World, Plan]:
+    world = running_world()
+    world.terminate(
+        TRAINER,
+        128,
+        "error running prestart hook #0: exit status 1, stdout: , stderr: nvidia-container-cli: requirement "
+        "error: unsatisfied condition: cuda>=13.0, please update your driver to a newer version, or use an "
+        "earlier cuda container: unknown",
+        reason="StartError",
+    )
     return world, world.step()
 
 
@@ -212,6 +226,7 @@ SCENARIOS: dict[str, Callable[[], tuple[World, Plan]]] = {
     CANCELLED_BY_CLIENT.reason: _exit_scenario(CANCELLED_BY_CLIENT),
     TRAINER_FAILED.reason: _exit(1),
     OOM_KILLED.reason: _oom_killed,
+    DRIVER_TOO_OLD.reason: _driver_too_old,
     GENERATION_REPLACED.reason: _generation_replaced,
     GENERATION_FAILED.reason: _generation_failed,
     GENERATION_STARTUP_TIMEOUT.reason: _generation_startup_timeout,

@@ -111,6 +111,14 @@ CANCELLED_BY_CLIENT = EventReason(
     "Trainer rank 0 of a client-rollout job exited 7: its client cancelled the run. Followed by `Failed`.",
     restart_or_failure=True,
 )
+DRIVER_TOO_OLD = EventReason(
+    "DriverTooOld",
+    "Warning",
+    "The NVIDIA container runtime refused to start a trainer or vLLM container because the node's driver "
+    "is older than the CUDA version its image requires; the message names the pod, the node, the CUDA "
+    "version and the driver needed. Followed by `Failed`.",
+    restart_or_failure=True,
+)
 CHILD_DRIFTED = EventReason(
     "ChildDrifted",
     "Warning",
@@ -222,6 +230,7 @@ EVENT_REASONS: tuple[EventReason, ...] = (
     OOM_KILLED,
     CHECKPOINT_MISMATCH,
     CANCELLED_BY_CLIENT,
+    DRIVER_TOO_OLD,
     CHILD_DRIFTED,
     SERVED_MODEL_DRIFT,
     UPDATES_VANISHING,

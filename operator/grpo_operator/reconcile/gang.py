@@ -30,11 +30,13 @@ from grpo_operator.reconcile.generation_replacement import (
     replace_generation,
     replica_text,
 )
+from grpo_operator.reconcile.gpu_driver import cuda_refusal, driver_too_old_message
 from grpo_operator.reconcile.observed import Observed, PodView, parse_time
 from grpo_operator.reconcile.reconcile_pass import GANG_ROLES, ReconcilePass
 from grpo_operator.reconcile.restart_policy import (
     CANCELLED_BY_CLIENT,
     CHILD_DRIFTED,
+    DRIVER_TOO_OLD,
     GENERATION_FAILED,
     OOM_KILLED,
     POD_DELETED,
@@ -92,6 +94,17 @@ def run_gang(rp: ReconcilePass, job: Job, observed: Observed) -> None:
             rp, job, observed, CHILD_DRIFTED, f"pod {pod.name} was changed outside the operator ({why})"
         )
         return
+
+    # Before failures: a refused container fails its pod as any crash would (StartError), and a waiting one
+    # would otherwise sit until the start-up deadline. The restart policy's DriverTooOld row says why it
+    # fails the job at once.
+    for pod in current.values():
+        refusal = None if pod.terminating else cuda_refusal(pod.status)
+        if refusal is not None:
+            message = driver_too_old_message(pod.role or "gang", pod.name, pod.node_name, refusal)
+            rp.event(event_reasons.DRIVER_TOO_OLD, message)
+            restart_or_fail(rp, job, observed, DRIVER_TOO_OLD, message)
+            return
 
     failures: list[PodView] = []
     disruptions: list[tuple[RestartRule, str]] = []

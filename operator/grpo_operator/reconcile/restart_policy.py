@@ -160,6 +160,24 @@ OOM_KILLED = RestartRule(
     meaning="host memory, not GPU memory: raise the pod's memory request and limit",
     event=event_reasons.OOM_KILLED,
 )
+# Permanent and uncounted. The driver belongs to the node, not to the job: a new gang lands in the same pool
+# (often on the same node, whose GPUs the failed pod just freed) and is refused the same way, so a restart
+# would only spend backoffLimit, one gang at a time, while the job's other pods hold their GPUs idle. Waiting
+# cannot help either: the pods never restart (restartPolicy Never) and their affinity is fixed at creation.
+# The job fails at once, within a reconcile of the refusal, naming the driver needed and the two fixes
+# (keep GPU pods off such nodes, or a newer driver), both outside the job.
+DRIVER_TOO_OLD = RestartRule(
+    event_reasons.DRIVER_TOO_OLD.reason,
+    Trigger.POD_FAILURE,
+    "The NVIDIA container runtime refuses to start a trainer or vLLM container (`nvidia-container-cli: "
+    "requirement error: unsatisfied condition: cuda>=X`, as a waiting `RunContainerError`/"
+    "`CreateContainerError` or a terminated `StartError`): the node's driver is older than the image's CUDA",
+    counted=False,
+    permanent=True,
+    meaning="the node's NVIDIA driver is too old for the image; the message names the driver needed. Keep "
+    "GPU pods off such nodes (`jobDefaults.gpuNodeAffinity`) or upgrade the driver, then recreate the job",
+    event=event_reasons.DRIVER_TOO_OLD,
+)
 # How many times one gang attempt may replace the vLLM pod of one replica alone (GenerationReplaced) before a
 # failure of that replica restarts the gang (GenerationFailed): a server that keeps dying is not a hiccup.
 GENERATION_REPLACEMENTS_PER_ATTEMPT = 3
@@ -321,6 +339,7 @@ RULES: tuple[RestartRule, ...] = (
     CANCELLED_BY_CLIENT,
     TRAINER_FAILED,
     OOM_KILLED,
+    DRIVER_TOO_OLD,
     GENERATION_REPLACED,
     GENERATION_FAILED,
     GENERATION_STARTUP_TIMEOUT,
