@@ -23,17 +23,23 @@ served over HTTP by the metric SDK, exactly as the CPU tests run it):
   warm-up steps left out of the medians;
 * ``served_weights_<transport>``: the trainer against a real vLLM server started with the args the
   operator renders, for a few steps: after every weight sync the served model's log-probabilities must
-  equal the trained model's (the trainer's own probe, output/weight_syncs.jsonl), and the sync's duration
-  is reported. With CUDA and the vllm package importable here: the NCCL transport (TRL's own) and the
-  volume transport; with --cpu-smoke: the volume transport through vLLM's CPU build (hack/vllm-env.sh).
-  Where CUDA is here but vLLM is not, these checks are reported as skipped, saying so.
+  equal the trained model's (the trainer's own probe, output/weight_syncs.jsonl); the sync's duration and
+  its bytes (parameters x the served dtype's size) are reported. ``volume``: vLLM and the trainer share one
+  GPU. ``nccl`` (TRL's transport): vLLM on GPU 0 and the trainer on GPU 1, because the two are ranks of one
+  NCCL group and NCCL refuses two ranks on one GPU ("Duplicate GPU detected"); with fewer than 2 GPUs it is
+  not run, saying why. ``broadcast_2`` (one broadcast to two vLLM replicas, 3 GPUs) is not built yet and
+  reported so. With --cpu-smoke: the volume transport through vLLM's CPU build (hack/vllm-env.sh). Where
+  the vllm package is not importable here, these checks are not run, saying so.
 
-Without CUDA (and without --cpu-smoke) it says so and exits 0. Exit 1 when a check fails.
+A check that cannot run here is reported as "not run: <reason>" (in the JSON: ``not_run``), never as a
+failure: without CUDA (and without --cpu-smoke) every check is. ``--only a,b`` runs those checks alone.
+Exit 1 when a check fails.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import platform
@@ -42,6 +48,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -67,6 +74,9 @@ from tests.trainer.toy import (
 )
 
 DEFAULT_OUT = REPO / "out" / "gpu-check.json"
+# GPUs the NCCL weight-sync check needs: vLLM's worker and trainer rank 0 are two ranks of one NCCL group,
+# and NCCL refuses two ranks of a group on the same device.
+NCCL_GPUS = 2
 
 
 @dataclass(frozen=True)
@@ -171,9 +181,9 @@ class Checker:
         path.write_text(json.dumps(raw, indent=2))
         return workdir, path
 
-    def run(self, workdir: Path, config: Path, name: str = "trainer") -> Run:
+    def run(self, workdir: Path, config: Path, name: str = "trainer", **env: str) -> Run:
         log = workdir / f"{name}.log"
-        process = start_trainer(config, log)
+        process = start_trainer(config, log, **env)
         try:
             code = process.wait(timeout=self.sizes.timeout_seconds)
         except subprocess.TimeoutExpired:
@@ -271,26 +281,21 @@ class Checker:
         return out
 
     def served_weights(self, transport: str) -> dict[str, Any]:
-        import importlib.util
-
         from tests.harness import vllm_server
 
-        if self.cuda and importlib.util.find_spec("vllm") is None:
-            return {
-                "ok": True,
-                "skipped": "the vllm package is not installed in this environment (and the GPU machine this "
-                "project reaches cannot install it): the served-weights check needs a vLLM server beside the "
-                "trainer",
-            }
         steps = 3
+        nccl = transport == "nccl"
         workdir, config = self.config(f"served_{transport}", steps=steps, every_steps=steps)
         container = vllm_server.rendered_container(
             str(self.model),
-            weightSync="NCCL" if transport == "nccl" else "Volume",
-            # The trainer shares the GPU with vLLM here.
-            gpuMemoryUtilization=0.3,
+            weightSync="NCCL" if nccl else "Volume",
+            # NCCL: vLLM has GPU 0 to itself (the trainer is on GPU 1); Volume: the trainer shares its GPU.
+            gpuMemoryUtilization=0.9 if nccl else 0.3,
         )
         env = {**vllm_server.container_env(container), "HF_HOME": str(workdir / "hf")}
+        trainer_env: dict[str, str] = {}
+        if nccl:
+            env["CUDA_VISIBLE_DEVICES"], trainer_env["CUDA_VISIBLE_DEVICES"] = "0", "1"
         python = sys.executable if self.cuda else None  # on the CPU: the vLLM CPU build's own venv
         server = vllm_server.start(container, env, free_port(), workdir / "vllm.log", python=python)
         try:
@@ -308,7 +313,7 @@ class Checker:
                 ),
             }
             config.write_text(json.dumps(raw, indent=2))
-            run = self.run(workdir, config)
+            run = self.run(workdir, config, **trainer_env)
         finally:
             server.stop()
         syncs = read_jsonl(workdir / "out" / "weight_syncs.jsonl")
@@ -317,6 +322,8 @@ class Checker:
             "vllm_startup_seconds": round(startup, 1),
             "syncs": len(syncs),
             "median_sync_seconds": median([s["seconds"] for s in syncs]),
+            # Every parameter once, in the dtype vLLM serves (never the fp32 masters).
+            "bytes_per_sync": parameter_count(self.model) * _dtype_bytes(raw["model"]["dtype"]),
             "largest_logprob_diff": max((s.get("logprob_diff", 0.0) for s in syncs), default=None),
             "median_generation_seconds": median([r["generation_seconds"] for r in run.records]),
         }
@@ -376,6 +383,65 @@ class Checker:
         }
         out["ok"] = all(c == 0 for c in codes) and len(ours) == len(bare) == s.rounds * s.measured_steps
         return out
+
+
+def _dtype_bytes(dtype: str) -> int:
+    import torch
+
+    return int(torch.empty(0, dtype=getattr(torch, dtype)).element_size())
+
+
+def not_run_reason(name: str, cuda: bool, gpus: int, smoke: bool) -> str | None:
+    """Why check ``name`` cannot run on this machine (None: it can). Decided before anything is built, so a
+    machine without CUDA or vLLM lists every check with its reason instead of failing."""
+    import importlib.util
+
+    if name == "served_weights_broadcast_2":
+        return (
+            "not built: one broadcast of the weights to two vLLM replicas (3 GPUs: the trainer and one per "
+            "replica) is not implemented yet; several replicas use the Volume transport"
+        )
+    if not cuda and not smoke:
+        return "no CUDA device here (--cpu-smoke runs the code paths on the CPU with tiny sizes)"
+    if name == "served_weights_nccl":
+        if not cuda:
+            return "needs CUDA: NCCL has no CPU transport (--cpu-smoke checks the Volume transport only)"
+        if gpus < NCCL_GPUS:
+            return (
+                f"needs {NCCL_GPUS} GPUs, this machine has {gpus}: vLLM and trainer rank 0 are two ranks of one "
+                "NCCL group, and NCCL refuses two ranks on the same GPU ('Duplicate GPU detected')"
+            )
+    if name.startswith("served_weights_") and cuda and importlib.util.find_spec("vllm") is None:
+        return (
+            "the vllm package is not installed in this environment: the served-weights checks need a vLLM "
+            "server beside the trainer"
+        )
+    return None
+
+
+def check_plan(sizes: Sizes) -> list[tuple[str, Callable[[Checker], dict[str, Any]]]]:
+    """Every check by name, in the order they run."""
+    plan: list[tuple[str, Callable[[Checker], dict[str, Any]]]] = [
+        ("learning", Checker.learning),
+        ("kill_resume", Checker.kill_resume),
+        *[
+            (f"dtype_{dtype}", lambda c, d=dtype: c.full_fine_tuning(d))
+            for dtype in ("bfloat16", "float16", "float32")
+        ],
+        ("production_numerics", Checker.production_numerics),
+        *[
+            (f"fsdp_{label}{'_offload' if offload else ''}", lambda c, h=h, n=n, o=offload: c.fsdp(h, n, o))
+            for label, (h, n) in sizes.fsdp_models.items()
+            for offload in (False, True)
+        ],
+        ("lora", Checker.lora),
+        ("overhead", Checker.overhead),
+    ]
+    for transport in ("nccl", "volume", "broadcast_2"):
+        plan.append(
+            (f"served_weights_{transport}", functools.partial(Checker.served_weights, transport=transport))
+        )
+    return plan
 
 
 def _weights_dtype(checkpoint: Path) -> str | None:
@@ -441,6 +507,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"JSON result (default {DEFAULT_OUT})")
     parser.add_argument("--cpu-smoke", action="store_true", help="tiny sizes and few steps, on the CPU")
+    parser.add_argument("--only", default="", help="comma-separated check names to run (default: all)")
     parser.add_argument("--bare-worker", help=argparse.SUPPRESS)
     options = parser.parse_args(argv)
     if options.bare_worker:
@@ -450,20 +517,50 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     cuda = torch.cuda.is_available() and not options.cpu_smoke
-    if not cuda and not options.cpu_smoke:
-        print(
-            "gpu-check: no CUDA device here; nothing checked (--cpu-smoke exercises the code paths on the CPU)"
-        )
-        return 0
-    sizes = GPU if cuda else SMOKE
+    gpus = torch.cuda.device_count() if cuda else 0
+    sizes = GPU if cuda or not options.cpu_smoke else SMOKE
+    plan = check_plan(sizes)
+    only = {name.strip() for name in options.only.split(",") if name.strip()}
+    unknown = sorted(only - {name for name, _ in plan})
+    if unknown:
+        parser.error(f"--only names unknown checks {unknown}: use some of {', '.join(n for n, _ in plan)}")
+    plan = [(name, check) for name, check in plan if not only or name in only]
     started = time.monotonic()
     result: dict[str, Any] = {
-        "mode": "gpu" if cuda else "cpu-smoke",
+        "mode": "gpu" if cuda else "cpu-smoke" if options.cpu_smoke else "no-cuda",
         "device": torch.cuda.get_device_name(0) if cuda else platform.processor() or platform.machine(),
+        "gpus": gpus,
         "versions": _versions(),
         "sizes": asdict(sizes),
         "checks": {},
     }
+    checks: dict[str, dict[str, Any]] = result["checks"]
+    runnable = []
+    for name, check in plan:
+        reason = not_run_reason(name, cuda, gpus, options.cpu_smoke)
+        if reason is None:
+            runnable.append((name, check))
+        else:
+            checks[name] = {"ok": True, "not_run": reason}
+            print(f"gpu-check: {name}: not run: {reason}", flush=True)
+    if runnable:
+        _run_checks(runnable, checks, sizes, cuda)
+    result["ok"] = all(c["ok"] for c in checks.values())
+    result["seconds"] = round(time.monotonic() - started, 1)
+    options.out.parent.mkdir(parents=True, exist_ok=True)
+    options.out.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+    ran = sum(1 for c in checks.values() if "not_run" not in c)
+    summary = "all checks that ran passed" if result["ok"] else "some checks FAILED"
+    print(f"gpu-check: {summary} ({ran} ran, {len(checks) - ran} not run); wrote {options.out}")
+    return 0 if result["ok"] else 1
+
+
+def _run_checks(
+    plan: list[tuple[str, Callable[[Checker], dict[str, Any]]]],
+    checks: dict[str, dict[str, Any]],
+    sizes: Sizes,
+    cuda: bool,
+) -> None:
     with (
         tempfile.TemporaryDirectory(prefix="grpo-gpu-check-") as tmp,
         MetricServer(fraction_of_target) as metric,
@@ -472,42 +569,14 @@ def main(argv: list[str] | None = None) -> int:
 
         work = Path(tmp)
         checker = Checker(work, build(work / "toy-model"), metric.url, sizes, cuda)
-        checks = result["checks"]
-        plan: list[tuple[str, Any]] = [
-            ("learning", checker.learning),
-            ("kill_resume", checker.kill_resume),
-            ("dtype_bfloat16", lambda: checker.full_fine_tuning("bfloat16")),
-            ("dtype_float16", lambda: checker.full_fine_tuning("float16")),
-            ("dtype_float32", lambda: checker.full_fine_tuning("float32")),
-            ("production_numerics", checker.production_numerics),
-            *[
-                (
-                    f"fsdp_{label}{'_offload' if offload else ''}",
-                    lambda h=h, n=n, o=offload: checker.fsdp(h, n, o),
-                )
-                for label, (h, n) in sizes.fsdp_models.items()
-                for offload in (False, True)
-            ],
-            ("lora", checker.lora),
-            ("overhead", checker.overhead),
-            *([("served_weights_nccl", lambda: checker.served_weights("nccl"))] if cuda else []),
-            ("served_weights_volume", lambda: checker.served_weights("volume")),
-        ]
         for name, check in plan:
             began = time.monotonic()
             try:
-                checks[name] = check()
+                checks[name] = check(checker)
             except Exception as exc:  # one broken check must not hide the others' results
                 checks[name] = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
             checks[name]["seconds"] = round(time.monotonic() - began, 1)
-            verdict = "skipped" if checks[name].get("skipped") else "ok" if checks[name]["ok"] else "FAILED"
-            print(f"gpu-check: {name}: {verdict}", flush=True)
-    result["ok"] = all(c["ok"] for c in result["checks"].values())
-    result["seconds"] = round(time.monotonic() - started, 1)
-    options.out.parent.mkdir(parents=True, exist_ok=True)
-    options.out.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
-    print(f"gpu-check: {'all checks passed' if result['ok'] else 'some checks FAILED'}; wrote {options.out}")
-    return 0 if result["ok"] else 1
+            print(f"gpu-check: {name}: {'ok' if checks[name]['ok'] else 'FAILED'}", flush=True)
 
 
 def _versions() -> dict[str, str]:
