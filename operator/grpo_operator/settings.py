@@ -23,9 +23,11 @@ from pydantic import BaseModel, ValidationError
 from grpo_operator.api.base import describe_validation_error
 from grpo_operator.api.exit_codes import PERMANENT_EXIT_CODES
 from grpo_operator.api.fast_network import NETWORK_SETTINGS, scalar
+from grpo_operator.api.image_prefixes import image_allowed
 from grpo_operator.api.learning_health import LearningHealthSpec
 from grpo_operator.api.tracking import TrackingSpec
 from grpo_operator.api.trainer_config import TRAINER_METRICS_PORT, VLLM_SERVER_PORT, WEIGHT_SYNC_PORT
+from grpo_operator.api.workloads import DEFAULT_TRAINER_IMAGE, DEFAULT_VLLM_IMAGE
 
 ENV_PREFIX = "GRPO_OPERATOR_"
 POD_SECURITY_LEVELS = ("restricted", "baseline", "privileged")
@@ -92,6 +94,15 @@ class OperatorSettings:
         {"key": "sku", "operator": "Equal", "value": "gpu", "effect": "NoSchedule"},
     )
 
+    # Node-affinity requirements every GPU pod (vLLM and trainers) must meet on top of gpu_node_selector,
+    # as NodeSelectorRequirements ({"key", "operator", "values"}): what a label selector cannot say, such as
+    # a lowest driver version. The stock images are CUDA 13 and need an R580 or newer driver: with GPU
+    # feature discovery, [{"key": "nvidia.com/cuda.driver-version.major", "operator": "Gt", "values":
+    # ["579"]}]. Added to every required term of a job's own node affinity, because the API server ORs
+    # the terms: a term without it would admit any node. Environment: a JSON list, as the Helm value
+    # jobDefaults.gpuNodeAffinity. Empty by default: the label exists only where GPU feature discovery runs.
+    gpu_node_affinity: tuple[Mapping[str, Any], ...] = ()
+
     # --- data-plane ports: on the pods and Services, and rendered into each trainer's config -----------
     # torch.distributed rendezvous on trainer rank 0 (trainer env MASTER_PORT).
     master_port: int = field(default=29500, metadata={DATA_PLANE: True})
@@ -126,6 +137,12 @@ class OperatorSettings:
     model_cache_claim: str = ""
 
     # --- pods ---------------------------------------------------------------------------------------------
+    # Images of the trainer (and rollout gateway) and vLLM pods of jobs that leave spec.trainer.image or
+    # spec.generation.image unset (Helm: jobDefaults.images.trainer, .generation). Read when pods are built,
+    # never written into a job: a platform behind a registry mirror names its copies here once. A changed
+    # image replaces the running gangs of such jobs (their pods no longer match), trainer and vLLM together.
+    trainer_image: str = DEFAULT_TRAINER_IMAGE
+    vllm_image: str = DEFAULT_VLLM_IMAGE
     image_pull_policy: str = "IfNotPresent"
     # Pull secrets every job's pods get, before the job's own spec.imagePullSecrets: a registry secret the
     # platform keeps in every tenant namespace. Pods are given them explicitly because trainer pods run
@@ -302,6 +319,34 @@ class OperatorSettings:
                     '{"matchLabels": {"app.kubernetes.io/name": "prometheus"}}}'
                 )
 
+        for index, requirement in enumerate(self.gpu_node_affinity):
+            problem = _requirement_problem(requirement)
+            if problem:
+                # Caught at start-up: the API server would refuse every GPU pod with it.
+                raise SettingsError(
+                    f"gpu_node_affinity[{index}] ({ENV_PREFIX}GPU_NODE_AFFINITY, Helm: jobDefaults.gpuNodeAffinity) "
+                    f"{problem}: give each entry as a NodeSelectorRequirement, e.g. "
+                    '{"key": "nvidia.com/cuda.driver-version.major", "operator": "Gt", "values": ["579"]}'
+                )
+        images = {
+            "trainer_image": ("trainer", self.trainer_image),
+            "vllm_image": ("generation", self.vllm_image),
+        }
+        for setting, (role, image) in images.items():
+            if not image or any(c.isspace() for c in image):
+                raise SettingsError(
+                    f"{setting} ({ENV_PREFIX}{setting.upper()}, Helm: jobDefaults.images.{role}) is {image!r}: "
+                    "give an image reference without spaces, e.g. registry.example.com/grpo/trainer:0.1.0"
+                )
+            prefixes = self.allowed_image_prefixes
+            if prefixes and not any(image_allowed(image, prefix) for prefix in prefixes):
+                # Every job that leaves the image unset would be refused (PolicyViolation).
+                raise SettingsError(
+                    f"{setting} {image!r} (Helm: jobDefaults.images.{role}) is not under allowed_image_prefixes "
+                    f"{list(prefixes)} (Helm: platformPolicy.allowedImagePrefixes), so every job that leaves "
+                    f"spec.{role}.image unset would be refused: set jobDefaults.images.{role} to your registry's "
+                    "copy, or allow its registry"
+                )
         if self.max_gpus_per_job < 0:
             raise SettingsError(
                 f"max_gpus_per_job must be >= 0 (0: no limit), got {self.max_gpus_per_job} "
@@ -448,6 +493,32 @@ def _peer_problem(peer: Any) -> str:
             return f"has unknown keys {unknown} in {key} (allowed: {', '.join(allowed)})"
     if "ipBlock" in peer and not isinstance(peer["ipBlock"].get("cidr"), str):
         return "has an ipBlock without a cidr"
+    return ""
+
+
+NODE_SELECTOR_OPERATORS = ("In", "NotIn", "Exists", "DoesNotExist", "Gt", "Lt")
+
+
+def _requirement_problem(requirement: Any) -> str:
+    """Why ``requirement`` is not a NodeSelectorRequirement the API server accepts ("" when it is)."""
+    if not isinstance(requirement, Mapping):
+        return f"is {type(requirement).__name__}, not an object"
+    unknown = sorted(set(requirement) - {"key", "operator", "values"})
+    if unknown:
+        return f"has unknown keys {unknown} (allowed: key, operator, values)"
+    key, operator, values = requirement.get("key"), requirement.get("operator"), requirement.get("values", [])
+    if not isinstance(key, str) or not key:
+        return "has no key"
+    if operator not in NODE_SELECTOR_OPERATORS:
+        return f"has operator {operator!r} (allowed: {', '.join(NODE_SELECTOR_OPERATORS)})"
+    if not isinstance(values, list) or not all(isinstance(v, str) for v in values):
+        return f"has values {values!r}, not a list of strings"
+    if operator in ("Exists", "DoesNotExist") and values:
+        return f"has values with operator {operator}, which takes none"
+    if operator in ("In", "NotIn") and not values:
+        return f"has no values for operator {operator}"
+    if operator in ("Gt", "Lt") and (len(values) != 1 or not values[0].lstrip("-").isdigit()):
+        return f"has values {values!r} for operator {operator}, which takes one integer"
     return ""
 
 

@@ -112,9 +112,10 @@ def test_defaults_are_the_documented_ones() -> None:
     assert spec.metric is not None
     assert (spec.metric.port, spec.metric.batch_size, spec.metric.error_budget) == (8080, 32, 0.05)
     assert (spec.generation.gpus, spec.generation.tensor_parallel_size) == (1, 1)
-    assert spec.generation.image == "vllm/vllm-openai:v0.31.0"
+    # No CRD default: an unset image is the platform's (operator settings), read when pods are built.
+    assert spec.generation.image is None
     assert (spec.trainer.nodes, spec.trainer.gpus_per_node, spec.trainer.per_device_batch_size) == (1, 1, 1)
-    assert spec.trainer.image == "ghcr.io/grpo-operator/trainer:0.1.0"
+    assert spec.trainer.image is None
     ck = spec.checkpoints
     assert (ck.every_steps, ck.keep_last, ck.retention) == (50, 3, "Retain")
     assert (ck.volume.size, ck.volume.access_mode, ck.volume.existing_claim) == (

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 from grpo_operator.api import TrainerConfig
 from grpo_operator.api.compat import (
+    FORMER_DEFAULTS,
     LATER_FIELDS,
     RELEASED_FIELDS_FILE,
     SNAPSHOT_ABOUT,
@@ -128,8 +129,23 @@ def _without_new_nones(now: object, released: object) -> object:
     return now
 
 
+def _former_defaults_unset(released: dict[str, object]) -> dict[str, object]:
+    """The snapshot with each FORMER_DEFAULTS field as it is now (unset), in its own entry and in the
+    defaults of the objects above it (camelCase keys there)."""
+    out: dict[str, object] = json.loads(json.dumps(released))
+    for path, _ in FORMER_DEFAULTS:
+        out[".".join(path)] = None
+        for i in range(1, len(path)):
+            holder = out.get(".".join(path[:i]))
+            for name in path[i:-1]:
+                holder = holder.get(wire_name(name)) if isinstance(holder, dict) else None
+            if isinstance(holder, dict):
+                holder[wire_name(path[-1])] = None
+    return out
+
+
 def test_released_defaults_are_unchanged() -> None:
-    released = _released()
+    released = _former_defaults_unset(_released())
     now = {
         ".".join(path): _without_new_nones(to_jsonable_python(d), released.get(".".join(path)))
         for path, d in spec_fields(GRPOJobSpec).items()
@@ -140,6 +156,22 @@ def test_released_defaults_are_unchanged() -> None:
         "baseline default implicitly; changing it changes the gang hash and restarts every running gang"
     )
     assert set(_released()) <= set(now), f"baseline fields removed: {sorted(set(_released()) - set(now))}"
+
+
+def test_a_removed_default_is_the_baselines_and_unset_now() -> None:
+    """A baseline job holds the former default as its own value (the API server stored it), and a new job
+    gets the same image from the operator's shipped settings, so neither changes at the upgrade."""
+    released = _released()
+    now = spec_fields(GRPOJobSpec)
+    for path, value in FORMER_DEFAULTS:
+        assert released[".".join(path)] == value and now[path] is None
+    settings = OperatorSettings()
+    assert dict(FORMER_DEFAULTS)[("trainer", "image")] == settings.trainer_image
+    assert dict(FORMER_DEFAULTS)[("generation", "image")] == settings.vllm_image
+    stored = job_from_object(job_object(trainer={"image": settings.trainer_image}))
+    unset = job_from_object(job_object())
+    assert gang_hash_input(stored)["trainer"]["image"] == settings.trainer_image
+    assert "image" not in gang_hash_input(unset)["trainer"]
 
 
 def test_the_snapshot_says_what_it_is_a_snapshot_of() -> None:

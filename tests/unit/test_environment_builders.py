@@ -345,7 +345,11 @@ def test_suspend_stops_the_environment_server_and_drops_its_condition() -> None:
 
 
 def test_the_platform_limits_judge_the_environment_image_and_gpus() -> None:
-    settings = OperatorSettings(allowed_image_prefixes=("ghcr.io/grpo-operator/",), max_gpus_per_job=4)
+    settings = OperatorSettings(
+        allowed_image_prefixes=("ghcr.io/grpo-operator/",),
+        vllm_image="ghcr.io/grpo-operator/vllm-openai:v0.31.0",
+        max_gpus_per_job=4,
+    )
     obj = environment_object(replicas=2, resources={"limits": {"nvidia.com/gpu": 1}})
     spec = job_from_object(obj).spec
     assert total_gpus(spec) == 1 + 2 + 2 * 1

@@ -34,6 +34,8 @@ NO_CHILDREN = Observed(objects=(), nodes=None)
 
 LIMITS = OperatorSettings(
     allowed_image_prefixes=("registry.example.com/",),
+    trainer_image="registry.example.com/grpo/trainer:0.1.0",
+    vllm_image="registry.example.com/vllm/vllm-openai:v0.31.0",
     allowed_priority_classes=("grpo-batch",),
     allowed_toleration_keys=("team",),
     allowed_node_selectors=("pool", "nvidia.com/gpu.product=NVIDIA-H100-80GB-HBM3"),
@@ -106,8 +108,8 @@ def test_no_limits_set_allows_anything() -> None:
             "spec.trainer.image 'registry.example.com.evil.io/t:1' is not from an allowed registry",
         ),
         (
-            # The CRD's default vLLM image is not exempt.
-            {"generation": {"gpus": 2, "tensorParallelSize": 2}},
+            # The stock vLLM image named by the job is not exempt.
+            {"generation": {"gpus": 2, "tensorParallelSize": 2, "image": "vllm/vllm-openai:v0.31.0"}},
             "spec.generation.image 'vllm/vllm-openai:",
         ),
         (
@@ -239,6 +241,19 @@ def test_every_claim_field_of_the_api_is_judged_by_the_claim_limits() -> None:
 
 
 # --- images: prefixes match on path boundaries ----------------------------------------------------------
+
+
+def test_unset_images_are_the_platform_defaults_which_must_be_allowed() -> None:
+    spec = job_from_object(
+        job_object(trainer={"nodes": 2, "gpusPerNode": 2}, generation={"gpus": 2, "tensorParallelSize": 2})
+    ).spec
+    assert spec.trainer.image is None and spec.generation.image is None
+    assert platform_violations(spec, LIMITS) == []
+    prefixes = ("registry.example.com/",)
+    with pytest.raises(SettingsError, match=r"trainer_image .* jobDefaults.images.trainer"):
+        OperatorSettings(allowed_image_prefixes=prefixes, vllm_image=LIMITS.vllm_image)
+    with pytest.raises(SettingsError, match=r"vllm_image .* jobDefaults.images.generation"):
+        OperatorSettings(allowed_image_prefixes=prefixes, trainer_image=LIMITS.trainer_image)
 
 
 @pytest.mark.parametrize(
@@ -406,6 +421,8 @@ def test_limits_parse_from_the_environment() -> None:
     settings = OperatorSettings.from_env(
         {
             "GRPO_OPERATOR_ALLOWED_IMAGE_PREFIXES": "registry.example.com/,ghcr.io/team/",
+            "GRPO_OPERATOR_TRAINER_IMAGE": "registry.example.com/grpo/trainer:0.1.0",
+            "GRPO_OPERATOR_VLLM_IMAGE": "ghcr.io/team/vllm:v0.31.0",
             "GRPO_OPERATOR_ALLOW_EXISTING_CLAIMS": "false",
             "GRPO_OPERATOR_MAX_GPUS_PER_JOB": "16",
             "GRPO_OPERATOR_DEFAULT_QUEUE_NAME": "q",
@@ -414,6 +431,10 @@ def test_limits_parse_from_the_environment() -> None:
         }
     )
     assert settings.allowed_image_prefixes == ("registry.example.com/", "ghcr.io/team/")
+    assert (settings.trainer_image, settings.vllm_image) == (
+        "registry.example.com/grpo/trainer:0.1.0",
+        "ghcr.io/team/vllm:v0.31.0",
+    )
     assert settings.allow_existing_claims is False
     assert settings.max_gpus_per_job == 16
     assert (settings.default_queue_name, settings.allowed_queue_names, settings.require_queue_name) == (

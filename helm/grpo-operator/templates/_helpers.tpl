@@ -129,3 +129,28 @@ matchResources:
           {{- end }}
 {{- end }}
 {{- end }}
+
+{{/*
+Refuses to render when platformPolicy.allowedImagePrefixes leaves out jobDefaults.images: every job that
+names no trainer or vLLM image runs them, and would be refused (the operator refuses to start too).
+Matched on path boundaries, as reconcile/platform_policy.py image_allowed and the admission policy.
+*/}}
+{{- define "grpo-operator.checkDefaultImages" -}}
+{{- $prefixes := .Values.platformPolicy.allowedImagePrefixes }}
+{{- if $prefixes }}
+{{- range $role := list "trainer" "generation" }}
+{{- $image := index $.Values.jobDefaults.images $role }}
+{{- $allowed := false }}
+{{- range $prefix := $prefixes }}
+{{- if or (hasSuffix "/" $prefix) (hasSuffix ":" $prefix) (hasSuffix "@" $prefix) }}
+{{- if hasPrefix $prefix $image }}{{ $allowed = true }}{{ end }}
+{{- else if or (eq $image $prefix) (hasPrefix (printf "%s/" $prefix) $image) (hasPrefix (printf "%s:" $prefix) $image) (hasPrefix (printf "%s@" $prefix) $image) }}
+{{- $allowed = true }}
+{{- end }}
+{{- end }}
+{{- if not $allowed }}
+{{- fail (printf "jobDefaults.images.%s %q is not under platformPolicy.allowedImagePrefixes %v, so every job that leaves spec.%s.image unset would be refused: set jobDefaults.images.%s to your registry's copy of it, or add its registry to platformPolicy.allowedImagePrefixes" $role $image $prefixes $role $role) }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- end }}

@@ -34,6 +34,16 @@ LATER_FIELDS: tuple[tuple[tuple[str, ...], Any], ...] = (
 )
 
 
+# Fields whose CRD default was removed since the baseline, with that default. The API server wrote it into
+# every job it stored under the baseline CRD, so such a job holds it as its own value and keeps it: its
+# gang hash and pods are unchanged by the upgrade. Only jobs created since leave the field unset and get
+# the platform's default from the operator settings (builders/images.py).
+FORMER_DEFAULTS: tuple[tuple[tuple[str, ...], Any], ...] = (
+    (("trainer", "image"), "ghcr.io/grpo-operator/trainer:0.1.0"),
+    (("generation", "image"), "vllm/vllm-openai:v0.31.0"),
+)
+
+
 def wire_name(name: str) -> str:
     head, *rest = name.split("_")
     return head + "".join(part.title() for part in rest)

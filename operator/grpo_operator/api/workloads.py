@@ -60,6 +60,10 @@ def _gpus_in(resources: ResourceRequirements) -> bool:
 # vLLM servers one job may run (spec.generation.replicas).
 MAX_GENERATION_REPLICAS = 16
 
+# The images this release ships as the platform's defaults: the operator settings trainer_image and
+# vllm_image (Helm jobDefaults.images) start from them. They are no CRD defaults: a default of the CRD is
+# written into every job the API server stores, so a platform behind a registry mirror could never change
+# it, and every tenant would have to name both images in every job.
 DEFAULT_VLLM_IMAGE = "vllm/vllm-openai:v0.31.0"
 DEFAULT_TRAINER_IMAGE = "ghcr.io/grpo-operator/trainer:0.1.0"
 
@@ -308,12 +312,14 @@ class GenerationSpec(ApiModel):
         "data-parallel replicas (gpus > tensorParallelSize) are refused: TRL documents them as failing "
         "for dense models.",
     )
-    image: str = Field(
-        default=DEFAULT_VLLM_IMAGE,
+    image: str | None = Field(
+        default=None,
         min_length=1,
         max_length=512,
         pattern=NO_SPACE_PATTERN,
-        description="vLLM server image; its vLLM version must match the trainer image's.",
+        description="vLLM server image; its vLLM version must match the trainer image's. Unset: the "
+        f"platform's default (the operator's jobDefaults.images.generation; {DEFAULT_VLLM_IMAGE} as shipped), "
+        "read when the pods are created and not stored in the job.",
     )
     gpu_memory_utilization: float = Field(
         default=0.9, gt=0.0, le=1.0, description="Fraction of each GPU's memory vLLM may use."
@@ -428,12 +434,14 @@ class TrainerSpec(ApiModel):
         description="FSDP only: keep parameter shards, gradients and optimizer state in host memory between "
         "uses (the optimizer step runs on the CPU); fits a larger model on fewer GPUs, at slower steps.",
     )
-    image: str = Field(
-        default=DEFAULT_TRAINER_IMAGE,
+    image: str | None = Field(
+        default=None,
         min_length=1,
         max_length=512,
         pattern=NO_SPACE_PATTERN,
-        description="Trainer image (grpo_trainer).",
+        description="Trainer image (grpo_trainer). Unset: the platform's default (the operator's "
+        f"jobDefaults.images.trainer; {DEFAULT_TRAINER_IMAGE} as shipped), read when the pods are created "
+        "and not stored in the job.",
     )
     resources: ResourceRequirements = Field(
         default_factory=ResourceRequirements,

@@ -53,6 +53,7 @@ from grpo_operator.builders.common import (
     with_hash,
 )
 from grpo_operator.builders.fast_network import with_fast_network
+from grpo_operator.builders.images import generation_image, trainer_image
 from grpo_operator.builders.inputs import input_volumes
 from grpo_operator.builders.rollouts import gateway_token_env
 from grpo_operator.builders.scheduling import image_pull_secrets, kueue_labels, pod_placement
@@ -298,7 +299,7 @@ def generation_pod(
 
     container: dict[str, Any] = {
         "name": "vllm",
-        "image": gen.image,
+        "image": generation_image(job.spec, settings),
         "imagePullPolicy": settings.image_pull_policy,
         # `vllm serve` under a supervisor: vLLM 0.31 exits with code 0 when its engine core dies (an
         # unsupported model, out of memory), so the pod would succeed and the kubelet would keep none of its
@@ -464,7 +465,7 @@ def trainer_pod(job: Job, settings: OperatorSettings, attempt: int, rank: int, r
         )
     container: dict[str, Any] = {
         "name": "trainer",
-        "image": spec.trainer.image,
+        "image": trainer_image(spec, settings),
         "imagePullPolicy": settings.image_pull_policy,
         "command": TRAINER_COMMAND,
         "args": trainer_args(job),

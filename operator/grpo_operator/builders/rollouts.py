@@ -43,6 +43,7 @@ from grpo_operator.builders.common import (
     selector_labels,
     with_hash,
 )
+from grpo_operator.builders.images import trainer_image
 from grpo_operator.builders.network import ingress_policy
 from grpo_operator.builders.scheduling import image_pull_secrets, pod_placement
 from grpo_operator.builders.security import secure_pod_spec
@@ -135,7 +136,7 @@ def gateway_deployment(job: Job, settings: OperatorSettings) -> Manifest:
     }
     container: dict[str, Any] = {
         "name": "gateway",
-        "image": job.spec.trainer.image,
+        "image": trainer_image(job.spec, settings),
         "imagePullPolicy": settings.image_pull_policy,
         "command": ["python", "-m", "grpo_gateway"],
         "env": gateway_env(job),

@@ -3,6 +3,8 @@ selection), image pull secrets, Kueue labels."""
 
 from __future__ import annotations
 
+import copy
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from grpo_operator.builders.common import (
@@ -21,7 +23,8 @@ def pod_placement(job: Job, settings: OperatorSettings, *, gpu: bool) -> dict[st
     GPU pods also get the GPU node selector and toleration from the operator settings, then the spec's
     gpuNodeSelector; the spec's nodeSelector applies to every pod. A user entry for the same key wins
     over the operator's. GPU-only labels must not reach the metric pod: it has no GPU toleration, so a
-    GPU product pinned on it would leave it unschedulable.
+    GPU product pinned on it would leave it unschedulable. The settings' GPU node-affinity requirements
+    (a driver version) are added to the job's own affinity and cannot be undone by it.
     """
     sched = job.spec.scheduling
     node_selector: dict[str, str] = dict(settings.gpu_node_selector) if gpu else {}
@@ -38,12 +41,32 @@ def pod_placement(job: Job, settings: OperatorSettings, *, gpu: bool) -> dict[st
         out["nodeSelector"] = node_selector
     if tolerations:
         out["tolerations"] = tolerations
-    if sched.affinity is not None:
-        affinity = sched.affinity.to_dict()
-        if affinity:
-            out["affinity"] = affinity
+    affinity = sched.affinity.to_dict() if sched.affinity is not None else {}
+    if gpu and settings.gpu_node_affinity:
+        affinity = with_required_node_expressions(affinity, settings.gpu_node_affinity)
+    if affinity:
+        out["affinity"] = affinity
     if sched.priority_class_name:
         out["priorityClassName"] = sched.priority_class_name
+    return out
+
+
+def with_required_node_expressions(
+    affinity: Mapping[str, Any], expressions: Sequence[Mapping[str, Any]]
+) -> dict[str, Any]:
+    """``affinity`` with ``expressions`` required of every node: added to each term of its required node
+    affinity, or as the one term when it has none. The API server ORs nodeSelectorTerms and ANDs the
+    expressions within a term, so a term left without them would admit any node; a term's matchFields
+    stay as they are."""
+    out = copy.deepcopy(dict(affinity))
+    node = out.setdefault("nodeAffinity", {})
+    required = node.setdefault("requiredDuringSchedulingIgnoredDuringExecution", {})
+    terms = required.get("nodeSelectorTerms") or [{}]
+    added = [dict(e) for e in expressions]
+    for term in terms:
+        own = term.get("matchExpressions") or []
+        term["matchExpressions"] = [*own, *(e for e in added if e not in own)]
+    required["nodeSelectorTerms"] = terms
     return out
 
 

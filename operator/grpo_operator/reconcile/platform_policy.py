@@ -15,7 +15,9 @@ from dataclasses import dataclass
 from decimal import ROUND_CEILING, Decimal, InvalidOperation, localcontext
 
 from grpo_operator.api.base import ApiModel
+from grpo_operator.api.image_prefixes import image_allowed as image_allowed
 from grpo_operator.api.spec import GRPOJobSpec, InputSpec, ResourceRequirements, VolumeSpec
+from grpo_operator.builders.images import generation_image, trainer_image
 
 # Condition type: False (reason PolicyViolation) while the job breaks a limit, True once it no longer does.
 from grpo_operator.reconcile.conditions import PLATFORM_POLICY as PLATFORM_POLICY
@@ -26,28 +28,23 @@ def _listed(values: tuple[str, ...]) -> str:
     return ", ".join(values)
 
 
-# Where one part of an image reference ends: a path segment ("/"), the tag (":") or the digest ("@").
-IMAGE_BOUNDARIES = ("/", ":", "@")
-
-
-def image_allowed(image: str, prefix: str) -> bool:
-    """Whether ``image`` is under ``prefix``, matched on path boundaries: a prefix that ends in "/", ":" or
-    "@" is matched as written; any other must be the whole image or be followed by one of them, so
-    "registry.example.com" admits neither "registry.example.com.evil.io/x" nor "registry.example.com-evil/x"."""
-    if prefix.endswith(IMAGE_BOUNDARIES):
-        return image.startswith(prefix)
-    return image == prefix or image.startswith(tuple(prefix + b for b in IMAGE_BOUNDARIES))
-
-
-def _image_violations(spec: GRPOJobSpec, prefixes: tuple[str, ...]) -> list[str]:
+def _image_violations(spec: GRPOJobSpec, settings: OperatorSettings) -> list[str]:
+    prefixes = settings.allowed_image_prefixes
     if not prefixes:
         return []
+    # The images the pods would run: an unset trainer or vLLM image is the platform's default, which the
+    # settings (and the chart) refuse to start with outside the prefixes; judged anyway, so the check holds
+    # whatever started the operator.
     images = (
         *([("spec.metric.image", spec.metric.image)] if spec.metric is not None else []),
         *([("spec.environment.image", spec.environment.image)] if spec.environment is not None else []),
-        ("spec.trainer.image", spec.trainer.image),
+        (_field("trainer", spec.trainer.image), trainer_image(spec, settings)),
         # A colocated job runs no vLLM image: its engine is in the trainer image.
-        *([] if spec.generation.colocated() else [("spec.generation.image", spec.generation.image)]),
+        *(
+            []
+            if spec.generation.colocated()
+            else [(_field("generation", spec.generation.image), generation_image(spec, settings))]
+        ),
     )
     return [
         f"{field} {image!r} is not from an allowed registry (platform limit "
@@ -55,6 +52,11 @@ def _image_violations(spec: GRPOJobSpec, prefixes: tuple[str, ...]) -> list[str]
         for field, image in images
         if not any(image_allowed(image, prefix) for prefix in prefixes)
     ]
+
+
+def _field(role: str, image: str | None) -> str:
+    unset = "" if image else f" (unset: the platform default jobDefaults.images.{role})"
+    return f"spec.{role}.image{unset}"
 
 
 def _node_selector_allowed(key: str, value: str, allowed: tuple[str, ...]) -> bool:
@@ -307,7 +309,7 @@ def _queue_violations(spec: GRPOJobSpec, settings: OperatorSettings) -> list[str
 def platform_violations(spec: GRPOJobSpec, settings: OperatorSettings) -> list[str]:
     """Every platform limit ``spec`` breaks, one message each (empty: the job may run)."""
     return [
-        *_image_violations(spec, settings.allowed_image_prefixes),
+        *_image_violations(spec, settings),
         *_placement_violations(spec, settings),
         *_claim_violations(spec, settings),
         *_gpu_violations(spec, settings),
