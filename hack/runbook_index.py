@@ -41,6 +41,7 @@ FIRES_WHEN: dict[str, str] = {
     "GRPOJobCheckpointStale": "steps continue but no checkpoint for {thresholdSeconds:duration}, for {for}",
     "GRPOJobFailed": "a GRPOJob is in phase Failed",
     "GRPOJobStuckPending": "a GRPOJob has been Pending for {for}",
+    "GRPONamespaceOverMonthlyAmount": "a namespace spent more than its amount (pricing.currency) over {window}, for {for}",
     "GRPOOperatorReconcileErrors": "> {threshold:.0%} of reconciles fail over {window}, for {for}",
     "GRPOOperatorDown": "the operator has not been scraped successfully for {for}",
 }

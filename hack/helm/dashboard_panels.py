@@ -449,6 +449,50 @@ ROWS: tuple[Row, ...] = (
         ),
     ),
     Row(
+        "Spend",
+        (
+            Panel(
+                "Spend per namespace, dashboard range",
+                "What each namespace's jobs spent over the dashboard's time range at the platform's prices "
+                "(Helm pricing; empty without prices), deleted jobs included.",
+                (
+                    Target(
+                        "sum by (namespace, currency) (increase(grpo_operator_job_spend_total"
+                        '{namespace=~"$namespace"}[$__range]))',
+                        "{{namespace}} {{currency}}",
+                    ),
+                ),
+                kind="stat",
+                width=8,
+            ),
+            Panel(
+                "Spend per job",
+                "Each job's cost so far (grpo_operator_job_spend_total) and its amount budget, where it has one.",
+                (
+                    Target(f"max by ({BY}, currency) (grpo_operator_job_spend_total{{{JOB}}})"),
+                    Target(
+                        f"max by ({BY}, currency) (grpo_operator_job_budget_amount{{{JOB}}})",
+                        "{{namespace}}/{{grpojob}} budget",
+                    ),
+                ),
+                width=8,
+            ),
+            Panel(
+                "GPU-hours per job",
+                "GPU-hours each job spent, generation and training (status.cost), against its GPU-hour budget "
+                "(spec.budget.gpuHours or the platform's namespace budget).",
+                (
+                    Target(f"sum by ({BY}) (grpo_operator_job_gpu_seconds_total{{{JOB}}}) / 3600"),
+                    Target(
+                        f"max by ({BY}) (grpo_operator_job_budget_gpu_seconds{{{JOB}}}) / 3600",
+                        "{{namespace}}/{{grpojob}} budget",
+                    ),
+                ),
+                width=8,
+            ),
+        ),
+    ),
+    Row(
         "Operator",
         (
             Panel(

@@ -13,11 +13,12 @@ from collections.abc import Callable, Iterable, Mapping
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.registry import Collector
 
 from grpo_operator import __version__
+from grpo_operator.api.pricing import Showback
 from grpo_operator.api.status import PHASES
 
 log = logging.getLogger("grpo_operator.http")
@@ -55,10 +56,63 @@ class _JobsByPhase(Collector):
         yield per_job
 
 
+class _JobSpend(Collector):
+    """Showback: each job's GPU-seconds, its cost at the platform's prices and its limits, computed at scrape
+    time from the operator's last reconcile of every job (reconcile/spend.py).
+
+    The GPU-seconds and the amount are cumulative over the job's life (every gang attempt), so they are
+    counters: across an operator restart they come back at the same or a higher value, which Prometheus does
+    not take for a reset, and ``increase(...[30d])`` is what the job spent in those 30 days. A job deleted
+    and applied again under its name starts from 0, which Prometheus does take for a reset.
+    """
+
+    def __init__(self, showbacks: Callable[[], Mapping[tuple[str, str], Showback]]) -> None:
+        self._showbacks = showbacks
+
+    def collect(self) -> Iterable[Metric]:
+        gpu = CounterMetricFamily(
+            "grpo_operator_job_gpu_seconds",
+            "GPU-seconds a GRPOJob has spent, every gang attempt's (status.cost), by role: training, generation.",
+            labels=["namespace", "grpojob", "role"],
+        )
+        spend = CounterMetricFamily(
+            "grpo_operator_job_spend",
+            "What a GRPOJob's use has cost at the platform's prices (Helm pricing), in its currency; only "
+            "on a platform with prices.",
+            labels=["namespace", "grpojob", "currency"],
+        )
+        budget_hours = GaugeMetricFamily(
+            "grpo_operator_job_budget_gpu_seconds",
+            "The GPU-seconds a GRPOJob may spend before it is suspended (spec.budget.gpuHours or the "
+            "platform's namespace budget); absent without one.",
+            labels=["namespace", "grpojob"],
+        )
+        budget_amount = GaugeMetricFamily(
+            "grpo_operator_job_budget_amount",
+            "The most a GRPOJob may cost before it is suspended (spec.budget.amount or the platform's "
+            "namespace budget), in the platform's currency; absent without one.",
+            labels=["namespace", "grpojob", "currency"],
+        )
+        for (namespace, name), figures in sorted(self._showbacks().items()):
+            gpu.add_metric([namespace, name, "training"], figures.training_gpu_seconds)
+            gpu.add_metric([namespace, name, "generation"], figures.generation_gpu_seconds)
+            if figures.amount is not None:
+                spend.add_metric([namespace, name, figures.currency], figures.amount)
+            if figures.budget_gpu_hours is not None:
+                budget_hours.add_metric([namespace, name], figures.budget_gpu_hours * 3600.0)
+            if figures.budget_amount is not None:
+                budget_amount.add_metric([namespace, name, figures.currency], figures.budget_amount)
+        yield from (gpu, spend, budget_hours, budget_amount)
+
+
 class OperatorMetrics:
     """All operator metrics, in a registry of their own (several operators can share a process in tests)."""
 
-    def __init__(self, phases: Callable[[], Mapping[tuple[str, str], str | None]]) -> None:
+    def __init__(
+        self,
+        phases: Callable[[], Mapping[tuple[str, str], str | None]],
+        showbacks: Callable[[], Mapping[tuple[str, str], Showback]] = dict,
+    ) -> None:
         self.registry = CollectorRegistry()
         self.reconciles = Counter(
             "grpo_operator_reconcile_total",
@@ -106,6 +160,7 @@ class OperatorMetrics:
         )
         self.info.labels(version=__version__).set(1)
         self.registry.register(_JobsByPhase(phases))
+        self.registry.register(_JobSpend(showbacks))
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

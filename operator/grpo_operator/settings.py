@@ -21,10 +21,12 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 
 from grpo_operator.api.base import describe_validation_error
+from grpo_operator.api.budget import NamespaceBudget
 from grpo_operator.api.exit_codes import PERMANENT_EXIT_CODES
 from grpo_operator.api.fast_network import NETWORK_SETTINGS, scalar
 from grpo_operator.api.image_prefixes import image_allowed
 from grpo_operator.api.learning_health import LearningHealthSpec
+from grpo_operator.api.pricing import PriceTable
 from grpo_operator.api.tracking import TrackingSpec
 from grpo_operator.api.trainer_config import TRAINER_METRICS_PORT, VLLM_SERVER_PORT, WEIGHT_SYNC_PORT
 from grpo_operator.api.workloads import DEFAULT_TRAINER_IMAGE, DEFAULT_VLLM_IMAGE
@@ -93,7 +95,6 @@ class OperatorSettings:
         {"key": "nvidia.com/gpu", "operator": "Exists"},
         {"key": "sku", "operator": "Equal", "value": "gpu", "effect": "NoSchedule"},
     )
-
     # Node-affinity requirements every GPU pod (vLLM and trainers) must meet on top of gpu_node_selector,
     # as NodeSelectorRequirements ({"key", "operator", "values"}): what a label selector cannot say, such as
     # a lowest driver version. The stock images are CUDA 13 and need an R580 or newer driver: with GPU
@@ -233,6 +234,15 @@ class OperatorSettings:
     allowed_queue_names: tuple[str, ...] = ()
     require_queue_name: bool = False
 
+    # --- prices and budgets (Helm: pricing, budgets; docs/platform.md "Budgets") ---------------------------
+    # The price table (api/pricing.py PriceTable; JSON, camelCase keys): currency, gpuHour (default, by
+    # resource, by node label), metric calls and environment episodes per thousand, storage per GB-month.
+    # Empty: no prices; jobs report GPU-hours only, and a job with spec.budget.amount is held.
+    prices: Mapping[str, Any] = field(default_factory=dict)
+    # Budgets per namespace (api/budget.py NamespaceBudget; JSON object keyed by namespace, "*" for every
+    # namespace not named): the default budget of jobs without spec.budget and the maxima none may pass.
+    namespace_budgets: Mapping[str, Any] = field(default_factory=dict)
+
     # --- identity -----------------------------------------------------------------------------------------
     # Field manager and event source of everything the operator writes.
     component: str = "grpo-operator"
@@ -250,6 +260,25 @@ class OperatorSettings:
             "tracking_defaults (Helm jobDefaults.tracking)",
             "the keys of spec.tracking",
         )
+        _check_defaults(
+            PriceTable, self.prices, "prices (Helm pricing)", "the keys of pricing in values.yaml"
+        )
+        for namespace, entry in self.namespace_budgets.items():
+            setting = f"namespace_budgets[{namespace!r}] (Helm budgets.namespaces)"
+            if not isinstance(entry, Mapping):
+                raise SettingsError(
+                    f"{setting} is {entry!r}: give an object with default, maxGpuHours, maxAmount"
+                )
+            _check_defaults(
+                NamespaceBudget, entry, setting, "default (a spec.budget), maxGpuHours and maxAmount"
+            )
+            budget = NamespaceBudget.model_validate(dict(entry))
+            if not self.prices and (budget.max_amount or (budget.default and budget.default.amount)):
+                # Nothing could count an amount: every job of the namespace would be held.
+                raise SettingsError(
+                    f"{setting} limits an amount, but no prices are set (Helm pricing): set pricing, or limit "
+                    "GPU-hours only (maxGpuHours, default.gpuHours)"
+                )
         if self.resync_seconds <= 0:
             raise SettingsError(f"resync_seconds must be > 0, got {self.resync_seconds}: use e.g. 30")
         if not 0 <= self.child_event_batch_seconds <= 10:
@@ -416,6 +445,16 @@ class OperatorSettings:
                 values[f.name] = _parse(f.name, f.type, raw)
         values.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**values)
+
+    @property
+    def price_table(self) -> PriceTable | None:
+        """The platform's prices; None when it sets none."""
+        return PriceTable.model_validate(dict(self.prices)) if self.prices else None
+
+    def namespace_budget(self, namespace: str) -> NamespaceBudget | None:
+        """What the platform sets for the jobs of ``namespace`` (its own entry, else "*"'s)."""
+        entry = self.namespace_budgets.get(namespace, self.namespace_budgets.get("*"))
+        return NamespaceBudget.model_validate(dict(entry)) if entry else None
 
     @property
     def clusterwide(self) -> bool:

@@ -30,6 +30,8 @@ class Operator:
     proc: subprocess.Popen[bytes] | None = None
     starts: int = 0
     extra_args: list[str] = field(default_factory=list)
+    # Settings given as the chart gives them: GRPO_OPERATOR_<FIELD> variables (operator settings.py).
+    extra_env: dict[str, str] = field(default_factory=dict)
 
     def start(self) -> None:
         self.starts += 1
@@ -48,7 +50,7 @@ class Operator:
                 "2",
                 *self.extra_args,
             ],
-            env=self.kube.env(),
+            env={**self.kube.env(), **self.extra_env},
             stdout=log,
             stderr=subprocess.STDOUT,
         )

@@ -163,7 +163,7 @@ PROMQL_WORDS = {
     "sum", "max", "min", "avg", "count", "by", "without", "on", "ignoring", "and", "or", "unless",
     "rate", "increase", "time", "histogram_quantile", "le", "namespace", "grpojob", "result", "phase",
     "reason", "counted", "verb", "kind", "code", "type", "component", "healthy", "outcome", "source", "h", "m",
-    "s",
+    "s", "currency",
 }  # fmt: skip
 
 

@@ -160,6 +160,11 @@ def test_example_grpojobs_validate_against_the_crd_schema(schema_dir: Path) -> N
         # IPC_LOCK is allowed by the privileged Pod Security Standard alone, and nothing else needs that level.
         ({"jobDefaults.fastNetwork.ipcLock": "true"}, "podSecurity/level': value must be 'privileged'"),
         ({"jobDefaults.podSecurity.level": "privileged"}, "podSecurity/level': 'not' failed"),
+        ({"pricing.currency": "US dollars"}, "pricing/currency"),
+        ({"pricing.gpuHour.default": "-1"}, "default': minimum: got -1, want 0"),
+        ({"pricing.gpuHour.nodeLabels.h100": "4"}, "invalid propertyName 'h100'"),
+        ({"budgets.namespaces.team-a.default.warnAtPercent": "90"}, "default': 'anyOf' failed"),
+        ({"budgets.namespaces.team-a.maxGpuHours": "0"}, "maxGpuHours': exclusiveMinimum"),
         (
             {
                 "metrics.podMonitors.generation.allowFrom[0].ipBlock.cidr": "10.0.0.0/8",
@@ -187,6 +192,10 @@ def test_values_schema_rejects_bad_values(sets: dict[str, str], message: str) ->
         (
             {"serviceAccount.create": "false"},
             "serviceAccount.name is required when serviceAccount.create is false",
+        ),
+        (
+            {"budgets.namespaces.team-a.maxAmount": "100"},
+            "budgets.namespaces.team-a limits an amount, but pricing.currency is empty",
         ),
     ],
 )

@@ -157,6 +157,15 @@ def test_operator_settings_and_flags_parse_as_the_operator_parses_them(values: P
     assert settings.default_queue_name == limits["queue"]["default"]
     assert list(settings.allowed_queue_names) == limits["queue"]["allowed"]
     assert settings.require_queue_name == limits["queue"]["required"]
+    pricing = merged["pricing"]
+    if pricing["currency"]:
+        assert settings.price_table is not None
+        assert settings.price_table.model_dump(by_alias=True) == pricing
+    else:
+        assert settings.price_table is None, "without a currency the chart sets no prices"
+    assert dict(settings.namespace_budgets) == merged["budgets"]["namespaces"]
+    for namespace in merged["budgets"]["namespaces"]:
+        assert settings.namespace_budget(namespace) is not None
 
 
 def deep_merge(base: Any, override: Any) -> Any:

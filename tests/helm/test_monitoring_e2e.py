@@ -237,6 +237,7 @@ def kill_like_a_kubelet(kube: Cluster, runner: LocalJobRunner, pod_name: str) ->
 def substitute(expr: str, namespace: str, job: str) -> str:
     return (
         expr.replace("$__rate_interval", RATE_INTERVAL)
+        .replace("$__range", "15m")
         .replace("$namespace", namespace)
         .replace("$grpojob", job)
     )
@@ -263,6 +264,12 @@ def test_prometheus_scrapes_operator_and_training_and_every_panel_has_data(
             "metrics.podMonitors.generation.enabled": "true",
             "prometheusRule.enabled": "true",
             "dashboards.enabled": "true",
+            # Prices and budgets, so the spend panels have data (a budget far above what the run spends).
+            "pricing.currency": "USD",
+            "pricing.gpuHour.default": "3",
+            f"budgets.namespaces.{train_ns}.default.gpuHours": "100",
+            f"budgets.namespaces.{train_ns}.default.amount": "1000",
+            f"prometheusRule.alerts.GRPONamespaceOverMonthlyAmount.amounts.{train_ns}": "1000",
         },
     )
     prom: Prometheus | None = None

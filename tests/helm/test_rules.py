@@ -22,7 +22,13 @@ OBSERVABILITY_MD = Path(__file__).resolve().parents[2] / "docs" / "observability
 def rules_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     directory = tmp_path_factory.mktemp("rules")
     docs = render(
-        sets={"prometheusRule.enabled": "true", "metrics.serviceMonitor.enabled": "true"},
+        sets={
+            "prometheusRule.enabled": "true",
+            "metrics.serviceMonitor.enabled": "true",
+            # The spend alert renders only for namespaces given an amount.
+            "prometheusRule.alerts.GRPONamespaceOverMonthlyAmount.amounts.team-a": "100",
+            "prometheusRule.alerts.GRPONamespaceOverMonthlyAmount.amounts.\\*": "50",
+        },
         api_versions=MONITORING_APIS,
     )
     write_rule_file(docs, directory / "rules.yaml")

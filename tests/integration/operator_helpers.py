@@ -27,11 +27,13 @@ def operator(kube: Cluster, namespace: str, tmp_path: Path) -> Iterator[Operator
 
 
 @contextmanager
-def running_operator(kube: Cluster, namespace: str, tmp_path: Path) -> Iterator[Operator]:
+def running_operator(
+    kube: Cluster, namespace: str, tmp_path: Path, env: dict[str, str] | None = None
+) -> Iterator[Operator]:
     """The operator for one test in ``namespace``, with each generation pod reported Ready once started (no
     vLLM runs here; see tests/harness/readiness.py); on exit it stops and the namespace's jobs and their
-    pods are deleted."""
-    op = Operator(kube, namespace, tmp_path / "operator.log")
+    pods are deleted. ``env``: operator settings as GRPO_OPERATOR_<FIELD> variables, as the chart sets them."""
+    op = Operator(kube, namespace, tmp_path / "operator.log", extra_env=env or {})
     op.start()
     try:
         with generation_ready(kube, namespace):

@@ -5,9 +5,13 @@ tests/integration/test_operator.py describes."""
 
 from __future__ import annotations
 
+import json
+import urllib.request
+from pathlib import Path
 from typing import Any
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from tests.harness.kube import Cluster, wait_for
 from tests.harness.operator_process import Operator
@@ -17,6 +21,7 @@ from tests.integration.operator_helpers import (
     patch_job_status,
     report_checkpoint,
     run_job,
+    running_operator,
     status,
     wait_event,
     wait_reasons,
@@ -110,3 +115,69 @@ def test_the_forecast_is_in_the_status_from_apply_and_follows_the_measured_steps
     )
     assert s["forecast"]["gpuHours"] == pytest.approx(560 / 3600, rel=1e-2)
     assert "gpuHoursLow" not in s["forecast"] and "gpuHoursHigh" not in s["forecast"]
+
+
+PRICES = {"currency": "USD", "gpuHour": {"default": 3.0, "resources": {"nvidia.com/gpu": 2.5}}}
+
+
+def scrape(operator: Operator, name: str) -> dict[str, float]:
+    """The operator's /metrics samples of ``name``, by their labels as text."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{operator.http_port}/metrics", timeout=10) as answer:
+        text = answer.read().decode()
+    return {
+        str(sorted(sample.labels.items())): sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name == name
+    }
+
+
+def test_the_platforms_namespace_budget_in_money_stops_a_job_that_names_none(
+    kube: Cluster, namespace: str, tmp_path: Path
+) -> None:
+    settings = {
+        "GRPO_OPERATOR_PRICES": json.dumps(PRICES),
+        "GRPO_OPERATOR_NAMESPACE_BUDGETS": json.dumps({namespace: {"default": {"amount": 10}}}),
+    }
+    with running_operator(kube, namespace, tmp_path, env=settings) as operator:
+        run_job(kube, namespace, "math")
+        report_checkpoint(kube, namespace, "math", 5, CKPT)
+        report_cost(kube, namespace, "math", 1800, 1800)  # 1 GPU-hour: 2.50 USD
+        s = wait_status(kube, namespace, "math", "the spend", lambda s: "spend" in s)
+        assert s["spend"]["currency"] == "USD" and s["spend"]["gpu"] == pytest.approx(2.5)
+        assert s["spend"]["prices"] == "2.5 USD a GPU-hour (nvidia.com/gpu)"
+        labels = str(sorted({"currency": "USD", "grpojob": "math", "namespace": namespace}.items()))
+        spend = wait_for(
+            "the spend on /metrics",
+            lambda: scrape(operator, "grpo_operator_job_spend_total").get(labels),
+            timeout=30,
+        )
+        assert spend == pytest.approx(2.5, abs=0.01)
+
+        report_cost(kube, namespace, "math", 7200, 7200)  # 4 GPU-hours: 10 USD and some storage
+        s = wait_status(
+            kube,
+            namespace,
+            "math",
+            "suspended by the default",
+            lambda s: s.get("reason") == "BudgetExhausted",
+        )
+        assert (
+            f"USD (the platform's default budget, Helm budgets.namespaces for namespace {namespace}"
+            in (s["message"])
+        )
+        wait_for("the pods to stop", lambda: not gang(kube, namespace, "math"))
+        assert status(kube, namespace, "math")["checkpoint"]["path"] == CKPT
+
+        # The owner's own budget replaces the platform's default.
+        kube.kubectl(
+            "patch",
+            "grpojob",
+            "math",
+            "-n",
+            namespace,
+            "--type=merge",
+            "-p",
+            '{"spec":{"budget":{"amount":50}}}',
+        )
+        wait_resumed_from(kube, namespace, "math", CKPT)

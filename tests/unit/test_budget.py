@@ -201,7 +201,8 @@ def test_a_budget_without_a_limit_is_refused_with_what_to_set() -> None:
     errors = pydantic_errors(with_changes({"spec.budget": {"warnAtPercent": 90}}))
     assert errors == [
         "spec.budget.gpuHours: spec.budget sets no limit: set spec.budget.gpuHours (the GPU-hours the job may "
-        "spend before the operator suspends it), or remove spec.budget"
+        "spend before the operator suspends it) or spec.budget.amount (the most it may cost), or remove "
+        "spec.budget"
     ]
 
 

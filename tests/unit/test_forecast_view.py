@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 from grpo_operator.kubectl_plugin import render
-from grpo_operator.kubectl_plugin.forecast_view import budget_of, gpu_hours_lines, hours
+from grpo_operator.kubectl_plugin.forecast_view import budget_of, gpu_hours_lines, hours, spend_lines
 
 MEASURED = {
     "basis": "Measured",
@@ -87,3 +87,21 @@ def test_budget_of_reads_the_spec_defensively() -> None:
         {"budget": {"gpuHours": -1}},
     ):
         assert budget_of({"spec": spec}) is None
+
+
+def test_the_cost_line_shows_spent_projected_and_the_budget_in_the_platforms_currency() -> None:
+    status = {
+        "spend": {"currency": "USD", "amount": 131.62, "prices": "2.5 USD a GPU-hour (nvidia.com/gpu)"},
+        "forecast": {"amount": 1320, "currency": "USD"},
+    }
+    assert spend_lines(status, 500) == [
+        "Cost            131.62 USD spent of 1,320.00 USD projected; budget 500.00 USD (26 % spent)",
+        "                at 2.5 USD a GPU-hour (nvidia.com/gpu)",
+    ]
+    assert spend_lines({}) == [], "no prices: no cost line"
+    hostile = {"spend": {"currency": "\x1b[31mUSD", "amount": 5}}
+    assert spend_lines(hostile) == [], "a currency that is not a plain name is not printed"
+    forged = {"spend": {"currency": "USD", "amount": "lots", "prices": "x\x1b[2J"}}
+    assert spend_lines(forged) == []
+    odd = {"spend": {"currency": "USD", "amount": 1, "prices": "x\x1b[2J"}}
+    assert spend_lines(odd) == ["Cost            1.00 USD spent"]

@@ -7,6 +7,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from grpo_operator.api.pricing import Showback
 from grpo_operator.observability import OperatorMetrics
 from grpo_trainer.prom import LABELS, TrainerMetrics
 from prometheus_client import CollectorRegistry
@@ -35,7 +36,9 @@ def trainer_metrics() -> dict[str, tuple[str, set[str]]]:
 
 
 def operator_metrics() -> dict[str, tuple[str, set[str]]]:
-    metrics = OperatorMetrics(lambda: {("ns", "job"): "Running"})
+    # A job with prices and both limits, so every showback series has a sample.
+    showback = Showback(60, 30, amount=1.5, currency="USD", budget_gpu_hours=1, budget_amount=10)
+    metrics = OperatorMetrics(lambda: {("ns", "job"): "Running"}, lambda: {("ns", "job"): showback})
     # Labelled counters have no samples until used: touch each one so its label names show.
     metrics.reconciles.labels(result="success").inc()
     metrics.restarts.labels(namespace="ns", grpojob="job", reason="r", counted="true").inc()

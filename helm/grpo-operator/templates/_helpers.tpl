@@ -154,3 +154,17 @@ Matched on path boundaries, as reconcile/platform_policy.py image_allowed and th
 {{- end }}
 {{- end }}
 {{- end }}
+
+{{/*
+Refuses to render budgets in money without prices: nothing could count them (the operator refuses to start
+with them too, which would leave it crash-looping after the install).
+*/}}
+{{- define "grpo-operator.checkBudgets" -}}
+{{- if not .Values.pricing.currency }}
+{{- range $namespace, $budget := .Values.budgets.namespaces }}
+{{- if or $budget.maxAmount (and $budget.default $budget.default.amount) }}
+{{- fail (printf "budgets.namespaces.%s limits an amount, but pricing.currency is empty, so nothing could count it: set pricing (currency and gpuHour prices), or limit GPU-hours only (maxGpuHours, default.gpuHours)" $namespace) }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- end }}

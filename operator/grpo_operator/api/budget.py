@@ -1,8 +1,11 @@
-"""``spec.budget``: the GPU-hours a job may spend before the operator suspends it (reconcile/budget.py).
+"""``spec.budget``: the GPU-hours and the amount a job may spend before the operator suspends it
+(reconcile/budget.py), and the budgets a platform sets per namespace (``NamespaceBudget``, Helm
+``budgets.namespaces``).
 
-What is counted is what trainer rank 0 reports in ``status.cost`` (api/status.py ``CostStatus``): the
-GPU-seconds of generation and of training, over every gang attempt. The same sum is read here, by the
-operator, and documented in docs/platform.md ("Budgets").
+The GPU-hours counted are what trainer rank 0 reports in ``status.cost`` (api/status.py ``CostStatus``):
+the GPU-seconds of generation and of training, over every gang attempt. The amount is that use priced by
+the platform's price table (api/pricing.py), written by the operator to ``status.spend``. Both are
+documented in docs/platform.md ("Budgets").
 """
 
 from __future__ import annotations
@@ -25,9 +28,9 @@ class BudgetSpec(ApiModel):
 
     class Rules(CelRules):
         sets_a_limit = CelRule(
-            "has(self.gpuHours)",
+            "has(self.gpuHours) || has(self.amount)",
             "spec.budget sets no limit: set spec.budget.gpuHours (the GPU-hours the job may spend before the "
-            "operator suspends it), or remove spec.budget",
+            "operator suspends it) or spec.budget.amount (the most it may cost), or remove spec.budget",
             ".gpuHours",
         )
 
@@ -40,18 +43,40 @@ class BudgetSpec(ApiModel):
         "and reason BudgetExhausted; raising it above what was spent, or removing spec.budget, resumes the "
         "job from its last checkpoint. May be changed at any time.",
     )
+    amount: float | None = Field(
+        default=None,
+        gt=0,
+        description="The most the job may cost, in the platform's currency (status.spend.currency): its "
+        "GPU-hours, metric calls, episodes and checkpoint storage priced by the platform's price table (Helm "
+        "pricing). Reaching it suspends the job as gpuHours does. A job with an amount on a platform that "
+        "sets no prices is held with the PlatformPolicy condition: nothing could count it.",
+    )
     warn_at_percent: K8sInt = Field(
         default=DEFAULT_WARN_AT_PERCENT,
         ge=1,
         le=100,
-        description="A Warning event (BudgetNearlySpent) once the job has spent this share of gpuHours.",
+        description="A Warning event (BudgetNearlySpent) once the job has spent this share of a limit.",
     )
 
     @model_validator(mode="after")
     def _sets_a_limit(self) -> BudgetSpec:
-        if self.gpu_hours is None:
+        if self.gpu_hours is None and self.amount is None:
             raise self.Rules.sets_a_limit.violation()
         return self
+
+
+class NamespaceBudget(ApiModel):
+    """What the platform sets for the jobs of one namespace (Helm budgets.namespaces.<namespace>, "*" for
+    every namespace not named): a default for jobs without spec.budget, and maxima no job's budget can
+    pass. Not part of the CRD: tenants cannot change it."""
+
+    default: BudgetSpec | None = Field(default=None, description="The budget of jobs without spec.budget.")
+    max_gpu_hours: float | None = Field(
+        default=None, gt=0, description="No job spends more GPU-hours, whatever its spec.budget says."
+    )
+    max_amount: float | None = Field(
+        default=None, gt=0, description="No job costs more (pricing.currency), whatever its spec.budget says."
+    )
 
 
 def finite_count(value: Any) -> float | None:

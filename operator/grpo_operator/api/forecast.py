@@ -29,6 +29,7 @@ from pydantic import ConfigDict, Field, ValidationError
 
 from grpo_operator.api.base import ApiModel
 from grpo_operator.api.budget import finite_count, format_gpu_hours, spent_gpu_hours
+from grpo_operator.api.pricing import Charges, format_amount
 from grpo_operator.api.rollouts import rollouts_source
 
 MIN_MEASURED_STEPS = 2
@@ -72,6 +73,13 @@ class ForecastStatus(ApiModel):
     at_step: int | None = Field(
         default=None, ge=0, description="status.progress.step when the figure was computed."
     )
+    amount: float | None = Field(
+        default=None,
+        ge=0,
+        description="Projected cost of the whole run at the platform's prices (Measured, with prices only): the "
+        "GPU and call charges scaled as gpuHours, plus the checkpoint storage charged so far.",
+    )
+    currency: str | None = Field(default=None, max_length=16, description="The currency of amount.")
     message: str | None = Field(
         default=None, max_length=1024, pattern=_NO_CONTROL, description="The forecast in words."
     )
@@ -103,8 +111,9 @@ def counted_gpus(spec: Any) -> tuple[int, int]:
     return training, 0 if in_process else spec.generation.pod_gpus()
 
 
-def forecast(spec: Any, status: dict[str, Any]) -> ForecastStatus:
-    """The forecast of a job with ``spec`` (GRPOJobSpec) whose status is ``status`` (as stored)."""
+def forecast(spec: Any, status: dict[str, Any], bill: Charges | None = None) -> ForecastStatus:
+    """The forecast of a job with ``spec`` (GRPOJobSpec) whose status is ``status`` (as stored); ``bill``:
+    what its use so far costs, on a platform with prices."""
     training, generation = counted_gpus(spec)
     steps = int(spec.grpo.steps)
     base = {
@@ -140,7 +149,13 @@ def forecast(spec: Any, status: dict[str, Any]) -> ForecastStatus:
     )
     if left > 0 and low is None:
         text += " (no spread: the trainer has not reported how its steps vary)"
+    amount = None
+    if bill is not None and spent > 0:
+        amount = bill.storage + (bill.gpu + bill.calls) * projected / spent
+        text += f"; about {format_amount(amount, bill.currency)} at the platform's prices"
     return ForecastStatus(
+        amount=significant(amount) if amount is not None else None,
+        currency=bill.currency if amount is not None and bill is not None else None,
         basis=MEASURED,
         gpu_hours=significant(projected),
         gpu_hours_low=significant(low) if low is not None else None,
@@ -178,7 +193,7 @@ def settled(old: Any, new: ForecastStatus) -> dict[str, Any]:
         previous = ForecastStatus.model_validate(old)
     except ValidationError:
         return fresh
-    shape = ("basis", "gpus", "training_gpus", "generation_gpus", "steps")
+    shape = ("basis", "gpus", "training_gpus", "generation_gpus", "steps", "currency")
     if any(getattr(previous, key) != getattr(new, key) for key in shape):
         return fresh
     if new.basis == SPEC:

@@ -16,6 +16,7 @@ from pydantic import ConfigDict, Field, model_validator
 from grpo_operator.api.base import ApiModel
 from grpo_operator.api.forecast import ForecastStatus
 from grpo_operator.api.learning_health import LearningStatus
+from grpo_operator.api.pricing import SpendStatus
 
 Phase = Literal["Pending", "Initializing", "Running", "Restarting", "Suspended", "Succeeded", "Failed"]
 PHASES: tuple[Phase, ...] = (
@@ -366,6 +367,11 @@ class GRPOJobStatus(_StatusModel):
         default=None,
         description="GPU-hours projected for the whole run, from the spec before the first steps and from "
         "the measured steps after (operator; docs/platform.md, Budgets).",
+    )
+    spend: SpendStatus | None = Field(
+        default=None,
+        description="What the job's use so far costs at the platform's prices; only on a platform with prices "
+        "(operator; docs/platform.md, Prices).",
     )
     restarts: int | None = Field(
         default=None, ge=0, description="Trainer gang restarts counted against backoffLimit."

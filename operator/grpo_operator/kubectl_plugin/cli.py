@@ -85,6 +85,9 @@ def status_report(
     budget = budget_of(job)
     if budget is not None:
         report["budgetGpuHours"] = budget
+    amount = budget_of(job, "amount")
+    if amount is not None:
+        report["budgetAmount"] = amount
     # The learning-health diagnosis as validated data with its one-line summary (None when status.learning
     # is absent or malformed): what `status` prints first.
     report["learning"] = data.learning_report(status)

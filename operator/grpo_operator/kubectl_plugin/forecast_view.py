@@ -1,10 +1,12 @@
 """``kubectl grpo status``'s GPU-hours lines: spent (status.cost), projected (status.forecast, the operator's)
-and the budget (spec.budget.gpuHours). Every figure is read as hostile: the tenant's trainer can write the
+and the budget (spec.budget.gpuHours); and on a platform with prices the cost line: spent (status.spend),
+projected (status.forecast.amount) and spec.budget.amount. Every figure is read as hostile: the tenant's trainer can write the
 status, so a value that is not a finite non-negative number is shown as '-', never crashes the command, and
 a huge one is printed in three significant digits, not three hundred."""
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from grpo_operator.api.budget import format_gpu_hours, spent_gpu_hours
@@ -26,11 +28,43 @@ def _count(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 10**12 else None
 
 
-def budget_of(job: dict[str, Any]) -> float | None:
-    """spec.budget.gpuHours of the job as read from the API server (None when unset or not a number)."""
+_CURRENCY = re.compile(r"[A-Za-z][A-Za-z0-9_-]{0,15}")
+
+
+def budget_of(job: dict[str, Any], key: str = "gpuHours") -> float | None:
+    """spec.budget.<key> of the job as read from the API server (None when unset or not a number)."""
     budget = ((job.get("spec") or {}).get("budget")) or {}
-    value = as_float(budget.get("gpuHours")) if isinstance(budget, dict) else None
+    value = as_float(budget.get(key)) if isinstance(budget, dict) else None
     return value if value is not None and value > 0 else None
+
+
+def _money(value: float, currency: str) -> str:
+    text = f"{value:.3g}" if value >= _HUGE else f"{value:,.2f}"
+    return f"{text} {currency}"
+
+
+def spend_lines(status: dict[str, Any], budget: Any = None) -> list[str]:
+    """'Cost  131.62 USD spent of 1,320.00 USD projected; budget 500.00 USD (26 % spent)', from status.spend
+    (the operator's); nothing on a platform without prices."""
+    raw = status.get("spend")
+    spend: dict[str, Any] = raw if isinstance(raw, dict) else {}
+    currency = spend.get("currency")
+    amount = as_float(spend.get("amount"))
+    if not isinstance(currency, str) or not _CURRENCY.fullmatch(currency) or amount is None or amount < 0:
+        return []
+    text = f"{_money(amount, currency)} spent"
+    forecast = status.get("forecast") if isinstance(status.get("forecast"), dict) else {}
+    projected = as_float((forecast or {}).get("amount"))
+    if projected is not None and projected >= 0 and (forecast or {}).get("currency") == currency:
+        text += f" of {_money(projected, currency)} projected"
+    limit = as_float(budget)
+    if limit is not None and limit > 0:
+        text += f"; budget {_money(limit, currency)} ({100 * amount / limit:.0f} % spent)"
+    prices = spend.get("prices")
+    lines = [f"{'Cost':<{LABEL}}{text}"]
+    if isinstance(prices, str) and prices.isprintable() and len(prices) <= 512:
+        lines.append(f"{'':<{LABEL}}at {prices}")
+    return lines
 
 
 def gpu_hours_lines(status: dict[str, Any], budget: Any = None) -> list[str]:

@@ -11,7 +11,7 @@ from typing import Any
 from grpo_operator.api.builtin_rewards import COMPONENT_NAME_PATTERN, MAX_REWARD_COMPONENTS
 from grpo_operator.api.learning_health import REASONS, describe
 from grpo_operator.kubectl_plugin.data import as_float, learning_status, step_of
-from grpo_operator.kubectl_plugin.forecast_view import gpu_hours_lines
+from grpo_operator.kubectl_plugin.forecast_view import gpu_hours_lines, spend_lines
 
 BARS = "▁▂▃▄▅▆▇█"
 # C0 controls but newline and tab, DEL, and C1 controls (U+009B is CSI on its own): what a terminal
@@ -239,6 +239,7 @@ def status_text(report: dict[str, Any], now: datetime | None = None) -> str:
     lines.append(f"{'Step':<16}{step}{timing}")
     lines.extend(cost_lines(status))
     lines.extend(gpu_hours_lines(status, report.get("budgetGpuHours")))
+    lines.extend(spend_lines(status, report.get("budgetAmount")))
     trend = report.get("trend") or {}
     if trend.get("steps"):
         lines.append(trend_line("Reward", trend["reward"], number))

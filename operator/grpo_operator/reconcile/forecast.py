@@ -9,10 +9,11 @@ its own.
 from __future__ import annotations
 
 from grpo_operator.api.forecast import forecast, settled
+from grpo_operator.api.pricing import Charges
 from grpo_operator.builders import Job
 from grpo_operator.reconcile.reconcile_pass import ReconcilePass
 
 
-def forecast_status(rp: ReconcilePass, job: Job) -> None:
+def forecast_status(rp: ReconcilePass, job: Job, bill: Charges | None) -> None:
     """Set status.forecast (kept as stored while the projection stays within the rewrite share)."""
-    rp.new["forecast"] = settled(rp.actual.get("forecast"), forecast(job.spec, rp.old))
+    rp.new["forecast"] = settled(rp.actual.get("forecast"), forecast(job.spec, rp.old, bill))

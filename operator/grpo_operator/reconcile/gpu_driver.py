@@ -5,8 +5,8 @@ The runtime's prestart hook compares the CUDA version the image requires (its NV
 the nvidia/cuda base images) with the one the node's driver supports, and refuses the container with
 ``nvidia-container-cli: requirement error: unsatisfied condition: cuda>=13.0, please update your driver to
 a newer version, or use an earlier cuda container``. The kubelet puts that text, wrapped in containerd's
-and runc's words, into the container's status: a waiting ``RunContainerError``/``CreateContainerError``
-message, or (restartPolicy Never, as every gang pod has) a terminated ``StartError`` message. Without
+and runc's words, into the container's status: a waiting reason RunContainerError or CreateContainerError
+with its message, or (restartPolicy Never, as every gang pod has) a terminated reason StartError. Without
 this check such a pod fails as a counted TrainerFailed (or waits until the start-up deadline) and the
 status shows the runtime's long wrapped message without saying what to do.
 """

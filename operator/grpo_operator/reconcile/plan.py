@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from grpo_operator.api.pricing import Showback
+
 Manifest = dict[str, Any]
 
 
@@ -93,6 +95,8 @@ class Plan:
     requeue_after: float | None = None
     # The phase the job has after this plan (for the operator's jobs-by-phase gauge).
     phase: str | None = None
+    # The job's spend, for the showback metrics; None when the pass did not get as far as reading it.
+    showback: Showback | None = None
     # The conditions ``status`` changes, as "Type Status (Reason)", for the operator's log of a status write
     # that changes no phase or reason: every write then says in the log what it changed.
     changed_conditions: list[str] = field(default_factory=list)

@@ -306,9 +306,20 @@ def _queue_violations(spec: GRPOJobSpec, settings: OperatorSettings) -> list[str
     return []
 
 
+def _budget_violations(spec: GRPOJobSpec, settings: OperatorSettings) -> list[str]:
+    # Nothing could count an amount without prices: running the job anyway would ignore its owner's cap.
+    if spec.budget is None or spec.budget.amount is None or settings.prices:
+        return []
+    return [
+        "spec.budget.amount is set, but this platform sets no prices (Helm pricing), so nothing could count "
+        "it: use spec.budget.gpuHours instead, or ask the platform team to set prices"
+    ]
+
+
 def platform_violations(spec: GRPOJobSpec, settings: OperatorSettings) -> list[str]:
     """Every platform limit ``spec`` breaks, one message each (empty: the job may run)."""
     return [
+        *_budget_violations(spec, settings),
         *_image_violations(spec, settings),
         *_placement_violations(spec, settings),
         *_claim_violations(spec, settings),

@@ -25,7 +25,13 @@ from grpo_operator.builders import Job, generated_secrets, infrastructure, job_f
 from grpo_operator.builders.children import metric_workload
 from grpo_operator.builders.common import client_rollouts
 from grpo_operator.reconcile import ownership
-from grpo_operator.reconcile.budget import Budget, budget_condition, read_budget, resumed_cause
+from grpo_operator.reconcile.budget import (
+    Budget,
+    budget_condition,
+    read_budget,
+    resumed_cause,
+    showback_limits,
+)
 from grpo_operator.reconcile.children import (
     check_conflicts,
     delete_metric_workload,
@@ -68,6 +74,7 @@ from grpo_operator.reconcile.reconcile_pass import (
 from grpo_operator.reconcile.record import read_record, sanitize_status
 from grpo_operator.reconcile.restart_policy import DEADLINE_EXCEEDED
 from grpo_operator.reconcile.served_model import served_model_condition
+from grpo_operator.reconcile.spend import job_charges
 from grpo_operator.reconcile.update_health import updates_condition
 from grpo_operator.settings import OperatorSettings
 
@@ -107,7 +114,8 @@ def reconcile(job_obj: dict[str, Any], observed: Observed, now: datetime, settin
 
     rp.new["observedGeneration"] = rp.generation
     rp.new["rollouts"] = compute_rollouts(job.spec)
-    forecast_status(rp, job)
+    bill = job_charges(rp, job)
+    forecast_status(rp, job, bill)
 
     if rp.old_phase in TERMINAL_PHASES:
         clean_up_finished(rp, job, observed)
@@ -120,8 +128,9 @@ def reconcile(job_obj: dict[str, Any], observed: Observed, now: datetime, settin
     if get_condition(list(rp.old.get("conditions") or []), PLATFORM_POLICY) is not None:
         rp.condition(PLATFORM_POLICY, "True", "Allowed", "the job meets the platform's limits")
 
-    budget = read_budget(rp, job)
+    budget = read_budget(rp, job, bill)
     budget_condition(rp, budget)
+    showback_limits(rp, budget)
     suspended = job.spec.suspend or (budget is not None and budget.exhausted)
     desired = infrastructure(job, settings)
     if not suspended:
@@ -239,8 +248,7 @@ def suspend(rp: ReconcilePass, job: Job, observed: Observed, budget: Budget | No
         )
         if budget is not None and budget.exhausted:
             message += (
-                f" The job has also spent {budget.figures()}: it resumes only once spec.budget.gpuHours is "
-                "raised above that, or removed."
+                f" The job has also spent {budget.figures()}: it resumes only once that limit is raised."
             )
     else:
         assert budget is not None, "suspended without spec.suspend: the budget is spent"

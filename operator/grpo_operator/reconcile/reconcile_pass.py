@@ -28,6 +28,7 @@ OWNED_STATUS_FIELDS = (
     "completionTime",
     "observedGeneration",
     "forecast",
+    "spend",
     GATEWAY_TOKEN_SECRET_FIELD,
 )
 

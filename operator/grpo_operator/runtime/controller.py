@@ -66,7 +66,7 @@ class Controller:
         self.settings = settings
         self.clock = clock
         self.jobs = JobMemories()
-        self.metrics = metrics or OperatorMetrics(self.jobs.phases)
+        self.metrics = metrics or OperatorMetrics(self.jobs.phases, self.jobs.showbacks)
         self.health = health or HealthState(stale_after=max(120.0, 4 * settings.resync_seconds))
         self.queue: WorkQueue[Key] = WorkQueue()
         self.caches = WatchCaches()
@@ -192,6 +192,7 @@ class Controller:
         self.metrics.reconciles.labels(result="success").inc()
         self.queue.forget(key)
         self.jobs.remember_phase(key, plan.phase)
+        self.jobs.remember_showback(key, plan.showback)
         if plan.requeue_after is not None:
             self.queue.add_after(key, plan.requeue_after)
         return plan

@@ -21,6 +21,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
+from grpo_operator.api.pricing import Showback
 from grpo_operator.reconcile import Refusal
 
 Key = tuple[str, str]
@@ -32,6 +33,8 @@ Ref = tuple[str, str]
 class JobMemory:
     # The phase the job was last seen or reconciled in (the operator's grpo_jobs gauge counts them).
     phase: str | None = None
+    # The job's spend as of its last reconcile (the showback metrics).
+    showback: Showback | None = None
     # The job's resourceVersion after the operator's own last write: the watch event echoing it is ignored.
     written_rv: str | None = None
     # What the API server refused in the last executed plan. A refused child does not exist, so only this
@@ -73,8 +76,16 @@ class JobMemories:
 
     # --- what the parts of the controller record and read (see the module's docstring) -------------------
 
+    def showbacks(self) -> dict[Key, Showback]:
+        return {key: record.showback for key, record in self._records.items() if record.showback is not None}
+
     def remember_phase(self, key: Key, phase: str | None) -> None:
         self.know(key).phase = phase
+
+    def remember_showback(self, key: Key, showback: Showback | None) -> None:
+        """The job's spend from the reconcile just done (kept when the pass did not get as far as reading it)."""
+        if showback is not None:
+            self.know(key).showback = showback
 
     def remember_write(self, key: Key, resource_version: str) -> None:
         """The job's resourceVersion after the operator's own write of it."""
