@@ -33,6 +33,12 @@ LIMITS = {
     "platformPolicy.queue.allowed": "{team-a,team-b}",
     "platformPolicy.queue.required": "true",
 }
+# The platform's default images, as a platform behind a registry mirror names them: under the allowed
+# prefixes, or the chart refuses to render (a job that names no image runs them).
+DEFAULT_IMAGES = {
+    "jobDefaults.images.trainer": "registry.example.com/grpo/trainer:0.1.0",
+    "jobDefaults.images.generation": "registry.example.com/vllm/vllm-openai:v0.31.0",
+}
 
 
 @dataclass
@@ -80,6 +86,7 @@ def install_policies(kube: Cluster) -> Iterator[Installed]:
         "watch.namespaces[0]": watched,
         "admissionPolicies.workloadControllers": workload_controllers(kube),
         **LIMITS,
+        **DEFAULT_IMAGES,
     }
     args = template_args(sets=sets, release=release, namespace=release_ns)
     # The policies, and the user roles that let a tenant with `edit` create GRPOJobs at all.

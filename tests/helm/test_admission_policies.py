@@ -140,6 +140,14 @@ def test_a_job_within_the_limits_is_accepted_and_unwatched_namespaces_are_not_ju
 ) -> None:
     proc = apply_job(kube, grpojob("fits"), installed.namespace, dry_run=True)
     assert proc.returncode == 0, proc.stderr
+    # No trainer or vLLM image: its pods run the platform's defaults (jobDefaults.images), which the chart
+    # renders only under the allowed prefixes, so neither the policy nor the operator refuses it.
+    unset = grpojob("defaults")
+    del unset["spec"]["trainer"]["image"], unset["spec"]["generation"]["image"]
+    proc = apply_job(kube, unset, installed.namespace, dry_run=True)
+    assert proc.returncode == 0, proc.stderr
+    local = {**unset, "metadata": {"name": "defaults", "namespace": installed.namespace, "uid": "u"}}
+    assert platform_violations(job_from_object(local).spec, installed.settings) == []
     # Another release's namespace: this release's limits do not apply there.
     elsewhere = apply_job(kube, grpojob("other", metric={"image": "docker.io/x/y:1"}), namespace, as_=[])
     assert elsewhere.returncode == 0, elsewhere.stderr
