@@ -117,6 +117,9 @@ class LocalJobRunner:
     # "vllm": the generation pod runs as a real vLLM server; "in-process-transformers": none runs and the
     # trainer generates in its own process (see the module's docstring).
     generation: Literal["vllm", "in-process-transformers"] = "vllm"
+    # trainer.json's statusPatchIntervalSeconds when set (10 s as the operator renders it): the tiny job's
+    # steps take a fraction of a second, so a test of what follows each step's report shortens it.
+    status_interval_seconds: float | None = None
     # The local stand-ins for the vLLM Services (tests/harness/generation_ports.py): a port per replica,
     # whichever vLLM process of the replica is behind it; vllm_port is replica 0's (<job>-gen).
     vllm_port: int = 0
@@ -444,6 +447,8 @@ class LocalJobRunner:
         elif config["generation"].get("backend") != "vllm-colocate":  # colocate: no server to point at
             rewrite_generation(config["generation"], self.service_port)
         config["metricsPort"] = free_port()
+        if self.status_interval_seconds is not None:
+            config["statusPatchIntervalSeconds"] = self.status_interval_seconds
         path = self.workdir / "trainer.json"
         path.write_text(json.dumps(config, indent=2))
         return path

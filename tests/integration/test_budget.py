@@ -11,12 +11,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from grpo_operator.api.budget import spent_gpu_hours
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.harness.kube import Cluster, wait_for
+from tests.harness.local_runner import LocalJobRunner
 from tests.harness.operator_process import Operator
 from tests.integration.operator_helpers import (
     CKPT,
+    events_of,
     gang,
     patch_job_status,
     report_checkpoint,
@@ -28,6 +31,7 @@ from tests.integration.operator_helpers import (
     wait_resumed_from,
     wait_status,
 )
+from tests.integration.test_e2e_training import run_tiny_job, tiny_job
 
 pytestmark = pytest.mark.slow
 
@@ -181,3 +185,79 @@ def test_the_platforms_namespace_budget_in_money_stops_a_job_that_names_none(
             '{"spec":{"budget":{"amount":50}}}',
         )
         wait_resumed_from(kube, namespace, "math", CKPT)
+
+
+class BudgetCap:
+    """A runner hook playing the job's owner and watching the cap work on a real trainer: once trainer rank 0
+    has reported some spend, it sets spec.budget.gpuHours just above it, so that the next report crosses it;
+    it records every report, and once the job is suspended with its trainer gone, raises the budget again."""
+
+    def __init__(self, kube: Cluster, namespace: str) -> None:
+        self.kube, self.namespace = kube, namespace
+        self.reports: list[tuple[int, float]] = []  # (status.progress.step, GPU-hours spent) as seen
+        self.budget: float | None = None
+        self.set_after: int | None = None  # the step whose report the budget was set from
+        self.suspended: dict[str, Any] | None = None
+        self.crossed_at: int | None = None  # the step of the first report at or over the budget
+
+    def __call__(self, runner: LocalJobRunner) -> None:
+        s = status(self.kube, self.namespace, "tiny")
+        spent = spent_gpu_hours(s.get("cost"))
+        step = (s.get("progress") or {}).get("step")
+        if spent and isinstance(step, int) and (not self.reports or self.reports[-1] != (step, spent)):
+            self.reports.append((step, spent))
+            if self.budget is not None and self.crossed_at is None and spent >= self.budget:
+                self.crossed_at = step
+        if self.budget is None and spent and isinstance(step, int) and step >= 2:
+            self.budget, self.set_after = spent * 1.001, step
+            self.patch({"gpuHours": self.budget})
+        stopped = s.get("reason") == "BudgetExhausted" and not runner.trainers and not runner.stopping
+        if self.suspended is None and stopped and "checkpoint" in s:
+            self.suspended = s
+            self.patch({"gpuHours": 10})
+
+    def patch(self, budget: dict[str, float]) -> None:
+        body = json.dumps({"spec": {"budget": budget}})
+        self.kube.kubectl("patch", "grpojob", "tiny", "-n", self.namespace, "--type=merge", "-p", body)
+
+
+@pytest.mark.trainer
+def test_a_real_trainer_is_suspended_at_its_budget_with_a_checkpoint_and_resumes_to_the_end(
+    kube: Cluster, namespace: str, tmp_path: Path
+) -> None:
+    """The cap with trainer rank 0 reporting for real (the tiny demo job, generation in the trainer's process):
+    the operator suspends the job at the first report over the budget, the trainer writes a checkpoint at the
+    step it was in, and a raised budget resumes it from there to Succeeded."""
+    job = tiny_job()
+    job["spec"]["grpo"]["steps"] = 30
+    # Completions of 48 tokens instead of 8: steps of about a second, not a quarter, so the run is not over
+    # before the hook, the operator and the runner (each polling about once a second) have reacted.
+    job["spec"]["grpo"]["maxCompletionLength"] = 48
+    job["spec"]["checkpoints"]["everySteps"] = 100  # no periodic checkpoint: the suspension writes the one
+    job["spec"]["budget"] = {"gpuHours": 10}
+    cap = BudgetCap(kube, namespace)
+    # Trainer rank 0 reports at most every 10 s, which is more than the whole tiny run: 1 s here, so the
+    # reports are a step or two apart as they are on a GPU cluster, whose steps take longer than 10 s.
+    phase, volume = run_tiny_job(
+        kube, namespace, job, tmp_path, "in-process-transformers", hooks=[cap], status_interval_seconds=1
+    )
+    assert phase == "Succeeded", (tmp_path / "run").glob("*.log")
+    assert cap.budget is not None and cap.crossed_at is not None and cap.suspended is not None, cap.reports
+    stopped = cap.suspended
+    assert stopped["phase"] == "Suspended" and stopped["restarts"] == 0
+    saved = stopped["checkpoint"]["lastStep"]
+    # The trainer stops after the report over the budget, in the step it was in when the pod's deletion
+    # reached it: the next one or two (steps of about a second; the runner, like a kubelet, takes about one).
+    overshoot = (spent_gpu_hours(stopped["cost"]) or 0) - cap.budget
+    print(
+        f"budget {cap.budget * 3600:.1f} GPU-s set after step {cap.set_after}; crossed in the report of step "
+        f"{cap.crossed_at}; checkpoint at step {saved}; overshoot {overshoot * 3600:.1f} GPU-s; reports "
+        f"{[(s, round(h * 3600, 1)) for s, h in cap.reports]}"
+    )
+    assert cap.crossed_at <= saved <= cap.crossed_at + 2, (cap.crossed_at, saved, cap.reports)
+    assert (volume / "checkpoints" / f"step-{saved}").is_dir()
+    final = status(kube, namespace, "tiny")
+    assert final["progress"]["step"] == 30 and final["trainerAttempt"] == 2 and final["restarts"] == 0
+    events = {e["reason"]: e["message"] for e in events_of(kube, namespace, "tiny")}
+    assert {"BudgetExhausted", "Resumed", "ResumedFromCheckpoint"} <= set(events), events
+    assert f"step-{saved}" in events["ResumedFromCheckpoint"], events["ResumedFromCheckpoint"]

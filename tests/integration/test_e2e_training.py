@@ -63,12 +63,14 @@ def run_tiny_job(
     vllm_start_delay: float = 0.0,
     metric_commands: dict[str, list[str]] | None = None,
     environment_commands: dict[str, Any] | None = None,
+    status_interval_seconds: float | None = None,
 ) -> tuple[str, Path]:
     """Applies the tiny demo's ``job`` with the operator running, seeds its claim as the demo does
     (examples/tiny/seed.py) and runs its pods locally until the job ends (``hooks`` run after every pass of
     the runner; ``vllm_port``: the runner's local port for the job's vLLM Service, free if 0;
     ``vllm_start_delay``: LocalJobRunner's; ``metric_commands``: local commands of other metric images;
-    ``environment_commands``: those of environment images, for spec.environment jobs);
+    ``environment_commands``: those of environment images, for spec.environment jobs;
+    ``status_interval_seconds``: LocalJobRunner's);
     returns the job's final phase and the directory that backs
     the job's claim."""
     sys.path.insert(0, str(REPO / "examples" / "tiny"))
@@ -91,6 +93,7 @@ def run_tiny_job(
             vllm_port=vllm_port,
             vllm_start_delay=vllm_start_delay,
             environment_commands=environment_commands or {},
+            status_interval_seconds=status_interval_seconds,
         )
         phase = runner.run(timeout=1200)
     finally:
