@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 import pytest
 from grpo_operator.reconcile.drift import Drift, drifted_fields, pod_drift, quantity
+from grpo_operator.settings import OperatorSettings
 
 from tests.unit.reconcile_world import World, events, job_object, running_world
 
@@ -199,6 +201,56 @@ def test_a_trainer_pod_with_another_image_is_replaced_uncounted() -> None:
         message
     )
     assert {r.name for r in plan.deletes} == {"math-gen-1-0", "math-trainer-1-0", "math-trainer-1-1"}
+
+
+def with_default_image(world: World, setting: str, image: str) -> OperatorSettings:
+    if setting == "trainer_image":
+        return replace(world.settings, trainer_image=image)
+    return replace(world.settings, vllm_image=image)
+
+
+@pytest.mark.parametrize(
+    ("pod", "setting", "value", "said"),
+    [
+        (TRAINER, "trainer_image", "jobDefaults.images.trainer", "spec.trainer.image"),
+        ("math-gen-1-0", "vllm_image", "jobDefaults.images.generation", "spec.generation.image"),
+    ],
+)
+def test_a_changed_platform_default_image_is_named_as_such(
+    pod: str, setting: str, value: str, said: str
+) -> None:
+    """A job that names no image runs the platform's default: when the platform changes it (helm upgrade),
+    the running gang is replaced uncounted, and the tenant is told the default changed, from what to what,
+    not that someone changed their pods."""
+    world = running_world()
+    old = world.pod(pod)["spec"]["containers"][0]["image"]
+    assert old == getattr(world.settings, setting)
+    new = f"mirror.example.com/{old.rsplit('/', 1)[-1]}"
+    world.settings = with_default_image(world, setting, new)
+    plan = world.step()
+    status = world.status()
+    assert (status["phase"], status["reason"], status["restarts"]) == ("Restarting", "ChildDrifted", 0)
+    (message,) = [e.message for e in plan.events if e.reason == "ChildDrifted"]
+    changed = f"image changed ({value}, which this job runs because it leaves {said} unset): {old} -> {new}"
+    assert changed in message and changed in status["message"], (message, status["message"])
+    assert "outside the operator" not in message + status["message"]
+    world.settle()
+    assert world.status()["trainerAttempt"] == 2
+    replaced = world.pod(pod.replace("-1-", "-2-"))
+    assert replaced["spec"]["containers"][0]["image"] == new
+    # A changed default again while that gang starts is the platform's doing too: restarted, not failed.
+    world.settings = with_default_image(world, setting, f"{new}-2")
+    world.step()
+    assert (world.status()["phase"], world.status()["trainerAttempt"]) == ("Restarting", 3)
+
+
+def test_a_pod_of_a_default_image_job_set_by_hand_is_still_changed_outside_the_operator() -> None:
+    world = running_world()
+    world.pod(TRAINER)["spec"]["containers"][0]["image"] = "registry.example/theirs:1"
+    world.settings = replace(world.settings, trainer_image="mirror.example.com/trainer:0.2.0")
+    plan = world.step()
+    message = next(e.message for e in plan.events if e.reason == "ChildDrifted")
+    assert f"Pod {TRAINER} was changed outside the operator" in message, message
 
 
 def test_pods_changed_again_as_they_are_created_fail_the_job_instead_of_looping() -> None:

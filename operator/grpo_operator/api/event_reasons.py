@@ -124,7 +124,8 @@ CHILD_DRIFTED = EventReason(
     "Warning",
     "A child was changed outside the operator (`kubectl edit`, `kubectl set image`, a relabelled pod); "
     "the message names the fields. A child is restored or recreated as built; a changed gang pod "
-    "replaces the gang (not counted).",
+    "replaces the gang (not counted). Also when the platform changed the default trainer or vLLM image "
+    "(`jobDefaults.images`) of a job that names none: the message then says so, from which image to which.",
 )
 SERVED_MODEL_DRIFT = EventReason(
     "ServedModelDrift",

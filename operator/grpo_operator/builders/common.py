@@ -43,6 +43,10 @@ ANNOTATION_HASH = f"{GROUP}/spec-hash"
 ANNOTATION_CONFIG_HASH = f"{GROUP}/config-hash"
 # The checkpoint a trainer pod resumes from, readable without parsing env (kubectl describe).
 ANNOTATION_RESUME_FROM = f"{GROUP}/resume-from"
+# The platform's default image (Helm jobDefaults.images) a trainer or vLLM pod of a job that names no image
+# of its own was built with: when the platform changes the default, the pod's other image is told apart
+# from one changed by hand or by a mutating webhook (reconcile/gang.py).
+ANNOTATION_DEFAULT_IMAGE = f"{GROUP}/default-image"
 
 APP_NAMES: dict[Role, str] = {
     "trainer": "grpo-trainer",

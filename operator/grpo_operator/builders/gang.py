@@ -53,7 +53,7 @@ from grpo_operator.builders.common import (
     with_hash,
 )
 from grpo_operator.builders.fast_network import with_fast_network
-from grpo_operator.builders.images import generation_image, trainer_image
+from grpo_operator.builders.images import default_image_annotation, generation_image, trainer_image
 from grpo_operator.builders.inputs import input_volumes
 from grpo_operator.builders.rollouts import gateway_token_env
 from grpo_operator.builders.scheduling import image_pull_secrets, kueue_labels, pod_placement
@@ -368,7 +368,7 @@ def generation_pod(
             "generation",
             attempt,
             {LABEL_GENERATION_REPLICA: str(replica)},
-            {},
+            default_image_annotation(job.spec.generation.image, settings.vllm_image),
         ),
         "spec": secure_pod_spec(pod_spec, settings),
     }
@@ -447,7 +447,10 @@ def trainer_pod(job: Job, settings: OperatorSettings, attempt: int, rank: int, r
     spec = job.spec
     name = trainer_pod_name(job, attempt, rank)
     ports = [{"name": "rendezvous", "containerPort": settings.master_port, "protocol": "TCP"}]
-    annotations = {ANNOTATION_RESUME_FROM: resume_from}
+    annotations = {
+        ANNOTATION_RESUME_FROM: resume_from,
+        **default_image_annotation(spec.trainer.image, settings.trainer_image),
+    }
     if rank == 0:
         ports += [
             {"name": "weight-sync", "containerPort": settings.weight_sync_port, "protocol": "TCP"},

@@ -9,6 +9,7 @@ that image as its own (docs/platform.md, "The CRD and upgrades")."""
 from __future__ import annotations
 
 from grpo_operator.api.spec import GRPOJobSpec
+from grpo_operator.builders.common import ANNOTATION_DEFAULT_IMAGE
 from grpo_operator.settings import OperatorSettings
 
 
@@ -19,3 +20,8 @@ def trainer_image(spec: GRPOJobSpec, settings: OperatorSettings) -> str:
 def generation_image(spec: GRPOJobSpec, settings: OperatorSettings) -> str:
     """The vLLM servers' image (a colocated job runs none: its engine is in the trainer image)."""
     return spec.generation.image or settings.vllm_image
+
+
+def default_image_annotation(own: str | None, default: str) -> dict[str, str]:
+    """The pod annotation that records the platform's default image, when the job leaves its own unset."""
+    return {} if own else {ANNOTATION_DEFAULT_IMAGE: default}

@@ -11,6 +11,7 @@ from typing import Any
 from grpo_operator.api import event_reasons
 from grpo_operator.builders import Job, gang_hash, gang_pods
 from grpo_operator.builders.common import (
+    ANNOTATION_DEFAULT_IMAGE,
     LABEL_ATTEMPT,
     created_pvc_name,
     generation_pod_name,
@@ -19,7 +20,7 @@ from grpo_operator.builders.common import (
 )
 from grpo_operator.reconcile.children import delete_pods, gang_pod_labels
 from grpo_operator.reconcile.conditions import RUNNING, SCHEDULED
-from grpo_operator.reconcile.drift import describe, pod_drift
+from grpo_operator.reconcile.drift import Drift, describe, pod_drift
 from grpo_operator.reconcile.finished import fail, succeed
 from grpo_operator.reconcile.gang_restart import restart_or_fail
 from grpo_operator.reconcile.gang_startup import mark_not_suspended, report_waiting, stalled
@@ -287,12 +288,23 @@ def _pods_drifted(
         if pod is None or not drifts:
             continue
         fields = describe(drifts)
-        rp.event(
-            event_reasons.CHILD_DRIFTED,
-            f"Pod {pod.name} was changed outside the operator ({fields}); the gang is replaced by pods as built",
-        )
-        message = f"pod {pod.name} differs from what the operator built ({fields})"
-        if rp.old_phase == "Restarting" and rp.new.get("reason") == CHILD_DRIFTED.reason:
+        changed = _default_image_change(pod, manifest, drifts)
+        if changed:
+            message = f"{changed}; pod {pod.name} runs the old one"
+            rp.event(
+                event_reasons.CHILD_DRIFTED,
+                f"{message}: the gang is replaced by pods with the new image, from the last checkpoint (a job "
+                "that must keep its image names it in its spec)",
+            )
+        else:
+            rp.event(
+                event_reasons.CHILD_DRIFTED,
+                f"Pod {pod.name} was changed outside the operator ({fields}); the gang is replaced by pods as "
+                "built",
+            )
+            message = f"pod {pod.name} differs from what the operator built ({fields})"
+        # A default the platform changed again while the last one's gang restarts is no webhook's loop.
+        if not changed and rp.old_phase == "Restarting" and rp.new.get("reason") == CHILD_DRIFTED.reason:
             fail(
                 rp,
                 job,
@@ -306,6 +318,41 @@ def _pods_drifted(
             restart_or_fail(rp, job, observed, CHILD_DRIFTED, message)
         return True
     return False
+
+
+# The gang container that runs the platform's default image when the job leaves its own unset, by pod role:
+# the container, the spec section that would name the image, and the Helm value that sets the default.
+_DEFAULT_IMAGES = {
+    "trainer": ("trainer", "trainer", "jobDefaults.images.trainer"),
+    "generation": ("vllm", "generation", "jobDefaults.images.generation"),
+}
+
+
+def _default_image_change(pod: PodView, built: dict[str, Any], drifts: list[Drift]) -> str:
+    """What changed, when a pod's one drift is its image and the pod runs the platform's default it was built
+    with (ANNOTATION_DEFAULT_IMAGE) while the default now is another: the platform changed it (helm upgrade),
+    and "changed outside the operator" would send the tenant looking for the wrong culprit. Empty otherwise:
+    an image someone set by hand, or a mutating webhook's rewrite, is not the recorded default."""
+    container, section, value = _DEFAULT_IMAGES.get(pod.role or "", ("", "", ""))
+    if [(d.path, d.extra) for d in drifts] != [(f"spec.containers[{container}].image", False)]:
+        return ""
+    recorded = ((pod.obj.get("metadata") or {}).get("annotations") or {}).get(ANNOTATION_DEFAULT_IMAGE)
+    new = ((built.get("metadata") or {}).get("annotations") or {}).get(ANNOTATION_DEFAULT_IMAGE)
+    running = next(
+        (
+            c.get("image")
+            for c in (pod.obj.get("spec") or {}).get("containers") or []
+            if c.get("name") == container
+        ),
+        None,
+    )
+    if recorded is None or new is None or running != recorded:
+        return ""
+    role = "trainer" if section == "trainer" else "vLLM"
+    return (
+        f"the platform's default {role} image changed ({value}, which this job runs because it leaves "
+        f"spec.{section}.image unset): {recorded} -> {new}"
+    )
 
 
 def _resume_from(job: Job, rp: ReconcilePass) -> str:

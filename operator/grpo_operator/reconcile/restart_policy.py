@@ -281,7 +281,8 @@ CHILD_DRIFTED = RestartRule(
     event_reasons.CHILD_DRIFTED.reason,
     Trigger.OPERATOR,
     "A gang pod changed outside the operator: a container's image or resources, or its deadline, differ "
-    "from the pod the operator built (`kubectl set image`), or it lost the job's labels",
+    "from the pod the operator built (`kubectl set image`), or it lost the job's labels; or the platform "
+    "changed the default image (`jobDefaults.images`) a job that names none runs",
     counted=False,
     permanent=False,
     meaning="not the job's failure; the new gang runs the pods as built. If the new gang's pods drift "
