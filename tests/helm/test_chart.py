@@ -17,9 +17,11 @@ from tests.helm.chart import (
     MONITORING_APIS,
     REPO,
     VALUES_DIR,
+    env_of,
     find,
     helm,
     kubeconform,
+    one,
     render,
     render_text,
     run,
@@ -203,6 +205,52 @@ def test_inconsistent_values_fail_with_a_clear_message(sets: dict[str, str], mes
     proc = render_text(sets=sets, check=False)
     assert proc.returncode != 0
     assert message in proc.stderr, proc.stderr
+
+
+@pytest.mark.parametrize(
+    ("sets", "role", "image"),
+    [
+        ({}, "trainer", "ghcr.io/grpo-operator/trainer:0.1.0"),
+        (
+            {"platformPolicy.allowedImagePrefixes[1]": "ghcr.io/grpo-operator/"},
+            "generation",
+            "vllm/vllm-openai:v0.31.0",
+        ),
+        (
+            # A lookalike registry is not under the prefix: matched on path boundaries, as the operator does.
+            {
+                "jobDefaults.images.trainer": "registry.example.com.evil.io/trainer:1",
+                "jobDefaults.images.generation": "registry.example.com/vllm/vllm-openai:v0.31.0",
+            },
+            "trainer",
+            "registry.example.com.evil.io/trainer:1",
+        ),
+    ],
+    ids=["trainer", "generation", "lookalike"],
+)
+def test_the_chart_refuses_default_images_outside_the_allowed_prefixes(
+    sets: dict[str, str], role: str, image: str
+) -> None:
+    """Every job that names no image runs jobDefaults.images: outside the allow-list, each would be refused."""
+    proc = render_text(
+        sets={"platformPolicy.allowedImagePrefixes[0]": "registry.example.com", **sets}, check=False
+    )
+    assert proc.returncode != 0, proc.stdout[:500]
+    assert (
+        f'jobDefaults.images.{role} "{image}" is not under platformPolicy.allowedImagePrefixes' in proc.stderr
+    )
+    assert f"set jobDefaults.images.{role} to your registry's copy of it" in proc.stderr, proc.stderr
+
+
+def test_default_images_under_the_allowed_prefixes_render_into_the_operator_settings() -> None:
+    mirror = {
+        "platformPolicy.allowedImagePrefixes[0]": "registry.example.com",
+        "jobDefaults.images.trainer": "registry.example.com/grpo/trainer:0.1.0",
+        "jobDefaults.images.generation": "registry.example.com/vllm/vllm-openai:v0.31.0",
+    }
+    env = env_of(one(render(sets=mirror), "Deployment"))
+    assert env["GRPO_OPERATOR_TRAINER_IMAGE"] == "registry.example.com/grpo/trainer:0.1.0"
+    assert env["GRPO_OPERATOR_VLLM_IMAGE"] == "registry.example.com/vllm/vllm-openai:v0.31.0"
 
 
 @pytest.mark.parametrize(
