@@ -117,8 +117,7 @@ class LocalJobRunner:
     # "vllm": the generation pod runs as a real vLLM server; "in-process-transformers": none runs and the
     # trainer generates in its own process (see the module's docstring).
     generation: Literal["vllm", "in-process-transformers"] = "vllm"
-    # trainer.json's statusPatchIntervalSeconds when set (10 s as the operator renders it): the tiny job's
-    # steps take a fraction of a second, so a test of what follows each step's report shortens it.
+    # trainer.json's statusPatchIntervalSeconds when set (10 s as rendered, more than a tiny job's run).
     status_interval_seconds: float | None = None
     # The local stand-ins for the vLLM Services (tests/harness/generation_ports.py): a port per replica,
     # whichever vLLM process of the replica is behind it; vllm_port is replica 0's (<job>-gen).
