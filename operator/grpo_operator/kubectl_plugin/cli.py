@@ -5,6 +5,7 @@ reading the trainer's JSON-lines files in ``tail``."""
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import shutil
@@ -41,6 +42,7 @@ from grpo_operator.kubectl_plugin.errors import (
     BadData,
     NotFound,
     PluginError,
+    matplotlib_missing,
 )
 from grpo_operator.kubectl_plugin.forecast_view import budget_of
 from grpo_operator.kubectl_plugin.output import emit, out, where
@@ -498,6 +500,10 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_OK
     args = parser().parse_args(given)
     try:
+        # Before anything reaches the cluster: a missing extra found after a long read (or a --follow of
+        # hours) would waste it.
+        if getattr(args, "plot", None) and importlib.util.find_spec("matplotlib") is None:
+            raise matplotlib_missing("no module named 'matplotlib'")
         if args.command == "check":
             return cmd_check(args)
         kube = Kube(args.kubeconfig, args.context, args.namespace)

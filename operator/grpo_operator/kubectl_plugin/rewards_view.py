@@ -13,7 +13,7 @@ from typing import Any
 from grpo_operator.api.status import TERMINAL_PHASES
 from grpo_operator.kubectl_plugin import data, render
 from grpo_operator.kubectl_plugin.cluster_access import READER, Kube
-from grpo_operator.kubectl_plugin.errors import EXIT_OK, PluginError
+from grpo_operator.kubectl_plugin.errors import EXIT_OK, PluginError, matplotlib_missing
 from grpo_operator.kubectl_plugin.output import emit, out
 from grpo_operator.kubectl_plugin.tail import Tail, read_jsonl
 from grpo_operator.kubectl_plugin.volume import VolumeTransport, reader
@@ -86,7 +86,7 @@ def _plot(rows: list[dict[str, Any]], plot: str, title: str) -> None:
     try:
         from grpo_operator.kubectl_plugin.plot import plot_rows
     except ImportError as exc:
-        raise PluginError(f"--plot needs matplotlib ({exc}): pip install matplotlib==3.11.2") from exc
+        raise matplotlib_missing(str(exc)) from exc
     try:
         png = plot_rows(rows, Path(plot), title)
     except ValueError as exc:

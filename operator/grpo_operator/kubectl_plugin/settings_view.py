@@ -22,7 +22,7 @@ from grpo_operator.api.spec import GRPOJobSpec
 from grpo_operator.api.trainer_config import CONFIG_MAP_KEY
 from grpo_operator.kubectl_plugin import data
 from grpo_operator.kubectl_plugin.cluster_access import READER, Kube, Permission
-from grpo_operator.kubectl_plugin.errors import EXIT_OK, BadData, PluginError
+from grpo_operator.kubectl_plugin.errors import EXIT_OK, BadData, PluginError, matplotlib_missing
 from grpo_operator.kubectl_plugin.output import emit, out
 from grpo_operator.kubectl_plugin.tail import Tail
 from grpo_operator.kubectl_plugin.volume import VolumeTransport, reader
@@ -158,7 +158,7 @@ def _plot(curves: dict[str, dict[int, dict[str, float | None]]], png: Path, titl
     try:
         from grpo_operator.kubectl_plugin.plot import plot_curves
     except ImportError as exc:
-        raise PluginError(f"--plot needs matplotlib ({exc}): pip install matplotlib==3.11.2") from exc
+        raise matplotlib_missing(str(exc)) from exc
     series = {
         name: [
             (step, point["reward"]) for step, point in sorted(curve.items()) if point["reward"] is not None
