@@ -20,7 +20,7 @@ STAMP := $(VENV)/.installed-$(DEPS_KEY)
 # the repository; installs then run offline from them.
 WHEELHOUSE ?= $(HOME)/.cache/grpo-wheels/$(DEPS_KEY)
 
-.PHONY: venv vllm prometheus testbins cluster-up cluster-down generate lint check test test-unit demo gpu-check images images-engine test-images smoke clean
+.PHONY: venv vllm prometheus testbins cluster-up cluster-down generate lint check test test-unit demo gpu-check images images-engine test-images smoke package chart-package plugin-package krew-package clean
 
 venv: $(STAMP)
 $(STAMP): pyproject.toml
@@ -128,6 +128,22 @@ images-engine:
 TEST_IMAGES := operator metric-tiny
 test-images: images-engine
 	$(PY) hack/images.py build --engine podman --only "$(TEST_IMAGES)"
+
+# Release artifacts into dist/ (docs/release.md): the packaged chart and its repository index
+# (CHART_REPO_URL: where dist/charts is served), the kubectl-grpo wheel, the krew launcher archive (fails
+# when krew's manifest does not name it). Each refuses a version other than the operator's __version__.
+package: chart-package plugin-package krew-package
+
+chart-package:
+	bash hack/testbins.sh helm
+	$(PY) hack/package.py chart --out dist/charts $(if $(CHART_REPO_URL),--url $(CHART_REPO_URL))
+
+# With the venv's setuptools, the version the plugin's build-system pins: the build runs offline.
+plugin-package: venv
+	$(BIN)/python hack/package.py plugin --out dist/plugin
+
+krew-package:
+	$(PY) hack/package.py krew --out dist/krew
 
 # Validate a real GPU cluster (the current kubectl context): examples/smoke/smoke.sh, see docs/quickstart.md.
 smoke:
