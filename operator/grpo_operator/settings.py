@@ -26,7 +26,10 @@ from grpo_operator.api.exit_codes import PERMANENT_EXIT_CODES
 from grpo_operator.api.fast_network import NETWORK_SETTINGS, scalar
 from grpo_operator.api.image_prefixes import image_allowed
 from grpo_operator.api.learning_health import LearningHealthSpec
+from grpo_operator.api.network_peer import peer_problem
+from grpo_operator.api.node_affinity import requirement_problem
 from grpo_operator.api.pricing import PriceTable
+from grpo_operator.api.team_policy import parse_teams
 from grpo_operator.api.tracking import TrackingSpec
 from grpo_operator.api.trainer_config import TRAINER_METRICS_PORT, VLLM_SERVER_PORT, WEIGHT_SYNC_PORT
 from grpo_operator.api.workloads import DEFAULT_TRAINER_IMAGE, DEFAULT_VLLM_IMAGE
@@ -243,6 +246,14 @@ class OperatorSettings:
     # namespace not named): the default budget of jobs without spec.budget and the maxima none may pass.
     namespace_budgets: Mapping[str, Any] = field(default_factory=dict)
 
+    # --- per-team policy (Helm: teams; docs/platform.md "Teams") --------------------------------------------
+    # A JSON list of api/team_policy.py TeamPolicy objects: each names its namespaces and the settings that
+    # differ for them (limits, queue, images, GPU placement, job defaults, budget). for_namespace applies them.
+    team_policies: tuple[Mapping[str, Any], ...] = ()
+    # For a team's settings: the Helm value that set each platform limit the team replaced, by its
+    # platformPolicy key (messages name it; limit_name). Filled by for_namespace, never set directly.
+    policy_sources: Mapping[str, str] = field(default_factory=dict)
+
     # --- identity -----------------------------------------------------------------------------------------
     # Field manager and event source of everything the operator writes.
     component: str = "grpo-operator"
@@ -335,7 +346,7 @@ class OperatorSettings:
         }
         for setting, (role, peers) in scrapers.items():
             for index, peer in enumerate(peers):
-                problem = _peer_problem(peer)
+                problem = peer_problem(peer)
                 if not problem:
                     continue
                 # Caught here, at start-up: a peer the API server rejects (or reads as broader than
@@ -349,7 +360,7 @@ class OperatorSettings:
                 )
 
         for index, requirement in enumerate(self.gpu_node_affinity):
-            problem = _requirement_problem(requirement)
+            problem = requirement_problem(requirement)
             if problem:
                 # Caught at start-up: the API server would refuse every GPU pod with it.
                 raise SettingsError(
@@ -393,9 +404,10 @@ class OperatorSettings:
         if default_queue and allowed_queues and default_queue not in allowed_queues:
             raise SettingsError(
                 f"default_queue_name {default_queue!r} is not in allowed_queue_names "
-                f"{list(allowed_queues)}: add it there (Helm: platformPolicy.queue.allowed) "
+                f"{list(allowed_queues)}: add it there (Helm: {self.limit_name('queue.allowed')}) "
                 "or pick one of them as the default"
             )
+        _check_teams(self)
 
     def _check_fast_network(self) -> None:
         """The fast-network settings, refused at start-up unless every job pod could carry them."""
@@ -445,6 +457,17 @@ class OperatorSettings:
                 values[f.name] = _parse(f.name, f.type, raw)
         values.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**values)
+
+    def limit_name(self, key: str) -> str:
+        """The Helm value of platform limit ``key`` ("maxGpusPerJob", "queue.allowed") for these settings."""
+        return self.policy_sources.get(key, f"platformPolicy.{key}")
+
+    def for_namespace(self, namespace: str) -> OperatorSettings:
+        """The settings of jobs in ``namespace``: these, with its team's values in their place."""
+        cache: dict[str, OperatorSettings] = self.__dict__.setdefault("_team_settings", {})
+        if namespace not in cache:
+            cache[namespace] = _team_settings(self, namespace)
+        return cache[namespace]
 
     @property
     def price_table(self) -> PriceTable | None:
@@ -504,61 +527,35 @@ def _parse(name: str, type_name: Any, raw: str) -> Any:
         raise SettingsError(f"{env}={raw!r} is not a valid {text} ({exc})") from None
 
 
-PEER_KEYS = ("podSelector", "namespaceSelector", "ipBlock")
-_SELECTOR_KEYS = ("matchLabels", "matchExpressions")
-_IP_BLOCK_KEYS = ("cidr", "except")
+def _team_settings(settings: OperatorSettings, namespace: str) -> OperatorSettings:
+    for team in parse_teams(settings.team_policies):
+        if namespace not in team.namespaces:
+            continue
+        values, sources = team.overrides()
+        budgets = dict(settings.namespace_budgets)
+        if team.budget is not None:
+            budgets[namespace] = team.budget.model_dump(by_alias=True, exclude_none=True)
+        try:
+            return dataclasses.replace(
+                settings, team_policies=(), policy_sources=sources, namespace_budgets=budgets, **values
+            )
+        except SettingsError as exc:
+            raise SettingsError(f"team {team.name} (Helm teams): {exc}") from None
+    return settings
 
 
-def _peer_problem(peer: Any) -> str:
-    """Why ``peer`` is not a usable NetworkPolicyPeer ("" when it is). The checks are those whose failure
-    would be silent or would break every job: an unknown key (a typo such as ``matchLabel`` may be
-    dropped, leaving an empty selector, which selects everything), no key, or ipBlock with a selector
-    (the API server rejects both)."""
-    if not isinstance(peer, Mapping):
-        return f"is {type(peer).__name__}, not an object"
-    unknown = sorted(set(peer) - set(PEER_KEYS))
-    if unknown:
-        return f"has unknown keys {unknown} (allowed: {', '.join(PEER_KEYS)})"
-    if not peer:
-        return "is empty"
-    if "ipBlock" in peer and len(peer) > 1:
-        return "combines ipBlock with a selector, which a NetworkPolicyPeer cannot"
-    for key, value in peer.items():
-        allowed = _IP_BLOCK_KEYS if key == "ipBlock" else _SELECTOR_KEYS
-        if not isinstance(value, Mapping):
-            return f"has {key} {value!r}, not an object"
-        unknown = sorted(set(value) - set(allowed))
-        if unknown:
-            return f"has unknown keys {unknown} in {key} (allowed: {', '.join(allowed)})"
-    if "ipBlock" in peer and not isinstance(peer["ipBlock"].get("cidr"), str):
-        return "has an ipBlock without a cidr"
-    return ""
-
-
-NODE_SELECTOR_OPERATORS = ("In", "NotIn", "Exists", "DoesNotExist", "Gt", "Lt")
-
-
-def _requirement_problem(requirement: Any) -> str:
-    """Why ``requirement`` is not a NodeSelectorRequirement the API server accepts ("" when it is)."""
-    if not isinstance(requirement, Mapping):
-        return f"is {type(requirement).__name__}, not an object"
-    unknown = sorted(set(requirement) - {"key", "operator", "values"})
-    if unknown:
-        return f"has unknown keys {unknown} (allowed: key, operator, values)"
-    key, operator, values = requirement.get("key"), requirement.get("operator"), requirement.get("values", [])
-    if not isinstance(key, str) or not key:
-        return "has no key"
-    if operator not in NODE_SELECTOR_OPERATORS:
-        return f"has operator {operator!r} (allowed: {', '.join(NODE_SELECTOR_OPERATORS)})"
-    if not isinstance(values, list) or not all(isinstance(v, str) for v in values):
-        return f"has values {values!r}, not a list of strings"
-    if operator in ("Exists", "DoesNotExist") and values:
-        return f"has values with operator {operator}, which takes none"
-    if operator in ("In", "NotIn") and not values:
-        return f"has no values for operator {operator}"
-    if operator in ("Gt", "Lt") and (len(values) != 1 or not values[0].lstrip("-").isdigit()):
-        return f"has values {values!r} for operator {operator}, which takes one integer"
-    return ""
+def _check_teams(settings: OperatorSettings) -> None:
+    """Each team valid, no namespace in two teams, and each team's settings valid once applied (its default
+    images under its allowed prefixes, its queue default among its allowed queues, ...)."""
+    where = f"team_policies ({ENV_PREFIX}TEAM_POLICIES, Helm teams)"
+    try:
+        teams = parse_teams(settings.team_policies)
+    except ValidationError as exc:
+        raise SettingsError(f"{where} is not valid: {'; '.join(describe_validation_error(exc))}") from None
+    except ValueError as exc:
+        raise SettingsError(f"{where}: {exc}") from None
+    for team in teams:
+        _team_settings(settings, team.namespaces[0])
 
 
 def _check_defaults(model: type[BaseModel], value: Mapping[str, Any], setting: str, use: str) -> None:

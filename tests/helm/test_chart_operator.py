@@ -167,6 +167,13 @@ def test_operator_settings_and_flags_parse_as_the_operator_parses_them(values: P
     else:
         assert settings.price_table is None, "without a currency the chart sets no prices"
     assert dict(settings.namespace_budgets) == merged["budgets"]["namespaces"]
+    assert [dict(t) for t in settings.team_policies] == merged["teams"]
+    for team in merged["teams"]:
+        for namespace in team["namespaces"]:
+            scoped = settings.for_namespace(namespace)
+            assert scoped.max_gpus_per_job == team.get("maxGpusPerJob", limits["maxGpusPerJob"])
+            images = {**job_defaults["images"], **team.get("images", {})}
+            assert (scoped.trainer_image, scoped.vllm_image) == (images["trainer"], images["generation"])
     for namespace in merged["budgets"]["namespaces"]:
         assert settings.namespace_budget(namespace) is not None
 

@@ -136,10 +136,17 @@ names no trainer or vLLM image runs them, and would be refused (the operator ref
 Matched on path boundaries, as reconcile/platform_policy.py image_allowed and the admission policy.
 */}}
 {{- define "grpo-operator.checkDefaultImages" -}}
-{{- $prefixes := .Values.platformPolicy.allowedImagePrefixes }}
+{{- $checks := list (dict "prefixes" .Values.platformPolicy.allowedImagePrefixes "images" .Values.jobDefaults.images "prefixesValue" "platformPolicy.allowedImagePrefixes" "imagesValue" "jobDefaults.images") }}
+{{- range $team := .Values.teams }}
+{{- $images := merge (deepCopy ($team.images | default dict)) $.Values.jobDefaults.images }}
+{{- $prefixesValue := ternary (printf "teams.%s.allowedImagePrefixes" $team.name) "platformPolicy.allowedImagePrefixes" (hasKey $team "allowedImagePrefixes") }}
+{{- $checks = append $checks (dict "prefixes" ($team.allowedImagePrefixes | default $.Values.platformPolicy.allowedImagePrefixes) "images" $images "prefixesValue" $prefixesValue "imagesValue" (printf "teams.%s.images" $team.name)) }}
+{{- end }}
+{{- range $check := $checks }}
+{{- $prefixes := $check.prefixes }}
 {{- if $prefixes }}
 {{- range $role := list "trainer" "generation" }}
-{{- $image := index $.Values.jobDefaults.images $role }}
+{{- $image := index $check.images $role }}
 {{- $allowed := false }}
 {{- range $prefix := $prefixes }}
 {{- if or (hasSuffix "/" $prefix) (hasSuffix ":" $prefix) (hasSuffix "@" $prefix) }}
@@ -149,7 +156,8 @@ Matched on path boundaries, as reconcile/platform_policy.py image_allowed and th
 {{- end }}
 {{- end }}
 {{- if not $allowed }}
-{{- fail (printf "jobDefaults.images.%s %q is not under platformPolicy.allowedImagePrefixes %v, so every job that leaves spec.%s.image unset would be refused: set jobDefaults.images.%s to your registry's copy of it, or add its registry to platformPolicy.allowedImagePrefixes" $role $image $prefixes $role $role) }}
+{{- fail (printf "%s.%s %q is not under %s %v, so every job that leaves spec.%s.image unset would be refused: set %s.%s to your registry's copy of it, or add its registry to %s" $check.imagesValue $role $image $check.prefixesValue $prefixes $role $check.imagesValue $role $check.prefixesValue) }}
+{{- end }}
 {{- end }}
 {{- end }}
 {{- end }}

@@ -48,7 +48,7 @@ def _image_violations(spec: GRPOJobSpec, settings: OperatorSettings) -> list[str
     )
     return [
         f"{field} {image!r} is not from an allowed registry (platform limit "
-        f"platformPolicy.allowedImagePrefixes: {_listed(prefixes)}): use an image that starts with one of them"
+        f"{settings.limit_name('allowedImagePrefixes')}: {_listed(prefixes)}): use an image that starts with one of them"
         for field, image in images
         if not any(image_allowed(image, prefix) for prefix in prefixes)
     ]
@@ -70,7 +70,7 @@ def _placement_violations(spec: GRPOJobSpec, settings: OperatorSettings) -> list
     if priorities and sched.priority_class_name and sched.priority_class_name not in priorities:
         out.append(
             f"spec.scheduling.priorityClassName {sched.priority_class_name!r} is not allowed (platform "
-            f"limit platformPolicy.allowedPriorityClasses: {_listed(priorities)}): name one of them or none"
+            f"limit {settings.limit_name('allowedPriorityClasses')}: {_listed(priorities)}): name one of them or none"
         )
     keys = settings.allowed_toleration_keys
     if keys:
@@ -79,7 +79,7 @@ def _placement_violations(spec: GRPOJobSpec, settings: OperatorSettings) -> list
                 shown = repr(toleration.key) if toleration.key else "an empty key (tolerates every taint)"
                 out.append(
                     f"spec.scheduling.tolerations[{index}] tolerates {shown}, which is not allowed "
-                    f"(platform limit platformPolicy.allowedTolerationKeys: {_listed(keys)}): "
+                    f"(platform limit {settings.limit_name('allowedTolerationKeys')}: {_listed(keys)}): "
                     "tolerate only those taint keys"
                 )
     selectors = settings.allowed_node_selectors
@@ -92,12 +92,12 @@ def _placement_violations(spec: GRPOJobSpec, settings: OperatorSettings) -> list
                 if not _node_selector_allowed(key, value, selectors):
                     out.append(
                         f"spec.scheduling.{field} {key}={value} is not allowed (platform limit "
-                        f"platformPolicy.allowedNodeSelectors: {_listed(selectors)}): select only on those labels"
+                        f"{settings.limit_name('allowedNodeSelectors')}: {_listed(selectors)}): select only on those labels"
                     )
         if sched.affinity is not None and sched.affinity.node_affinity:
             out.append(
                 "spec.scheduling.affinity.nodeAffinity is not allowed while node selection is limited "
-                f"(platform limit platformPolicy.allowedNodeSelectors: {_listed(selectors)}): "
+                f"(platform limit {settings.limit_name('allowedNodeSelectors')}: {_listed(selectors)}): "
                 "use spec.scheduling.nodeSelector with those labels instead"
             )
     return out
@@ -159,13 +159,13 @@ def _claim_violations(spec: GRPOJobSpec, settings: OperatorSettings) -> list[str
     if not settings.allow_existing_claims:
         return [
             f"{field.path} {claim!r}: mounting an existing claim is not allowed "
-            f"(platform limit platformPolicy.existingClaims.allowed: false): {field.hint}"
+            f"(platform limit {settings.limit_name('existingClaims.allowed')}: false): {field.hint}"
             for field, claim in claims
         ]
     names = settings.allowed_existing_claims
     return [
         f"{field.path} {claim!r} is not allowed (platform limit "
-        f"platformPolicy.existingClaims.names: {_listed(names)}): name one of them or leave it out"
+        f"{settings.limit_name('existingClaims.names')}: {_listed(names)}): name one of them or leave it out"
         for field, claim in claims
         if names and claim not in names
     ]
@@ -286,7 +286,7 @@ def _gpu_violations(spec: GRPOJobSpec, settings: OperatorSettings) -> list[str]:
         return []
     return [
         f"the job requests {count.total} GPUs ({count.breakdown()}), more than the "
-        f"platform limit platformPolicy.maxGpusPerJob: {limit}: request at most {limit}"
+        f"platform limit {settings.limit_name('maxGpusPerJob')}: {limit}: request at most {limit}"
     ]
 
 
@@ -296,11 +296,11 @@ def _queue_violations(spec: GRPOJobSpec, settings: OperatorSettings) -> list[str
     if named and allowed and named not in allowed:
         return [
             f"spec.scheduling.queueName {named!r} is not allowed (platform limit "
-            f"platformPolicy.queue.allowed: {_listed(allowed)}): name one of them"
+            f"{settings.limit_name('queue.allowed')}: {_listed(allowed)}): name one of them"
         ]
     if not named and settings.require_queue_name and not settings.default_queue_name:
         return [
-            "spec.scheduling.queueName is required (platform limit platformPolicy.queue.required: true): "
+            f"spec.scheduling.queueName is required (platform limit {settings.limit_name('queue.required')}: true): "
             "name the Kueue LocalQueue of your team" + (f" (one of: {_listed(allowed)})" if allowed else "")
         ]
     return []

@@ -81,6 +81,8 @@ from grpo_operator.settings import OperatorSettings
 
 def reconcile(job_obj: dict[str, Any], observed: Observed, now: datetime, settings: OperatorSettings) -> Plan:
     """Decide what to do for one GRPOJob. ``now`` is timezone-aware."""
+    # The settings of the job's namespace: its team's limits, images, placement and defaults (Helm teams).
+    settings = settings.for_namespace(str((job_obj.get("metadata") or {}).get("namespace") or ""))
     raw = job_obj.get("status")
     actual = dict(raw) if isinstance(raw, dict) else {}
     record = read_record(job_obj)
