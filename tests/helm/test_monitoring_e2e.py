@@ -39,6 +39,7 @@ import pytest
 import yaml
 
 from tests.harness.kube import Cluster, wait_for
+from tests.harness.kubelet_kill import kill_like_a_kubelet
 from tests.harness.local_runner import LocalJobRunner
 from tests.harness.ports import free_port
 from tests.helm.chart import REPO, metric_names, prometheus
@@ -220,18 +221,6 @@ def claim_dir(kube: Cluster, namespace: str, claim: str) -> Path:
     pv = kube.get("pv", volume)
     assert pv is not None
     return Path(pv["spec"]["hostPath"]["path"])
-
-
-def kill_like_a_kubelet(kube: Cluster, runner: LocalJobRunner, pod_name: str) -> None:
-    """SIGKILL the trainer and report the pod Failed with exit 137, as a kubelet would after an OOM kill."""
-    proc = runner.trainers.pop(pod_name)
-    proc.popen.send_signal(signal.SIGKILL)
-    proc.popen.wait(timeout=30)
-    proc.handle.close()
-    runner.finished.add(pod_name)
-    kube.terminate_pod(runner.namespace, pod_name, 137, reason="OOMKilled")
-    # The container is gone: the pod may leave the API once deleted (the runner held it while it ran).
-    runner.release(pod_name, proc.uid)
 
 
 def substitute(expr: str, namespace: str, job: str) -> str:

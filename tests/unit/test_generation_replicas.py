@@ -322,14 +322,16 @@ def test_a_replicas_replacement_that_never_gets_ready_restarts_the_gang() -> Non
     )
 
 
-def test_a_trainer_failure_still_restarts_the_gang_with_every_replica() -> None:
+def test_a_trainer_failure_restarts_the_trainers_beside_every_running_replica() -> None:
     world = running_world(generation=TWO)
     world.terminate("math-trainer-1-1", 1, "NCCL timeout")
     plan = world.step()
     assert world.status()["phase"] == "Restarting"
-    assert {"math-gen-1-0", "math-gen-r1-1-0", "math-trainer-1-0"} <= {r.name for r in plan.deletes}
+    assert {r.name for r in plan.deletes} == {"math-trainer-1-0", "math-trainer-1-1"}, "the replicas are kept"
+    world.gone()
     world.settle()
-    assert {"math-gen-2-0", "math-gen-r1-2-0"} <= set(names(world.pods("generation")))
+    assert set(names(world.pods("generation"))) == {"math-gen-1-0", "math-gen-r1-1-0"}
+    assert set(names(world.pods("trainer"))) == {"math-trainer-2-0", "math-trainer-2-1"}
 
 
 def test_a_replica_zero_pod_without_the_replica_label_is_the_jobs_own() -> None:

@@ -385,6 +385,18 @@ class GRPOJobStatus(_StatusModel):
     trainer_attempt: int | None = Field(
         default=None, ge=0, description="Current trainer gang incarnation; part of the pod names."
     )
+    generation_attempt: int | None = Field(
+        default=None,
+        ge=0,
+        description="The gang incarnation whose vLLM pods serve the current trainers (part of their names): "
+        "trainerAttempt, unless a restart of the trainers alone kept the running vLLM pods.",
+    )
+    generation_kept_at_step: int | None = Field(
+        default=None,
+        ge=0,
+        description="status.progress.step when the trainers alone were last restarted beside kept vLLM pods: "
+        "if the new trainers fail again before passing it, the next restart replaces the vLLM pods too.",
+    )
     start_time: datetime | None = Field(
         default=None,
         description="When the job last started running: set at start and reset on resume from suspend, so activeDeadlineSeconds counts from the last resume (as for a Kubernetes Job).",

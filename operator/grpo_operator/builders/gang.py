@@ -2,9 +2,12 @@
 `<job>-gen-r<r>`), trainer pods + headless Service `<job>-trainer`.
 
 Pods are managed directly (not through Deployments or Jobs) so the operator decides what a failure
-means: any failure restarts the whole gang — vLLM and trainers — under a new attempt number, because
-TRL's NCCL weight-sync group is formed once between trainer rank 0 and the vLLM workers and cannot be
-re-joined by either side (TRL's VLLMClient.init_communicator). Every pod therefore has restartPolicy Never.
+means: a failure restarts the gang under a new attempt number, because TRL's NCCL weight-sync group is
+formed once between trainer rank 0 and the vLLM workers (TRL's VLLMClient.init_communicator). Every pod
+therefore has restartPolicy Never. Two exceptions keep what still works: a failed vLLM pod is replaced alone
+(reconcile/generation_replacement.py), and, with the Volume weight transport (no group to re-form), failed
+trainers are replaced beside the running vLLM pods, whose names then carry status.generationAttempt, the
+attempt they were started in (reconcile/gang.py _keep_generation).
 """
 
 from __future__ import annotations
@@ -557,13 +560,16 @@ def gang_pods(
     attempt: int,
     resume_from: str,
     generation_indices: Mapping[int, int] | None = None,
+    generation_attempt: int | None = None,
 ) -> list[Manifest]:
     """Every pod of one gang incarnation: the vLLM servers first (in replica order), then trainer ranks
     0..nodes-1. ``generation_indices`` counts, per replica, the attempt's replacements of its vLLM pod
-    (absent: 0, the first one)."""
+    (absent: 0, the first one); ``generation_attempt``: the attempt of the vLLM pods, when a restart of the
+    trainers alone kept them (absent: ``attempt``)."""
     indices = generation_indices or {}
+    served_by = attempt if generation_attempt is None else generation_attempt
     pods = [
-        generation_pod(job, settings, attempt, indices.get(replica, 0), replica)
+        generation_pod(job, settings, served_by, indices.get(replica, 0), replica)
         for replica in generation_replicas(job)
     ]
     pods += [trainer_pod(job, settings, attempt, rank, resume_from) for rank in range(job.spec.trainer.nodes)]

@@ -102,7 +102,8 @@ def check_conflicts(rp: ReconcilePass, job: Job, desired: list[Manifest], *, sus
     wanted = [(m["kind"], m["metadata"]["name"]) for m in desired]
     if not suspended:
         attempt = max(rp.attempt, 1)
-        wanted += [("Pod", generation_pod_name(job, attempt, 0, r)) for r in generation_replicas(job)]
+        served_by = max(rp.generation_attempt, 1)
+        wanted += [("Pod", generation_pod_name(job, served_by, 0, r)) for r in generation_replicas(job)]
         wanted += [("Pod", trainer_pod_name(job, attempt, rank)) for rank in range(job.spec.trainer.nodes)]
     found = [rp.foreign[key] for key in wanted if key in rp.foreign]
     previous = get_condition(list(rp.old.get("conditions") or []), CONFLICT)

@@ -73,12 +73,14 @@ def run_gang(rp: ReconcilePass, job: Job, observed: Observed) -> None:
     """The gang of the current attempt: detect success, failures, disruptions, stalls and drift;
     otherwise create what is missing and report how far the pods got."""
     attempt = rp.attempt
+    # The vLLM pods of this attempt, or of an earlier one kept when the trainers alone were restarted.
+    served_by = rp.generation_attempt
     nodes = observed.nodes
     gang = [p for p in observed.pods() if p.role in GANG_ROLES]
-    current = {p.name: p for p in gang if p.attempt == attempt}
+    current = {p.name: p for p in gang if p.attempt == _attempt_for(p, attempt, served_by)}
     # The live vLLM pod of each replica, then the trainers.
     live_generation = generation_indices(job, current)
-    generation_names = [generation_pod_name(job, attempt, n, r) for r, n in sorted(live_generation.items())]
+    generation_names = [generation_pod_name(job, served_by, n, r) for r, n in sorted(live_generation.items())]
     trainer_names = [trainer_pod_name(job, attempt, rank) for rank in range(job.spec.trainer.nodes)]
     expected = generation_names + trainer_names
     was_running = rp.old_phase == "Running"
@@ -88,7 +90,7 @@ def run_gang(rp: ReconcilePass, job: Job, observed: Observed) -> None:
         succeed(rp, job, observed)
         return
 
-    altered = [(pod, why) for pod, why in rp.strays if _attempt_of(job, pod.name) == attempt]
+    altered = [(pod, why) for pod, why in rp.strays if _attempt_of(job, pod.name) in (attempt, served_by)]
     if altered and not any(pod.terminating for pod, _ in altered):
         pod, why = altered[0]
         restart_or_fail(
@@ -166,11 +168,15 @@ def run_gang(rp: ReconcilePass, job: Job, observed: Observed) -> None:
                 f"{summary} (exit code {rule.exit_code} means {rule.meaning}; retrying cannot "
                 "help: fix the spec and recreate the job)"
             )
-        restart_or_fail(rp, job, observed, rule, summary)
+        restart_or_fail(
+            rp, job, observed, rule, summary, keep_generation=_keep_generation(rp, job, current, stopped)
+        )
         return
     if disruptions:
         rule, message = disruptions[0]
-        restart_or_fail(rp, job, observed, rule, message)
+        restart_or_fail(
+            rp, job, observed, rule, message, keep_generation=_keep_generation(rp, job, current, stopped)
+        )
         return
 
     desired_hash = gang_hash(job)
@@ -189,15 +195,22 @@ def run_gang(rp: ReconcilePass, job: Job, observed: Observed) -> None:
         (p.resume_from for p in current.values() if p.role == "trainer" and p.resume_from is not None),
         _resume_from(job, rp),
     )
-    built = gang_pods(job, rp.settings, attempt, resume_from, live_generation)
+    built = gang_pods(job, rp.settings, attempt, resume_from, live_generation, served_by)
     if _pods_drifted(rp, job, observed, built, current):
         return
 
     # Steady state: remove pods of earlier attempts, create missing pods, report progress.
-    delete_pods(rp, observed, lambda pod: pod.role in GANG_ROLES and pod.attempt != attempt)
+    delete_pods(
+        rp,
+        observed,
+        lambda pod: pod.role in GANG_ROLES and pod.attempt != _attempt_for(pod, attempt, served_by),
+    )
     missing = [m for m in built if m["metadata"]["name"] not in current]
     if missing:
-        earlier = sorted({p.name for p in gang if p.attempt != attempt} | {pod.name for pod, _ in rp.strays})
+        earlier = sorted(
+            {p.name for p in gang if p.attempt != _attempt_for(p, attempt, served_by)}
+            | {pod.name for pod, _ in rp.strays}
+        )
         if not current and attempt > 1:
             # Before a new gang starts, the previous one must be gone, and a pod of it that lost its labels
             # is not in the watch: look its names up (fencing, see _wait_for_earlier_pods).
@@ -263,11 +276,46 @@ def run_gang(rp: ReconcilePass, job: Job, observed: Observed) -> None:
             ]
             if replaced:
                 message += f" ({', '.join(replaced)} replaced a failed one)"
+            if served_by != attempt and servers:
+                message += f" (the vLLM pods of attempt {served_by}, kept: only the trainers were restarted)"
             rp.set_phase("Running", "AllPodsRunning", message)
             rp.event(event_reasons.RUNNING, message)
         return
 
     report_waiting(rp, job, observed, expected, present)
+
+
+def _attempt_for(pod: PodView, attempt: int, served_by: int) -> int:
+    """The attempt a gang pod of the current gang has: vLLM pods may be kept from an earlier one."""
+    return served_by if pod.role == "generation" else attempt
+
+
+def _keep_generation(
+    rp: ReconcilePass, job: Job, current: dict[str, PodView], stopped: list[tuple[PodView, str]]
+) -> bool:
+    """Whether a restart may keep the running vLLM pods and replace the trainers alone: every pod that
+    failed or was stopped is a trainer, every vLLM pod of the gang runs and answers /health, the weights
+    reach vLLM through the volume, the job is not queued (under Kueue the gang is one pod group, admitted
+    and released together), and the kept servers
+    have served trainers that trained since: when the trainers restarted beside them fail again before a
+    step, the servers may be the cause, and the next restart replaces them too. Reloading a large model
+    takes minutes; the new trainers push their weights into the kept servers before their first step."""
+    if not stopped or any(pod.role != "trainer" for pod, _ in stopped):
+        return False
+    if job.spec.scheduling.queue_name or rp.settings.default_queue_name or job.spec.generation.colocated():
+        return False
+    if job.spec.generation.weight_sync != "Volume":
+        # NCCL: new trainers would open a new weight-transfer group with servers that still hold the dead
+        # trainers' one, which no test here can exercise (NCCL needs two GPUs): the whole gang restarts.
+        return False
+    servers = [p for p in current.values() if p.role == "generation"]
+    if not servers or any(p.terminating or p.phase != "Running" or not p.ready for p in servers):
+        return False
+    if rp.generation_attempt == rp.attempt:
+        return True
+    kept_at = rp.old.get("generationKeptAtStep")
+    step = (rp.old.get("progress") or {}).get("step")
+    return isinstance(step, int) and isinstance(kept_at, int) and step > kept_at
 
 
 def _attempt_of(job: Job, pod_name: str) -> int | None:

@@ -15,9 +15,18 @@ from grpo_operator.reconcile.restart_policy import BACKOFF_LIMIT_EXCEEDED, Resta
 SCHEDULING_MESSAGE = "waiting for the scheduler to place the pods"
 
 
-def restart_or_fail(rp: ReconcilePass, job: Job, observed: Observed, rule: RestartRule, message: str) -> None:
+def restart_or_fail(
+    rp: ReconcilePass,
+    job: Job,
+    observed: Observed,
+    rule: RestartRule,
+    message: str,
+    *,
+    keep_generation: bool = False,
+) -> None:
     """What the restart policy says for ``rule``: fail the job at once, fail it because the counted
-    restarts are spent, or restart the gang."""
+    restarts are spent, or restart the gang (the trainers alone, keeping the running vLLM pods, with
+    ``keep_generation``: gang.py decides when that is safe)."""
     if rule.permanent:
         fail(rp, job, observed, rule.reason, message)
         return
@@ -31,19 +40,34 @@ def restart_or_fail(rp: ReconcilePass, job: Job, observed: Observed, rule: Resta
             f"{message}; spec.runPolicy.backoffLimit ({limit}) is exhausted after {rp.restarts} restart(s)",
         )
         return
-    _restart(rp, job, observed, rule, message)
+    _restart(rp, job, observed, rule, message, keep_generation)
 
 
-def _restart(rp: ReconcilePass, job: Job, observed: Observed, rule: RestartRule, message: str) -> None:
-    """Replace the whole gang by a new attempt that resumes from the last verified checkpoint."""
+def _restart(
+    rp: ReconcilePass, job: Job, observed: Observed, rule: RestartRule, message: str, keep_generation: bool
+) -> None:
+    """Replace the gang (or its trainers alone) by a new attempt that resumes from the last verified
+    checkpoint."""
     attempt = rp.attempt + 1
+    served_by = rp.generation_attempt
     restarts = rp.restarts + (1 if rule.counted else 0)
     limit = job.spec.run_policy.backoff_limit
     budget = f"restart {restarts}/{limit}" if rule.counted else "not counted against backoffLimit"
     where = resume_point(rp)
     rp.new["trainerAttempt"] = attempt
     rp.new["restarts"] = restarts
-    full = f"{message}; restarting the gang as attempt {attempt} ({budget}), {where}"
+    if keep_generation:
+        rp.new["generationAttempt"] = served_by
+        step = (rp.old.get("progress") or {}).get("step")
+        rp.new["generationKeptAtStep"] = step if isinstance(step, int) and step >= 0 else 0
+        full = (
+            f"{message}; restarting the trainers as attempt {attempt} ({budget}), {where}, beside the running "
+            f"vLLM pods of attempt {served_by}"
+        )
+    else:
+        rp.new["generationAttempt"] = attempt
+        rp.new["generationKeptAtStep"] = None
+        full = f"{message}; restarting the gang as attempt {attempt} ({budget}), {where}"
     rp.set_phase("Restarting", rule.reason, full)
     rp.condition(RUNNING, "False", "Restarting", full)
     # The new gang's pods exist once this plan is carried out, but nothing has placed them yet.
@@ -53,4 +77,5 @@ def _restart(rp: ReconcilePass, job: Job, observed: Observed, rule: RestartRule,
         rp.event(event_reasons.RESUMED_FROM_CHECKPOINT, f"gang attempt {attempt} {where}")
     rp.plan.restart = Restart(reason=rule.reason, counted=rule.counted, message=message)
     # The new gang is created by a later reconcile, once every pod of this one is gone (see run_gang).
-    delete_pods(rp, observed, lambda pod: pod.role in GANG_ROLES)
+    roles = ("trainer",) if keep_generation else GANG_ROLES
+    delete_pods(rp, observed, lambda pod: pod.role in roles)

@@ -60,7 +60,7 @@ def _replaceable(
     term = pod.termination()
     if term is not None and term.reason == OOM_KILLED.reason:
         return False  # the same memory limit would kill the replacement: OOMKilled says what to raise
-    replacement = generation_pod_name(job, rp.attempt, index + 1, replica)
+    replacement = generation_pod_name(job, rp.generation_attempt, index + 1, replica)
     if ("Pod", replacement) in rp.foreign or rp.conflict is not None:
         return False  # a same-name pod that is not the job's is never used: the gang restarts instead
     # The API server refused it (quota, admission): a new gang reports why it waits.
@@ -91,7 +91,7 @@ def replace_generation(
     messages = []
     for _, what, replica in replicas:
         index = indices.get(replica, 0)
-        replacement = generation_pod_name(job, rp.attempt, index + 1, replica)
+        replacement = generation_pod_name(job, rp.generation_attempt, index + 1, replica)
         if job.spec.generation.replica_count() == 1:
             message = (
                 f"{what}; replaced by vLLM pod {replacement} (replacement {index + 1} of "
@@ -104,7 +104,7 @@ def replace_generation(
                 f"of {GENERATION_REPLACEMENTS_PER_ATTEMPT} of replica {replica} in gang attempt {rp.attempt}, "
                 "not counted against backoffLimit); the trainers keep running, the other replicas serve them"
             )
-        rp.plan.creates.append(generation_pod(job, rp.settings, rp.attempt, index + 1, replica))
+        rp.plan.creates.append(generation_pod(job, rp.settings, rp.generation_attempt, index + 1, replica))
         rp.event(event_reasons.GENERATION_REPLACED, message)
         messages.append(message)
     rp.set_phase("Running", REPLACING_GENERATION, "; ".join(messages))
@@ -131,7 +131,11 @@ def awaiting_replacement(
     )
     keep = bool(replaced_message)
     for replica, index in sorted(indices.items()):
-        pod = current.get(generation_pod_name(job, rp.attempt, index, replica)) if index > 0 else None
+        pod = (
+            current.get(generation_pod_name(job, rp.generation_attempt, index, replica))
+            if index > 0
+            else None
+        )
         if pod is None or pod.ready:
             continue
         since = pod.created or rp.now
@@ -147,7 +151,7 @@ def awaiting_replacement(
             )
             return True
         keep = keep and elapsed < 60 and f"replaced by vLLM pod {pod.name}" in replaced_message
-        failed = current.get(generation_pod_name(job, rp.attempt, index - 1, replica))
+        failed = current.get(generation_pod_name(job, rp.generation_attempt, index - 1, replica))
         cause = (
             f" after {failed.failure_summary()}" if failed is not None and failed.phase == "Failed" else ""
         )

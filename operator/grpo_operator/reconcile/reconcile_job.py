@@ -271,6 +271,7 @@ def suspend(rp: ReconcilePass, job: Job, observed: Observed, budget: Budget | No
 def resume(rp: ReconcilePass, cause: str) -> None:
     attempt = rp.attempt + 1
     rp.new["trainerAttempt"] = attempt
+    rp.new["generationAttempt"] = attempt
     rp.new.setdefault("restarts", 0)
     # Like a Kubernetes Job: the active deadline counts from the last resume.
     rp.new["startTime"] = format_time(rp.now)

@@ -23,6 +23,8 @@ OWNED_STATUS_FIELDS = (
     "conditions",
     "restarts",
     "trainerAttempt",
+    "generationAttempt",
+    "generationKeptAtStep",
     "rollouts",
     "startTime",
     "completionTime",
@@ -72,6 +74,12 @@ class ReconcilePass:
     @property
     def attempt(self) -> int:
         return int(self.new.get("trainerAttempt") or 0)
+
+    @property
+    def generation_attempt(self) -> int:
+        """The attempt whose vLLM pods the current trainers use: the trainers' own, unless a restart of the
+        trainers alone kept them (gang_restart)."""
+        return int(self.new.get("generationAttempt") or self.attempt)
 
     @property
     def restarts(self) -> int:

@@ -34,6 +34,8 @@ TRUSTED_FIELDS = (
     "phase",
     "restarts",
     "trainerAttempt",
+    "generationAttempt",
+    "generationKeptAtStep",
     "startTime",
     "completionTime",
     GATEWAY_TOKEN_SECRET_FIELD,
@@ -59,7 +61,7 @@ def _clean_trusted(source: Obj) -> Obj:
     phase = source.get("phase")
     if isinstance(phase, str) and phase in PHASES:
         out["phase"] = phase
-    for key in ("restarts", "trainerAttempt"):
+    for key in ("restarts", "trainerAttempt", "generationAttempt", "generationKeptAtStep"):
         count = _count(source.get(key))
         if count is not None:
             out[key] = count
