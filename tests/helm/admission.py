@@ -10,8 +10,10 @@ from __future__ import annotations
 import copy
 import subprocess
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import yaml
@@ -75,20 +77,28 @@ def apply_job(
     return kube.kubectl(*args, input=yaml.safe_dump(job), check=False)
 
 
-def install_policies(kube: Cluster) -> Iterator[Installed]:
-    """The policies applied and in force, then removed with their namespaces."""
-    watched = kube.new_namespace("adm")
+@contextmanager
+def policies_in_force(
+    kube: Cluster,
+    namespaces: list[str],
+    enforced: Callable[[], bool],
+    values_files: Iterable[Path] = (),
+) -> Iterator[Installed]:
+    """The chart's policies rendered with LIMITS and DEFAULT_IMAGES (and ``values_files``) for a release
+    watching ``namespaces``, applied with the user roles and a tenant binding in each, once ``enforced()``
+    says the API server enforces them; then removed with the namespaces. The Installed's namespace is the
+    first one."""
     release_ns = kube.new_namespace("grpo-sys")
     release = f"p{uuid.uuid4().hex[:6]}"
     fullname = f"{release}-grpo-operator"
     sets = {
         "watch.allNamespaces": "false",
-        "watch.namespaces[0]": watched,
+        "watch.namespaces": "{" + ",".join(namespaces) + "}",
         "admissionPolicies.workloadControllers": workload_controllers(kube),
         **LIMITS,
         **DEFAULT_IMAGES,
     }
-    args = template_args(sets=sets, release=release, namespace=release_ns)
+    args = template_args(values_files, sets=sets, release=release, namespace=release_ns)
     # The policies, and the user roles that let a tenant with `edit` create GRPOJobs at all.
     shown = ["--show-only", "templates/admission-policies.yaml", "--show-only", "templates/user-rbac.yaml"]
     rendered = run([*args, *shown]).stdout
@@ -99,22 +109,21 @@ def install_policies(kube: Cluster) -> Iterator[Installed]:
         if "value" in e
     }
     kube.kubectl("apply", "-f", "-", input=rendered)
-    kube.kubectl(
-        "create", "rolebinding", "tenant-edit", "-n", watched, "--clusterrole=edit", "--group=tenant-devs"
-    )
+    for namespace in namespaces:
+        kube.kubectl(
+            "create",
+            "rolebinding",
+            "tenant-edit",
+            "-n",
+            namespace,
+            "--clusterrole=edit",
+            "--group=tenant-devs",
+        )
     try:
-        # The API server picks policies, bindings and their parameters up from its informers: wait
-        # until a job over the GPU limit is refused.
-        too_big = grpojob(
-            "probe", trainer={"nodes": 1, "gpusPerNode": 8, "image": "registry.example.com/grpo/trainer:0.1"}
-        )
-        wait_for(
-            "the platform-limits policy to be enforced",
-            lambda: "maxGpusPerJob" in apply_job(kube, too_big, watched, dry_run=True).stderr,
-            timeout=60,
-        )
+        # The API server picks policies and bindings up from its informers: wait until they are enforced.
+        wait_for("the platform-limits policies to be enforced", enforced, timeout=60)
         yield Installed(
-            namespace=watched,
+            namespace=namespaces[0],
             release_namespace=release_ns,
             fullname=fullname,
             operator_user=f"system:serviceaccount:{release_ns}:{fullname}",
@@ -122,4 +131,16 @@ def install_policies(kube: Cluster) -> Iterator[Installed]:
         )
     finally:
         kube.kubectl("delete", "-f", "-", "--wait=false", input=rendered, check=False)
-        kube.kubectl("delete", "namespace", watched, release_ns, "--wait=false", check=False)
+        kube.kubectl("delete", "namespace", *namespaces, release_ns, "--wait=false", check=False)
+
+
+def install_policies(kube: Cluster) -> Iterator[Installed]:
+    """The policies applied and in force, then removed with their namespaces."""
+    watched = kube.new_namespace("adm")
+    too_big = grpojob(
+        "probe", trainer={"nodes": 1, "gpusPerNode": 8, "image": "registry.example.com/grpo/trainer:0.1"}
+    )
+    with policies_in_force(
+        kube, [watched], lambda: "maxGpusPerJob" in apply_job(kube, too_big, watched, dry_run=True).stderr
+    ) as installed:
+        yield installed

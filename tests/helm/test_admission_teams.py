@@ -11,8 +11,8 @@ claims; every other namespace keeps the global 8 GPUs and queues team-a/team-b.
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -22,10 +22,9 @@ from grpo_operator.builders import gang_pods, job_from_object
 from grpo_operator.reconcile.platform_policy import platform_violations
 from grpo_operator.settings import OperatorSettings
 
-from tests.harness.kube import Cluster, wait_for
-from tests.helm.admission import DEFAULT_IMAGES, LIMITS, apply_job, grpojob
+from tests.harness.kube import Cluster
+from tests.helm.admission import DEFAULT_IMAGES, apply_job, grpojob, policies_in_force
 from tests.helm.chart import run, template_args
-from tests.helm.cluster import workload_controllers
 
 pytestmark = pytest.mark.slow
 
@@ -56,62 +55,30 @@ def teams(research: str, product: str) -> dict[str, Any]:
     }
 
 
+@dataclass(frozen=True)
 class Install:
-    def __init__(self, shared: str, research: str, product: str, fullname: str, settings: OperatorSettings):
-        self.shared, self.research, self.product = shared, research, product
-        self.fullname, self.settings = fullname, settings
+    shared: str
+    research: str
+    product: str
+    fullname: str
+    settings: OperatorSettings
 
 
 @pytest.fixture(scope="module")
 def install(kube: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Install]:
     shared, research, product = (kube.new_namespace(n) for n in ("shared", "research", "product"))
-    release_ns = kube.new_namespace("grpo-sys")
-    release = f"t{uuid.uuid4().hex[:6]}"
     values = tmp_path_factory.mktemp("teams") / "teams.yaml"
     values.write_text(yaml.safe_dump(teams(research, product)))
-    sets = {
-        "watch.allNamespaces": "false",
-        "watch.namespaces": "{" + ",".join((shared, research, product)) + "}",
-        "admissionPolicies.workloadControllers": workload_controllers(kube),
-        **LIMITS,
-        **DEFAULT_IMAGES,
-    }
-    args = template_args([values], sets=sets, release=release, namespace=release_ns)
-    rendered = run(
-        [*args, "--show-only", "templates/admission-policies.yaml", "--show-only", "templates/user-rbac.yaml"]
-    ).stdout
-    deployment = yaml.safe_load(run([*args, "--show-only", "templates/deployment.yaml"]).stdout)
-    env = {
-        e["name"]: e["value"]
-        for e in deployment["spec"]["template"]["spec"]["containers"][0]["env"]
-        if "value" in e
-    }
-    kube.kubectl("apply", "-f", "-", input=rendered)
-    for namespace in (shared, research, product):
-        kube.kubectl(
-            "create",
-            "rolebinding",
-            "tenant-edit",
-            "-n",
-            namespace,
-            "--clusterrole=edit",
-            "--group=tenant-devs",
-        )
-    try:
-        big = grpojob(
-            "probe", trainer={"nodes": 1, "gpusPerNode": 4, "image": "registry.example.com/grpo/trainer:0.1"}
-        )
-        wait_for(
-            "the team policies to be enforced",
-            lambda: "teams.product.maxGpusPerJob" in apply_job(kube, big, product, dry_run=True).stderr,
-            timeout=60,
-        )
-        yield Install(shared, research, product, f"{release}-grpo-operator", OperatorSettings.from_env(env))
-    finally:
-        kube.kubectl("delete", "-f", "-", "--wait=false", input=rendered, check=False)
-        kube.kubectl(
-            "delete", "namespace", shared, research, product, release_ns, "--wait=false", check=False
-        )
+    big = grpojob(
+        "probe", trainer={"nodes": 1, "gpusPerNode": 4, "image": "registry.example.com/grpo/trainer:0.1"}
+    )
+    with policies_in_force(
+        kube,
+        [shared, research, product],
+        lambda: "teams.product.maxGpusPerJob" in apply_job(kube, big, product, dry_run=True).stderr,
+        [values],
+    ) as installed:
+        yield Install(shared, research, product, installed.fullname, installed.settings)
 
 
 def operator_verdict(install: Install, job: dict[str, Any], namespace: str) -> list[str]:

@@ -34,6 +34,16 @@ def failed_trainer(**generation: Any) -> tuple[World, set[str]]:
     return world, deleted
 
 
+def restarted_and_running() -> World:
+    """failed_trainer's job once the old trainers are gone and attempt 2 runs beside the kept vLLM pod."""
+    world, _ = failed_trainer()
+    world.gone()
+    world.settle()
+    world.run_all()
+    world.settle()
+    return world
+
+
 def test_a_failed_trainer_is_replaced_beside_the_running_vllm_pod() -> None:
     world, deleted = failed_trainer()
     assert deleted == {"math-trainer-1-0", "math-trainer-1-1"}, "vLLM keeps running"
@@ -54,11 +64,7 @@ def test_a_failed_trainer_is_replaced_beside_the_running_vllm_pod() -> None:
 
 
 def test_the_kept_servers_stay_through_a_second_trainer_failure_after_progress() -> None:
-    world, _ = failed_trainer()
-    world.gone()
-    world.settle()
-    world.run_all()
-    world.settle()
+    world = restarted_and_running()
     trained(world, 9)  # the new trainers trained past the step they were restarted at
     world.terminate("math-trainer-2-1", 1, "boom")
     assert {r.name for r in world.step().deletes} == {"math-trainer-2-0", "math-trainer-2-1"}
@@ -66,11 +72,7 @@ def test_the_kept_servers_stay_through_a_second_trainer_failure_after_progress()
 
 
 def test_trainers_failing_again_before_a_step_beside_kept_servers_restart_the_whole_gang() -> None:
-    world, _ = failed_trainer()
-    world.gone()
-    world.settle()
-    world.run_all()
-    world.settle()
+    world = restarted_and_running()
     world.terminate("math-trainer-2-0", 1, "cannot reach the vLLM server")  # still at step 5
     deleted = {r.name for r in world.step().deletes}
     assert deleted == {"math-gen-1-0", "math-trainer-2-0", "math-trainer-2-1"}
@@ -112,11 +114,7 @@ def test_a_vllm_pod_that_is_not_ready_goes_with_the_trainers() -> None:
 
 
 def test_a_kept_vllm_pod_that_fails_is_replaced_under_its_own_attempt() -> None:
-    world, _ = failed_trainer()
-    world.gone()
-    world.settle()
-    world.run_all()
-    world.settle()
+    world = restarted_and_running()
     world.terminate("math-gen-1-0", 1, "vLLM crashed", phase="Failed")
     world.settle()
     assert "math-gen-1-1" in names(world, "generation"), world.status()["message"]

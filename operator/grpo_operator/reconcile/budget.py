@@ -51,7 +51,7 @@ class Limit:
         spent = format_gpu_hours(self.spent)
         if not self.raised_by:
             return f"Only the platform team can raise {self.source} above {spent}."
-        if self.raised_by.startswith("spec.budget") and self.source.startswith("spec.budget"):
+        if self.raised_by == self.source:  # the job's own spec.budget field
             return f"Raise {self.raised_by} above {spent} (or remove spec.budget) to resume from the last checkpoint."
         return f"Set {self.raised_by} above {spent} to resume from the last checkpoint."
 
@@ -106,15 +106,13 @@ def _limits(
     currency = rp.settings.price_table.currency if rp.settings.price_table is not None else ""
     limits: list[Limit] = []
     kinds = (
-        ("gpuHours", GPU_HOURS, spent_hours, "max_gpu_hours", "maxGpuHours"),
-        ("amount", currency, spent_amount, "max_amount", "maxAmount"),
+        ("gpuHours", GPU_HOURS, spent_hours, "gpu_hours", "max_gpu_hours", "maxGpuHours"),
+        ("amount", currency, spent_amount, "amount", "max_amount", "maxAmount"),
     )
-    for field, unit, spent, max_attr, max_key in kinds:
+    for field, unit, spent, attr, max_attr, max_key in kinds:
         if spent is None:
             continue  # an amount without prices: refused by the platform policy before this
-        value = (
-            getattr(budget, "gpu_hours" if field == "gpuHours" else "amount") if budget is not None else None
-        )
+        value = getattr(budget, attr) if budget is not None else None
         source = (
             f"spec.budget.{field}" if own else f"the platform's default budget, {setting} default.{field}"
         )
