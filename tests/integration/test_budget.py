@@ -6,6 +6,7 @@ tests/integration/test_operator.py describes."""
 from __future__ import annotations
 
 import json
+import sys
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -31,7 +32,7 @@ from tests.integration.operator_helpers import (
     wait_resumed_from,
     wait_status,
 )
-from tests.integration.test_e2e_training import run_tiny_job, tiny_job
+from tests.integration.test_e2e_training import METRIC_IMAGE, run_tiny_job, tiny_job
 
 pytestmark = pytest.mark.slow
 
@@ -42,6 +43,12 @@ def report_cost(
     """What trainer rank 0 writes after a step: the GPU-seconds so far."""
     cost = {"generationGpuSeconds": generation_seconds, "trainingGpuSeconds": training_seconds}
     patch_job_status(kube, namespace, name, {"cost": cost})
+
+
+def patch_budget(kube: Cluster, namespace: str, name: str, budget: dict[str, float]) -> None:
+    """What the job's owner does to raise (or set) its budget."""
+    body = json.dumps({"spec": {"budget": budget}})
+    kube.kubectl("patch", "grpojob", name, "-n", namespace, "--type=merge", "-p", body)
 
 
 def test_a_job_over_its_budget_is_suspended_and_a_raised_budget_resumes_it(
@@ -67,16 +74,7 @@ def test_a_job_over_its_budget_is_suspended_and_a_raised_budget_resumes_it(
     assert status(kube, namespace, "math")["checkpoint"]["path"] == CKPT
     assert wait_event(kube, namespace, "math", "BudgetExhausted")["type"] == "Warning"
 
-    kube.kubectl(
-        "patch",
-        "grpojob",
-        "math",
-        "-n",
-        namespace,
-        "--type=merge",
-        "-p",
-        '{"spec":{"budget":{"gpuHours":2}}}',
-    )
+    patch_budget(kube, namespace, "math", {"gpuHours": 2})
     wait_resumed_from(kube, namespace, "math", CKPT)
     wait_reasons(
         kube, namespace, "math", {"BudgetNearlySpent", "BudgetExhausted", "Resumed", "ResumedFromCheckpoint"}
@@ -174,16 +172,7 @@ def test_the_platforms_namespace_budget_in_money_stops_a_job_that_names_none(
         assert status(kube, namespace, "math")["checkpoint"]["path"] == CKPT
 
         # The owner's own budget replaces the platform's default.
-        kube.kubectl(
-            "patch",
-            "grpojob",
-            "math",
-            "-n",
-            namespace,
-            "--type=merge",
-            "-p",
-            '{"spec":{"budget":{"amount":50}}}',
-        )
+        patch_budget(kube, namespace, "math", {"amount": 50})
         wait_resumed_from(kube, namespace, "math", CKPT)
 
 
@@ -210,15 +199,11 @@ class BudgetCap:
                 self.crossed_at = step
         if self.budget is None and spent and isinstance(step, int) and step >= 2:
             self.budget, self.set_after = spent * 1.001, step
-            self.patch({"gpuHours": self.budget})
+            patch_budget(self.kube, self.namespace, "tiny", {"gpuHours": self.budget})
         stopped = s.get("reason") == "BudgetExhausted" and not runner.trainers and not runner.stopping
         if self.suspended is None and stopped and "checkpoint" in s:
             self.suspended = s
-            self.patch({"gpuHours": 10})
-
-    def patch(self, budget: dict[str, float]) -> None:
-        body = json.dumps({"spec": {"budget": budget}})
-        self.kube.kubectl("patch", "grpojob", "tiny", "-n", self.namespace, "--type=merge", "-p", body)
+            patch_budget(self.kube, self.namespace, "tiny", {"gpuHours": 10})
 
 
 @pytest.mark.trainer
@@ -230,16 +215,23 @@ def test_a_real_trainer_is_suspended_at_its_budget_with_a_checkpoint_and_resumes
     step it was in, and a raised budget resumes it from there to Succeeded."""
     job = tiny_job()
     job["spec"]["grpo"]["steps"] = 30
-    # Completions of 48 tokens instead of 8: steps of about a second, not a quarter, so the run is not over
-    # before the hook, the operator and the runner (each polling about once a second) have reacted.
-    job["spec"]["grpo"]["maxCompletionLength"] = 48
     job["spec"]["checkpoints"]["everySteps"] = 100  # no periodic checkpoint: the suspension writes the one
     job["spec"]["budget"] = {"gpuHours": 10}
     cap = BudgetCap(kube, namespace)
     # Trainer rank 0 reports at most every 10 s, which is more than the whole tiny run: 1 s here, so the
     # reports are a step or two apart as they are on a GPU cluster, whose steps take longer than 10 s.
+    # And a metric that takes over a second a step: the tiny model's own steps take 0.1-1 s depending on
+    # what it writes, shorter than the hook, the operator and the runner (each polling about once a second)
+    # take to react, and "within a step" needs a step that outlasts the reaction, as a GPU job's does.
     phase, volume = run_tiny_job(
-        kube, namespace, job, tmp_path, "in-process-transformers", hooks=[cap], status_interval_seconds=1
+        kube,
+        namespace,
+        job,
+        tmp_path,
+        "in-process-transformers",
+        hooks=[cap],
+        metric_commands={METRIC_IMAGE: [sys.executable, "tests/integration/slow_tiny_metric.py"]},
+        status_interval_seconds=1,
     )
     assert phase == "Succeeded", (tmp_path / "run").glob("*.log")
     assert cap.budget is not None and cap.crossed_at is not None and cap.suspended is not None, cap.reports
