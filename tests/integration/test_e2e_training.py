@@ -518,9 +518,12 @@ def test_a_killed_trainer_is_replaced_beside_the_running_vllm_server(
     """The demo job (weightSync: Volume) with a real vLLM server: the trainer is SIGKILLed after the
     checkpoint of step 4, the operator restarts the trainers alone (counted), the new trainer resumes from
     that checkpoint beside the same vLLM server, pushes its weights into it before its first step, and the
-    job Succeeds with the server in sync after every sync. Prints the time saved: the vLLM start-up the
-    restart did not pay."""
+    job Succeeds with the server in sync after every sync. At the numerics users get (model.dtype bfloat16
+    over fp32 masters, lr 1e-6): the restarted trainers' steps move the weights. Prints the time saved: the
+    vLLM start-up the restart did not pay."""
     job = tiny_job()
+    job["spec"]["model"]["dtype"] = "bfloat16"
+    job["spec"]["grpo"]["learningRate"] = 1e-6
     killer = TrainerKiller(kube, namespace)
     volume = train_to_succeeded(kube, namespace, job, tmp_path, hooks=[killer])
     assert killer.killed_at is not None and killer.runner is not None
@@ -545,6 +548,21 @@ def test_a_killed_trainer_is_replaced_beside_the_running_vllm_server(
     assert found is not None, restart
     resumed = int(found.group(1))
     assert resumed >= 4 and resumed in steps and steps[-1] == STEPS, (resumed, steps)
+    # The last two checkpoints (keepLast 2), both written after the restart's resume point or the second
+    # by the restarted trainers: at lr 1e-6 their steps moved the fp32 masters (the embedding apart: only
+    # the rows of sampled tokens get a gradient).
+    from safetensors.torch import load_file
+
+    def weights(step: int) -> dict[str, Any]:
+        files = sorted((volume / "checkpoints" / f"step-{step}").glob("*.safetensors"))
+        return {k: v for f in files for k, v in load_file(str(f)).items()}
+
+    before, last = weights(STEPS - 4), weights(STEPS)
+    body = [k for k in last if k != "model.embed_tokens.weight"]
+    moved = sum(int((last[k] != before[k]).sum()) for k in body) / sum(last[k].numel() for k in body)
+    assert moved >= 0.99, (
+        f"only {moved:.2%} of the non-embedding weights moved over steps {STEPS - 3}-{STEPS}"
+    )
 
     # Time, printed (not asserted): the first gang from the vLLM pod's start to its first step, against the
     # restart from the kill to the new trainer's first step; the difference is the vLLM start-up (model load,
