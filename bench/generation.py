@@ -129,7 +129,10 @@ def run(
     args: argparse.Namespace,
     shared: list[vllm_server.VLLMProcess] | None = None,
     max_staleness: int = 0,
+    overrides: dict[str, dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
+    """One trainer run of ``args.steps`` steps; ``overrides`` updates sections of its trainer.json (``{"grpo":
+    {"learningRate": 1e-3}, "model": {"dtype": "bfloat16"}}``)."""
     work.mkdir(parents=True)
     servers: list[vllm_server.VLLMProcess] = []
     startup = 0.0
@@ -166,6 +169,8 @@ def run(
         data["grpo"]["seed"] = args.seed
         if max_staleness:
             data["grpo"]["maxStaleness"] = max_staleness
+        for section, fields in (overrides or {}).items():
+            data.setdefault(section, {}).update(fields)
         config.write_text(json.dumps(data))
         if backend == "colocate":
             python, env = vllm_server.colocated_trainer(sys.executable, trainer_env(config))

@@ -140,6 +140,11 @@ def test_asynchronous_grpo_trains_on_groups_one_step_stale_stamped_with_their_we
     assert all(0.0 <= r["generation_overlap_ratio"] <= 1.0 for r in rows), rows
     # Later steps' groups were sampled while earlier steps trained.
     assert sum(r["generation_overlap_seconds"] for r in rows[:-1]) > 0, rows
+    # Each group sampled ahead was scored as soon as it was back, and the step used those scores: the item
+    # scored ahead (completion decoded as TRL decodes it, dataset row, length, finish reason) was the one
+    # the step's reward function would have sent.
+    ahead = [r for r in rows if r["group_versions"]]
+    assert ahead and all(r["groups_scored_ahead"] == r["rollouts"] for r in ahead), rows
 
     # One push per step, each between requests: the served weights always matched the trainer's at the push.
     syncs = read_jsonl(tmp_path / "out" / "weight_syncs.jsonl")
@@ -186,7 +191,13 @@ def test_the_importance_ratio_that_reaches_the_loss_is_trained_over_sampling_pol
         answers = [s for s in samples if s["step"] == step]
         assert len(answers) == 2 * 8 and all(s["completionIds"] for s in answers), answers
         trained = sequence_logprobs(weights(step - 1), answers, temperature)
-        sampled = sequence_logprobs(weights(row["policy_version"]), answers, temperature)
+        # Each answer under the weights its group was sampled on (a push that interrupted the step's
+        # sampling leaves groups of two versions, each group of one).
+        # (None: sampled on the spot, with the step's one version.)
+        groups = row["group_versions"] or [row["policy_version"]] * 2
+        versions = [groups[i // 8] for i in range(len(answers))]
+        under = {v: sequence_logprobs(weights(v), answers, temperature) for v in set(versions)}
+        sampled = [under[v][i] for i, v in enumerate(versions)]
         ratios = [math.exp(t - s) for t, s in zip(trained, sampled, strict=True)]
         expected = (min(ratios), sum(ratios) / len(ratios), max(ratios))
         logged = (
@@ -194,14 +205,72 @@ def test_the_importance_ratio_that_reaches_the_loss_is_trained_over_sampling_pol
             row["importance_sampling_ratio_mean"],
             row["importance_sampling_ratio_max"],
         )
-        print(
-            f"step {step} (version {row['policy_version']}): logged {logged}, from the checkpoints {expected}"
-        )
+        print(f"step {step} (versions {row['group_versions']}, {row['groups_resampled']} groups resampled): "
+              f"logged {logged}, from the checkpoints {expected}")  # fmt: skip
         assert logged == pytest.approx(expected, rel=2e-3, abs=1e-4), (step, logged, expected)
     # The later steps were a version behind, and the ratios show it.
     assert (
         max(r["importance_sampling_ratio_max"] - r["importance_sampling_ratio_min"] for r in rows[1:]) > 0.05
     )
+
+
+def test_a_push_in_the_tail_of_a_step_aborts_its_slowest_group_on_the_server_and_resamples_it(
+    served_tiny: vllm_server.VLLMProcess,
+) -> None:
+    """The producer's group sampler against the real server: a step of a short group (2 tokens) and a long
+    one (480 tokens, end-of-sequence ignored). Once the short group is back, a weight push interrupts the
+    step: vLLM's /abort_requests ends the long group's request at once (finish reason "abort"), the push
+    goes ahead, and the long group is sampled again, whole, under the new version; the short one keeps
+    the version it was sampled on."""
+    import urllib.request
+
+    from grpo_trainer.async_rollouts import RolloutProducer
+    from grpo_trainer.group_sampling import GroupSampler, StepRequest
+
+    served = {"version": 0}
+    finished: list[tuple[int, int, list[str]]] = []
+    model = json.loads(urllib.request.urlopen(f"{served_tiny.base_url}/v1/models", timeout=10).read())[
+        "data"
+    ][0]["id"]
+
+    def generate_one(prompt: list[int]) -> dict[str, Any]:
+        long = prompt[0] == 7
+        version = served["version"]
+        body = {"model": model, "prompt": [prompt], "n": 4, "max_tokens": 480 if long else 2,
+                "ignore_eos": True, "return_token_ids": True}  # fmt: skip
+        choices = served_tiny.post("/v1/completions", body, timeout=300)["choices"]
+        finished.append((prompt[0], version, [c["finish_reason"] for c in choices]))
+        return {"prompt_ids": [prompt], "completion_ids": [c["token_ids"] for c in choices], "logprobs": None}
+
+    sampler = GroupSampler(
+        generate_one, version=lambda: served["version"], server_urls=lambda: [served_tiny.base_url],
+        concurrency=4,
+    )  # fmt: skip
+    producer = RolloutProducer(sampler, max_staleness=1, interrupt=sampler.interrupt)
+    try:
+        with producer.pushing(version=0):
+            pass
+        step = StepRequest([[5, 6], [7, 8]])
+        producer.submit(2, step.prompts, request=step)
+        deadline = time.monotonic() + 60
+        while 0 not in step.results:
+            assert time.monotonic() < deadline, finished
+            time.sleep(0.01)
+        with producer.pushing(version=1):
+            served["version"] = 1
+        assert producer.interrupted == 1
+        taken = producer.take(2, step.prompts)
+    finally:
+        producer.close()
+        sampler.close()
+    assert taken.rollout is not None
+    sampled = taken.rollout.payload
+    assert sampled.versions == [0, 1] and sampled.resampled == 1
+    assert [len(ids) for ids in sampled.payload[1]] == [2] * 4 + [480] * 4
+    # The long group's first request was cut short by the abort; its second ran to the end.
+    long_runs = [(version, reasons) for first, version, reasons in finished if first == 7]
+    assert long_runs[0] == (0, ["abort"] * 4) and long_runs[-1] == (1, ["length"] * 4), finished
+    assert taken.staleness == 1 and taken.rollout.version == 0
 
 
 def test_asynchronous_grpo_under_torchrun_two_steps_ahead(

@@ -124,11 +124,18 @@ def sequence_logprobs(model_dir: Path, samples: list[dict[str, Any]], temperatur
 
 
 def check_async_rows(rows: list[dict[str, Any]], eta: int) -> None:
-    """Each step's groups within the bound and stamped consistently: version + staleness = step - 1."""
+    """Each step's groups within the bound and stamped consistently: version + staleness = step - 1, the
+    step's version its oldest group's, every group's version within the bound."""
     for row in rows:
         assert 0 <= row["staleness"] <= eta, row
         assert row["policy_version"] + row["staleness"] == row["step"] - 1, row
         assert row["groups_dropped"] == 0, row
+        versions = row.get("group_versions")
+        if versions:
+            assert min(versions) == row["policy_version"] and max(versions) == row["policy_version_newest"], (
+                row
+            )
+            assert all(row["step"] - 1 - eta <= v <= row["step"] - 1 for v in versions), row
 
 
 def exported_samples(text: str) -> dict[str, float]:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import copy
 import json
 import logging
+import os
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
@@ -23,10 +24,19 @@ from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any
 
-from grpo_trainer.async_rollouts import Payload, RolloutProducer, Taken
+from grpo_trainer.async_rollouts import RolloutProducer, Taken
+from grpo_trainer.group_sampling import GroupResult, GroupSampler, SampledStep, StepRequest
 from grpo_trainer.single_turn import tokenize_prompts
 
 log = logging.getLogger("grpo_trainer.async_generation")
+
+# Groups of a step the producer has in flight at once: vLLM batches concurrent requests as it batches the
+# prompts of one, and a bound keeps a very large step from opening hundreds of connections.
+MAX_GROUPS_IN_FLIGHT = 64
+# "0" turns off scoring groups as they are sampled, and pushes that interrupt the groups in flight
+# (bench/async_overlap.py compares with and without; a job has no reason to set them).
+STREAMED_SCORING_ENV = "GRPO_ASYNC_STREAMED_SCORING"
+PUSH_INTERRUPTS_ENV = "GRPO_ASYNC_PUSH_INTERRUPTS"
 
 
 @dataclass
@@ -42,6 +52,25 @@ class RolloutStep:
     dropped: str | None
     detail: str
     overlap_seconds: float = 0.0
+    # Single-turn steps (group_sampling.py): the newest version among its groups (groups a push
+    # interrupted are sampled again on the newer weights), how many were, how many arrived scored.
+    newest_version: int | None = None
+    group_versions: list[int] | None = None
+    groups_resampled: int = 0
+    groups_scored_ahead: int = 0
+    # Seconds the step's weight push waited for the producer's request in flight.
+    push_waited_seconds: float = 0.0
+
+    def sampling_fields(self) -> dict[str, Any]:
+        """metrics.jsonl fields of how the step's groups were sampled (docs/metrics.md)."""
+        return {
+            "policy_version_newest": self.newest_version,
+            # Each group's version, in the step's group order (samples.jsonl's answers come G per group).
+            "group_versions": self.group_versions,
+            "groups_resampled": self.groups_resampled,
+            "groups_scored_ahead": self.groups_scored_ahead,
+            "push_wait_seconds": round(self.push_waited_seconds, 4),
+        }
 
 
 def sampling_params(vllm_generation: Any, num_generations: int) -> dict[str, Any]:
@@ -72,6 +101,7 @@ class AsyncGeneration:
         self._iterator: Iterator[Any] | None = None
         self._submitted_upto = 0
         self._producer: RolloutProducer | None = None
+        self.sampler: GroupSampler | None = None
         self.last: RolloutStep | None = None
         # Seconds the last weight push waited for the producer's request in flight (rank 0).
         self.push_waited = 0.0
@@ -131,9 +161,14 @@ class AsyncGeneration:
         prompts = copy.deepcopy([x["prompt"] for x in batch])
         prompt_ids = tokenize_prompts(t, prompts)
         everyone = gather_object(prompt_ids)
+        streamed = metric_reward(t) is not None
+        # For scoring each group as it is sampled: every completion row's prompt and dataset row.
+        row_prompts = gather_object(prompts) if streamed else None
+        rows = gather_object([without_prompt(x) for x in batch]) if streamed else None
         self._submitted_upto = step
         if t.accelerator.is_main_process:
-            self.producer().submit(step, [list(p) for p in everyone[:: t.num_generations]])
+            groups = [list(p) for p in everyone[:: t.num_generations]]
+            self.producer().submit(step, groups, request=StepRequest(groups, row_prompts, rows))
 
     # -- the producer ---------------------------------------------------------------------------------------
 
@@ -153,17 +188,55 @@ class AsyncGeneration:
             raw_generate = getattr(vg, "raw_generate", client.generate)
             num_generations = int(self.trainer.num_generations)
 
-            def generate(prompts: list[list[int]]) -> Payload:
-                output = raw_generate(prompts=prompts, features=None, **sampling_params(vg, num_generations))
-                return (
-                    output["prompt_ids"],
-                    output["completion_ids"],
-                    output["logprobs"],
-                    output.get("logprob_token_ids"),
+            def generate_one(prompt: list[int]) -> dict[str, Any]:
+                out: dict[str, Any] = raw_generate(
+                    prompts=[prompt], features=None, **sampling_params(vg, num_generations)
                 )
+                return out
 
-            self._producer = RolloutProducer(generate, self.max_staleness)
+            def server_urls() -> list[str]:
+                replicas = getattr(client, "serving", None)
+                return [r.base_url for r in replicas()] if callable(replicas) else [str(client.base_url)]
+
+            reward = metric_reward(self.trainer)
+            metric = getattr(reward, "client", None)
+            if os.environ.get(STREAMED_SCORING_ENV, "1") == "0":
+                reward = None
+            self.sampler = GroupSampler(
+                generate_one,
+                version=lambda: self._producer.version if self._producer is not None else None,
+                server_urls=server_urls,
+                concurrency=MAX_GROUPS_IN_FLIGHT,
+                score_group=self._score_group if reward is not None else None,
+                score_concurrency=int(metric.settings.concurrency) if metric is not None else 1,
+            )
+            interrupt = None if os.environ.get(PUSH_INTERRUPTS_ENV, "1") == "0" else self.sampler.interrupt
+            self._producer = RolloutProducer(self.sampler, self.max_staleness, interrupt=interrupt)
         return self._producer
+
+    def _score_group(self, request: StepRequest, group: int, result: GroupResult) -> list[Any]:
+        """The producer's streamed scoring of one group: its completions decoded as TRL decodes them, with
+        their prompts and dataset rows, each score keyed by the item it was computed from."""
+        from trl.data_utils import is_conversational
+
+        reward = metric_reward(self.trainer)
+        assert reward is not None and request.rows is not None and request.row_prompts is not None
+        g = len(result.completion_ids)
+        rows = request.rows[group * g : (group + 1) * g]
+        prompts = request.row_prompts[group * g : (group + 1) * g]
+        texts = self.trainer.processing_class.batch_decode(result.completion_ids, skip_special_tokens=True)
+        completions: list[Any] = (
+            [[{"role": "assistant", "content": t}] for t in texts]
+            if is_conversational({"prompt": prompts[0]})
+            else list(texts)
+        )
+        columns = {
+            k: [row.get(k) for row in rows] for k in rows[0] if k not in ("completion", "completion_ids")
+        }
+        scored: list[Any] = reward.prescore(
+            prompts, completions, columns, result.completion_ids, tag=f"ahead-g{group}"
+        )
+        return scored
 
     # -- the step -------------------------------------------------------------------------------------------
 
@@ -183,7 +256,8 @@ class AsyncGeneration:
             taken = self.producer().take(step, [list(p) for p in everyone[::num_generations]])
             decision = [(taken.rollout.payload if taken.rollout else None, self._describe(step, taken))]
         broadcast_object_list(decision, from_process=0)
-        payload, record = decision[0]
+        sampled, record = decision[0]
+        payload = sampled.payload if isinstance(sampled, SampledStep) else sampled
         if payload is None:
             if main and record.dropped:
                 log.warning("step %d: its groups sampled ahead were dropped (%s); sampling them now", step,
@@ -199,6 +273,9 @@ class AsyncGeneration:
             local = slice(rank * len(prompt_ids), (rank + 1) * len(prompt_ids))
             completion_ids = all_completion_ids[local]
             logprobs = all_logprobs[local] if all_logprobs is not None else None
+            reward = metric_reward(t)
+            if reward is not None and isinstance(sampled, SampledStep):
+                reward.prescored = {key: result for key, result in filter(None, sampled.scores[local])}
         record.waited_seconds += waited_push
         record.groups = len(everyone) // num_generations
         self.last = record
@@ -245,6 +322,8 @@ class AsyncGeneration:
 
     def _describe(self, step: int, taken: Taken) -> RolloutStep:
         rollout = taken.rollout
+        sampled = rollout.payload if rollout is not None else None
+        versions = sampled.versions if isinstance(sampled, SampledStep) else []
         return RolloutStep(
             step=step,
             policy_version=rollout.version if rollout is not None else step - 1,
@@ -253,6 +332,13 @@ class AsyncGeneration:
             waited_seconds=taken.waited_seconds,
             dropped=taken.dropped,
             detail=taken.detail,
+            newest_version=max(versions) if versions else None,
+            group_versions=versions or None,
+            groups_resampled=sampled.resampled if isinstance(sampled, SampledStep) else 0,
+            groups_scored_ahead=sum(s is not None for s in sampled.scores)
+            if isinstance(sampled, SampledStep)
+            else 0,
+            push_waited_seconds=self.push_waited,
         )
 
     def step_ended(self, step_started: float) -> RolloutStep | None:
@@ -265,6 +351,14 @@ class AsyncGeneration:
         busy = self._producer.clock.overlap(step_started, now)
         record.overlap_seconds = max(0.0, busy - record.waited_seconds)
         return record
+
+
+def metric_reward(trainer: Any) -> Any:
+    """The job's metric reward function among the trainer's reward functions (reward.MetricReward), or
+    None (a job whose rewards come from elsewhere)."""
+    from grpo_trainer.reward import MetricReward
+
+    return next((f for f in getattr(trainer, "reward_funcs", []) if isinstance(f, MetricReward)), None)
 
 
 def without_prompt(item: dict[str, Any]) -> dict[str, Any]:

@@ -11,9 +11,13 @@ The rules, in the order they apply:
   starts the request for step j once the served version is at least (j-1) - η. Nothing is sampled to be
   thrown away.
 * Requests are made one at a time, in step order, by one thread on rank 0 (the only rank that talks to
-  vLLM). A weight push waits for the request in flight to finish, and no request starts while weights
-  are pushed: a request finishes on the weights it started with, and its groups are stamped with that
-  version. No group mixes two versions.
+  vLLM). No request starts while weights are pushed, and a push waits for the request in flight: a
+  request finishes on the weights it started with, and its groups are stamped with that version. No
+  group mixes two versions. Single-turn steps are sampled group by group (group_sampling.py): there a
+  push that comes during the tail of a step's groups does not wait for the slowest ones but interrupts
+  the request, which keeps the groups complete before the push and samples the others again once it is
+  done, on the new weights. A step's groups may
+  then hold two versions (each group one); its version for the staleness bound is the oldest.
 * When a step takes its groups, the bound is checked again; groups found too stale, or sampled for other
   prompts than the step's, or whose request failed (a vLLM server lost mid-request), are dropped and
   counted, and the step samples anew on the spot, through TRL's synchronous path (which rides out a
@@ -35,6 +39,8 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
+
+from grpo_trainer.group_sampling import Interrupted
 
 log = logging.getLogger("grpo_trainer.async_rollouts")
 
@@ -94,10 +100,22 @@ class RolloutProducer:
     group) from the served weights and returns TRL's payload; it runs on this thread only while no weight
     push is under way."""
 
-    def __init__(self, generate: Callable[[Any], Any], max_staleness: int, version: int | None = None):
+    def __init__(
+        self,
+        generate: Callable[[Any], Any],
+        max_staleness: int,
+        version: int | None = None,
+        interrupt: Callable[[], bool] | None = None,
+    ):
+        """``interrupt``, when given, is called as a push begins while a request is in flight; a ``generate``
+        it stops raises :class:`Interrupted` (its request object keeps what was done), and the request is
+        made again, first in line, once the push is over."""
         if max_staleness < 1:
             raise ValueError("the producer runs only with maxStaleness >= 1")
         self._generate = generate
+        self._interrupt = interrupt
+        # Requests a push interrupted (their groups in flight sampled again after it).
+        self.interrupted = 0
         self.max_staleness = max_staleness
         # None until the first push: what a server serves before it is unknown (a fresh one serves the base
         # model, a resumed job trains from its checkpoint), so nothing is sampled before it.
@@ -170,6 +188,11 @@ class RolloutProducer:
         takes effect before any request can start again: none is stamped with the version pushed over."""
         with self._cond:
             self._pushing = True
+            running = self._in_flight is not None
+        if running and self._interrupt is not None and self._interrupt():
+            with self._cond:
+                self.interrupted += 1
+        with self._cond:
             while self._in_flight is not None:
                 self._cond.wait(0.5)
         pushed = False
@@ -214,14 +237,29 @@ class RolloutProducer:
                     return
                 rollout = self._queue.popleft()
                 assert self.version is not None
-                rollout.version = self.version
-                rollout.started = time.monotonic()
+                if rollout.version < 0:  # resumed after an interruption: its oldest groups' version stays
+                    rollout.version = self.version
+                    rollout.started = time.monotonic()
                 self._in_flight = rollout
-                self.clock.running_since = rollout.started
+                self.clock.running_since = time.monotonic()
             try:
                 rollout.payload = self._generate(
                     rollout.request if rollout.request is not None else rollout.prompts
                 )
+                # Sampled group by group: the step is as old as its oldest group.
+                versions = getattr(rollout.payload, "versions", None)
+                if versions:
+                    rollout.version = min(versions)
+            except Interrupted:
+                with self._cond:
+                    self.clock.intervals.append(
+                        (self.clock.running_since or time.monotonic(), time.monotonic())
+                    )
+                    self.clock.running_since = None
+                    self._in_flight = None
+                    self._queue.appendleft(rollout)
+                    self._cond.notify_all()
+                continue
             except BaseException as exc:  # handed to the training thread, which decides what to do
                 rollout.error = exc
                 log.warning(
@@ -232,7 +270,7 @@ class RolloutProducer:
                 )
             with self._cond:
                 rollout.finished = time.monotonic()
-                self.clock.intervals.append((rollout.started, rollout.finished))
+                self.clock.intervals.append((self.clock.running_since or rollout.started, rollout.finished))
                 self.clock.running_since = None
                 self._in_flight = None
                 self._done[rollout.step] = rollout

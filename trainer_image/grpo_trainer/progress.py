@@ -465,6 +465,7 @@ class ProgressCallback(TrainerCallback):  # type: ignore[misc]
             "rollout_wait_seconds": round(rollout.waited_seconds, 4),
             "generation_overlap_seconds": round(rollout.overlap_seconds, 4),
             "generation_overlap_ratio": round(self._overlap_ratio(rollout), 4),
+            **rollout.sampling_fields(),
         }
 
     def _overlap_ratio(self, rollout: RolloutStep) -> float:

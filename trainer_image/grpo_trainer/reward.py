@@ -4,6 +4,7 @@ None, which the advantage code leaves out of the group statistics)."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -85,6 +86,12 @@ class ScoredBatch:
         return totals
 
 
+def item_key(item: ScoreItem) -> str:
+    """What a score was computed from: every field of the item but its id."""
+    fields = [item.prompt, item.completion, item.example, item.completion_tokens, item.finish_reason]
+    return json.dumps(fields, sort_keys=True, default=str)
+
+
 class MetricReward:
     __name__ = "metric"  # TRL logs rewards/<__name__>/mean
 
@@ -97,6 +104,24 @@ class MetricReward:
         # Set once the trainer knows its tokenizer's end tokens (metric_loop.py); until then, and for a
         # call without token ids, items carry no finishReason.
         self.ends: CompletionEnds | None = None
+        # Scores of this step's completions streamed while they were sampled ahead (group_sampling.py), by
+        # item_key; the next call uses those whose item it would send is the one scored, and clears them.
+        self.prescored: dict[str, ScoreResult] = {}
+        # Of the last call's completions, how many had a streamed score.
+        self.last_prescored = 0
+
+    def prescore(
+        self,
+        prompts: list[Any],
+        completions: list[Any],
+        columns: dict[str, list[Any]],
+        completion_ids: Sequence[Sequence[int]],
+        tag: str,
+    ) -> list[tuple[str, ScoreResult]]:
+        """Score completions ahead of their step (any thread): each one's item_key and result."""
+        items = self.build_items(prompts, completions, columns, tag=tag, completion_ids=completion_ids)
+        results = self.client.score(items, streamed=True)
+        return [(item_key(item), result) for item, result in zip(items, results, strict=True)]
 
     def build_items(
         self,
@@ -142,6 +167,19 @@ class MetricReward:
             tag=f"s{step}-c{self.calls}",
             completion_ids=kwargs.get("completion_ids"),
         )
-        results = self.client.score(items)
+        results = self._scores(items)
         self.last = ScoredBatch([i.prompt for i in items], [i.completion for i in items], results, items)
         return [self.to_reward(r) for r in results]
+
+    def _scores(self, items: list[ScoreItem]) -> list[ScoreResult]:
+        """Each item's score: streamed ahead where it was, from the metric service now for the rest."""
+        ahead, self.prescored = self.prescored, {}
+        found: list[ScoreResult | None] = [ahead.get(item_key(item)) for item in items]
+        # A streamed error is not final: the service may answer now (an error is never cached).
+        found = [r if r is not None and r.kind != "error" else None for r in found]
+        missing = [i for i, r in enumerate(found) if r is None]
+        now = self.client.score([items[i] for i in missing]) if missing else []
+        for i, result in zip(missing, now, strict=True):
+            found[i] = result
+        self.last_prescored = len(items) - len(missing)
+        return [r for r in found if r is not None]

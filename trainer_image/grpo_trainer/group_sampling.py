@@ -1,0 +1,245 @@
+"""How the asynchronous producer samples one step's groups (async_rollouts.py has the rules): one request
+per group, several in flight, each group scored as soon as its G completions are back, and a weight push
+that does not wait for the slowest group.
+
+* **One request per group.** The step's B groups go to the vLLM server(s) as B requests of n = G, at most
+  ``concurrency`` at a time (vLLM batches concurrent requests as it batches the prompts of one). A group's
+  completions are back when its own longest completion ends, not the step's.
+* **Scoring streamed.** A group that is back goes to the metric service at once (bounded by the metric's
+  concurrency), while the other groups are still sampled and the trainer trains on an earlier step. The
+  scores travel with the step's groups; the reward function uses a score only where the item it would
+  send is the one that was scored (the same prompt, completion, dataset row, length and finish reason),
+  and scores the rest on the spot. A failed streamed score is scored again in the step: nothing is lost,
+  only the overlap.
+* **Pushes that do not wait for the slowest groups.** When the trainer pushes new weights while the
+  step's last groups are in flight (at least TAIL_SHARE of its groups are back: the rest is the tail of
+  long completions, which a push would otherwise wait for), the sampler stops collecting, asks each server to abort its requests (vLLM's POST /abort_requests, served in
+  dev mode, which the operator sets on generation pods), and returns the groups that were complete before
+  the push began. The push then runs; the groups aborted are sampled again on the new weights. No group
+  mixes two policy versions: every group is stamped with the version it was sampled on, and a group whose
+  answer arrived after the push began is discarded, whatever it holds (an aborted request answers 200
+  with its tokens so far, indistinguishable from a short completion). Earlier in a step the push waits:
+  aborting most of a step's groups would throw away more sampling than the push waits for, and where
+  generation is the slower side the trainer would only wait for them again, sampled anew.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass, field
+from typing import Any
+
+log = logging.getLogger("grpo_trainer.group_sampling")
+
+# Seconds an abort request may take: the server answers at once, or it is gone (then the groups in flight
+# fail on their own, as with any lost server).
+ABORT_TIMEOUT_SECONDS = 5.0
+# A push interrupts a step's sampling once this share of its groups is back (see the module's docstring).
+TAIL_SHARE = 0.5
+
+
+@dataclass
+class GroupResult:
+    """One group's completions from vLLM, the policy version that sampled them, and their streamed scores
+    (one per completion; None where not scored ahead)."""
+
+    prompt_ids: list[int]
+    completion_ids: list[list[int]]
+    logprobs: list[Any] | None
+    logprob_token_ids: list[Any] | None
+    version: int
+    scores: list[Any] | None = None
+    # The streamed scoring under way; read when the step is assembled (a push never waits for it).
+    scoring: Future[list[Any]] | None = field(default=None, repr=False)
+
+
+@dataclass
+class StepRequest:
+    """The groups of one step: their prompts' token ids (one per group) and, for streamed scoring, each
+    completion row's prompt and dataset row (G per group, in order); what is sampled so far."""
+
+    prompts: list[list[int]]
+    row_prompts: list[Any] | None = None
+    rows: list[dict[str, Any]] | None = None
+    results: dict[int, GroupResult] = field(default_factory=dict)
+    # Groups sampled again because a push stopped them.
+    resampled: int = 0
+
+    def complete(self) -> bool:
+        return len(self.results) == len(self.prompts)
+
+
+@dataclass
+class SampledStep:
+    """What the producer hands on for a step: TRL's payload, each group's version and each row's score."""
+
+    payload: tuple[Any, Any, Any, Any]
+    versions: list[int]
+    scores: list[Any]
+    resampled: int
+
+
+class Interrupted(Exception):
+    """A weight push stopped the step's sampling; the groups complete before it are kept in the request."""
+
+
+# Samples one group: (prompt ids, n) -> TRL's output dict for that one prompt.
+GenerateOne = Callable[[list[int]], dict[str, Any]]
+# Scores one group's completions: (request, group index, its result) -> one score per completion.
+ScoreGroup = Callable[[StepRequest, int, GroupResult], list[Any]]
+
+
+class GroupSampler:
+    """The producer's ``generate`` for single-turn jobs (see the module's docstring)."""
+
+    def __init__(
+        self,
+        generate_one: GenerateOne,
+        version: Callable[[], int | None],
+        server_urls: Callable[[], list[str]],
+        concurrency: int,
+        score_group: ScoreGroup | None = None,
+        score_concurrency: int = 1,
+    ) -> None:
+        self._generate_one = generate_one
+        self._version = version
+        self._server_urls = server_urls
+        self.concurrency = max(1, concurrency)
+        self._score_group = score_group
+        self._scoring = ThreadPoolExecutor(
+            max_workers=max(1, score_concurrency), thread_name_prefix="grpo-score"
+        )
+        self._lock = threading.Lock()
+        self._active = False
+        # The call's (groups back, groups of the step), for the push's choice to interrupt.
+        self._progress = (0, 0)
+        self._cancel = threading.Event()
+        # False once a server refused /abort_requests (not in dev mode): pushes wait for the groups then.
+        self.can_abort = True
+
+    def __call__(self, request: StepRequest) -> SampledStep:
+        with self._lock:
+            self._active = True
+            self._progress = (len(request.results), len(request.prompts))
+        try:
+            return self._sample(request)
+        finally:
+            with self._lock:
+                self._active = False
+                self._cancel.clear()
+
+    def _sample(self, request: StepRequest) -> SampledStep:
+        version = self._version()
+        assert version is not None, "the producer samples only once a version is served"
+        todo = [g for g in range(len(request.prompts)) if g not in request.results]
+        failure: BaseException | None = None
+        # Not a with-block: an interrupted call returns at once, leaving the requests it gave up on to end
+        # (aborted by the server) on their own threads; their answers are not read.
+        pool = ThreadPoolExecutor(
+            max_workers=min(len(todo), self.concurrency) or 1, thread_name_prefix="grpo-group"
+        )
+        try:
+            pending = {pool.submit(self._generate_one, request.prompts[g]): g for g in todo}
+            while pending and not self._cancel.is_set() and failure is None:
+                done, _ = wait(pending, timeout=0.05, return_when=FIRST_COMPLETED)
+                for future in done:
+                    group = pending.pop(future)
+                    if self._cancel.is_set():
+                        break  # answered after the push began: possibly aborted midway, sampled again
+                    try:
+                        out = future.result()
+                    except BaseException as exc:  # a group's failure fails the step's request (a lost server)
+                        failure = failure or exc
+                        continue
+                    result = GroupResult(
+                        prompt_ids=list(out["prompt_ids"][0]),
+                        completion_ids=list(out["completion_ids"]),
+                        logprobs=out.get("logprobs"),
+                        logprob_token_ids=out.get("logprob_token_ids"),
+                        version=version,
+                    )
+                    request.results[group] = result
+                    with self._lock:
+                        self._progress = (len(request.results), len(request.prompts))
+                    if self._score_group is not None and request.rows is not None:
+                        result.scoring = self._scoring.submit(self._score_group, request, group, result)
+        finally:
+            pool.shutdown(wait=False, cancel_futures=True)
+        if failure is not None:
+            raise failure
+        if not request.complete():
+            missing = len(request.prompts) - len(request.results)
+            request.resampled += missing
+            raise Interrupted(f"{missing} groups stopped by a weight push")
+        return assemble(request)
+
+    def interrupt(self) -> bool:
+        """The training thread, as a push begins: when the step's sampling is in its tail, stop collecting
+        groups and abort the servers' requests. True when a sampling call was stopped (its groups in
+        flight will be sampled again); False when the push is to wait for it."""
+        with self._lock:
+            back, total = self._progress
+            if not self._active or not self.can_abort or back < TAIL_SHARE * total:
+                return False
+            self._cancel.set()
+        for url in self._server_urls():
+            try:
+                abort_requests(url)
+            except urllib.error.HTTPError as exc:
+                if exc.code in (404, 405):
+                    self.can_abort = False
+                    log.warning(
+                        "the vLLM server at %s does not serve POST /abort_requests (HTTP %d; it needs "
+                        "VLLM_SERVER_DEV_MODE=1, which the operator sets): weight pushes wait for the groups "
+                        "in flight instead", url, exc.code,
+                    )  # fmt: skip
+            except OSError as exc:  # a lost server: its requests fail and the step samples anew
+                log.info("aborting the requests of %s failed (%s)", url, exc)
+        return True
+
+    def close(self) -> None:
+        self._scoring.shutdown(wait=False, cancel_futures=True)
+
+
+def abort_requests(base_url: str) -> int:
+    """vLLM's POST /abort_requests with no ids: every request the server is running ends now, answering
+    with its tokens so far. Returns how many it aborted."""
+    request = urllib.request.Request(
+        base_url.rstrip("/") + "/abort_requests", data=b"{}", headers={"Content-Type": "application/json"}
+    )
+    with urllib.request.urlopen(request, timeout=ABORT_TIMEOUT_SECONDS) as response:
+        body = json.loads(response.read(65536) or b"{}")
+    aborted = body.get("aborted", 0) if isinstance(body, dict) else 0
+    return int(aborted) if isinstance(aborted, int) else 0
+
+
+def assemble(request: StepRequest) -> SampledStep:
+    """The step's groups in order as TRL's payload (prompt ids per group; completions, log-probabilities
+    and their token ids per completion), with each group's version and each completion's score."""
+    groups = [request.results[g] for g in range(len(request.prompts))]
+    for r in groups:
+        if r.scoring is not None:
+            try:
+                r.scores = r.scoring.result()
+            except Exception as exc:  # scored again in the step, by the reward function
+                log.warning("streamed scoring of a group failed (%s: %s); it is scored in its step",
+                            type(exc).__name__, str(exc)[:200])  # fmt: skip
+            r.scoring = None
+    has_logprobs = all(r.logprobs is not None for r in groups)
+    has_ids = all(r.logprob_token_ids is not None for r in groups)
+    payload = (
+        [r.prompt_ids for r in groups],
+        [ids for r in groups for ids in r.completion_ids],
+        [lp for r in groups for lp in r.logprobs or []] if has_logprobs else None,
+        [t for r in groups for t in r.logprob_token_ids or []] if has_ids else None,
+    )
+    scores: list[Any] = []
+    for r in groups:
+        scores.extend(r.scores if r.scores is not None else [None] * len(r.completion_ids))
+    return SampledStep(payload, [r.version for r in groups], scores, request.resampled)
