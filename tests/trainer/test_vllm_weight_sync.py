@@ -214,13 +214,14 @@ def test_the_importance_ratio_that_reaches_the_loss_is_trained_over_sampling_pol
     )
 
 
-def test_a_push_in_the_tail_of_a_step_aborts_its_slowest_group_on_the_server_and_resamples_it(
+def test_a_push_aborts_a_later_steps_groups_on_the_server_and_has_them_sampled_again(
     served_tiny: vllm_server.VLLMProcess,
 ) -> None:
-    """The producer's group sampler against the real server: a step of a short group (2 tokens) and a long
-    one (480 tokens, end-of-sequence ignored). Once the short group is back, a weight push interrupts the
-    step: vLLM's /abort_requests ends the long group's request at once (finish reason "abort"), the push
-    goes ahead, and the long group is sampled again, whole, under the new version; the short one keeps
+    """The producer's group sampler against the real server, at maxStaleness 2: step 3 is sampled on version
+    0, a short group (2 tokens) and a long one (480 tokens, end-of-sequence ignored). Once the short group
+    is back, the push of version 1 (the trainer starting step 2) interrupts step 3, which the trainer does
+    not need yet: vLLM's /abort_requests ends the long group's request at once (finish reason "abort"),
+    the push goes ahead, and the long group is sampled again, whole, under version 1; the short one keeps
     the version it was sampled on."""
     import urllib.request
 
@@ -246,12 +247,12 @@ def test_a_push_in_the_tail_of_a_step_aborts_its_slowest_group_on_the_server_and
         generate_one, version=lambda: served["version"], server_urls=lambda: [served_tiny.base_url],
         concurrency=4,
     )  # fmt: skip
-    producer = RolloutProducer(sampler, max_staleness=1, interrupt=sampler.interrupt)
+    producer = RolloutProducer(sampler, max_staleness=2, interrupt=sampler.interrupt)
     try:
         with producer.pushing(version=0):
             pass
         step = StepRequest([[5, 6], [7, 8]])
-        producer.submit(2, step.prompts, request=step)
+        producer.submit(3, step.prompts, request=step)
         deadline = time.monotonic() + 60
         while 0 not in step.results:
             assert time.monotonic() < deadline, finished
@@ -259,7 +260,7 @@ def test_a_push_in_the_tail_of_a_step_aborts_its_slowest_group_on_the_server_and
         with producer.pushing(version=1):
             served["version"] = 1
         assert producer.interrupted == 1
-        taken = producer.take(2, step.prompts)
+        taken = producer.take(3, step.prompts)
     finally:
         producer.close()
         sampler.close()
@@ -270,7 +271,7 @@ def test_a_push_in_the_tail_of_a_step_aborts_its_slowest_group_on_the_server_and
     # The long group's first request was cut short by the abort; its second ran to the end.
     long_runs = [(version, reasons) for first, version, reasons in finished if first == 7]
     assert long_runs[0] == (0, ["abort"] * 4) and long_runs[-1] == (1, ["length"] * 4), finished
-    assert taken.staleness == 1 and taken.rollout.version == 0
+    assert taken.staleness == 2 and taken.rollout.version == 0
 
 
 def test_asynchronous_grpo_under_torchrun_two_steps_ahead(

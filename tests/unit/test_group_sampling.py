@@ -1,7 +1,7 @@
 """The asynchronous producer's group-by-group sampling (grpo_trainer/group_sampling.py), with a generator that
 answers each group when the test releases it: the step's payload is assembled in group order whatever order
-groups come back in, every group is stamped with the version that sampled it, a push in the step's tail keeps
-only the groups complete before it began and has the others sampled again on the new weights, and scores streamed
+groups come back in, every group is stamped with the version that sampled it, a push that interrupts a
+step keeps only the groups complete before it began and has the others sampled again on the new weights, and scores streamed
 per group travel with the step. tests/trainer/test_vllm_weight_sync.py runs the same against real vLLM."""
 
 from __future__ import annotations
@@ -90,7 +90,7 @@ def test_groups_come_back_in_any_order_and_are_assembled_in_step_order_with_thei
     assert step.scores == [("key", f"score {g}/{k}") for g in range(3) for k in range(G)]
 
 
-def test_a_push_in_the_tail_keeps_the_groups_done_before_it_and_resamples_the_others_on_new_weights() -> None:
+def test_a_push_keeps_the_groups_done_before_it_and_resamples_the_others_on_the_new_weights() -> None:
     groups = Groups()
     sampler = sampler_for(groups)
     step = request(4)
@@ -105,12 +105,9 @@ def test_a_push_in_the_tail_keeps_the_groups_done_before_it_and_resamples_the_ot
     thread = threading.Thread(target=first_call)
     thread.start()
     groups.release(1)
-    wait_until(lambda: 1 in step.results)
-    # One group of four back: too early to throw the others away, the push is to wait for them.
-    assert sampler.interrupt() is False
     groups.release(3)
-    wait_until(lambda: 3 in step.results)
-    assert sampler.interrupt() is True  # half are back: groups 0 and 2 are the tail
+    wait_until(lambda: 1 in step.results and 3 in step.results)
+    assert sampler.interrupt() is True  # the push begins: groups 0 and 2 are in flight
     groups.release(0)  # answers after the push began: possibly aborted midway, so not kept
     groups.release(2)
     thread.join(5)
@@ -133,37 +130,52 @@ def test_interrupt_outside_a_call_does_nothing() -> None:
     assert sampler(request(2)).versions == [0, 0]
 
 
-def test_the_producer_samples_an_interrupted_step_again_after_the_push_stamped_with_its_oldest_group() -> (
-    None
-):
+def test_a_push_interrupts_a_later_step_than_the_next_and_waits_for_the_next() -> None:
     groups = Groups()
     sampler = sampler_for(groups)
-    producer = RolloutProducer(sampler, max_staleness=1, interrupt=sampler.interrupt)
-    try:
-        with producer.pushing(version=0):
-            pass
-        step2 = request(2)
-        producer.submit(2, step2.prompts, request=step2)
-        groups.release(0)
-        wait_until(lambda: 0 in step2.results)
+    producer = RolloutProducer(sampler, max_staleness=2, interrupt=sampler.interrupt)
+
+    def push_in_background(version: int) -> threading.Event:
         pushed = threading.Event()
 
         def push() -> None:
-            with producer.pushing(version=1):
-                groups.version = 1
+            with producer.pushing(version=version):
+                groups.version = version
             pushed.set()
 
-        pusher = threading.Thread(target=push)
-        pusher.start()
-        # The push did not wait for group 1, still held back by the test.
-        assert pushed.wait(5), "the push waited for the group in flight"
+        threading.Thread(target=push).start()
+        return pushed
+
+    try:
+        with producer.pushing(version=0):
+            pass
+        # Step 1 is the next step the trainer takes after version 0: a push of version 0 again waits.
+        step1 = request(2)
+        producer.submit(1, step1.prompts, request=step1)
+        wait_until(lambda: sorted(g for g, _ in groups.asked) == [0, 1])
+        pushed = push_in_background(0)
+        assert not pushed.wait(0.3), "a push interrupted the groups the trainer takes next"
+        groups.release(0)
+        groups.release(1)
+        assert pushed.wait(5) and producer.interrupted == 0
+        assert producer.take(1, step1.prompts).rollout is not None
+
+        # Step 3 is two steps ahead of version 1: the push of version 1 does not wait for it.
+        groups.asked.clear()
+        step3 = request(2)
+        for g in (0, 1):
+            groups.gate(g).clear()
+        producer.submit(3, step3.prompts, request=step3)
+        groups.release(0)
+        wait_until(lambda: 0 in step3.results)
+        assert push_in_background(1).wait(5), "the push waited for a later step's group"
         assert producer.interrupted == 1
         groups.release(1)
-        taken = producer.take(2, step2.prompts)
+        taken = producer.take(3, step3.prompts)
         assert taken.rollout is not None
         assert taken.rollout.payload.versions == [0, 1]
-        # The step is as old as its oldest group: staleness (2 - 1) - 0.
-        assert (taken.rollout.version, taken.staleness) == (0, 1)
+        # The step is as old as its oldest group: staleness (3 - 1) - 0.
+        assert (taken.rollout.version, taken.staleness) == (0, 2)
     finally:
         producer.close()
 

@@ -14,10 +14,12 @@ The rules, in the order they apply:
   vLLM). No request starts while weights are pushed, and a push waits for the request in flight: a
   request finishes on the weights it started with, and its groups are stamped with that version. No
   group mixes two versions. Single-turn steps are sampled group by group (group_sampling.py): there a
-  push that comes during the tail of a step's groups does not wait for the slowest ones but interrupts
-  the request, which keeps the groups complete before the push and samples the others again once it is
-  done, on the new weights. A step's groups may
-  then hold two versions (each group one); its version for the staleness bound is the oldest.
+  push does not wait for a request of a later step than the one the trainer takes next (with η >= 2
+  the producer can be that far ahead); it interrupts the request, which keeps the groups complete
+  before the push and samples the others again once it is done, on the new weights. The request of the
+  next step is waited for: the trainer needs those groups now, and sampling them again would only make
+  it wait longer. A step's groups may then hold two versions (each group one); its version for the
+  staleness bound is the oldest.
 * When a step takes its groups, the bound is checked again; groups found too stale, or sampled for other
   prompts than the step's, or whose request failed (a vLLM server lost mid-request), are dropped and
   counted, and the step samples anew on the spot, through TRL's synchronous path (which rides out a
@@ -188,8 +190,9 @@ class RolloutProducer:
         takes effect before any request can start again: none is stamped with the version pushed over."""
         with self._cond:
             self._pushing = True
-            running = self._in_flight is not None
-        if running and self._interrupt is not None and self._interrupt():
+            # A push of version v comes as the trainer starts step v + 1: a later step's groups can wait.
+            later = self._in_flight is not None and version is not None and self._in_flight.step > version + 1
+        if later and self._interrupt is not None and self._interrupt():
             with self._cond:
                 self.interrupted += 1
         with self._cond:

@@ -11,16 +11,15 @@ that does not wait for the slowest group.
   send is the one that was scored (the same prompt, completion, dataset row, length and finish reason),
   and scores the rest on the spot. A failed streamed score is scored again in the step: nothing is lost,
   only the overlap.
-* **Pushes that do not wait for the slowest groups.** When the trainer pushes new weights while the
-  step's last groups are in flight (at least TAIL_SHARE of its groups are back: the rest is the tail of
-  long completions, which a push would otherwise wait for), the sampler stops collecting, asks each server to abort its requests (vLLM's POST /abort_requests, served in
-  dev mode, which the operator sets on generation pods), and returns the groups that were complete before
-  the push began. The push then runs; the groups aborted are sampled again on the new weights. No group
-  mixes two policy versions: every group is stamped with the version it was sampled on, and a group whose
-  answer arrived after the push began is discarded, whatever it holds (an aborted request answers 200
-  with its tokens so far, indistinguishable from a short completion). Earlier in a step the push waits:
-  aborting most of a step's groups would throw away more sampling than the push waits for, and where
-  generation is the slower side the trainer would only wait for them again, sampled anew.
+* **Pushes that do not wait for groups not needed yet.** The producer (async_rollouts.py) interrupts a
+  step's sampling when the trainer pushes new weights while groups of a later step than the one it
+  trains next are in flight. The sampler then stops collecting, asks each server to abort its requests
+  (vLLM's POST /abort_requests, served in dev mode, which the operator sets on generation pods), and
+  returns the groups that were complete before the push began. The push then runs; the groups aborted
+  are sampled again on the new weights. No group mixes two policy versions: every group is stamped with
+  the version it was sampled on, and a group whose answer arrived after the push began is discarded,
+  whatever it holds (an aborted request answers 200 with its tokens so far, indistinguishable from a
+  short completion).
 """
 
 from __future__ import annotations
@@ -40,8 +39,6 @@ log = logging.getLogger("grpo_trainer.group_sampling")
 # Seconds an abort request may take: the server answers at once, or it is gone (then the groups in flight
 # fail on their own, as with any lost server).
 ABORT_TIMEOUT_SECONDS = 5.0
-# A push interrupts a step's sampling once this share of its groups is back (see the module's docstring).
-TAIL_SHARE = 0.5
 
 
 @dataclass
@@ -117,8 +114,6 @@ class GroupSampler:
         )
         self._lock = threading.Lock()
         self._active = False
-        # The call's (groups back, groups of the step), for the push's choice to interrupt.
-        self._progress = (0, 0)
         self._cancel = threading.Event()
         # False once a server refused /abort_requests (not in dev mode): pushes wait for the groups then.
         self.can_abort = True
@@ -126,7 +121,6 @@ class GroupSampler:
     def __call__(self, request: StepRequest) -> SampledStep:
         with self._lock:
             self._active = True
-            self._progress = (len(request.results), len(request.prompts))
         try:
             return self._sample(request)
         finally:
@@ -165,8 +159,6 @@ class GroupSampler:
                         version=version,
                     )
                     request.results[group] = result
-                    with self._lock:
-                        self._progress = (len(request.results), len(request.prompts))
                     if self._score_group is not None and request.rows is not None:
                         result.scoring = self._scoring.submit(self._score_group, request, group, result)
         finally:
@@ -180,12 +172,11 @@ class GroupSampler:
         return assemble(request)
 
     def interrupt(self) -> bool:
-        """The training thread, as a push begins: when the step's sampling is in its tail, stop collecting
-        groups and abort the servers' requests. True when a sampling call was stopped (its groups in
-        flight will be sampled again); False when the push is to wait for it."""
+        """The training thread, as a push begins: stop collecting groups and abort the servers' requests.
+        True when a sampling call was stopped (its groups in flight will be sampled again); False when
+        none was under way, or the servers cannot abort (the push waits for the call then)."""
         with self._lock:
-            back, total = self._progress
-            if not self._active or not self.can_abort or back < TAIL_SHARE * total:
+            if not self._active or not self.can_abort:
                 return False
             self._cancel.set()
         for url in self._server_urls():
