@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import itertools
 import json
 import os
 import statistics
@@ -105,7 +106,11 @@ def figures(rows: list[dict[str, Any]]) -> dict[str, float]:
         "generation_idle_seconds": statistics.median(
             max(0.0, r["step_seconds"] - b) for r, b in zip(later, busy, strict=True)
         ),
-        "metric_seconds": statistics.median(r.get("metric_seconds", 0.0) for r in later),
+        # metrics.jsonl's metric_seconds is the run's total so far: each step's is the difference.
+        "metric_seconds": statistics.median(
+            [b.get("metric_seconds", 0.0) - a.get("metric_seconds", 0.0) for a, b in itertools.pairwise(rows)]
+            or [rows[0].get("metric_seconds", 0.0)]
+        ),
         "push_wait_seconds": statistics.median(r.get("push_wait_seconds", 0.0) for r in later),
         "groups_resampled": sum(r.get("groups_resampled", 0) for r in rows),
         "groups_scored_ahead_ratio": sum(r.get("groups_scored_ahead", 0) for r in later)

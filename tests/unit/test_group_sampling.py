@@ -87,6 +87,9 @@ def test_groups_come_back_in_any_order_and_are_assembled_in_step_order_with_thei
     assert completions == [[g, 0, k] for g in range(3) for k in range(G)]
     assert len(logprobs) == len(token_ids) == 3 * G
     assert step.versions == [0, 0, 0] and step.resampled == 0
+    # The scores may still be under way when the step is handed on; its take waits for them.
+    step.finish_scoring()
+    assert step.scoring is None
     assert step.scores == [("key", f"score {g}/{k}") for g in range(3) for k in range(G)]
 
 

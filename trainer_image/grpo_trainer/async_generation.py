@@ -254,7 +254,14 @@ class AsyncGeneration:
         decision: list[Any] = [None]
         if main:
             taken = self.producer().take(step, [list(p) for p in everyone[::num_generations]])
-            decision = [(taken.rollout.payload if taken.rollout else None, self._describe(step, taken))]
+            sampled = taken.rollout.payload if taken.rollout else None
+            if isinstance(sampled, SampledStep):
+                # The trainer's own wait for the metric: the streamed scores not yet back.
+                waited = sampled.finish_scoring()
+                reward = metric_reward(t)
+                if reward is not None:
+                    reward.client.stats.seconds_in_score += waited
+            decision = [(sampled, self._describe(step, taken))]
         broadcast_object_list(decision, from_process=0)
         sampled, record = decision[0]
         payload = sampled.payload if isinstance(sampled, SampledStep) else sampled

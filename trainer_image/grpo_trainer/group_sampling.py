@@ -27,6 +27,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable
@@ -80,6 +81,26 @@ class SampledStep:
     versions: list[int]
     scores: list[Any]
     resampled: int
+    # Per group, its streamed scoring still under way (None: done or none): sampling the next step need
+    # not wait for it, the step's take does (``finish_scoring``), before the step leaves rank 0.
+    scoring: list[Future[list[Any]] | None] | None = None
+
+    def finish_scoring(self) -> float:
+        """Wait for the streamed scores still under way and put them in ``scores``; returns the seconds
+        waited. A failed one leaves its completions to be scored in the step, by the reward function."""
+        started = time.monotonic()
+        if self.scoring is not None:
+            size = len(self.scores) // max(1, len(self.scoring))  # every group has G completions
+            for g, future in enumerate(self.scoring):
+                if future is None:
+                    continue
+                try:
+                    self.scores[g * size : (g + 1) * size] = future.result()
+                except Exception as exc:
+                    log.warning("streamed scoring of a group failed (%s: %s); it is scored in its step",
+                                type(exc).__name__, str(exc)[:200])  # fmt: skip
+            self.scoring = None
+        return time.monotonic() - started
 
 
 class Interrupted(Exception):
@@ -214,14 +235,6 @@ def assemble(request: StepRequest) -> SampledStep:
     """The step's groups in order as TRL's payload (prompt ids per group; completions, log-probabilities
     and their token ids per completion), with each group's version and each completion's score."""
     groups = [request.results[g] for g in range(len(request.prompts))]
-    for r in groups:
-        if r.scoring is not None:
-            try:
-                r.scores = r.scoring.result()
-            except Exception as exc:  # scored again in the step, by the reward function
-                log.warning("streamed scoring of a group failed (%s: %s); it is scored in its step",
-                            type(exc).__name__, str(exc)[:200])  # fmt: skip
-            r.scoring = None
     has_logprobs = all(r.logprobs is not None for r in groups)
     has_ids = all(r.logprob_token_ids is not None for r in groups)
     payload = (
@@ -233,4 +246,8 @@ def assemble(request: StepRequest) -> SampledStep:
     scores: list[Any] = []
     for r in groups:
         scores.extend(r.scores if r.scores is not None else [None] * len(r.completion_ids))
-    return SampledStep(payload, [r.version for r in groups], scores, request.resampled)
+    scoring = [r.scoring for r in groups]
+    for r in groups:
+        r.scoring = None
+    pending = scoring if any(f is not None for f in scoring) else None
+    return SampledStep(payload, [r.version for r in groups], scores, request.resampled, pending)
