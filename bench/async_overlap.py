@@ -112,6 +112,10 @@ def figures(rows: list[dict[str, Any]]) -> dict[str, float]:
             or [rows[0].get("metric_seconds", 0.0)]
         ),
         "push_wait_seconds": statistics.median(r.get("push_wait_seconds", 0.0) for r in later),
+        "push_wait_seconds_mean": statistics.mean(r.get("push_wait_seconds", 0.0) for r in later),
+        "importance_masked_ratio": statistics.mean(
+            r.get("importance_sampling_masked_ratio") or 0.0 for r in later
+        ),
         "groups_resampled": sum(r.get("groups_resampled", 0) for r in rows),
         "groups_scored_ahead_ratio": sum(r.get("groups_scored_ahead", 0) for r in later)
         / max(1, sum(r.get("rollouts", 0) for r in later)),
@@ -151,6 +155,8 @@ def table(per_eta: dict[tuple[str, int], list[dict[str, float]]]) -> list[dict[s
                         "generation_idle_seconds",
                         "metric_seconds",
                         "push_wait_seconds",
+                        "push_wait_seconds_mean",
+                        "importance_masked_ratio",
                         "groups_scored_ahead_ratio",
                     )
                 },

@@ -30,6 +30,8 @@ served over HTTP by the metric SDK, exactly as the CPU tests run it):
   not run, saying why. ``broadcast_2`` (one broadcast to two vLLM replicas, 3 GPUs) is not built yet and
   reported so. With --cpu-smoke: the volume transport through vLLM's CPU build (hack/vllm-env.sh). Where
   the vllm package is not importable here, these checks are not run, saying so.
+* ``async_overlap``: maxStaleness 0 against 1, vLLM on GPU 0 and the trainer on GPU 1 (bench/_gpu_async.py):
+  steps per second, overlap, waits, reward; needs 2 GPUs and vLLM (bench/async_overlap.py: on 2 CPU cores).
 
 A check that cannot run here is reported as "not run: <reason>" (in the JSON: ``not_run``), never as a
 failure: without CUDA (and without --cpu-smoke) every check is. ``--only a,b`` runs those checks alone.
@@ -60,6 +62,7 @@ if __package__ in (None, ""):
     # holds the `bench` and `tests` packages this script imports.
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench import _gpu_async as gpu_async
 from bench import _gpu_training as gpu_training
 from bench._gpu_training import median, parameter_count, peak
 from bench.trainer_overhead import bare_trl
@@ -397,9 +400,10 @@ def not_run_reason(name: str, cuda: bool, gpus: int, smoke: bool) -> str | None:
     import importlib.util
 
     if name == "served_weights_broadcast_2":
+        return "not built: one broadcast to two vLLM replicas; several replicas use the Volume transport"
+    if name == "async_overlap" and (not cuda or gpus < NCCL_GPUS or importlib.util.find_spec("vllm") is None):
         return (
-            "not built: one broadcast of the weights to two vLLM replicas (3 GPUs: the trainer and one per "
-            "replica) is not implemented yet; several replicas use the Volume transport"
+            "needs 2 GPUs (vLLM and the trainer apart) and vLLM; bench/async_overlap.py compares on 2 cores"
         )
     if not cuda and not smoke:
         return "no CUDA device here (--cpu-smoke runs the code paths on the CPU with tiny sizes)"
@@ -441,6 +445,7 @@ def check_plan(sizes: Sizes) -> list[tuple[str, Callable[[Checker], dict[str, An
         plan.append(
             (f"served_weights_{transport}", functools.partial(Checker.served_weights, transport=transport))
         )
+    plan.append(("async_overlap", gpu_async.async_overlap))
     return plan
 
 
