@@ -132,10 +132,33 @@ def parse_variant(text: str) -> tuple[str, dict[str, str]]:
     return name, env
 
 
-def table(per_eta: dict[tuple[str, int], list[dict[str, float]]]) -> list[dict[str, Any]]:
+Curve = list[tuple[float, float]]
+
+
+def curve(rows: list[dict[str, Any]]) -> Curve:
+    """(seconds since the run's first step began, reward) at the end of each step."""
+    return [
+        (t, r["reward_mean"])
+        for t, r in zip(itertools.accumulate(r["step_seconds"] for r in rows), rows, strict=True)
+    ]
+
+
+def reward_at(points: Curve, seconds: float) -> float:
+    """The mean reward of the last 3 steps that ended within ``seconds``."""
+    within = [reward for t, reward in points if t <= seconds] or [points[0][1]]
+    return statistics.mean(within[-3:])
+
+
+def table(
+    per_eta: dict[tuple[str, int], list[dict[str, float]]], curves: dict[tuple[str, int], list[Curve]]
+) -> list[dict[str, Any]]:
     base = statistics.median(f["steps_per_second"] for f in next(iter(per_eta.values())))
+    first = next(iter(curves.values()))
     out = []
     for (name, eta), runs in per_eta.items():
+        # The first row's job (η = 0 first), given the seconds this one took for its S steps: its reward then.
+        spent = statistics.median(c[-1][0] for c in curves[(name, eta)])
+        same_time = [reward_at(c, spent) for c in first]
         ends = [f["reward_end"] for f in runs]
         sps = statistics.median(f["steps_per_second"] for f in runs)
         out.append(
@@ -166,6 +189,8 @@ def table(per_eta: dict[tuple[str, int], list[dict[str, float]]]) -> list[dict[s
                 "reward_start": round(statistics.mean(f["reward_start"] for f in runs), 3),
                 "reward_end": round(statistics.mean(ends), 3),
                 "reward_end_spread": [round(min(ends), 3), round(max(ends), 3)],
+                "seconds": round(spent, 2),
+                "first_row_reward_at_these_seconds": round(statistics.mean(same_time), 3),
             }
         )
     return out
@@ -197,6 +222,7 @@ def main() -> int:
 
     started = time.monotonic()
     variants = [parse_variant(v) for v in args.variant] or [("", {})]
+    curves: dict[tuple[str, int], list[Curve]] = {}
     per_eta: dict[tuple[str, int], list[dict[str, float]]] = {
         (n, eta): [] for n, _ in variants for eta in args.etas
     }
@@ -228,11 +254,12 @@ def main() -> int:
                                         os.environ[k] = v
                             f = figures(result["rows"])
                             per_eta[(name, eta)].append(f)
+                            curves.setdefault((name, eta), []).append(curve(result["rows"]))
                             shown = json.dumps({k: round(v, 3) for k, v in f.items()})
                             print(f"{name} eta {eta} run {run_index + 1}: {shown}", flush=True)
         finally:
             server.stop()
-    rows = table(per_eta)
+    rows = table(per_eta, curves)
     print(f"\nvLLM pinned to core {GENERATION_CORE}, trainer and metric to core {TRAINER_CORE}; {args.steps} steps "
           f"of {args.prompts} prompts x {args.group} completions of <= {args.tokens} tokens; medians over runs")  # fmt: skip
     for row in rows:
