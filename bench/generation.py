@@ -20,6 +20,13 @@ start-up, and the peak memory of the trainer (which then holds the engine) again
 
     .venv/bin/python bench/generation.py --colocate [--steps 12] ...
 
+With --lora it compares the two weight syncs of a LoRA job (spec.grpo.lora) on servers started alike, with
+the flags the operator renders for it (--enable-lora ...): the merged model pushed every step (the server
+without runtime adapter loading, VLLM_ALLOW_RUNTIME_LORA_UPDATING unset, which the trainer falls back to)
+against the adapter alone, loaded under a new name each step: seconds and bytes per sync.
+
+    .venv/bin/python bench/generation.py --lora [--steps 12] ...
+
 vLLM is PyPI's CPU build (hack/vllm-env.sh installs it; the colocated trainer runs with the python of
 hack/vllm-colocate-env.sh, which adds the trainer's packages to it), started with the args the operator renders for
 the job's generation pod; the weights reach it through a directory after every step (weightSync: Volume),
@@ -119,6 +126,53 @@ def start_servers(model: Path, work: Path, count: int) -> tuple[list[vllm_server
             server.stop()
         raise
     return servers, time.monotonic() - started
+
+
+# The LoRA of --lora: the project's default rank and modules.
+BENCH_LORA = {"enabled": True, "r": 16, "alpha": 32, "dropout": 0.0}
+
+
+def lora_runs(
+    model: Path, work: Path, metric: MetricServer, args: argparse.Namespace
+) -> list[dict[str, Any]]:
+    """A LoRA run with merged sync, then one with adapter sync, each on a server of its own started with the
+    operator's LoRA flags; only the runtime-loading variable differs."""
+    from tests.harness.ports import free_port
+
+    results = []
+    for sync in ("merged", "adapter"):
+        container = vllm_server.rendered_container(str(model), lora=BENCH_LORA, weightSync="Volume")
+        env = {**vllm_server.container_env(container), "HF_HOME": str(work / sync / "hf")}
+        if sync == "merged":
+            env.pop("VLLM_ALLOW_RUNTIME_LORA_UPDATING")
+        server = vllm_server.start(container, env, free_port(), work / sync / "vllm.log")
+        try:
+            startup = server.wait_healthy(900)
+            result = run(
+                "vllm",
+                model,
+                work / sync / "run",
+                metric,
+                args,
+                [server],
+                overrides={"grpo": {"lora": BENCH_LORA}},
+            )
+        finally:
+            server.stop()
+        result.update(backend=f"vllm LoRA {sync} sync", startup_seconds=startup)
+        results.append(result)
+    return results
+
+
+def sync_figures(result: dict[str, Any]) -> dict[str, Any]:
+    """Seconds and bytes per weight sync (output/weight_syncs.jsonl), and what the syncs carried."""
+    syncs = result["syncs"]
+    return {
+        "sync_weights": sorted({s.get("weights") for s in syncs}, key=str),
+        "sync_seconds_mean": round(statistics.mean(s["seconds"] for s in syncs), 4),
+        "sync_bytes_median": statistics.median(s["bytes"] for s in syncs),
+        "sync_in_sync": all(s.get("in_sync") for s in syncs),
+    }
 
 
 def run(
@@ -306,6 +360,11 @@ def main() -> int:
         action="store_true",
         help="compare one vLLM server with a vLLM engine inside the trainer (spec.generation.mode Colocate)",
     )
+    parser.add_argument(
+        "--lora",
+        action="store_true",
+        help="compare a LoRA job's merged weight sync with its adapter-only sync, seconds and bytes per sync",
+    )
     args = parser.parse_args()
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     from grpo_trainer.tiny import build
@@ -339,10 +398,15 @@ def main() -> int:
                     server.stop()
             for result in results:
                 result["startup_seconds"] = startup
+        elif args.lora:
+            results = lora_runs(model, Path(tmp), metric, args)
         else:
             backends = ("vllm", "colocate") if args.colocate else ("vllm", "transformers")
             results = [run(backend, model, Path(tmp) / backend, metric, args) for backend in backends]
         summaries = [report(r, args.group * args.prompts) for r in results]
+        if args.lora:
+            for summary, result in zip(summaries, results, strict=True):
+                summary.update(sync_figures(result))
     print("\nsummary (medians over the steps)")
     for s in summaries:
         print(json.dumps(s))

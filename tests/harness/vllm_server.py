@@ -225,9 +225,10 @@ def start(
     return VLLMProcess(popen, port, log, handle, uid, termination_log)
 
 
-def rendered_container(model: str, **generation: Any) -> dict[str, Any]:
+def rendered_container(model: str, lora: dict[str, Any] | None = None, **generation: Any) -> dict[str, Any]:
     """The vllm container the operator renders for a job that serves ``model`` (the tiny demo job with
-    ``generation`` fields changed), through the operator's own builder."""
+    ``generation`` fields changed, and spec.grpo.lora ``lora`` when given), through the operator's own
+    builder."""
     import yaml
     from grpo_operator.api.spec import GRPOJobSpec
     from grpo_operator.builders.common import Job
@@ -237,6 +238,8 @@ def rendered_container(model: str, **generation: Any) -> dict[str, Any]:
     manifest = yaml.safe_load((REPO / "examples" / "tiny" / "grpojob.yaml").read_text())
     manifest["spec"]["model"]["name"] = model
     manifest["spec"]["generation"].update(generation)
+    if lora is not None:
+        manifest["spec"]["grpo"]["lora"] = lora
     spec = GRPOJobSpec.model_validate(manifest["spec"])
     pod = generation_pod(Job("tiny", "default", "uid", spec), OperatorSettings(), attempt=1)
     return dict(pod["spec"]["containers"][0])

@@ -1,8 +1,9 @@
 """The trainer against a real vLLM server (PyPI's CPU build), started as the operator renders it: TRL's
 client generates, and after every optimizer step the weights reach vLLM through the job's volume
 (spec.generation.weightSync: Volume). Each test proves it with vLLM's own log-probabilities: after the run
-the server serves exactly the weights of the last synced step, for full fine-tuning and for LoRA, and a
-model whose served output layer does not follow the sync (a tied embedding) is reported as drifted.
+the server serves exactly the weights of the last synced step, for full fine-tuning and for LoRA (whose
+syncs carry the adapter alone, or the merged model where vLLM cannot load adapters), and a model whose
+served output layer does not follow the sync (a tied embedding) is reported as drifted.
 
 One server (tests/trainer/conftest.py's served_tiny) serves the untied tiny model to most tests, each run's
 first sync replacing all its weights; the tied model needs a server of its own.
@@ -416,20 +417,79 @@ def test_the_dashboards_vllm_queries_read_what_this_vllm_exports(
     )
 
 
-def test_lora_serves_the_merged_adapter_after_every_step(
-    tmp_path: Path, tiny_model: Path, toy_metric: MetricServer, served_tiny: vllm_server.VLLMProcess
+# Scaled alpha/r = 8 over every attention projection: three steps must move the served model well clear of the
+# base (at alpha 16 on q and v alone, one run in CI moved it by 0.074, under the 2 * SAME asked).
+LORA = {
+    "enabled": True,
+    "r": 8,
+    "alpha": 64,
+    "dropout": 0.0,
+    "targetModules": ["q_proj", "k_proj", "v_proj", "o_proj"],
+}
+
+
+def test_lora_sends_only_the_adapter_and_vllm_serves_it_after_every_step(
+    tmp_path: Path, tiny_model: Path, toy_metric: MetricServer
 ) -> None:
+    """A LoRA job's vLLM server as the operator renders it (--enable-lora, runtime adapter loading): each
+    sync writes the adapter alone and vLLM samples from it under a new name; the base model is never sent."""
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
-    # Scaled alpha/r = 8 over every attention projection: three steps must move the served model well clear
-    # of the base (at alpha 16 on q and v alone, one run in CI moved it by 0.074, under the 2 * SAME asked).
-    modules = ["q_proj", "k_proj", "v_proj", "o_proj"]
-    lora = {"enabled": True, "r": 8, "alpha": 64, "dropout": 0.0, "targetModules": modules}
-    run_trainer(tmp_path, tiny_model, toy_metric, served_tiny, lora=lora, learningRate=0.1)
+    server = serve(tiny_model, tmp_path / "vllm", lora=LORA)
+    try:
+        run_trainer(tmp_path, tiny_model, toy_metric, server, lora=LORA, learningRate=0.1)
+        served_adapter = served_logprobs(server, PROBE_IDS, "lora-000003")
+        served_base = served_logprobs(server, PROBE_IDS)
+        models = [m["id"] for m in json.loads(get_text(server.base_url + "/v1/models"))["data"]]
+    finally:
+        server.stop()
+
+    syncs = read_jsonl(tmp_path / "out" / "weight_syncs.jsonl")
+    assert [s["step"] for s in syncs] == [0, 1, 2], syncs
+    assert all(s["weights"] == "adapter" and s["in_sync"] and s["logprob_diff"] < SAME for s in syncs), syncs
+    # Every sync moved the adapter's files and nothing else: what the newest version holds, a tenth of the
+    # tiny model's weights (32 kB of 329 kB; a far smaller share of a real model's).
+    sync_dir = tmp_path / "volume" / "weight-sync"
+    adapter_bytes = sum(f.stat().st_size for f in (sync_dir / "lora-000003").iterdir())
+    model_bytes = sum(f.stat().st_size for f in tiny_model.glob("*.safetensors"))
+    assert all(s["bytes"] == adapter_bytes for s in syncs) and 10 * adapter_bytes < model_bytes, (
+        syncs,
+        model_bytes,
+    )
+    # The newest adapter and the one before stay loaded and on the volume; older ones were unloaded.
+    assert sorted(p.name for p in sync_dir.iterdir()) == ["lora-000002", "lora-000003"]
+    assert models[1:] == ["lora-000002", "lora-000003"], models
+
+    base = AutoModelForCausalLM.from_pretrained(tiny_model)
+    base_logprobs = trained_logprobs(base, PROBE_IDS)
+    merged = PeftModel.from_pretrained(base, tmp_path / "ckpt" / "step-2").merge_and_unload()
+    to_merged, to_base = (
+        mean_diff(served_adapter, trained_logprobs(merged, PROBE_IDS)),
+        mean_diff(served_adapter, base_logprobs),
+    )
+    # The newest adapter serves the weights of step 2, clearly not the base; the base model vLLM started
+    # with is unchanged (no weight of it was pushed).
+    assert to_merged < SAME and to_base > SAME and to_base > 10 * to_merged, (to_merged, to_base)
+    assert mean_diff(served_base, base_logprobs) < SAME
+    assert "LoRA adapter synced through" in (tmp_path / "trainer.log").read_text()
+
+
+def test_lora_against_a_vllm_that_cannot_load_adapters_pushes_the_merged_model(
+    tmp_path: Path, tiny_model: Path, toy_metric: MetricServer, served_tiny: vllm_server.VLLMProcess
+) -> None:
+    """The module's server has no adapter routes (started as for full fine-tuning): the first adapter is
+    refused, the job says why and pushes the merged model every step, still served as trained."""
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    run_trainer(tmp_path, tiny_model, toy_metric, served_tiny, lora=LORA, learningRate=0.1)
 
     syncs = read_jsonl(tmp_path / "out" / "weight_syncs.jsonl")
     assert [s["step"] for s in syncs] == [0, 1, 2] and all(s["in_sync"] for s in syncs), syncs
+    assert all(s["weights"] == "model" for s in syncs), syncs
+    log = (tmp_path / "trainer.log").read_text()
+    assert "adapter-only LoRA sync is off for this run" in log and "HTTP 404" in log, log[-3000:]
 
     base = AutoModelForCausalLM.from_pretrained(tiny_model)
     base_logprobs = trained_logprobs(base, PROBE_IDS)

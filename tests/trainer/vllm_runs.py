@@ -18,8 +18,10 @@ from tests.trainer.toy import REPO, start_trainer, trainer_config
 SAME = 0.05
 
 
-def serve(model: Path, workdir: Path) -> vllm_server.VLLMProcess:
-    container = vllm_server.rendered_container(str(model), weightSync="Volume")
+def serve(model: Path, workdir: Path, lora: dict[str, Any] | None = None) -> vllm_server.VLLMProcess:
+    """A server of ``model`` as the operator renders it for a job syncing through the volume (with
+    spec.grpo.lora ``lora``: one that loads the trainer's adapters)."""
+    container = vllm_server.rendered_container(str(model), lora=lora, weightSync="Volume")
     env = {**vllm_server.container_env(container), "HF_HOME": str(workdir / "hf")}
     server = vllm_server.start(container, env, free_port(), workdir / "vllm.log")
     try:
@@ -30,8 +32,10 @@ def serve(model: Path, workdir: Path) -> vllm_server.VLLMProcess:
     return server
 
 
-def served_logprobs(server: vllm_server.VLLMProcess, ids: list[int]) -> list[float]:
-    name = json.loads(get_text(server.base_url + "/v1/models"))["data"][0]["id"]
+def served_logprobs(server: vllm_server.VLLMProcess, ids: list[int], name: str | None = None) -> list[float]:
+    """vLLM's log-probability of each token of ``ids`` after the first, from the base model or the adapter
+    ``name``."""
+    name = name or json.loads(get_text(server.base_url + "/v1/models"))["data"][0]["id"]
     answer = server.post(
         "/v1/completions", {"model": name, "prompt": ids, "max_tokens": 1, "prompt_logprobs": 0}
     )

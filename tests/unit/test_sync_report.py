@@ -52,3 +52,15 @@ def test_every_transport_is_recorded_and_the_status_names_only_the_apis_ones(
     assert ("weightSync" in served) == in_status and served["inSync"] is True
     if in_status:
         assert served["weightSync"] == transport
+
+
+@pytest.mark.parametrize("weights", ["adapter", "model"])
+def test_a_sync_that_wrote_files_records_its_bytes_and_what_they_carried(
+    tmp_path: Path, weights: str
+) -> None:
+    trainer = SimpleNamespace(state=SimpleNamespace(global_step=2))
+    reporting = Reporting(metrics=None, status=Status())  # type: ignore[arg-type]
+    reporter = SyncReporter(trainer, reporting, "volume", tmp_path / "syncs.jsonl")
+    reporter(SyncReport(0.5, None, bytes=28_672, weights=weights))
+    record = json.loads((tmp_path / "syncs.jsonl").read_text())
+    assert record == {"step": 2, "transport": "volume", "seconds": 0.5, "bytes": 28_672, "weights": weights}

@@ -16,6 +16,7 @@ from grpo_trainer.weight_sync import (
     ProbeResult,
     ServedModelProbe,
     SyncReport,
+    WeightSyncError,
     served_tensors,
     stopping,
     vllm_session,
@@ -72,6 +73,7 @@ def generation_class(
     replacement_budget_seconds: float = 0.0,
     server_urls: list[str] | None = None,
     served_dtype: str | None = None,
+    lora: bool = False,
 ) -> type[Any]:
     """TRL's VLLMGeneration (server mode) with the job's weight transport, the served-model probe, and the
     ride-out of a replaced vLLM server. Weights leave the trainer in ``served_dtype`` (served_tensors).
@@ -89,7 +91,11 @@ def generation_class(
     by grpo_config.collective_timeout_seconds so that they outwait it).
 
     With several ``server_urls`` (spec.generation.replicas) the client is a ReplicaPool: a replica that is
-    lost leaves the pool and the others serve; the wait above happens only when none is left."""
+    lost leaves the pool and the others serve; the wait above happens only when none is left.
+
+    A ``lora`` job syncing through the volume sends only its adapter (weight_sync.py); over NCCL, or where
+    the server refuses the first adapter (no LoRA support), it pushes the merged model as TRL does, and says
+    why in the log."""
     from trl.generation.vllm_generation import VLLMGeneration
 
     from grpo_trainer.vllm_replicas import ReplicaPool
@@ -98,6 +104,9 @@ def generation_class(
     class ProjectVLLMGeneration(VLLMGeneration):  # type: ignore[misc, valid-type]
         on_sync: Callable[[SyncReport], None] | None = None
         replacements = 0
+        # Adapter-only sync: None until the first sync tells whether the server serves adapters; False for
+        # jobs that push every weight.
+        adapter_sync: bool | None = None if lora and weight_sync == "volume" else False
 
         def _base_url(self) -> str:
             client = self.vllm_client
@@ -158,12 +167,15 @@ def generation_class(
             else:
                 client.init_communicator(device=self.accelerator.device)
             named_params: Callable[[], Iterator[tuple[str, Any]]] = self._iter_named_params
-            if self._weight_metadata is None:
-                self._weight_metadata = [  # type: ignore[assignment]
-                    (name, str(param.dtype).removeprefix("torch."), list(param.shape))
-                    for name, param in named_params()
-                ]
-            self._push(self._weight_metadata, named_params())
+            if self.adapter_sync is not False:
+                self._push_adapter(self.accelerator.unwrap_model(self.model))
+            else:
+                if self._weight_metadata is None:
+                    self._weight_metadata = [  # type: ignore[assignment]
+                        (name, str(param.dtype).removeprefix("torch."), list(param.shape))
+                        for name, param in named_params()
+                    ]
+                self._push(self._weight_metadata, named_params())
             self._reset_prefix_cache()
             self.replacements += 1
             result: ProbeResult | None = None
@@ -183,6 +195,16 @@ def generation_class(
             return True
 
         def _init_vllm(self) -> None:
+            if (
+                lora
+                and self.mode == "server"
+                and weight_sync != "volume"
+                and self.accelerator.is_main_process
+            ):
+                log.info(
+                    "LoRA weights are synced merged into the whole model every step: adapter-only sync "
+                    "needs spec.generation.weightSync Volume (vLLM loads the adapter's files from the volume)"
+                )
             if self.mode != "server" or weight_sync != "volume":
                 super()._init_vllm()  # type: ignore[no-untyped-call]
                 client = getattr(self, "vllm_client", None)
@@ -214,6 +236,9 @@ def generation_class(
             # The requests TRL's VLLMGeneration makes through the client, each riding out a replaced server;
             # _push is the unwrapped update, which _recover itself uses.
             self._push = client.update_named_params
+            if self.adapter_sync is not False:
+                self._push_adapter = client.update_adapter
+                client.update_adapter = self._riding_out_replacements(client.update_adapter, True)
             self._reset_prefix_cache = client.reset_prefix_cache
             # For the rollout producer of asynchronous jobs (async_generation.py), which must not recover.
             self.raw_generate = client.generate
@@ -221,9 +246,33 @@ def generation_class(
             client.update_named_params = self._riding_out_replacements(client.update_named_params, True)
             client.reset_prefix_cache = self._riding_out_replacements(client.reset_prefix_cache, True)
 
+        def _sync_adapter(self) -> bool:
+            """Rank 0 has every server serve the trained adapter; False when the first adapter was refused
+            (a server without LoRA support): the job pushes merged weights from then on."""
+            if not self.accelerator.is_main_process:
+                return True
+            client: Any = self.vllm_client
+            try:
+                client.update_adapter(self.accelerator.unwrap_model(self.model))
+            except WeightSyncError as exc:
+                if self.adapter_sync or lost_server(exc):
+                    raise
+                log.warning(
+                    "adapter-only LoRA sync is off for this run, the merged model is pushed every step "
+                    "instead: %s",
+                    exc,
+                )
+                client.use_base_model()
+                self.adapter_sync = False
+                return False
+            self.adapter_sync = True
+            client.reset_prefix_cache()
+            return True
+
         def sync_weights(self) -> None:
             started = time.monotonic()
-            super().sync_weights()  # type: ignore[no-untyped-call]
+            if self.adapter_sync is False or not self._sync_adapter():
+                super().sync_weights()  # type: ignore[no-untyped-call]
             seconds = time.monotonic() - started
             result: ProbeResult | None = None
             if probe is not None and self.mode == "server" and probe.due():
@@ -233,6 +282,15 @@ def generation_class(
             if self.accelerator.is_main_process and self.on_sync is not None:
                 # A replacement during this sync has its own record (the push _recover made); this one is the
                 # step's regular sync, whichever server answered it.
-                self.on_sync(SyncReport(seconds, result, replicas=replicas_report(self.vllm_client)))
+                client = self.vllm_client
+                self.on_sync(
+                    SyncReport(
+                        seconds,
+                        result,
+                        replicas=replicas_report(client),
+                        bytes=getattr(client, "last_sync_bytes", None),
+                        weights="adapter" if self.adapter_sync else "model",
+                    )
+                )
 
     return ProjectVLLMGeneration

@@ -290,6 +290,7 @@ def build_trainer(
             0.0 if config.trainer.sharded else gen.startup_timeout_seconds,
             gen.server_urls,
             config.model.dtype,
+            config.grpo.lora.enabled,
         )
         if config.rollouts is None:
             # Client rollouts are refused an eta at apply time: the client samples, not the trainer. Episodes
@@ -387,6 +388,8 @@ class SyncReporter:
         record = {"step": step, "transport": self.transport, "seconds": round(report.seconds, 4)}
         if report.after_replacement:
             record["after_replacement"] = True
+        if report.bytes is not None:
+            record.update(bytes=report.bytes, weights=report.weights)
         if report.replicas is not None:
             record["replicas"] = report.replicas
             body.update(

@@ -12,7 +12,8 @@
   replacement as with a single server.
 * A weight update writes the weights once to the shared volume and has every serving replica reload them,
   together with every replica that had left and answers ``/health`` again (the operator's replacement):
-  that is how a new replica receives the current weights before it serves anything.
+  that is how a new replica receives the current weights before it serves anything. A LoRA job's adapter
+  (``update_adapter``) goes the same way, each replica loading it under the same name.
 
 Replica 0's client owns the sync directory (its versions and their pruning); the other clients only
 reload. Weight sync over NCCL to several servers is refused at apply time, so every client here is a
@@ -228,8 +229,24 @@ class ReplicaPool:
         left and answers again. A replica that is lost meanwhile leaves the pool; NoReplicaServing when
         none took them."""
         started = time.monotonic()
+        self._distribute(self.replicas[0].client.write_version(named_params), started)
+
+    def update_adapter(self, model: Any) -> None:
+        """A LoRA job's adapter written once, then loaded and served by every replica that would reload
+        weights (update_named_params), under the same name."""
+        started = time.monotonic()
+        self._distribute(self.replicas[0].client.write_adapter(model), started)
+
+    @property
+    def last_sync_bytes(self) -> int:
+        return int(self.replicas[0].client.last_sync_bytes)
+
+    def use_base_model(self) -> None:
+        for replica in self.replicas:
+            replica.client.use_base_model()
+
+    def _distribute(self, version: Path, started: float) -> None:
         writer = self.replicas[0].client
-        version: Path = writer.write_version(named_params)
         self.rejoined = self._reload(self._receivers(), version)
         writer.prune(version)
         log.info(

@@ -10,6 +10,12 @@ Two transports carry the weights after every optimizer step (spec.generation.wei
   between the pods, no vLLM package in the trainer image; it costs a write and a read of the full weights
   per step. Stock vLLM images serve it: nothing needs to be installed on the vLLM side.
 
+A LoRA job syncing through the volume sends only its adapter (``update_adapter``): PEFT's adapter files
+under a new name each sync (``lora-000001``, ...), which vLLM loads through ``POST /v1/load_lora_adapter``
+(the operator starts it with ``--enable-lora`` and ``VLLM_ALLOW_RUNTIME_LORA_UPDATING``) and every later
+request names; vLLM keeps the base model it started with, which is never sent. The served-model probe then
+compares the served adapter with the trained one.
+
 Either way :class:`ServedModelProbe` compares, after a sync, the served model's log-probabilities of a fixed
 probe text with the trainer's own model: a sync that silently misses a tensor (the tied output layer of
 many small models, see docs/trainer.md) would otherwise train one model and sample from another.
@@ -34,6 +40,12 @@ SHARD_BYTES = 1 << 30
 # Directories under the sync dir: one per sync, the newest one is what vLLM serves.
 SYNC_PREFIX = "v"
 INCOMING_PREFIX = ".incoming-"
+# A LoRA job's adapter versions: the directory and the name vLLM serves it under.
+ADAPTER_PREFIX = "lora-"
+# Adapter versions kept loaded and on the volume: the newest and the one before, on which requests sent just
+# before the switch (the asynchronous producer's) still run; vLLM may read an adapter's files again while
+# it is loaded (a cache eviction), so its directory stays as long as the adapter does.
+KEPT_ADAPTERS = 2
 # The text whose log-probabilities both sides compute; lower-case ASCII so any tokenizer encodes it.
 PROBE_TEXT = "the quick brown fox jumps over the lazy dog. 1 + 2 = 3"
 # Mean |served - trained| log-probability per probe token above which the served model has drifted. bf16
@@ -89,7 +101,7 @@ def _stoppable_retry_class() -> type[Any]:
     return StoppableRetry
 
 
-def vllm_session(retry_lost_connections: bool = True) -> Any:
+def vllm_session(retry_lost_connections: bool = True, raise_on_status: bool = True) -> Any:
     """A requests session with the retry policy of TRL's own VLLMClient (connection errors, 500/502/503,
     GET and POST, exponential backoff from 2 s): generation behaves the same whichever transport syncs the
     weights. Retrying a reload is safe: it reads the same directory again. Its backoff gives up at SIGTERM
@@ -97,7 +109,10 @@ def vllm_session(retry_lost_connections: bool = True) -> Any:
 
     ``retry_lost_connections=False`` leaves refused and broken connections to the caller: a request
     repeated after the server died could reach its replacement, which serves the base model until the
-    trainer has pushed its weights (see generation_class)."""
+    trainer has pushed its weights (see generation_class).
+
+    ``raise_on_status=False`` returns the last 5xx answer once the retries are spent instead of raising:
+    its body is the server's reason (an adapter vLLM refuses to load)."""
     import requests
     from requests.adapters import HTTPAdapter
 
@@ -110,6 +125,7 @@ def vllm_session(retry_lost_connections: bool = True) -> Any:
         status_forcelist=[500, 502, 503],
         backoff_factor=2,
         allowed_methods=["POST", "GET"],
+        raise_on_status=raise_on_status,
     )
     session = requests.Session()
     adapter = HTTPAdapter(max_retries=retry, pool_maxsize=64)
@@ -142,12 +158,18 @@ def volume_sync_client_class() -> type[Any]:
             self.last_sync_bytes = 0
             self.check_server(connection_timeout)
             self.model = self._get(f"{self.base_url}/v1/models")["data"][0]["id"]
+            # The base model's name: ``model`` becomes the newest adapter's name once one is loaded.
+            self.base_model = self.model
+            self.adapters: list[str] = []
+            # A refused adapter is answered, not raised: the first one decides whether the job falls back
+            # to merged sync. A lost connection is left to the caller's recovery, as with generation.
+            self.adapter_session = vllm_session(retry_lost_connections=False, raise_on_status=False)
 
         def init_communicator(self, device: Any = 0) -> None:
             """Empties the sync directory: what a previous attempt left there is not this run's weights."""
             self.sync_dir.mkdir(parents=True, exist_ok=True)
             for entry in self.sync_dir.iterdir():
-                if entry.name.startswith((SYNC_PREFIX, INCOMING_PREFIX)):
+                if entry.name.startswith((SYNC_PREFIX, INCOMING_PREFIX, ADAPTER_PREFIX)):
                     shutil.rmtree(entry, ignore_errors=True)
 
         def close_communicator(self) -> None:
@@ -180,33 +202,119 @@ def volume_sync_client_class() -> type[Any]:
             incoming.rename(final)
             return final
 
+        def update_adapter(self, model: Any) -> None:
+            """Adapter-only sync of a LoRA job: ``model``'s adapter written and served (see the module)."""
+            started = time.monotonic()
+            version = self.write_adapter(model)
+            self.reload(version)
+            self.prune(version)
+            self.last_sync_seconds = time.monotonic() - started
+            log.info(
+                "LoRA adapter synced through %s: %.2f MB in %.2fs",
+                version,
+                self.last_sync_bytes / 1e6,
+                self.last_sync_seconds,
+            )
+
+        def write_adapter(self, model: Any) -> Path:
+            """The PEFT model's adapter (PEFT's save_pretrained: the adapter's tensors and config, no base
+            weight) as the sync directory's next version, written aside and renamed into place."""
+            self.syncs += 1
+            final = self.sync_dir / f"{ADAPTER_PREFIX}{self.syncs:06d}"
+            incoming = self.sync_dir / f"{INCOMING_PREFIX}{self.syncs:06d}"
+            shutil.rmtree(incoming, ignore_errors=True)
+            model.save_pretrained(str(incoming), safe_serialization=True)
+            # PEFT's model card: nothing vLLM reads, so it is not sent.
+            (incoming / "README.md").unlink(missing_ok=True)
+            self.last_sync_bytes = sum(f.stat().st_size for f in incoming.rglob("*") if f.is_file())
+            shutil.rmtree(final, ignore_errors=True)
+            incoming.rename(final)
+            return final
+
         def reload(self, version: Path) -> None:
-            """This client's server loads ``version``; WeightSyncError (raised from the request's error
-            where the server was not reached) when it did not."""
+            """This client's server loads ``version`` (an adapter version: serves it, see load_adapter);
+            WeightSyncError (raised from the request's error where the server was not reached) when it
+            did not."""
+            if version.name.startswith(ADAPTER_PREFIX):
+                self.load_adapter(version)
+                return
+            self._post_or_raise(
+                "/collective_rpc",
+                {"method": "reload_weights", "kwargs": {"weights_path": str(version)}},
+                f"did not reload the weights from {version}",
+                "Weight sync through the volume needs vLLM in dev mode (VLLM_SERVER_DEV_MODE=1, set by the "
+                "operator) and the job's volume mounted at the same path in the vLLM pod (accessMode "
+                "ReadWriteMany)",
+            )
+
+        def load_adapter(self, version: Path) -> None:
+            """The server loads the adapter in ``version`` under the directory's name, which every later
+            request of this client names; adapters older than the KEPT_ADAPTERS newest are unloaded.
+            ``load_inplace``: a server that already has that name (a previous run's, on a server kept
+            across a restart) replaces it instead of refusing."""
+            self._post_or_raise(
+                "/v1/load_lora_adapter",
+                {"lora_name": version.name, "lora_path": str(version), "load_inplace": True},
+                f"did not load the LoRA adapter {version}",
+                "Adapter-only LoRA sync needs vLLM started with --enable-lora and "
+                "VLLM_ALLOW_RUNTIME_LORA_UPDATING=True (the operator renders both for LoRA jobs with "
+                "weightSync Volume)",
+                self.adapter_session,
+            )
+            self.model = version.name
+            if version.name not in self.adapters:
+                self.adapters.append(version.name)
+            while len(self.adapters) > KEPT_ADAPTERS:
+                self.unload_adapter(self.adapters.pop(0))
+
+        def unload_adapter(self, name: str) -> None:
+            """vLLM stops accepting requests for ``name`` (the ones running finish on it). A failure only
+            leaves an unused name registered: logged, not raised."""
+            import requests
+
+            try:
+                response = self.session.post(
+                    f"{self.base_url}/v1/unload_lora_adapter", json={"lora_name": name}, timeout=60
+                )
+                failed = response.status_code not in (200, 404)
+                answer = f"HTTP {response.status_code}: {response.text[:300]}"
+            except requests.RequestException as exc:
+                failed, answer = True, f"{type(exc).__name__}: {exc}"
+            if failed:
+                log.warning(
+                    "the vLLM server at %s did not unload adapter %s (%s)", self.base_url, name, answer
+                )
+
+        def use_base_model(self) -> None:
+            """Requests name the base model again (the job falls back to merged sync)."""
+            self.model = self.base_model
+
+        def _post_or_raise(
+            self, route: str, body: dict[str, Any], failed: str, hint: str, session: Any = None
+        ) -> None:
             import requests
 
             lost: requests.RequestException | None = None
             try:
-                response = self.session.post(
-                    f"{self.base_url}/collective_rpc",
-                    json={"method": "reload_weights", "kwargs": {"weights_path": str(version)}},
-                    timeout=600,
-                )
+                response = (session or self.session).post(f"{self.base_url}{route}", json=body, timeout=600)
                 answer = f"HTTP {response.status_code}: {response.text[:500]}"
             except requests.RequestException as exc:
                 response, answer, lost = None, f"{type(exc).__name__}: {exc}", exc
             if response is None or response.status_code != 200:
                 raise WeightSyncError(
-                    f"the vLLM server at {self.base_url} did not reload the weights from {version} ({answer}). "
-                    "Weight sync through the volume needs vLLM in dev mode (VLLM_SERVER_DEV_MODE=1, set by the "
-                    "operator) and the job's volume mounted at the same path in the vLLM pod (accessMode "
-                    "ReadWriteMany)"
+                    f"the vLLM server at {self.base_url} {failed} ({answer}). {hint}"
                 ) from lost
 
         def prune(self, keep: Path) -> None:
-            """Drops every version but ``keep``, which a server that joins later reloads."""
+            """Drops every version but ``keep``, which a server that joins later reloads (for adapters, the
+            KEPT_ADAPTERS newest, which the servers may still read)."""
+            kept = {keep.name}
+            if keep.name.startswith(ADAPTER_PREFIX):
+                kept |= {
+                    f"{ADAPTER_PREFIX}{n:06d}" for n in range(self.syncs - KEPT_ADAPTERS + 1, self.syncs)
+                }
             for entry in self.sync_dir.iterdir():
-                if entry.name.startswith(SYNC_PREFIX) and entry != keep:
+                if entry.name.startswith((SYNC_PREFIX, ADAPTER_PREFIX)) and entry.name not in kept:
                     shutil.rmtree(entry, ignore_errors=True)
 
     return VolumeSyncClient
@@ -358,3 +466,7 @@ class SyncReport:
     after_replacement: bool = False
     # With several vLLM replicas: ReplicaPool.report() after the sync (who serves, who rejoined, the load).
     replicas: dict[str, Any] | None = None
+    # Bytes written for the sync (volume transport), and what they were: "adapter" (a LoRA job's adapter
+    # alone) or "model" (every weight, a LoRA job's merged into them).
+    bytes: int | None = None
+    weights: str | None = None

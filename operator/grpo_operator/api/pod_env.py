@@ -52,6 +52,7 @@ OPERATOR_DEFAULT_ENV = frozenset(
         "PYTORCH_CUDA_ALLOC_CONF",
         "NCCL_DEBUG",
         "VLLM_NO_USAGE_STATS",
+        "VLLM_ALLOW_RUNTIME_LORA_UPDATING",
         "HOME",
         "USER",
         HF_TOKEN_ENV,

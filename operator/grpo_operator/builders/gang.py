@@ -63,6 +63,7 @@ from grpo_operator.builders.scheduling import image_pull_secrets, kueue_labels, 
 from grpo_operator.builders.security import secure_pod_spec
 from grpo_operator.builders.tracking import tracking_env
 from grpo_operator.builders.trainer_configmap import config_hash
+from grpo_operator.builders.vllm_lora import lora_serving_args, lora_serving_env
 from grpo_operator.settings import OperatorSettings
 
 # torchrun expands nothing itself: Kubernetes substitutes $(VAR) from the container's env, so the
@@ -276,6 +277,8 @@ def generation_pod(
     # at this gpuMemoryUtilization makes vLLM refuse to start, after the whole model load, and the job
     # spends its start-up budget on restarts that fail the same way.
     args += ["--max-model-len", str(gen.max_model_len) if gen.max_model_len is not None else "-1"]
+    # LoRA jobs syncing through the volume: vLLM serves the trainer's adapter, loaded each step (vllm_lora.py).
+    args += lora_serving_args(spec)
 
     mounts: list[dict[str, Any]] = [{"name": "dshm", "mountPath": "/dev/shm"}]
     volumes: list[dict[str, Any]] = [_shm_volume(settings)]
@@ -325,7 +328,12 @@ def generation_pod(
         "env": [
             {"name": "VLLM_SERVER_DEV_MODE", "value": "1"},
             *_env_with_user(
-                {"VLLM_NO_USAGE_STATS": "1", "HF_HOME": hf_home, "HF_HUB_DISABLE_TELEMETRY": "1"},
+                {
+                    "VLLM_NO_USAGE_STATS": "1",
+                    "HF_HOME": hf_home,
+                    "HF_HUB_DISABLE_TELEMETRY": "1",
+                    **lora_serving_env(spec),
+                },
                 gen.env,
                 RESERVED_GENERATION_ENV,
                 job,
