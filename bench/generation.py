@@ -25,7 +25,10 @@ the flags the operator renders for it (--enable-lora ...): the merged model push
 without runtime adapter loading, VLLM_ALLOW_RUNTIME_LORA_UPDATING unset, which the trainer falls back to)
 against the adapter alone, loaded under a new name each step: seconds and bytes per sync.
 
-    .venv/bin/python bench/generation.py --lora [--steps 12] ...
+    .venv/bin/python bench/generation.py --lora [--lora-hidden 512 --lora-layers 8] [--steps 12] ...
+
+(--lora-hidden and --lora-layers size the tiny model of --lora only: syncs of the 78k-parameter default are
+dominated by the HTTP round trips.)
 
 vLLM is PyPI's CPU build (hack/vllm-env.sh installs it; the colocated trainer runs with the python of
 hack/vllm-colocate-env.sh, which adds the trainer's packages to it), started with the args the operator renders for
@@ -365,6 +368,8 @@ def main() -> int:
         action="store_true",
         help="compare a LoRA job's merged weight sync with its adapter-only sync, seconds and bytes per sync",
     )
+    parser.add_argument("--lora-hidden", type=int, default=64, help="hidden size of the --lora model")
+    parser.add_argument("--lora-layers", type=int, default=2, help="layers of the --lora model")
     args = parser.parse_args()
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     from grpo_trainer.tiny import build
@@ -399,7 +404,10 @@ def main() -> int:
             for result in results:
                 result["startup_seconds"] = startup
         elif args.lora:
-            results = lora_runs(model, Path(tmp), metric, args)
+            sized = build(
+                Path(tmp) / "lora-model", seed=0, hidden_size=args.lora_hidden, layers=args.lora_layers
+            )
+            results = lora_runs(sized, Path(tmp), metric, args)
         else:
             backends = ("vllm", "colocate") if args.colocate else ("vllm", "transformers")
             results = [run(backend, model, Path(tmp) / backend, metric, args) for backend in backends]
