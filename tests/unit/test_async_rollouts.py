@@ -115,6 +115,23 @@ def test_a_push_waits_for_the_request_in_flight_and_none_starts_during_it(sample
     producer.close()
 
 
+def test_sampling_resumes_once_the_weights_are_in_while_the_rest_of_the_push_runs(sampler: Sampler) -> None:
+    """The served-model probe runs after the weights are in place and changes none: requests may start
+    during it, stamped with the version just pushed."""
+    producer = make(sampler, 1)
+    push(producer, sampler, 0)
+    with producer.pushing(version=1):
+        sampler.served = 1  # the weights of version 1 are in
+        producer.submit(2, prompts(2))
+        time.sleep(0.2)
+        assert sampler.calls == []  # nothing starts before the weights are in
+        producer.pushed(1)
+        taken = producer.take(2, prompts(2))  # sampled while the block (the probe) still runs
+    assert taken.rollout is not None and taken.rollout.version == 1 and taken.staleness == 0
+    assert [c[1] for c in sampler.calls] == [1]
+    producer.close()
+
+
 def test_the_bound_is_checked_again_when_groups_are_taken(sampler: Sampler) -> None:
     producer = make(sampler, 2)
     push(producer, sampler, 0)

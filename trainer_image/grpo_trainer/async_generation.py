@@ -320,9 +320,17 @@ class AsyncGeneration:
         main = t.accelerator.is_main_process
         started = time.monotonic()
         waited = 0.0
-        with self.producer().pushing(version=t.state.global_step) if main else nullcontext():
-            waited = time.monotonic() - started
-            t.vllm_generation.sync_weights()
+        version = int(t.state.global_step)
+        producer = self.producer() if main else None
+        vg = t.vllm_generation
+        # Sampling resumes as soon as the weights are in, while the served-model probe runs.
+        vg.on_pushed = (lambda: producer.pushed(version)) if producer is not None else None
+        try:
+            with producer.pushing(version=version) if producer is not None else nullcontext():
+                waited = time.monotonic() - started
+                vg.sync_weights()
+        finally:
+            vg.on_pushed = None
         t._last_loaded_step = t.state.global_step
         self.push_waited = waited
         return waited

@@ -210,6 +210,16 @@ class RolloutProducer:
                 self._broken = False
                 self._cond.notify_all()
 
+    def pushed(self, version: int) -> None:
+        """Inside a ``pushing`` block, once the weights of ``version`` are in place: requests may start again
+        before the block ends. What is left of it, the served-model probe, changes no weights; a lost server
+        that it finds fails the requests sent to it, which holds them back until the block's end, after the
+        replacement has the weights."""
+        with self._cond:
+            self.version = version
+            self._pushing = False
+            self._cond.notify_all()
+
     def discard_after(self, step: int) -> None:
         """Forget every step after ``step`` not sampled yet (their prompts are no longer coming)."""
         with self._cond:

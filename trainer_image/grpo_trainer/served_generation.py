@@ -103,6 +103,8 @@ def generation_class(
 
     class ProjectVLLMGeneration(VLLMGeneration):  # type: ignore[misc, valid-type]
         on_sync: Callable[[SyncReport], None] | None = None
+        # Called once the weights are in place, before the probe (asynchronous jobs resume sampling then).
+        on_pushed: Callable[[], None] | None = None
         replacements = 0
         # Adapter-only sync: None until the first sync tells whether the server serves adapters; False for
         # jobs that push every weight.
@@ -274,6 +276,8 @@ def generation_class(
             if self.adapter_sync is False or not self._sync_adapter():
                 super().sync_weights()  # type: ignore[no-untyped-call]
             seconds = time.monotonic() - started
+            if self.on_pushed is not None:
+                self.on_pushed()
             result: ProbeResult | None = None
             if probe is not None and self.mode == "server" and probe.due():
                 trained = probe.trained_logprobs(self.model)
