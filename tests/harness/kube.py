@@ -159,7 +159,9 @@ class Cluster:
     def apply(self, manifest: dict[str, Any] | list[dict[str, Any]], namespace: str | None = None) -> None:
         docs = manifest if isinstance(manifest, list) else [manifest]
         args = ["apply", "-f", "-"] + (["-n", namespace] if namespace else [])
-        self.kubectl(*args, input=yaml.safe_dump_all(docs))
+        # JSON, not YAML: PyYAML writes a string such as the spec-hash "110298022740e240" unquoted, which
+        # kubectl's YAML reader takes for a number ("cannot unmarshal number into ... annotations").
+        self.kubectl(*args, input=json.dumps({"apiVersion": "v1", "kind": "List", "items": docs}))
 
     def get(self, kind: str, name: str, namespace: str | None = None) -> dict[str, Any] | None:
         args = ["get", kind, name, "-o", "json"] + (["-n", namespace] if namespace else [])
