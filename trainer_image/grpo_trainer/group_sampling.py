@@ -44,16 +44,16 @@ ABORT_TIMEOUT_SECONDS = 5.0
 
 @dataclass
 class GroupResult:
-    """One group's completions from vLLM, the policy version that sampled them, and their streamed scores
-    (one per completion; None where not scored ahead)."""
+    """One group's completions from vLLM, the policy version that sampled them, and their streamed
+    scoring."""
 
     prompt_ids: list[int]
     completion_ids: list[list[int]]
     logprobs: list[Any] | None
     logprob_token_ids: list[Any] | None
     version: int
-    scores: list[Any] | None = None
-    # The streamed scoring under way; read when the step is assembled (a push never waits for it).
+    # The streamed scoring under way (one score per completion); the step's take reads it (a push never
+    # waits for it).
     scoring: Future[list[Any]] | None = field(default=None, repr=False)
 
 
@@ -243,11 +243,8 @@ def assemble(request: StepRequest) -> SampledStep:
         [lp for r in groups for lp in r.logprobs or []] if has_logprobs else None,
         [t for r in groups for t in r.logprob_token_ids or []] if has_ids else None,
     )
-    scores: list[Any] = []
-    for r in groups:
-        scores.extend(r.scores if r.scores is not None else [None] * len(r.completion_ids))
+    # None until finish_scoring puts in what the streamed scoring returns.
+    scores: list[Any] = [None] * len(payload[1])
     scoring = [r.scoring for r in groups]
-    for r in groups:
-        r.scoring = None
     pending = scoring if any(f is not None for f in scoring) else None
     return SampledStep(payload, [r.version for r in groups], scores, request.resampled, pending)

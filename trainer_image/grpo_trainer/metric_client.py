@@ -97,9 +97,8 @@ class ClientStats:
     retries: int = 0
     failed_batches: int = 0
     short_circuited_batches: int = 0
+    # The trainer's wait for scores (scoring that ran beside training, ``streamed``, is not counted).
     seconds_in_score: float = 0.0
-    # Scoring that ran beside training (groups scored as they were sampled ahead): not the trainer's wait.
-    seconds_streamed: float = 0.0
 
 
 class CircuitBreaker:
@@ -223,16 +222,14 @@ class MetricClient:
     ) -> list[ScoreResult]:
         """Score ``items`` in batches of ``batch_size``, at most ``concurrency`` batches in flight, by POST to
         ``path`` (validation may use another route). Returns one result per item, in order. ``streamed``:
-        scored beside training, its seconds counted apart from the trainer's wait for the metric."""
+        scored beside training, its seconds not counted as the trainer's wait for the metric."""
         if not items:
             return []
         started = time.perf_counter()
         try:
             return self._run(self._score_all(list(items), path))
         finally:
-            if streamed:
-                self.stats.seconds_streamed += time.perf_counter() - started
-            else:
+            if not streamed:
                 self.stats.seconds_in_score += time.perf_counter() - started
 
     async def _score_all(self, items: list[ScoreItem], path: str) -> list[ScoreResult]:

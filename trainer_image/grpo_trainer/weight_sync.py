@@ -179,54 +179,49 @@ def volume_sync_client_class() -> type[Any]:
             self, metadata: list[tuple[str, str, list[int]]], named_params: Iterator[tuple[str, Any]]
         ) -> None:
             started = time.monotonic()
-            final = self.write_version(named_params)
-            self.reload(final)
-            self.prune(final)
-            self.last_sync_seconds = time.monotonic() - started
-            log.info(
-                "weights synced through %s: %.1f MB in %.2fs",
-                final,
-                self.last_sync_bytes / 1e6,
-                self.last_sync_seconds,
-            )
-
-        def write_version(self, named_params: Iterator[tuple[str, Any]]) -> Path:
-            """The weights as the sync directory's next version: written aside, then renamed into place, so
-            a server never reads a half-written version."""
-            self.syncs += 1
-            final = self.sync_dir / f"{SYNC_PREFIX}{self.syncs:06d}"
-            incoming = self.sync_dir / f"{INCOMING_PREFIX}{self.syncs:06d}"
-            shutil.rmtree(incoming, ignore_errors=True)
-            self.last_sync_bytes = write_shards(named_params, incoming)
-            shutil.rmtree(final, ignore_errors=True)
-            incoming.rename(final)
-            return final
+            self._serve(self.write_version(named_params), started, "weights")
 
         def update_adapter(self, model: Any) -> None:
             """Adapter-only sync of a LoRA job: ``model``'s adapter written and served (see the module)."""
             started = time.monotonic()
-            version = self.write_adapter(model)
+            self._serve(self.write_adapter(model), started, "LoRA adapter")
+
+        def _serve(self, version: Path, started: float, what: str) -> None:
             self.reload(version)
             self.prune(version)
             self.last_sync_seconds = time.monotonic() - started
             log.info(
-                "LoRA adapter synced through %s: %.2f MB in %.2fs",
+                "%s synced through %s: %.2f MB in %.2fs",
+                what,
                 version,
                 self.last_sync_bytes / 1e6,
                 self.last_sync_seconds,
             )
 
+        def write_version(self, named_params: Iterator[tuple[str, Any]]) -> Path:
+            """The weights as the sync directory's next version."""
+            return self._next_version(SYNC_PREFIX, lambda incoming: write_shards(named_params, incoming))
+
         def write_adapter(self, model: Any) -> Path:
             """The PEFT model's adapter (PEFT's save_pretrained: the adapter's tensors and config, no base
-            weight) as the sync directory's next version, written aside and renamed into place."""
+            weight) as the sync directory's next version."""
+
+            def save(incoming: Path) -> int:
+                model.save_pretrained(str(incoming), safe_serialization=True)
+                # PEFT's model card: nothing vLLM reads, so it is not sent.
+                (incoming / "README.md").unlink(missing_ok=True)
+                return sum(f.stat().st_size for f in incoming.rglob("*") if f.is_file())
+
+            return self._next_version(ADAPTER_PREFIX, save)
+
+        def _next_version(self, prefix: str, write: Callable[[Path], int]) -> Path:
+            """The next version under ``prefix``: ``write`` fills a directory aside and returns the bytes it
+            wrote; the directory is then renamed into place, so a server never reads a half-written one."""
             self.syncs += 1
-            final = self.sync_dir / f"{ADAPTER_PREFIX}{self.syncs:06d}"
+            final = self.sync_dir / f"{prefix}{self.syncs:06d}"
             incoming = self.sync_dir / f"{INCOMING_PREFIX}{self.syncs:06d}"
             shutil.rmtree(incoming, ignore_errors=True)
-            model.save_pretrained(str(incoming), safe_serialization=True)
-            # PEFT's model card: nothing vLLM reads, so it is not sent.
-            (incoming / "README.md").unlink(missing_ok=True)
-            self.last_sync_bytes = sum(f.stat().st_size for f in incoming.rglob("*") if f.is_file())
+            self.last_sync_bytes = write(incoming)
             shutil.rmtree(final, ignore_errors=True)
             incoming.rename(final)
             return final
