@@ -90,6 +90,10 @@ IMAGES = (
         "trainer-cpu", "trainer", "trainer_image/Dockerfile.cpu", suffix="-cpu",
         no_debian_base="its torch comes from PyPI's CPU-only index at download.pytorch.org",
     ),
+    Image(
+        "vllm", "vllm", "trainer_image/Dockerfile.vllm",
+        no_debian_base="it adds the project's vLLM plugin to vLLM's own image",
+    ),
     Image("metric-builtin", "metric-builtin", "trainer_image/Dockerfile.metric"),
     Image("metric-math", "metric-math", "examples/metrics/math_partial_credit/Dockerfile"),
     Image("metric-exact-match", "metric-exact-match", "examples/metrics/exact_match/Dockerfile"),

@@ -259,7 +259,7 @@ def test_kubectl_explain_shows_every_spec_fields_default_and_bounds() -> None:
     assert generation["gpus"]["description"].endswith("Default: 1. Allowed: >= 1, <= 8.")
     assert "default" not in generation["image"]
     assert generation["image"]["description"].endswith(
-        "(the operator's jobDefaults.images.generation; vllm/vllm-openai:v0.31.0 as shipped), read when the "
+        "(the operator's jobDefaults.images.generation; ghcr.io/grpo-operator/vllm:0.1.0 as shipped), read when the "
         "pods are created and not stored in the job. 1 to 512 characters."
     )
     weights = spec["properties"]["metric"]["properties"]["rewardWeights"]["description"]

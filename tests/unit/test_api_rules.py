@@ -90,7 +90,9 @@ RULE_BREAKERS: dict[CelRule, dict[str, Any]] = {
     GenerationSpec.Rules.no_gpus_in_resources: {
         "spec.generation.resources": {"limits": {"nvidia.com/mig-1g.10gb": 1}}
     },
-    GenerationSpec.Rules.several_replicas_need_volume_sync: {"spec.generation.replicas": 2},
+    GenerationSpec.Rules.several_replicas_refuse_nccl: {
+        "spec.generation": {"replicas": 2, "weightSync": "NCCL"}
+    },
     GenerationSpec.Rules.colocate_is_in_process: {
         "spec.generation": {"mode": "Colocate", "gpus": 2, "tensorParallelSize": 2}
     },

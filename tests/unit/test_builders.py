@@ -205,7 +205,7 @@ def test_generation_pod_runs_vllm_in_the_mode_trl_needs() -> None:
     assert pod["metadata"]["name"] == "math-gen-2-0"
     spec = pod["spec"]
     (container,) = spec["containers"]
-    assert container["image"] == "vllm/vllm-openai:v0.31.0"
+    assert container["image"] == "ghcr.io/grpo-operator/vllm:0.1.0"
     # `vllm serve <args>` under the supervisor that reports an exit nobody asked for (vLLM's exit 0 when
     # its engine dies) as a failure, in the termination message the kubelet reads.
     assert container["command"][:3] == ["python3", "-c", VLLM_SUPERVISOR]

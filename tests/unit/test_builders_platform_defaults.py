@@ -37,10 +37,11 @@ def test_unset_images_are_the_platforms_and_the_stored_spec_keeps_them_unset() -
     assert "image" not in spec["trainer"] and "image" not in spec.get("generation", {})
     gateway = gateway_deployment(client_job(), MIRROR)
     assert gateway["spec"]["template"]["spec"]["containers"][0]["image"] == MIRROR.trainer_image
-    # The shipped settings are the images the CRD used to default to.
+    # The shipped settings: the trainer image the CRD used to default to, and the project's vLLM image
+    # (vLLM's own image of the release the CRD used to default to, plus the grpo-broadcast plugin).
     assert _images(gang_pods(job, OperatorSettings(), 1, "")) == {
         "trainer": "ghcr.io/grpo-operator/trainer:0.1.0",
-        "generation": "vllm/vllm-openai:v0.31.0",
+        "generation": "ghcr.io/grpo-operator/vllm:0.1.0",
     }
 
 

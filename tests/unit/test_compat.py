@@ -159,15 +159,18 @@ def test_released_defaults_are_unchanged() -> None:
 
 
 def test_a_removed_default_is_the_baselines_and_unset_now() -> None:
-    """A baseline job holds the former default as its own value (the API server stored it), and a new job
-    gets the same image from the operator's shipped settings, so neither changes at the upgrade."""
+    """A baseline job holds the former default as its own value (the API server stored it), so it keeps its
+    images at the upgrade. A new job gets the same trainer image from the operator's shipped settings, and
+    the project's vLLM image, which is the former default's vLLM plus the grpo-broadcast plugin."""
     released = _released()
     now = spec_fields(GRPOJobSpec)
     for path, value in FORMER_DEFAULTS:
         assert released[".".join(path)] == value and now[path] is None
     settings = OperatorSettings()
     assert dict(FORMER_DEFAULTS)[("trainer", "image")] == settings.trainer_image
-    assert dict(FORMER_DEFAULTS)[("generation", "image")] == settings.vllm_image
+    assert settings.vllm_image == "ghcr.io/grpo-operator/vllm:0.1.0"
+    dockerfile = (Path(__file__).resolve().parents[2] / "trainer_image" / "Dockerfile.vllm").read_text()
+    assert f"ARG BASE_IMAGE=docker.io/{dict(FORMER_DEFAULTS)[('generation', 'image')]}\n" in dockerfile
     stored = job_from_object(job_object(trainer={"image": settings.trainer_image}))
     unset = job_from_object(job_object())
     assert gang_hash_input(stored)["trainer"]["image"] == settings.trainer_image

@@ -1,6 +1,7 @@
 """spec.generation.replicas: several vLLM servers per job. Their names, labels and Services, the rule that
-they need the Volume weight transport, the GPUs they count for, trainer.json's serverUrls, and reconcile:
-the gang waits for every replica, and a failed replica is replaced (and counted) on its own."""
+they refuse the NCCL weight transport (Broadcast, the default for them, is in test_weight_broadcast.py), the
+GPUs they count for, trainer.json's serverUrls, and reconcile: the gang waits for every replica, and a
+failed replica is replaced (and counted) on its own."""
 
 from __future__ import annotations
 
@@ -110,7 +111,7 @@ def test_trainer_json_names_every_replicas_service_in_order() -> None:
     body["generation"].pop("weightSync")
     with pytest.raises(
         pydantic.ValidationError,
-        match=r"serverUrls \(several vLLM servers\) needs generation\.weightSync: volume",
+        match=r"serverUrls \(several vLLM servers\) needs generation\.weightSync volume or broadcast",
     ):
         TrainerConfig.model_validate(body)
 
@@ -164,18 +165,18 @@ def test_pod_names_parse_back_to_their_replica_attempt_and_number() -> None:
 # --- the API ----------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("sync", [None, "NCCL"])
-def test_several_replicas_need_the_volume_transport(sync: str | None) -> None:
-    changes: dict[str, Any] = {"spec.generation.replicas": 2}
-    if sync:
-        changes["spec.generation.weightSync"] = sync
+def test_several_replicas_refuse_the_nccl_transport() -> None:
+    changes: dict[str, Any] = {"spec.generation.replicas": 2, "spec.generation.weightSync": "NCCL"}
     with pytest.raises(pydantic.ValidationError) as info:
         GRPOJob.model_validate(with_changes(changes))
     (error,) = info.value.errors()
     message = error["msg"].removeprefix("Value error, ")
-    assert message == GenerationSpec.Rules.several_replicas_need_volume_sync.message
+    assert message == GenerationSpec.Rules.several_replicas_refuse_nccl.message
+    assert "reaches one vLLM server only" in message
     assert (
-        "weightSync: Volume" in message and "NCCL weight sync to several servers is not supported" in message
+        "Remove weightSync" in message
+        and "weightSync: Broadcast" in message
+        and "weightSync: Volume" in message
     )
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import yaml
 from grpo_operator import __version__
-from grpo_operator.api.spec import DEFAULT_TRAINER_IMAGE
+from grpo_operator.api.spec import DEFAULT_TRAINER_IMAGE, DEFAULT_VLLM_IMAGE
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "helm" / "grpo-operator"
@@ -46,6 +46,21 @@ def test_chart_and_spec_defaults_name_images_that_make_images_builds() -> None:
     operator_image = f"{values['image']['repository']}:{chart['appVersion']}"
     assert built[operator_image] == "operator/Dockerfile"
     assert built[DEFAULT_TRAINER_IMAGE] == "trainer_image/Dockerfile"
+    assert built[DEFAULT_VLLM_IMAGE] == "trainer_image/Dockerfile.vllm"
+    assert values["jobDefaults"]["images"] == {
+        "trainer": DEFAULT_TRAINER_IMAGE,
+        "generation": DEFAULT_VLLM_IMAGE,
+    }
+
+
+def test_the_vllm_image_installs_the_plugin_from_one_build_directory_on_the_trainers_vllm() -> None:
+    dockerfile = (ROOT / "trainer_image" / "Dockerfile.vllm").read_text()
+    assert "COPY trainer_image/vllm_plugin/pyproject.toml /tmp/plugin/pyproject.toml" in dockerfile
+    assert "COPY trainer_image/grpo_weight_broadcast /tmp/plugin/grpo_weight_broadcast" in dockerfile
+    assert "pip install --no-deps /tmp/plugin" in dockerfile
+    pinned = re.search(r"^vllm==(\S+)$", (ROOT / "trainer_image" / "requirements-vllm.txt").read_text(), re.M)
+    assert pinned is not None
+    assert f"ARG BASE_IMAGE=docker.io/vllm/vllm-openai:v{pinned.group(1)}\n" in dockerfile
 
 
 def test_every_project_image_named_in_examples_docs_and_scripts_is_built() -> None:

@@ -99,6 +99,8 @@ VARIANTS = {
     "existing claim, one trainer node": job_object(
         checkpoints={"volume": {"existingClaim": "team-ckpt"}}, trainer={"nodes": 1}
     ),
+    # The Broadcast group needs ports between the pods, never host ports, host network or capabilities.
+    "Broadcast to two vLLM replicas": job_object(generation={"replicas": 2}),
 }
 
 

@@ -262,8 +262,10 @@ the field and the fix:
   `tensorParallelSize`) fails for dense models with TRL's server mode, so it is refused: run several vLLM
   servers with `generation.replicas` instead; with `generation.mode: Colocate`, `gpus`,
   `tensorParallelSize`, `replicas` and `weightSync` are refused (they belong to vLLM pods of their own);
-- `generation.replicas > 1` needs `generation.weightSync: Volume`: trainer rank 0 writes the weights to the
-  volume once and every replica reloads them (NCCL weight sync to several servers is not supported yet);
+- `generation.replicas > 1` refuses `generation.weightSync: NCCL` (TRL's NCCL transport reaches one server):
+  left unset it is `Broadcast` (one process group of trainer rank 0 and every replica's vLLM workers, each
+  tensor sent once; it needs the project's vLLM image, docs/platform.md); `Volume` works too (trainer rank
+  0 writes the weights to the volume once and every replica reloads them; it needs a ReadWriteMany volume);
 - B * G is divisible by `trainer.nodes * trainer.gpusPerNode * trainer.perDeviceBatchSize`: each
   optimisation step splits the B * G completions evenly over the data-parallel processes
   (the trainer accumulates gradients over (B * G) / (that product) micro-steps); the refusal gives both

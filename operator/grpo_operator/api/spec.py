@@ -205,7 +205,7 @@ class GRPOJobSpec(ApiModel):
             "spec.generation.weightSync: Volume hands the weights to vLLM through the job's volume, which the "
             "vLLM pod can mount only when it is ReadWriteMany (vLLM usually runs on another node than the "
             "trainers): set spec.checkpoints.volume.accessMode: ReadWriteMany (with an existingClaim, only if "
-            "the claim is ReadWriteMany), or use weightSync: NCCL",
+            "the claim is ReadWriteMany), or use weightSync: Broadcast, which needs no shared volume",
             ".generation.weightSync",
         )
 

@@ -221,9 +221,10 @@ class ServedModelStatus(_StatusModel):
     """The vLLM server's model against the trainer's, checked by trainer rank 0 after weight syncs: the
     mean difference of their log-probabilities of a fixed probe text."""
 
-    weight_sync: Literal["nccl", "volume", "colocate"] | None = Field(
+    weight_sync: Literal["nccl", "volume", "broadcast", "colocate"] | None = Field(
         default=None,
-        description="The weight transport (colocate: in memory, to the engine inside the trainer).",
+        description="The weight transport (broadcast: one process group of trainer rank 0 and every vLLM "
+        "server's workers; colocate: in memory, to the engine inside the trainer).",
     )
     last_sync_seconds: float | None = Field(default=None, ge=0, description="Duration of the last sync.")
     checked_step: int | None = Field(default=None, ge=0, description="Step of the last probe.")

@@ -123,11 +123,12 @@ class GenerationConfig(_ConfigModel):
     server_port: int = Field(default=VLLM_SERVER_PORT, ge=1, le=65535, description="vLLM HTTP port.")
     server_urls: list[Annotated[str, Field(min_length=1)]] | None = Field(
         default=None,
-        min_length=2,
-        description="With several vLLM servers (spec.generation.replicas > 1): the base URL of every "
-        "replica's Service, in replica order, e.g. http://<job>-gen.<namespace>.svc:8000 then "
-        "http://<job>-gen-r1.<namespace>.svc:8000; their number is the replica count. Unset with one "
-        "server, which serverHost and serverPort name (they name replica 0 either way).",
+        min_length=1,
+        description="With several vLLM servers (spec.generation.replicas > 1), and with weightSync broadcast "
+        "always: the base URL of every replica's Service, in replica order, e.g. "
+        "http://<job>-gen.<namespace>.svc:8000 then http://<job>-gen-r1.<namespace>.svc:8000; their number "
+        "is the replica count (one for broadcast to one server). Unset with one server under nccl or "
+        "volume, which serverHost and serverPort name (they name replica 0 either way).",
     )
     weight_sync_port: int = Field(
         default=WEIGHT_SYNC_PORT, ge=1, le=65535, description="NCCL weight-sync port on trainer rank 0."
@@ -143,10 +144,12 @@ class GenerationConfig(_ConfigModel):
         gt=0,
         description="How long TRL's client waits for a vLLM server that already answered.",
     )
-    weight_sync: Literal["nccl", "volume"] | None = Field(
+    weight_sync: Literal["nccl", "volume", "broadcast"] | None = Field(
         default=None,
-        description="How rank 0 sends weights to vLLM after each step: nccl (unset: TRL's NCCL broadcast) or "
-        "volume (safetensors written under weightSyncDir, which vLLM reloads through /collective_rpc).",
+        description="How rank 0 sends weights to vLLM after each step: nccl (unset: TRL's NCCL broadcast to "
+        "one server), volume (safetensors written under weightSyncDir, which vLLM reloads through "
+        "/collective_rpc) or broadcast (one process group of rank 0 and every worker of every server, "
+        "through the project's grpo-broadcast weight-transfer engine: gloo without CUDA, NCCL with it).",
     )
     weight_sync_dir: str | None = Field(
         default=None,
@@ -156,10 +159,10 @@ class GenerationConfig(_ConfigModel):
 
     @model_validator(mode="after")
     def _replicas_reload_from_the_volume(self) -> GenerationConfig:
-        if self.server_urls is not None and self.weight_sync != "volume":
+        if self.server_urls is not None and self.weight_sync not in ("volume", "broadcast"):
             raise ValueError(
-                "generation.serverUrls (several vLLM servers) needs generation.weightSync: volume: the weights "
-                "are written once and every server reloads them; NCCL to several servers is not supported"
+                "generation.serverUrls (several vLLM servers) needs generation.weightSync volume or broadcast: "
+                "TRL's NCCL transport reaches one server only"
             )
         if self.backend != "vllm-colocate" and (
             self.colocate_memory_share is not None or self.max_model_len is not None
@@ -313,7 +316,8 @@ class TrainerConfig(_ConfigModel):
         operator's settings, the same values it puts on the pods and Services. A job whose rollouts come
         from a client (spec.rollouts.source: Client) needs ``gateway_url``, any other ``metric_url``. A job
         with several vLLM servers (spec.generation.replicas > 1) needs ``generation_replica_hosts``: every
-        replica's Service host in replica order, ``generation_host`` first."""
+        replica's Service host in replica order, ``generation_host`` first (with one server under
+        Broadcast, which names its servers in serverUrls too, left empty it is ``generation_host``)."""
         colocated = spec.generation.colocated()
         engine: Literal["vllm-server", "vllm-colocate", "transformers"] = backend
         if colocated and backend == "vllm-server":
@@ -322,9 +326,13 @@ class TrainerConfig(_ConfigModel):
         if backend == "vllm-server" and not generation_host and not colocated:
             raise ValueError("backend vllm-server needs generation_host (the <job>-gen Service's DNS name)")
         replicas = spec.generation.replica_count()
+        transport = spec.generation.weight_transport()
         server_urls: list[str] | None = None
-        if engine == "vllm-server" and replicas > 1:
-            hosts = list(generation_replica_hosts)
+        # Broadcast forms its group with every server of the pool, one server too: the URLs always.
+        if engine == "vllm-server" and (replicas > 1 or transport == "Broadcast"):
+            hosts = list(generation_replica_hosts) or (
+                [generation_host] if replicas == 1 and generation_host else []
+            )
             if len(hosts) != replicas or hosts[0] != generation_host:
                 raise ValueError(
                     f"spec.generation.replicas is {replicas}: generation_replica_hosts must name the Service "
@@ -362,7 +370,12 @@ class TrainerConfig(_ConfigModel):
             # The trainer's policy server is reached by the gateway alone (NetworkPolicy), which checks the
             # client's bearer token itself: the trainer gets no token.
             rollouts = ClientRolloutsConfig(served_model=spec.model.name, gateway_url=gateway_url)
-        volume_sync = spec.generation.weight_sync == "Volume"
+        volume_sync = transport == "Volume"
+        weight_sync: Literal["volume", "broadcast"] | None = None
+        if transport == "Volume":
+            weight_sync = "volume"
+        elif transport == "Broadcast":
+            weight_sync = "broadcast"
         return cls(
             job=JobRef(namespace=namespace, name=name, uid=uid),
             model=spec.model.model_copy(deep=True),
@@ -382,7 +395,7 @@ class TrainerConfig(_ConfigModel):
                 server_urls=server_urls,
                 weight_sync_port=weight_sync_port,
                 startup_timeout_seconds=float(spec.generation.startup_timeout_seconds),
-                weight_sync="volume" if volume_sync else None,
+                weight_sync=weight_sync,
                 weight_sync_dir=f"{VOLUME_MOUNT_PATH}/{WEIGHT_SYNC_SUBDIR}" if volume_sync else None,
                 colocate_memory_share=(
                     spec.generation.colocate_memory_share or DEFAULT_COLOCATE_MEMORY_SHARE

@@ -64,7 +64,9 @@ MAX_GENERATION_REPLICAS = 16
 # vllm_image (Helm jobDefaults.images) start from them. They are no CRD defaults: a default of the CRD is
 # written into every job the API server stores, so a platform behind a registry mirror could never change
 # it, and every tenant would have to name both images in every job.
-DEFAULT_VLLM_IMAGE = "vllm/vllm-openai:v0.31.0"
+# The project's vLLM image (trainer_image/Dockerfile.vllm): vLLM's own v0.31.0 image plus the plugin whose
+# weight-transfer engine weightSync: Broadcast needs.
+DEFAULT_VLLM_IMAGE = "ghcr.io/grpo-operator/vllm:0.1.0"
 DEFAULT_TRAINER_IMAGE = "ghcr.io/grpo-operator/trainer:0.1.0"
 
 
@@ -244,13 +246,14 @@ class GenerationSpec(ApiModel):
         no_gpus_in_resources = _no_gpus_in_resources("generation", "gpus", "the vLLM pod")
 
         # Not in mode Colocate, where colocate_is_in_process refuses replicas with the one fix that applies.
-        several_replicas_need_volume_sync = CelRule(
-            "!has(self.replicas) || self.replicas == 1 || (has(self.weightSync) && self.weightSync == 'Volume')"
+        several_replicas_refuse_nccl = CelRule(
+            "!has(self.replicas) || self.replicas == 1 || !has(self.weightSync) || self.weightSync != 'NCCL'"
             " || (has(self.mode) && self.mode == 'Colocate')",
-            "spec.generation.replicas > 1 needs spec.generation.weightSync: Volume: several vLLM servers are "
-            "served by the Volume transport (trainer rank 0 writes the weights once, every replica reloads "
-            "them); NCCL weight sync to several servers is not supported yet. Set weightSync: Volume (it needs "
-            "spec.checkpoints.volume.accessMode: ReadWriteMany), or set replicas to 1",
+            "spec.generation.replicas > 1 cannot use spec.generation.weightSync: NCCL: TRL's NCCL transport "
+            "reaches one vLLM server only. Remove weightSync (several replicas then use Broadcast: one process "
+            "group of trainer rank 0 and every replica's vLLM workers, fed once per tensor), set weightSync: "
+            "Broadcast, or set weightSync: Volume (it needs spec.checkpoints.volume.accessMode: "
+            "ReadWriteMany), or set replicas to 1",
             ".replicas",
         )
 
@@ -298,8 +301,8 @@ class GenerationSpec(ApiModel):
         description="vLLM servers (unset: 1). Each is a pod of its own with gpus GPUs (= tensorParallelSize) "
         "and a Service of its own (<job>-gen for the first, <job>-gen-r<r> for replica r); the trainer "
         "spreads each step's rollouts over the replicas that are ready and pushes the weights to every "
-        "replica after each step. More than 1 needs weightSync: Volume. Each replica fails, is replaced "
-        "and counts its replacements on its own.",
+        "replica after each step. More than 1 needs weightSync Broadcast (the default then) or Volume. Each "
+        "replica fails, is replaced and counts its replacements on its own.",
     )
     # The default 1 is a placeholder: left out, it follows gpus (mode Server) and stays 1 (mode Colocate),
     # set by _tp_is_all_gpus. No CRD default, or the API server would write 1 next to gpus: 2.
@@ -345,15 +348,19 @@ class GenerationSpec(ApiModel):
         json_schema_extra=ENV_LIST_SCHEMA,
         description="Extra environment variables of the vLLM server (VLLM_SERVER_DEV_MODE is the operator's).",
     )
-    weight_sync: Literal["NCCL", "Volume"] | None = Field(
+    weight_sync: Literal["NCCL", "Volume", "Broadcast"] | None = Field(
         default=None,
-        description="How trainer rank 0 sends the weights to vLLM after every optimizer step. NCCL (the "
-        "default when unset): a broadcast over NCCL from trainer rank 0 to the vLLM workers; needs GPUs on "
-        "both sides and a pod-to-pod path on spec.generation's weight-sync port. Volume: rank 0 writes the "
-        "weights as safetensors to the job's volume and vLLM reloads them from there; works without CUDA "
-        "and without any port between the pods, costs a write and a read of the full weights per step, "
-        "and needs spec.checkpoints.volume.accessMode: ReadWriteMany (both pods mount the volume). Several "
-        "replicas need Volume: rank 0 writes the weights once and every replica reloads them.",
+        description="How trainer rank 0 sends the weights to vLLM after every optimizer step. Unset: NCCL "
+        "with one replica, Broadcast with several. NCCL: TRL's broadcast over NCCL from trainer rank 0 to "
+        "the workers of one vLLM server; needs GPUs on both sides and a pod-to-pod path on the weight-sync "
+        "port; one replica only. Broadcast: one torch.distributed process group of trainer rank 0 and every "
+        "worker of every replica (gloo without CUDA, NCCL with it), each tensor sent once to all of them; "
+        "needs the project's vLLM image (its grpo-broadcast weight-transfer engine, see docs/platform.md) "
+        "and pod-to-pod paths between the job's trainer and vLLM pods, which the job's NetworkPolicies "
+        "open. Volume: rank 0 writes the weights as safetensors to the job's volume and every replica "
+        "reloads them from there; works without CUDA and without any port between the pods, costs a write "
+        "and a read of the full weights per step, and needs spec.checkpoints.volume.accessMode: "
+        "ReadWriteMany (both pods mount the volume).",
     )
 
     @model_validator(mode="after")
@@ -363,8 +370,8 @@ class GenerationSpec(ApiModel):
             raise self.Rules.tp_equals_gpus.violation()
         if _gpus_in(self.resources):
             raise self.Rules.no_gpus_in_resources.violation()
-        if self.replica_count() > 1 and self.weight_sync != "Volume" and not self.colocated():
-            raise self.Rules.several_replicas_need_volume_sync.violation()
+        if self.replica_count() > 1 and self.weight_sync == "NCCL" and not self.colocated():
+            raise self.Rules.several_replicas_refuse_nccl.violation()
         if self.colocated() and (
             self.replica_count() > 1
             or self.weight_sync is not None
@@ -382,6 +389,15 @@ class GenerationSpec(ApiModel):
     def colocated(self) -> bool:
         """Whether vLLM runs inside the trainer processes (mode Colocate) instead of in pods of its own."""
         return self.mode == "Colocate"
+
+    def weight_transport(self) -> Literal["NCCL", "Volume", "Broadcast"] | None:
+        """The weight transport the job uses: weightSync, else NCCL for one server and Broadcast for
+        several; None when colocated (the weights reach the engine in memory)."""
+        if self.colocated():
+            return None
+        if self.weight_sync is not None:
+            return self.weight_sync
+        return "Broadcast" if self.replica_count() > 1 else "NCCL"
 
     def replica_count(self) -> int:
         """The vLLM servers the job runs (replicas, 1 when unset)."""

@@ -5,9 +5,9 @@ Pods are managed directly (not through Deployments or Jobs) so the operator deci
 means: a failure restarts the gang under a new attempt number, because TRL's NCCL weight-sync group is
 formed once between trainer rank 0 and the vLLM workers (TRL's VLLMClient.init_communicator). Every pod
 therefore has restartPolicy Never. Two exceptions keep what still works: a failed vLLM pod is replaced alone
-(reconcile/generation_replacement.py), and, with the Volume weight transport (no group to re-form), failed
-trainers are replaced beside the running vLLM pods, whose names then carry status.generationAttempt, the
-attempt they were started in (reconcile/gang.py _keep_generation).
+(reconcile/generation_replacement.py), and, with the Volume (no group) or Broadcast (a group the new rank 0
+forms again) weight transport, failed trainers are replaced beside the running vLLM pods, whose names then
+carry status.generationAttempt, the attempt they were started in (reconcile/gang.py _keep_generation).
 """
 
 from __future__ import annotations
@@ -229,6 +229,10 @@ def volume_shared_with_generation(job: Job) -> bool:
     return job.spec.checkpoints.volume.access_mode == "ReadWriteMany"
 
 
+# vLLM's --weight-transfer-config backend of each transport that has one.
+WEIGHT_TRANSFER_BACKENDS = {"NCCL": "nccl", "Broadcast": "grpo-broadcast"}
+
+
 def generation_pod(
     job: Job, settings: OperatorSettings, attempt: int, index: int = 0, replica: int = 0
 ) -> Manifest:
@@ -266,10 +270,13 @@ def generation_pod(
         "--max-logprobs",
         "-1",
     ]
-    if gen.weight_sync != "Volume":
-        # NCCL weight sync: TRL's init_communicator refuses a server without a weight-transfer engine.
-        # With Volume sync, weights arrive through /collective_rpc reload_weights, which needs none.
-        args += ["--weight-transfer-config", '{"backend":"nccl"}']
+    # NCCL: TRL's init_communicator refuses a server without a weight-transfer engine. Broadcast: the
+    # project's engine (grpo_weight_broadcast, a vLLM plugin in the project's vLLM image) joins the group
+    # of trainer rank 0 and every replica. Volume: the weights arrive through /collective_rpc
+    # reload_weights, which needs none. The weight routes are dev-mode routes: VLLM_SERVER_DEV_MODE below.
+    backend = WEIGHT_TRANSFER_BACKENDS.get(gen.weight_transport() or "")
+    if backend is not None:
+        args += ["--weight-transfer-config", f'{{"backend":"{backend}"}}']
     # No --data-parallel-size: the spec requires gpus == tensorParallelSize, because TRL 1.16 supports
     # vLLM data parallelism only for MoE models (scripts/vllm_serve.py:38-40).
     # Unset: -1, vLLM's auto-fit (the model's own context length, lowered to what the KV cache can hold on

@@ -5,10 +5,15 @@ who can reach it can change the model being trained. The metric service runs use
 closed to everything but this job's trainer pods, except that the platform may name metrics scrapers
 (settings.metrics_scrapers) admitted to vLLM's HTTP port for /metrics.
 
-Trainer pods bind unauthenticated stores: torch.distributed's rendezvous and TRL's weight-sync TCPStore
-(which then hands out NCCL connections). They accept the job's own vLLM and trainer pods on every port
-and the named scrapers on the metrics port. Being explicit also matters in namespaces with a
+Trainer pods bind unauthenticated stores: torch.distributed's rendezvous and the weight-sync TCPStore
+(which then hands out NCCL or gloo connections). They accept the job's own vLLM and trainer pods on every
+port and the named scrapers on the metrics port. Being explicit also matters in namespaces with a
 default-deny ingress policy, where without this policy vLLM could not reach rank 0 at all.
+
+The Broadcast weight transport makes one process group of trainer rank 0 and every worker of every vLLM
+replica: after the rendezvous on rank 0's weight-sync port, gloo and NCCL connect every pair of members on
+ephemeral ports, which neither lets one pin. Under Broadcast the vLLM pods therefore also accept the job's
+own vLLM pods, on every port (with one replica, the pod itself); nothing outside the job gets in by it.
 """
 
 from __future__ import annotations
@@ -48,12 +53,20 @@ def ingress_policy(job: Job, name: str, role: Role, ingress: list[dict[str, Any]
     )
 
 
+def broadcast_group(job: Job) -> bool:
+    """Whether the job's vLLM pods must accept one another: the Broadcast transport. With one replica the
+    only such peer is the pod itself, whose tensor-parallel workers may connect through its pod IP."""
+    return job.spec.generation.weight_transport() == "Broadcast"
+
+
 def generation_network_policy(job: Job, settings: OperatorSettings) -> Manifest:
     # Trainers on all ports: besides HTTP on 8000, NCCL weight transfer opens ephemeral ports in both
     # directions between trainer rank 0 and the vLLM workers, and NCCL cannot be pinned to a port range.
-    ingress: list[dict[str, Any]] = [
-        {"from": [{"podSelector": {"matchLabels": selector_labels(job, "trainer")}}]}
-    ]
+    peers = [{"podSelector": {"matchLabels": selector_labels(job, "trainer")}}]
+    if broadcast_group(job):
+        # The Broadcast group's members connect pairwise: vLLM pod to vLLM pod, on ephemeral ports.
+        peers.append({"podSelector": {"matchLabels": selector_labels(job, "generation")}})
+    ingress: list[dict[str, Any]] = [{"from": peers}]
     if settings.metrics_scrapers:
         # Scrapers on the HTTP port only, where vLLM serves /metrics (and, unavoidably, its API: a
         # NetworkPolicy cannot restrict paths, hence opt-in and only for the peers the platform names).

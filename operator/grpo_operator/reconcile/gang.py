@@ -295,8 +295,9 @@ def _keep_generation(
 ) -> bool:
     """Whether a restart may keep the running vLLM pods and replace the trainers alone: every pod that
     failed or was stopped is a trainer, every vLLM pod of the gang runs and answers /health, the weights
-    reach vLLM through the volume, the job is not queued (under Kueue the gang is one pod group, admitted
-    and released together), and the kept servers
+    reach vLLM through the volume or the Broadcast group (whose new rank 0 forms it again with the kept
+    servers, which accept a second init), the job is not queued (under Kueue the gang is one pod group,
+    admitted and released together), and the kept servers
     have served trainers that trained since: when the trainers restarted beside them fail again before a
     step, the servers may be the cause, and the next restart replaces them too. Reloading a large model
     takes minutes; the new trainers push their weights into the kept servers before their first step."""
@@ -304,9 +305,9 @@ def _keep_generation(
         return False
     if job.spec.scheduling.queue_name or rp.settings.default_queue_name or job.spec.generation.colocated():
         return False
-    if job.spec.generation.weight_sync != "Volume":
-        # NCCL: new trainers would open a new weight-transfer group with servers that still hold the dead
-        # trainers' one, which no test here can exercise (NCCL needs two GPUs): the whole gang restarts.
+    if job.spec.generation.weight_transport() not in ("Volume", "Broadcast"):
+        # NCCL: new trainers would open a new TRL weight-transfer group with servers that still hold the
+        # dead trainers' one, which no test here can exercise (NCCL needs two GPUs): the whole gang restarts.
         return False
     servers = [p for p in current.values() if p.role == "generation"]
     if not servers or any(p.terminating or p.phase != "Running" or not p.ready for p in servers):
