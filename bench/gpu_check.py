@@ -3,11 +3,10 @@
     make gpu-check                                  # or: .venv/bin/python -m bench.gpu_check [--out PATH]
     .venv/bin/python -m bench.gpu_check --cpu-smoke # tiny sizes, few steps: the code paths, on the CPU
 
-Checks, each a real ``python -m grpo_trainer`` process (in-process transformers generation, the toy metric
-served over HTTP by the metric SDK, exactly as the CPU tests run it):
+Checks, each a real ``python -m grpo_trainer`` process (the toy metric served over HTTP by the metric SDK):
 
 * ``learning``: the toy task of tests/trainer/toy.py; the mean reward must rise to >= 0.8;
-* ``kill_resume``: SIGKILL after the first checkpoint, start again: every step logged once, finished;
+* ``kill_resume``: SIGKILL after the first checkpoint, start again: every step logged once;
 * ``dtype_<d>``: full fine-tuning in bfloat16, float16 (fp32 master weights under fp16 autocast) and
   float32: exit 0, every loss finite, and the dtype the checkpoint's weights were saved in;
 * ``production_numerics``: ``model.dtype: bfloat16`` at lr 1e-6 on a model with Hugging Face's default
@@ -18,24 +17,20 @@ served over HTTP by the metric SDK, exactly as the CPU tests run it):
   rank holds and the fraction of sampled masters each step moved (exit 8, the memory plan refusing a shape
   that does not fit, is reported as such);
 * ``lora``: LoRA adapters train and are checkpointed;
-* ``overhead``: step time and peak GPU memory of this trainer against bare TRL
-  (bench/trainer_overhead.py) on a ~150M-parameter model, runs interleaved (bare, ours, bare, ours),
-  warm-up steps left out of the medians;
+* ``overhead``: step time and peak GPU memory of this trainer against bare TRL (bench/trainer_overhead.py)
+  on a ~150M-parameter model, runs interleaved (bare, ours, bare, ours), warm-up steps left out;
 * ``served_weights_<transport>``: the trainer against a real vLLM server started with the args the
   operator renders, for a few steps: after every weight sync the served model's log-probabilities must
   equal the trained model's (the trainer's own probe, output/weight_syncs.jsonl); the sync's duration and
   its bytes (parameters x the served dtype's size) are reported. ``volume``: vLLM and the trainer share one
   GPU. ``nccl`` (TRL's transport): vLLM on GPU 0 and the trainer on GPU 1, because the two are ranks of one
   NCCL group and NCCL refuses two ranks on one GPU ("Duplicate GPU detected"); with fewer than 2 GPUs it is
-  not run, saying why. ``broadcast_2`` (one broadcast to two vLLM replicas, 3 GPUs) is not built yet and
-  reported so. With --cpu-smoke: the volume transport through vLLM's CPU build (hack/vllm-env.sh). Where
-  the vllm package is not importable here, these checks are not run, saying so.
-* ``async_overlap``: maxStaleness 0 against 1, vLLM on GPU 0 and the trainer on GPU 1 (bench/_gpu_async.py):
-  steps per second, overlap, waits, reward; needs 2 GPUs and vLLM (bench/async_overlap.py: on 2 CPU cores).
+  not run, saying why. ``broadcast_2`` (bench/_gpu_broadcast.py): weightSync Broadcast to two replicas on
+  GPUs 0 and 1, the trainer on GPU 2 (NCCL), not run with fewer than 3 GPUs. --cpu-smoke: Volume and
+  Broadcast (gloo) through vLLM's CPU build. Without the vllm package these are not run, saying so.
+* ``async_overlap``: maxStaleness 0 against 1, vLLM on GPU 0, the trainer on GPU 1 (bench/_gpu_async.py).
 
-A check that cannot run here is reported as "not run: <reason>" (in the JSON: ``not_run``), never as a
-failure: without CUDA (and without --cpu-smoke) every check is. ``--only a,b`` runs those checks alone.
-Exit 1 when a check fails.
+A check that cannot run is "not run: <reason>" (``not_run``), not a failure. ``--only a,b``; exit 1 on failure.
 """
 
 from __future__ import annotations
@@ -63,6 +58,7 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench import _gpu_async as gpu_async
+from bench import _gpu_broadcast as gpu_broadcast
 from bench import _gpu_training as gpu_training
 from bench._gpu_training import median, parameter_count, peak
 from bench.trainer_overhead import bare_trl
@@ -399,8 +395,11 @@ def not_run_reason(name: str, cuda: bool, gpus: int, smoke: bool) -> str | None:
     machine without CUDA or vLLM lists every check with its reason instead of failing."""
     import importlib.util
 
-    if name == "served_weights_broadcast_2":
-        return "not built: one broadcast to two vLLM replicas; several replicas use the Volume transport"
+    if name == "served_weights_broadcast_2" and cuda and gpus < gpu_broadcast.BROADCAST_GPUS:
+        return (
+            f"needs {gpu_broadcast.BROADCAST_GPUS} GPUs, this machine has {gpus}: two vLLM replicas and the "
+            "trainer, each on its own GPU (NCCL refuses two ranks on one GPU)"
+        )
     if name == "async_overlap" and (not cuda or gpus < NCCL_GPUS or importlib.util.find_spec("vllm") is None):
         return (
             "needs 2 GPUs (vLLM and the trainer apart) and vLLM; bench/async_overlap.py compares on 2 cores"
@@ -441,10 +440,11 @@ def check_plan(sizes: Sizes) -> list[tuple[str, Callable[[Checker], dict[str, An
         ("lora", Checker.lora),
         ("overhead", Checker.overhead),
     ]
-    for transport in ("nccl", "volume", "broadcast_2"):
+    for transport in ("nccl", "volume"):
         plan.append(
             (f"served_weights_{transport}", functools.partial(Checker.served_weights, transport=transport))
         )
+    plan.append(("served_weights_broadcast_2", gpu_broadcast.served_weights_broadcast_2))
     plan.append(("async_overlap", gpu_async.async_overlap))
     return plan
 

@@ -45,6 +45,17 @@ def vllm_python() -> str:
     return out.stdout.strip().splitlines()[-1]
 
 
+@functools.cache
+def vllm_plugin_dir() -> str:
+    """The project's vLLM plugin (grpo_weight_broadcast), installed by hack/vllm-plugin.sh into a directory of
+    this checkout; on the server's PYTHONPATH vLLM's plugin loader finds it, as the generation image's
+    site-packages holds it there (trainer_image/Dockerfile.vllm)."""
+    out = subprocess.run(
+        ["bash", str(REPO / "hack" / "vllm-plugin.sh")], check=True, capture_output=True, text=True
+    )
+    return out.stdout.strip().splitlines()[-1]
+
+
 def local_command(
     container: dict[str, Any], env: dict[str, str], python: str, port: int, termination_log: Path
 ) -> tuple[list[str], dict[str, str]]:
@@ -214,6 +225,8 @@ def start(
     shown = [*command[:2], "<builders/vllm_supervisor.py>", *command[3:]]
     handle.write(f"[local-runner] {' '.join(shown)}\n".encode())
     handle.flush()
+    paths = [vllm_plugin_dir(), local_env.get("PYTHONPATH", "")]
+    local_env["PYTHONPATH"] = os.pathsep.join(p for p in paths if p)
     popen = subprocess.Popen(
         command,
         env={**os.environ, **local_env},

@@ -43,9 +43,11 @@ def served_tiny(
     """One vLLM server of the untied tiny model for every module that trains against it (weight sync,
     episodes). Sharing is safe: each run's first sync replaces all the served weights, so a run never
     samples what an earlier one trained. The modules that start vLLM run one after another on one worker
-    (tests/conftest.py), so one server saves a start-up per module."""
+    (tests/conftest.py), so one server saves a start-up per module. It is rendered for weightSync Broadcast
+    (the project's weight-transfer engine started), so the broadcast tests use it as well; the volume's
+    reload needs nothing of the engine."""
     from tests.trainer.vllm_runs import serve
 
-    server = serve(tiny_model, tmp_path_factory.mktemp("vllm-tiny"))
+    server = serve(tiny_model, tmp_path_factory.mktemp("vllm-tiny"), weight_sync="Broadcast")
     yield server
     server.stop()

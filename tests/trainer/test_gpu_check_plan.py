@@ -1,6 +1,6 @@
 """bench/gpu_check.py decides, before building anything, which checks this machine can run, and says why
 for the others: the NCCL check needs two GPUs (NCCL refuses two ranks of a group on one GPU), every
-served-weights check needs vLLM, the broadcast to two replicas is not built, and the asynchronous-GRPO
+served-weights check needs vLLM, the broadcast to two replicas three GPUs, and the asynchronous-GRPO
 comparison needs vLLM and the trainer on two GPUs."""
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ def test_one_gpu_without_vllm_runs_the_training_checks_and_says_why_not_the_rest
     assert "needs 2 GPUs, this machine has 1" in str(reasons["served_weights_nccl"])
     assert "Duplicate GPU detected" in str(reasons["served_weights_nccl"])
     assert "vllm package is not installed" in str(reasons["served_weights_volume"])
-    assert str(reasons["served_weights_broadcast_2"]).startswith("not built")
+    assert "needs 3 GPUs, this machine has 1" in str(reasons["served_weights_broadcast_2"])
     assert "needs 2 GPUs" in str(reasons["async_overlap"])
 
 
@@ -38,6 +38,8 @@ def test_two_gpus_with_vllm_run_the_nccl_check(monkeypatch: pytest.MonkeyPatch) 
     assert gpu_check.not_run_reason("served_weights_volume", cuda=True, gpus=1, smoke=False) is None
     assert gpu_check.not_run_reason("async_overlap", cuda=True, gpus=2, smoke=False) is None
     assert gpu_check.not_run_reason("async_overlap", cuda=True, gpus=1, smoke=False) is not None
+    assert gpu_check.not_run_reason("served_weights_broadcast_2", cuda=True, gpus=2, smoke=False) is not None
+    assert gpu_check.not_run_reason("served_weights_broadcast_2", cuda=True, gpus=3, smoke=False) is None
 
 
 def test_without_cuda_every_check_is_listed_as_not_run(tmp_path: Path) -> None:

@@ -18,10 +18,13 @@ from tests.trainer.toy import REPO, start_trainer, trainer_config
 SAME = 0.05
 
 
-def serve(model: Path, workdir: Path, lora: dict[str, Any] | None = None) -> vllm_server.VLLMProcess:
-    """A server of ``model`` as the operator renders it for a job syncing through the volume (with
-    spec.grpo.lora ``lora``: one that loads the trainer's adapters)."""
-    container = vllm_server.rendered_container(str(model), lora=lora, weightSync="Volume")
+def serve(
+    model: Path, workdir: Path, lora: dict[str, Any] | None = None, weight_sync: str = "Volume"
+) -> vllm_server.VLLMProcess:
+    """A server of ``model`` as the operator renders it for a job syncing through ``weight_sync`` (with
+    spec.grpo.lora ``lora``: one that loads the trainer's adapters). A server rendered for Broadcast reloads
+    from the volume too: the two differ by the weight-transfer engine it starts, which Volume never calls."""
+    container = vllm_server.rendered_container(str(model), lora=lora, weightSync=weight_sync)
     env = {**vllm_server.container_env(container), "HF_HOME": str(workdir / "hf")}
     server = vllm_server.start(container, env, free_port(), workdir / "vllm.log")
     try:

@@ -74,6 +74,8 @@ def generation_class(
     server_urls: list[str] | None = None,
     served_dtype: str | None = None,
     lora: bool = False,
+    broadcast_port: int = 0,
+    broadcast_timeout_seconds: float = 600.0,
 ) -> type[Any]:
     """TRL's VLLMGeneration (server mode) with the job's weight transport, the served-model probe, and the
     ride-out of a replaced vLLM server. Weights leave the trainer in ``served_dtype`` (served_tensors).
@@ -91,7 +93,9 @@ def generation_class(
     by grpo_config.collective_timeout_seconds so that they outwait it).
 
     With several ``server_urls`` (spec.generation.replicas) the client is a ReplicaPool: a replica that is
-    lost leaves the pool and the others serve; the wait above happens only when none is left.
+    lost leaves the pool and the others serve; the wait above happens only when none is left. ``weight_sync``
+    broadcast always uses a pool (weight_broadcast.BroadcastReplicaPool), one replica or several: rank 0 forms
+    the group on ``broadcast_port``, and a broadcast or rendezvous gives up after ``broadcast_timeout_seconds``.
 
     A ``lora`` job syncing through the volume sends only its adapter (weight_sync.py); over NCCL, or where
     the server refuses the first adapter (no LoRA support), it pushes the merged model as TRL does, and says
@@ -207,6 +211,9 @@ def generation_class(
                     "LoRA weights are synced merged into the whole model every step: adapter-only sync "
                     "needs spec.generation.weightSync Volume (vLLM loads the adapter's files from the volume)"
                 )
+            if self.mode == "server" and weight_sync == "broadcast":
+                self._init_broadcast()
+                return
             if self.mode != "server" or weight_sync != "volume":
                 super()._init_vllm()  # type: ignore[no-untyped-call]
                 client = getattr(self, "vllm_client", None)
@@ -229,6 +236,26 @@ def generation_class(
                 pool: Any = clients[0] if len(clients) == 1 else ReplicaPool(clients, vllm_healthy)
                 self.vllm_client = pool
                 self.vllm_client.init_communicator()
+            self._wrap_client()
+
+        def _init_broadcast(self) -> None:
+            from grpo_trainer.weight_broadcast import BroadcastReplicaPool, broadcast_client_class
+
+            if self.accelerator.is_main_process:
+                urls = server_urls or [
+                    self.server_base_url or f"http://{self.server_host}:{self.server_port}"
+                ]
+                clients = [
+                    broadcast_client_class()(
+                        url, connection_timeout=self.server_timeout, timeout=broadcast_timeout_seconds
+                    )
+                    for url in urls
+                ]
+                for client in clients:
+                    client.session = vllm_session(retry_lost_connections=replacement_budget_seconds <= 0)
+                self.vllm_client: Any = BroadcastReplicaPool(
+                    clients, vllm_healthy, broadcast_port, broadcast_timeout_seconds, self.accelerator.device
+                )
             self._wrap_client()
 
         def _wrap_client(self) -> None:
