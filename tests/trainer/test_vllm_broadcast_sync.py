@@ -105,3 +105,48 @@ def test_broadcast_reaches_both_replicas_every_step_and_a_replaced_one_rejoins_t
     first_update = served.find('"POST /finish_weight_update HTTP/1.1" 200')
     first_completion = served.find('"POST /v1/completions HTTP/1.1"')
     assert 0 <= first_update < first_completion, served[-3000:]
+
+
+def test_an_update_broken_off_halfway_leaves_the_server_whole_for_the_next_one(
+    tiny_model: Path, served_tiny: vllm_server.VLLMProcess
+) -> None:
+    """Rank 0 gives up after half the buckets (a trainer killed, a tensor that fails its check): the server
+    stays up, its receive fails instead of hanging, the sync fails as a lost server would, and the next
+    update, over a new formation of the group, leaves vLLM serving exactly the sent weights."""
+    import torch
+    from grpo_trainer.vllm_wait import vllm_healthy
+    from grpo_trainer.weight_broadcast import (
+        BroadcastInterrupted,
+        BroadcastReplicaPool,
+        broadcast_client_class,
+    )
+    from transformers import AutoModelForCausalLM
+
+    from tests.trainer.vllm_runs import PROBE_IDS, mean_diff, served_logprobs, trained_logprobs
+
+    model: Any = AutoModelForCausalLM.from_pretrained(tiny_model)
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.add_(torch.randn_like(parameter) * 0.05)
+    sent = [(name, p.detach().to(torch.bfloat16)) for name, p in model.named_parameters()]
+    metadata = [(name, "bfloat16", list(t.shape)) for name, t in sent]
+    client = broadcast_client_class()(served_tiny.base_url, timeout=60)
+    pool = BroadcastReplicaPool([client], vllm_healthy, free_port(), 60.0)
+    pool.bucket_bytes = 4096  # the tiny model in many buckets, so half of them arrive
+
+    def broken() -> Any:
+        for index, pair in enumerate(sent):
+            if index == len(sent) // 2:
+                raise RuntimeError("rank 0 gives up mid-update")
+            yield pair
+
+    started = time.monotonic()
+    with pytest.raises(BroadcastInterrupted, match="rank 0 gives up"):
+        pool.update_named_params(metadata, broken())
+    assert time.monotonic() - started < 30, "the receiver waited for the group's timeout"
+    assert vllm_healthy(served_tiny.base_url)
+    pool.update_named_params(metadata, iter(sent))
+    client.reset_prefix_cache()
+    assert pool.formations == 2 and pool.last_sync_bytes == sum(t.numel() * 2 for _, t in sent)
+    rounded = model.to(torch.bfloat16).float()
+    assert mean_diff(served_logprobs(served_tiny, PROBE_IDS), trained_logprobs(rounded, PROBE_IDS)) < SAME

@@ -11,6 +11,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from grpo_trainer.push_deadline import with_deadline
 from grpo_trainer.vllm_wait import lost_server
 from grpo_trainer.weight_sync import (
     ProbeResult,
@@ -75,7 +76,7 @@ def generation_class(
     served_dtype: str | None = None,
     lora: bool = False,
     broadcast_port: int = 0,
-    broadcast_timeout_seconds: float = 600.0,
+    push_timeout_seconds: float = 600.0,
 ) -> type[Any]:
     """TRL's VLLMGeneration (server mode) with the job's weight transport, the served-model probe, and the
     ride-out of a replaced vLLM server. Weights leave the trainer in ``served_dtype`` (served_tensors).
@@ -95,7 +96,8 @@ def generation_class(
     With several ``server_urls`` (spec.generation.replicas) the client is a ReplicaPool: a replica that is
     lost leaves the pool and the others serve; the wait above happens only when none is left. ``weight_sync``
     broadcast always uses a pool (weight_broadcast.BroadcastReplicaPool), one replica or several: rank 0 forms
-    the group on ``broadcast_port``, and a broadcast or rendezvous gives up after ``broadcast_timeout_seconds``.
+    the group on ``broadcast_port``, and a broadcast or rendezvous gives up after ``push_timeout_seconds``. An
+    NCCL push (TRL's) that overruns ``push_timeout_seconds`` ends the process (push_deadline.py).
 
     A ``lora`` job syncing through the volume sends only its adapter (weight_sync.py); over NCCL, or where
     the server refuses the first adapter (no LoRA support), it pushes the merged model as TRL does, and says
@@ -247,14 +249,14 @@ def generation_class(
                 ]
                 clients = [
                     broadcast_client_class()(
-                        url, connection_timeout=self.server_timeout, timeout=broadcast_timeout_seconds
+                        url, connection_timeout=self.server_timeout, timeout=push_timeout_seconds
                     )
                     for url in urls
                 ]
                 for client in clients:
                     client.session = vllm_session(retry_lost_connections=replacement_budget_seconds <= 0)
                 self.vllm_client: Any = BroadcastReplicaPool(
-                    clients, vllm_healthy, broadcast_port, broadcast_timeout_seconds, self.accelerator.device
+                    clients, vllm_healthy, broadcast_port, push_timeout_seconds, self.accelerator.device
                 )
             self._wrap_client()
 
@@ -264,6 +266,10 @@ def generation_class(
                 return
             # The requests TRL's VLLMGeneration makes through the client, each riding out a replaced server;
             # _push is the unwrapped update, which _recover itself uses.
+            if weight_sync not in ("volume", "broadcast"):
+                client.update_named_params = with_deadline(
+                    client.update_named_params, push_timeout_seconds, self._base_url()
+                )
             self._push = client.update_named_params
             if self.adapter_sync is not False:
                 self._push_adapter = client.update_adapter

@@ -292,7 +292,7 @@ def build_trainer(
             config.model.dtype,
             config.grpo.lora.enabled,
             broadcast_port=gen.weight_sync_port,
-            broadcast_timeout_seconds=gen.request_timeout_seconds,
+            push_timeout_seconds=gen.request_timeout_seconds,
         )
         if config.rollouts is None:
             # Client rollouts are refused an eta at apply time: the client samples, not the trainer. Episodes
