@@ -9,6 +9,10 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 KEY=$(cat trainer_image/vllm_plugin/pyproject.toml trainer_image/grpo_weight_broadcast/*.py | sha256sum | cut -c1-12)
 TARGET="$PWD/.cache/vllm-plugin-$KEY"
+mkdir -p .cache
+# Test workers start vLLM servers at the same time: one installs, the others wait for it.
+exec 9>.cache/vllm-plugin.lock
+flock 9
 if [ -f "$TARGET/.complete" ]; then
   echo "$TARGET"
   exit 0

@@ -385,11 +385,14 @@ class ReplicaKiller:
 def test_two_vllm_replicas_share_a_job_and_one_killed_mid_run_costs_no_restart(
     kube: Cluster, namespace: str, tmp_path: Path
 ) -> None:
-    """spec.generation.replicas: 2. Both vLLM pods sample and hold the trained weights after every sync; when
-    replica 1's server is SIGKILLed mid-run the operator replaces that pod alone (GenerationReplaced, not
-    counted), the one trainer process goes on with replica 0, and the job Succeeds."""
+    """spec.generation.replicas: 2 with weightSync left unset, so Broadcast: trainer rank 0 and both vLLM
+    servers' workers form one gloo group (the project's vLLM plugin). Both vLLM pods sample and hold the
+    trained weights after every sync; when replica 1's server is SIGKILLed mid-run the operator replaces
+    that pod alone (GenerationReplaced, not counted), the one trainer process goes on with replica 0 (the
+    group formed again without it), and the job Succeeds."""
     job = tiny_job()
     job["spec"]["generation"]["replicas"] = 2
+    del job["spec"]["generation"]["weightSync"]
     killer = ReplicaKiller()
     volume = train_to_succeeded(kube, namespace, job, tmp_path, hooks=[killer])
     assert killer.killed_after is not None and killer.killed_after < STEPS
@@ -442,7 +445,10 @@ def test_two_vllm_replicas_share_a_job_and_one_killed_mid_run_costs_no_restart(
     for pod in ("tiny-gen-1-0", "tiny-gen-r1-1-0"):
         served = (tmp_path / "run" / f"{pod}.log").read_text(errors="replace")
         assert served.count('"POST /v1/completions HTTP/1.1" 200') >= 2, pod
-        assert served.count('"POST /collective_rpc HTTP/1.1" 200') >= 2, pod
+        # The weights arrived by broadcast (the update routes), never through the volume's reload.
+        assert served.count('"POST /finish_weight_update HTTP/1.1" 200') >= 2, pod
+        assert '"POST /collective_rpc HTTP/1.1"' not in served, pod
+    assert all(s["transport"] == "broadcast" for s in syncs), syncs
     # The vLLM pods mount the job's ReadWriteMany volume, so each replica's log of the attempt is kept there
     # (the killed server's with its replacement's), past the pods' deletion.
     for index in (0, 1):

@@ -112,7 +112,8 @@ def test_an_update_broken_off_halfway_leaves_the_server_whole_for_the_next_one(
 ) -> None:
     """Rank 0 gives up after half the buckets (a trainer killed, a tensor that fails its check): the server
     stays up, its receive fails instead of hanging, the sync fails as a lost server would, and the next
-    update, over a new formation of the group, leaves vLLM serving exactly the sent weights."""
+    update, over a new formation of the group, leaves vLLM serving exactly the sent weights. An update left
+    open by a trainer that died is closed by the next one."""
     import torch
     from grpo_trainer.vllm_wait import vllm_healthy
     from grpo_trainer.weight_broadcast import (
@@ -149,4 +150,13 @@ def test_an_update_broken_off_halfway_leaves_the_server_whole_for_the_next_one(
     client.reset_prefix_cache()
     assert pool.formations == 2 and pool.last_sync_bytes == sum(t.numel() * 2 for _, t in sent)
     rounded = model.to(torch.bfloat16).float()
+    assert mean_diff(served_logprobs(served_tiny, PROBE_IDS), trained_logprobs(rounded, PROBE_IDS)) < SAME
+
+    # A trainer killed right after opening an update leaves it open on a server the operator keeps; the
+    # next trainer's pool closes it and sends the whole model.
+    client.weight_route("/start_weight_update")
+    pool.close_communicator()
+    successor = BroadcastReplicaPool([client], vllm_healthy, free_port(), 60.0)
+    successor.update_named_params(metadata, iter(sent))
+    client.reset_prefix_cache()
     assert mean_diff(served_logprobs(served_tiny, PROBE_IDS), trained_logprobs(rounded, PROBE_IDS)) < SAME

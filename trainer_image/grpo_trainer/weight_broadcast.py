@@ -94,8 +94,13 @@ def broadcast_client_class() -> type[Any]:
             import requests
 
             try:
+                # A connection of its own each time: vLLM closes one it answered 500 on, and a pooled
+                # connection it closed would fail the next route (routes are not retried, above).
                 response = self.weight_session.post(
-                    f"{self.base_url}{route}", json=body or {}, timeout=self.timeout
+                    f"{self.base_url}{route}",
+                    json=body or {},
+                    timeout=self.timeout,
+                    headers={"Connection": "close"},
                 )
             except requests.RequestException as exc:
                 raise WeightSyncError(
@@ -194,6 +199,10 @@ class BroadcastReplicaPool(ReplicaPool):
             for replica in receivers:
                 if not self._healthy(replica.base_url):
                     self.leave(replica, exc)
+                else:
+                    # A receiver that got every tensor before another member broke off still holds an
+                    # open update, which vLLM would refuse to start again.
+                    self._finish_quietly(replica)
             if isinstance(exc, WeightSyncError) and not lost_server(exc):
                 raise
             raise BroadcastInterrupted(
@@ -293,7 +302,7 @@ class BroadcastReplicaPool(ReplicaPool):
             "dtype_names": [dtype for _, dtype, _ in metadata],
             "shapes": [list(shape) for _, _, shape in metadata],
         }
-        self._on_each(receivers, "/start_weight_update")
+        self._on_each(receivers, "/start_weight_update", self._start)
         sizes = [math.prod(shape) * _itemsize(dtype) for _, dtype, shape in metadata]
         plan = buckets(sizes, self.bucket_bytes)
         sent = 0
@@ -341,7 +350,36 @@ class BroadcastReplicaPool(ReplicaPool):
         return tensor.detach().to(self.device)
 
     @staticmethod
-    def _on_each(receivers: list[Replica], route: str) -> None:
+    def _start(replica: Replica) -> None:
+        """Opens an update on the replica; one left open by an earlier trainer (killed mid-update beside a
+        server that was kept) is closed first."""
+        try:
+            replica.client.weight_route("/start_weight_update")
+        except WeightSyncError as exc:
+            if "already active" not in str(exc):
+                raise
+            log.warning(
+                "vLLM replica %d at %s held an update left open by an earlier sync; it is closed and the "
+                "whole model sent again",
+                replica.index,
+                replica.base_url,
+            )
+            BroadcastReplicaPool._finish_quietly(replica)
+            replica.client.weight_route("/start_weight_update")
+
+    @staticmethod
+    def _finish_quietly(replica: Replica) -> None:
+        try:
+            replica.client.weight_route("/finish_weight_update")
+        except WeightSyncError as exc:
+            log.info("vLLM replica %d had no update to close (%s)", replica.index, str(exc)[:200])
+
+    @staticmethod
+    def _on_each(receivers: list[Replica], route: str, call: Any = None) -> None:
         with ThreadPoolExecutor(max_workers=len(receivers)) as pool:
-            for future in [pool.submit(r.client.weight_route, route) for r in receivers]:
+            futures = [
+                pool.submit(call, r) if call is not None else pool.submit(r.client.weight_route, route)
+                for r in receivers
+            ]
+            for future in futures:
                 future.result()
