@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import re
-import signal
 import time
 from pathlib import Path
 from typing import Any
@@ -19,7 +18,7 @@ from grpo_metric import MetricServer
 from tests.harness import vllm_server
 from tests.harness.ports import free_port
 from tests.trainer.toy import read_jsonl, start_trainer
-from tests.trainer.vllm_runs import SAME, serve, vllm_config
+from tests.trainer.vllm_runs import SAME, kill_replica_until_it_rejoins, serve, vllm_config
 
 pytestmark = [pytest.mark.trainer, pytest.mark.slow, pytest.mark.vllm]
 
@@ -35,50 +34,22 @@ def test_broadcast_reaches_both_replicas_every_step_and_a_replaced_one_rejoins_t
     assert '{"backend":"grpo-broadcast"}' in container["args"]
     env = {**vllm_server.container_env(container), "HF_HOME": str(tmp_path / "hf")}
     second = serve(tiny_model, tmp_path / "replica-1", weight_sync="Broadcast")
-    replacement: vllm_server.VLLMProcess | None = None
     config = vllm_config(tmp_path, tiny_model, toy_metric, served_tiny, steps=2000, every_steps=1000)
     data = json.loads(config.read_text())
+    del data["generation"]["weightSyncDir"]
     data["generation"].update(
         weightSync="broadcast",
-        weightSyncDir=None,
         weightSyncPort=free_port(),
         serverUrls=[served_tiny.base_url, second.base_url],
         # A lost member must break the broadcast at once (connection reset), never by this timeout.
         requestTimeoutSeconds=120,
     )
-    port = int(second.base_url.rsplit(":", 1)[1])
-    config.write_text(json.dumps({k: v for k, v in data.items() if v is not None}))
+    config.write_text(json.dumps(data))
     trainer = start_trainer(config, tmp_path / "trainer.log")
-    sync_log = tmp_path / "out" / "weight_syncs.jsonl"
 
-    def syncs_until(done: Any, timeout: float) -> list[dict[str, Any]]:
-        deadline = time.monotonic() + timeout
-        while True:
-            text = sync_log.read_text() if sync_log.exists() else ""
-            records = [json.loads(line) for line in text[: text.rfind("\n") + 1].splitlines()]
-            if done(records):
-                return records
-            assert trainer.poll() is None, (tmp_path / "trainer.log").read_text()[-4000:]
-            assert time.monotonic() < deadline, records[-3:]
-            time.sleep(0.2)
-
-    try:
-        before = syncs_until(lambda r: len(r) >= 3, 600)
-        second.stop(grace=0)
-        killed_at = len(before)
-        replacement = vllm_server.start(container, env, port, tmp_path / "replica-1b" / "vllm.log")
-        records = syncs_until(lambda r: any(1 in s["replicas"]["rejoined"] for s in r), 900)
-        rejoined_at = next(i for i, s in enumerate(records) if 1 in s["replicas"]["rejoined"])
-        records = syncs_until(lambda r: len(r) >= rejoined_at + 3, 300)
-        trainer.send_signal(signal.SIGTERM)
-        assert trainer.wait(timeout=300) == 0, (tmp_path / "trainer.log").read_text()[-4000:]
-    finally:
-        if trainer.poll() is None:
-            trainer.kill()
-        second.stop()
-        if replacement is not None:
-            replacement.stop()
-    records = read_jsonl(sync_log)
+    records, killed_at, rejoined_at, replacement = kill_replica_until_it_rejoins(
+        tmp_path, trainer, second, container, env
+    )
     log = (tmp_path / "trainer.log").read_text()
     assert all(r["transport"] == "broadcast" for r in records), records
     # Each sync sends the whole model once, whatever the number of replicas: the same bytes every time.
@@ -100,7 +71,6 @@ def test_broadcast_reaches_both_replicas_every_step_and_a_replaced_one_rejoins_t
     sizes = [int(members) for _, members in formations]
     assert sizes[0] == 3 and 2 in sizes and sizes[-1] == 3, formations
     # The replacement joined the group and received the weights before its first completion.
-    assert replacement is not None
     served = replacement.log.read_text(errors="replace")
     first_update = served.find('"POST /finish_weight_update HTTP/1.1" 200')
     first_completion = served.find('"POST /v1/completions HTTP/1.1"')

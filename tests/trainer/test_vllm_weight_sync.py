@@ -38,6 +38,7 @@ from tests.trainer.vllm_runs import (
     check_async_rows,
     exported_samples,
     get_text,
+    kill_replica_until_it_rejoins,
     mean_diff,
     run_trainer,
     sequence_logprobs,
@@ -481,44 +482,15 @@ def test_two_replicas_share_the_sampling_and_a_lost_one_rejoins_with_the_current
     container = vllm_server.rendered_container(str(tiny_model), weightSync="Volume")
     env = {**vllm_server.container_env(container), "HF_HOME": str(tmp_path / "hf")}
     second = serve(tiny_model, tmp_path / "replica-1")
-    replacement: vllm_server.VLLMProcess | None = None
     config = vllm_config(tmp_path, tiny_model, toy_metric, served_tiny, steps=2000, every_steps=1000)
     data = json.loads(config.read_text())
     data["generation"]["serverUrls"] = [served_tiny.base_url, second.base_url]
-    port = int(second.base_url.rsplit(":", 1)[1])
     config.write_text(json.dumps(data))
     trainer = start_trainer(config, tmp_path / "trainer.log")
-    sync_log = tmp_path / "out" / "weight_syncs.jsonl"
 
-    def syncs_until(done: Any, timeout: float) -> list[dict[str, Any]]:
-        deadline = time.monotonic() + timeout
-        while True:
-            text = sync_log.read_text() if sync_log.exists() else ""
-            # Complete lines only: the trainer may be writing the next one.
-            records = [json.loads(line) for line in text[: text.rfind("\n") + 1].splitlines()]
-            if done(records):
-                return records
-            assert trainer.poll() is None, (tmp_path / "trainer.log").read_text()[-4000:]
-            assert time.monotonic() < deadline, records[-3:]
-            time.sleep(0.2)
-
-    try:
-        before = syncs_until(lambda r: len(r) >= 3, 600)
-        second.stop(grace=0)  # SIGKILL: its in-flight request, if any, fails as a lost connection
-        killed_at = len(before)
-        replacement = vllm_server.start(container, env, port, tmp_path / "replica-1b" / "vllm.log")
-        records = syncs_until(lambda r: any(1 in s["replicas"]["rejoined"] for s in r), 900)
-        rejoined_at = next(i for i, s in enumerate(records) if 1 in s["replicas"]["rejoined"])
-        records = syncs_until(lambda r: len(r) >= rejoined_at + 3, 300)
-        trainer.send_signal(signal.SIGTERM)
-        assert trainer.wait(timeout=300) == 0, (tmp_path / "trainer.log").read_text()[-4000:]
-    finally:
-        if trainer.poll() is None:
-            trainer.kill()
-        second.stop()
-        if replacement is not None:
-            replacement.stop()
-    records = read_jsonl(sync_log)
+    records, killed_at, rejoined_at, replacement = kill_replica_until_it_rejoins(
+        tmp_path, trainer, second, container, env
+    )
     # Before the kill both replicas served, both sampled, and both held the trained weights at every sync.
     for record in records[:killed_at]:
         assert record["replicas"]["serving"] == [0, 1], record
@@ -538,7 +510,6 @@ def test_two_replicas_share_the_sampling_and_a_lost_one_rejoins_with_the_current
         assert max(record["replicas"]["logprob_diff"].values()) < SAME, record
     assert records[-1]["replicas"]["requests"][1] > records[rejoined_at]["replicas"]["requests"][1]
     # The replacement was sent no completion before its first reload of the trainer's weights.
-    assert replacement is not None
     log = replacement.log.read_text(errors="replace")
     first_reload = log.find('"POST /collective_rpc HTTP/1.1" 200')
     first_completion = log.find('"POST /v1/completions HTTP/1.1"')

@@ -4,6 +4,10 @@ renders it, reading its log-probabilities, and a trainer run that generates thro
 from __future__ import annotations
 
 import json
+import signal
+import subprocess
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -215,3 +219,52 @@ def train_logging_every_episode(config: Path, tmp_path: Path) -> None:
     """Run the environment job of ``config`` to its end (exit 0), every episode of every step logged."""
     process = start_trainer(config, tmp_path / "trainer.log", GRPO_EPISODES_LOGGED_PER_STEP="100")
     assert process.wait(timeout=900) == 0, (tmp_path / "trainer.log").read_text()[-4000:]
+
+
+def syncs_until(
+    run: Path, trainer: subprocess.Popen[bytes], done: Callable[[list[dict[str, Any]]], bool], timeout: float
+) -> list[dict[str, Any]]:
+    """The records of ``run``'s output/weight_syncs.jsonl once ``done`` holds for them (complete lines only:
+    the trainer may be writing the next one); fails when the trainer exits or ``timeout`` passes first."""
+    sync_log = run / "out" / "weight_syncs.jsonl"
+    deadline = time.monotonic() + timeout
+    while True:
+        text = sync_log.read_text() if sync_log.exists() else ""
+        records = [json.loads(line) for line in text[: text.rfind("\n") + 1].splitlines()]
+        if done(records):
+            return records
+        assert trainer.poll() is None, (run / "trainer.log").read_text()[-4000:]
+        assert time.monotonic() < deadline, records[-3:]
+        time.sleep(0.2)
+
+
+def kill_replica_until_it_rejoins(
+    run: Path,
+    trainer: subprocess.Popen[bytes],
+    replica: vllm_server.VLLMProcess,
+    container: dict[str, Any],
+    env: dict[str, str],
+) -> tuple[list[dict[str, Any]], int, int, vllm_server.VLLMProcess]:
+    """After 3 syncs SIGKILLs ``replica`` (vLLM replica 1 of ``trainer``'s run), starts its replacement on the
+    same address, waits for the sync at which it rejoined and 3 more, then stops the trainer with SIGTERM
+    (it must exit 0). Returns every sync record, the index of the first sync after the kill, the index of
+    the rejoining sync, and the replacement (stopped, its log kept)."""
+    port = int(replica.base_url.rsplit(":", 1)[1])
+    replacement: vllm_server.VLLMProcess | None = None
+    try:
+        killed_at = len(syncs_until(run, trainer, lambda r: len(r) >= 3, 600))
+        replica.stop(grace=0)  # SIGKILL: its in-flight request, if any, fails as a lost connection
+        replacement = vllm_server.start(container, env, port, run / "replica-1b" / "vllm.log")
+        records = syncs_until(run, trainer, lambda r: any(1 in s["replicas"]["rejoined"] for s in r), 900)
+        rejoined_at = next(i for i, s in enumerate(records) if 1 in s["replicas"]["rejoined"])
+        syncs_until(run, trainer, lambda r: len(r) >= rejoined_at + 3, 300)
+        trainer.send_signal(signal.SIGTERM)
+        assert trainer.wait(timeout=300) == 0, (run / "trainer.log").read_text()[-4000:]
+    finally:
+        if trainer.poll() is None:
+            trainer.kill()
+        replica.stop()
+        if replacement is not None:
+            replacement.stop()
+    records = [json.loads(line) for line in (run / "out" / "weight_syncs.jsonl").read_text().splitlines()]
+    return records, killed_at, rejoined_at, replacement
