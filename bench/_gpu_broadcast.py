@@ -2,7 +2,7 @@
 weightSync Broadcast with replica 0 on GPU 0, replica 1 on GPU 1 and the trainer on GPU 2, so the project's
 group (grpo_weight_broadcast) runs over NCCL with three devices, as on a cluster. The generation python
 must carry the project's vLLM plugin (the vLLM image does; here: hack/vllm-plugin.sh's directory, which
-tests/harness/vllm_server.start puts on its PYTHONPATH). Reported: every sync in sync on both replicas, its
+the harness's vllm_server.start (tests/harness/vllm_server.py) puts on its PYTHONPATH). Reported: every sync in sync on both replicas, its
 median duration and bytes (the model once, whatever the number of replicas)."""
 
 from __future__ import annotations
