@@ -212,9 +212,10 @@ def test_inconsistent_values_fail_with_a_clear_message(sets: dict[str, str], mes
     [
         ({}, "trainer", "ghcr.io/grpo-operator/trainer:0.1.0"),
         (
-            {"platformPolicy.allowedImagePrefixes[1]": "ghcr.io/grpo-operator/"},
+            # The project's trainer image allowed, its vLLM image (the default generation image) not.
+            {"platformPolicy.allowedImagePrefixes[1]": "ghcr.io/grpo-operator/trainer:"},
             "generation",
-            "vllm/vllm-openai:v0.31.0",
+            "ghcr.io/grpo-operator/vllm:0.1.0",
         ),
         (
             # A lookalike registry is not under the prefix: matched on path boundaries, as the operator does.
