@@ -355,9 +355,9 @@ class GenerationSpec(ApiModel):
         "the workers of one vLLM server; needs GPUs on both sides and a pod-to-pod path on the weight-sync "
         "port; one replica only. Broadcast: one torch.distributed process group of trainer rank 0 and every "
         "worker of every replica (gloo without CUDA, NCCL with it), each tensor sent once to all of them; "
-        "needs the project's vLLM image (its grpo-broadcast weight-transfer engine, see docs/platform.md) "
-        "and pod-to-pod paths between the job's trainer and vLLM pods, which the job's NetworkPolicies "
-        "open. Volume: rank 0 writes the weights as safetensors to the job's volume and every replica "
+        "needs the project's vLLM image, which carries its grpo-broadcast weight-transfer engine (the "
+        "platform guide, docs/platform.md, tells how to mirror it), and pod-to-pod paths between the job's "
+        "trainer and vLLM pods, which the job's NetworkPolicies open. Volume: rank 0 writes the weights as safetensors to the job's volume and every replica "
         "reloads them from there; works without CUDA and without any port between the pods, costs a write "
         "and a read of the full weights per step, and needs spec.checkpoints.volume.accessMode: "
         "ReadWriteMany (both pods mount the volume).",
