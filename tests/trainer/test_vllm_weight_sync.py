@@ -88,12 +88,7 @@ def test_default_dtype_at_a_production_learning_rate_trains_and_serves_bf16(
     import torch
     from safetensors.torch import load_file
 
-    config = vllm_config(tmp_path, tiny_model, toy_metric, served_tiny, learningRate=1e-6)
-    data = json.loads(config.read_text())
-    data["model"]["dtype"] = "bfloat16"
-    config.write_text(json.dumps(data))
-    process = start_trainer(config, tmp_path / "trainer.log")
-    assert process.wait(timeout=900) == 0, (tmp_path / "trainer.log").read_text()[-4000:]
+    run_trainer(tmp_path, tiny_model, toy_metric, served_tiny, dtype="bfloat16", learningRate=1e-6)
 
     syncs = read_jsonl(tmp_path / "out" / "weight_syncs.jsonl")
     assert [s["step"] for s in syncs] == [0, 1, 2] and all(s["in_sync"] for s in syncs), syncs
@@ -173,14 +168,10 @@ def test_asynchronous_grpo_at_the_numerics_users_get_moves_the_weights_it_serves
     every non-embedding weight, and vLLM serves each step's weights."""
     from tests.trainer.weights import load_weights
 
-    config = vllm_config(
-        tmp_path, tiny_model, toy_metric, served_tiny, maxStaleness=1, learningRate=PRODUCTION_LR
-    )
-    data = json.loads(config.read_text())
-    data["model"]["dtype"] = "bfloat16"
-    config.write_text(json.dumps(data))
-    process = start_trainer(config, tmp_path / "trainer.log")
-    assert process.wait(timeout=900) == 0, (tmp_path / "trainer.log").read_text()[-4000:]
+    run_trainer(
+        tmp_path, tiny_model, toy_metric, served_tiny, dtype="bfloat16", maxStaleness=1,
+        learningRate=PRODUCTION_LR,
+    )  # fmt: skip
 
     rows = read_jsonl(tmp_path / "out" / "metrics.jsonl")
     check_async_rows(rows, eta=1)

@@ -109,9 +109,16 @@ def run_trainer(
     metric: MetricServer,
     server: vllm_server.VLLMProcess,
     steps: int = 3,
+    dtype: str | None = None,
     **grpo: Any,
 ) -> Path:
+    """A trainer run through ``server`` to its end (exit 0); ``dtype``: the model.dtype it trains in (unset:
+    the test config's float32)."""
     config = vllm_config(tmp_path, model, metric, server, steps, **grpo)
+    if dtype is not None:
+        data = json.loads(config.read_text())
+        data["model"]["dtype"] = dtype
+        config.write_text(json.dumps(data))
     process = start_trainer(config, tmp_path / "trainer.log")
     assert process.wait(timeout=900) == 0, (tmp_path / "trainer.log").read_text()[-4000:]
     return tmp_path

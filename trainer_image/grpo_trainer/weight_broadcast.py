@@ -21,7 +21,7 @@ import logging
 import math
 import socket
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 from urllib.parse import urlsplit
@@ -68,12 +68,12 @@ def broadcast_client_class() -> type[Any]:
         which only its own NCCL transport needs."""
 
         def __init__(self, base_url: str, connection_timeout: float = 0.0, timeout: float = 600.0) -> None:
+            import requests
+
             self.session = vllm_session()
-            # The weight routes are not retried: a repeated /update_weights would wait for a broadcast that
+            # A plain session, never retrying: a repeated /update_weights would wait for a broadcast that
             # rank 0 will not send again.
-            self.weight_session = vllm_session(retry_lost_connections=False, raise_on_status=False)
-            for adapter in self.weight_session.adapters.values():
-                adapter.max_retries.total = 0
+            self.weight_session = requests.Session()
             self.base_url = base_url.rstrip("/")
             self.host = base_url
             self.group_port = 0
@@ -82,7 +82,6 @@ def broadcast_client_class() -> type[Any]:
             self.timeout = timeout
             self.check_server(connection_timeout)
             self.model = self._get(f"{self.base_url}/v1/models")["data"][0]["id"]
-            self.base_model = self.model
 
         def workers(self) -> int:
             """The server's workers (tensor x pipeline x data parallel), each a member of the group."""
@@ -118,9 +117,6 @@ def broadcast_client_class() -> type[Any]:
                     f"the vLLM server at {self.base_url} refused {route} "
                     f"(HTTP {response.status_code}: {response.text[:500]}){hint}"
                 )
-
-        def use_base_model(self) -> None:
-            self.model = self.base_model
 
         def init_communicator(self, device: Any = 0) -> None:
             return None
@@ -302,7 +298,7 @@ class BroadcastReplicaPool(ReplicaPool):
             "dtype_names": [dtype for _, dtype, _ in metadata],
             "shapes": [list(shape) for _, _, shape in metadata],
         }
-        self._on_each(receivers, "/start_weight_update", self._start)
+        self._on_each(receivers, self._start)
         sizes = [math.prod(shape) * _itemsize(dtype) for _, dtype, shape in metadata]
         plan = buckets(sizes, self.bucket_bytes)
         sent = 0
@@ -330,7 +326,7 @@ class BroadcastReplicaPool(ReplicaPool):
         for error in errors:
             if error is not None:
                 raise error
-        self._on_each(receivers, "/finish_weight_update")
+        self._on_each(receivers, lambda r: r.client.weight_route("/finish_weight_update"))
         self.last_sync_bytes_sent = sent
 
     def _checked(self, pair: tuple[str, Any] | None, announced: tuple[str, str, list[int]]) -> Any:
@@ -375,11 +371,8 @@ class BroadcastReplicaPool(ReplicaPool):
             log.info("vLLM replica %d had no update to close (%s)", replica.index, str(exc)[:200])
 
     @staticmethod
-    def _on_each(receivers: list[Replica], route: str, call: Any = None) -> None:
+    def _on_each(receivers: list[Replica], call: Callable[[Replica], None]) -> None:
+        """``call`` on every receiver at once; the first error is raised once all have answered."""
         with ThreadPoolExecutor(max_workers=len(receivers)) as pool:
-            futures = [
-                pool.submit(call, r) if call is not None else pool.submit(r.client.weight_route, route)
-                for r in receivers
-            ]
-            for future in futures:
+            for future in [pool.submit(call, r) for r in receivers]:
                 future.result()
