@@ -130,3 +130,31 @@ def test_an_update_broken_off_halfway_leaves_the_server_whole_for_the_next_one(
     successor.update_named_params(metadata, iter(sent))
     client.reset_prefix_cache()
     assert mean_diff(served_logprobs(served_tiny, PROBE_IDS), trained_logprobs(rounded, PROBE_IDS)) < SAME
+
+
+def test_broadcast_at_the_numerics_users_get_serves_the_moving_bf16_weights(
+    tmp_path: Path, tiny_model: Path, toy_metric: MetricServer, served_tiny: vllm_server.VLLMProcess
+) -> None:
+    """model.dtype bfloat16 over fp32 masters at the spec's default learning rate, weights broadcast: nearly
+    every non-embedding master moves over steps 2-3, every sync sends the model once in bf16 (2 bytes a
+    parameter, never the fp32 masters), and vLLM serves each step's weights."""
+    from tests.trainer.vllm_runs import PRODUCTION_LR, run_trainer
+    from tests.trainer.weights import load_weights
+
+    config_edit = {
+        "weightSync": "broadcast",
+        "weightSyncPort": free_port(),
+        "serverUrls": [served_tiny.base_url],
+    }
+    run_trainer(
+        tmp_path, tiny_model, toy_metric, served_tiny, dtype="bfloat16", generation=config_edit,
+        learningRate=PRODUCTION_LR,
+    )  # fmt: skip
+    syncs = read_jsonl(tmp_path / "out" / "weight_syncs.jsonl")
+    assert [s["step"] for s in syncs] == [0, 1, 2], syncs
+    assert all(s["transport"] == "broadcast" and s["in_sync"] for s in syncs), syncs
+    step1, step3 = (load_weights(tmp_path / "ckpt" / f"step-{n}") for n in (1, 3))
+    assert {s["bytes"] for s in syncs} == {2 * sum(t.numel() for t in step1.values())}, syncs
+    body = [k for k in step1 if k != "model.embed_tokens.weight"]
+    moved = sum(int((step3[k] != step1[k]).sum()) for k in body) / sum(step1[k].numel() for k in body)
+    assert moved >= 0.99, f"only {moved:.2%} of the non-embedding weights moved in steps 2-3"

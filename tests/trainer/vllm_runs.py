@@ -110,15 +110,21 @@ def run_trainer(
     server: vllm_server.VLLMProcess,
     steps: int = 3,
     dtype: str | None = None,
+    generation: dict[str, Any] | None = None,
     **grpo: Any,
 ) -> Path:
     """A trainer run through ``server`` to its end (exit 0); ``dtype``: the model.dtype it trains in (unset:
-    the test config's float32)."""
+    the test config's float32); ``generation``: trainer.json generation fields replacing the volume sync's
+    (a ``weightSync`` other than volume drops ``weightSyncDir``)."""
     config = vllm_config(tmp_path, model, metric, server, steps, **grpo)
+    data = json.loads(config.read_text())
     if dtype is not None:
-        data = json.loads(config.read_text())
         data["model"]["dtype"] = dtype
-        config.write_text(json.dumps(data))
+    if generation:
+        data["generation"].update(generation)
+        if data["generation"]["weightSync"] != "volume":
+            del data["generation"]["weightSyncDir"]
+    config.write_text(json.dumps(data))
     process = start_trainer(config, tmp_path / "trainer.log")
     assert process.wait(timeout=900) == 0, (tmp_path / "trainer.log").read_text()[-4000:]
     return tmp_path
