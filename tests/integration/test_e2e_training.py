@@ -293,16 +293,18 @@ def test_a_job_on_non_default_ports_trains_through_vllm_to_succeeded_through_a_v
     condition = next(c for c in status["conditions"] if c["type"] == "ServedModelInSync")
     assert condition["status"] == "True" and condition["reason"] == "LogprobsMatch"
 
+    samples = [json.loads(line) for line in (volume / "output" / "samples.jsonl").read_text().splitlines()]
+    assert samples and {"step", "prompt", "completion", "reward"} <= samples[0].keys()
+
     # It learned: the reward rose clearly from the first steps to the last.
     first = sum(r["reward_mean"] for r in rows[:3]) / 3
     last = sum(r["reward_mean"] for r in rows[-3:]) / 3
     if not (first < 0.3 and last > first + 0.4):
         # What a reader of a failed CI run needs, since the run's files are gone with it: the curve, the
-        # last step's completions and the trainer's warnings.
+        # newest logged completions and the trainer's warnings.
         curve = [(r["step"], round(r["reward_mean"], 3), round(r["format_failure_ratio"], 3)) for r in rows]
-        logged = [json.loads(line) for line in (volume / "output" / "samples.jsonl").read_text().splitlines()]
-        newest = max((s["step"] for s in logged), default=0)
-        completions = [(s["completion"], s["reward"]) for s in logged if s["step"] == newest][:8]
+        newest = max(s["step"] for s in samples)
+        completions = [(s["completion"], s["reward"]) for s in samples if s["step"] == newest][:8]
         trainer_log = (tmp_path / "run" / "tiny-trainer-1-0.log").read_text(errors="replace")
         warnings = [line[:300] for line in trainer_log.splitlines() if " WARNING " in line][:10]
         pytest.fail(
@@ -317,9 +319,6 @@ def test_a_job_on_non_default_ports_trains_through_vllm_to_succeeded_through_a_v
     assert learning["status"] == "True" and learning["reason"] == health[-1], learning
     assert status["learning"]["reason"] == health[-1] and status["learning"]["checkedStep"] == STEPS
     assert not [e for e in events if e["reason"] == "NotLearning"], events
-
-    samples = [json.loads(line) for line in (volume / "output" / "samples.jsonl").read_text().splitlines()]
-    assert samples and {"step", "prompt", "completion", "reward"} <= samples[0].keys()
 
     # The replacement served only the trainer's weights: every reload it logged came from a sync the trainer
     # recorded after the first server died, the push into it included (when the server died during a sync,

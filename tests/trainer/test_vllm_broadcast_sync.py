@@ -18,7 +18,14 @@ from grpo_metric import MetricServer
 from tests.harness import vllm_server
 from tests.harness.ports import free_port
 from tests.trainer.toy import read_jsonl, start_trainer
-from tests.trainer.vllm_runs import SAME, kill_replica_until_it_rejoins, serve, vllm_config
+from tests.trainer.vllm_runs import (
+    PRODUCTION_LR,
+    SAME,
+    kill_replica_until_it_rejoins,
+    run_trainer,
+    serve,
+    vllm_config,
+)
 
 pytestmark = [pytest.mark.trainer, pytest.mark.slow, pytest.mark.vllm]
 
@@ -138,7 +145,6 @@ def test_broadcast_at_the_numerics_users_get_serves_the_moving_bf16_weights(
     """model.dtype bfloat16 over fp32 masters at the spec's default learning rate, weights broadcast: nearly
     every non-embedding master moves over steps 2-3, every sync sends the model once in bf16 (2 bytes a
     parameter, never the fp32 masters), and vLLM serves each step's weights."""
-    from tests.trainer.vllm_runs import PRODUCTION_LR, run_trainer
     from tests.trainer.weights import load_weights
 
     config_edit = {
