@@ -22,7 +22,11 @@ WHEELHOUSE ?= $(HOME)/.cache/grpo-wheels/$(DEPS_KEY)
 
 .PHONY: venv vllm prometheus testbins cluster-up cluster-down generate lint check test test-unit demo gpu-check images images-engine test-images smoke package chart-package plugin-package krew-package clean
 
+# The venv, then bytecode for every module in it and in the project's own packages, once per install
+# (hack/compile-bytecode.sh: where PYTHONDONTWRITEBYTECODE is set, every process of the suite otherwise
+# compiles torch, transformers and the rest from source at each start).
 venv: $(STAMP)
+	@bash hack/compile-bytecode.sh $(VENV) operator trainer_image
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	@bash hack/disk-check.sh \
@@ -39,7 +43,7 @@ $(STAMP): pyproject.toml
 	  --no-index --find-links $(WHEELHOUSE) -e '.[$(EXTRAS)]'
 	$(BIN)/uv pip install -q --python $(BIN)/python --cache-dir $(UV_CACHE) --link-mode hardlink --offline \
 	  --no-index --find-links $(WHEELHOUSE) --no-deps '$(ARBOR)'
-	@rm -f $(VENV)/.installed-*; touch $@
+	@rm -f $(VENV)/.installed-* $(VENV)/.bytecode-compiled; touch $@
 
 # PyPI's CPU build of vLLM in a venv of its own (~/.cache/grpo-vllm): the local cluster runs a job's generation
 # pod with it (tests/harness/vllm_server.py). Kept out of .venv: TRL imports vllm eagerly when it is installed.

