@@ -26,6 +26,8 @@ started=$(date +%s)
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
 "$VENV/bin/python" -m compileall -q -j 0 "$VENV/lib" "$@" >"$log" 2>&1 || true
-failed=$(grep -c "^\*\*\* Error compiling" "$log" || true)
-echo "[bytecode] compiled $VENV${*:+ and $*} in $(($(date +%s) - started)) s (${failed} file(s) did not compile: $(grep "^\*\*\* Error compiling" "$log" | head -3 | sed "s/^\*\*\* Error compiling //" | tr '\n' ' '))" >&2
+failed=$(sed -n "s/^\*\*\* Error compiling //p" "$log")
+echo "[bytecode] compiled $VENV${*:+ and $*} in $(($(date +%s) - started)) s;" \
+  "did not compile: ${failed:-nothing}" | head -c 600 >&2
+echo >&2
 touch "$MARKER"

@@ -86,9 +86,9 @@ def test_three_turn_episodes_against_openenvs_template_train_exactly_the_sampled
 
     # And at lr 1e-6 the fp32 masters move in the first step that has an advantage to learn from. A step
     # whose two groups both tied (each pair of episodes echoed as many characters, a common outcome with
-    # 6-token turns) has none and must leave the weights as they were. Three steps all tied happened in one
-    # CI run of 2026-12-07 (every episode echoed 6 characters), hence STEPS steps. The embedding is left out: only the
-    # rows of tokens in a group with an advantage get a gradient, a minority of this tiny vocabulary's rows.
+    # 6-token turns) has none and must leave the weights as they were (STEPS says how often all do). The
+    # embedding is left out: only the rows of tokens in a group with an advantage get a gradient, a minority
+    # of this tiny vocabulary's rows.
     learning = [r["step"] for r in rows if r["tied_groups"] < r["groups"]]
     assert learning, f"every group of every step tied, nothing to learn from: {rows}"
     embed = "model.embed_tokens.weight"
